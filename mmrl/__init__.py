@@ -1,0 +1,21 @@
+"""mmrl: reinforcement learning for multimodal models with one GRPO-style core.
+
+Public API for plugins and scripts::
+
+    from mmrl import Task, register_task, register_reward, SyntheticExamples, image_prompt
+"""
+
+from .registry import load_plugins, register_advantage, register_reward, register_task
+from .task import SyntheticExamples, Task, image_prompt
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Task",
+    "SyntheticExamples",
+    "image_prompt",
+    "register_task",
+    "register_reward",
+    "register_advantage",
+    "load_plugins",
+]

@@ -1,0 +1,161 @@
+"""The ``mmrl`` command line.
+
+    mmrl train vlm                                  # the tiny default, on CPU, in minutes
+    mmrl train vlm configs/vlm/grounding_tiny.yaml algo.epsilon_high=0.28 rollout.num_generations=8
+    mmrl train vlm log.run_name=exp1 --resume      # continue runs/exp1 from its latest checkpoint
+    mmrl eval runs/exp1                             # score the run's final checkpoint on the eval split
+    mmrl build-tiny vlm                             # rebuild the shipped tiny model
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Reinforcement learning for multimodal models.")
+console = Console(stderr=True)
+
+DEFAULT_CONFIGS = {"vlm": "vlm/counting_tiny"}
+MODALITIES = ("vlm",)
+
+
+def _split_args(args: list[str]) -> tuple[Optional[str], list[str]]:
+    """The first argument is a config file when it is not a ``key=value`` override."""
+    if args and "=" not in args[0]:
+        return args[0], args[1:]
+    return None, args
+
+
+def _load(modality: str, args: list[str], extra: list[str] = ()):
+    from .config import ConfigError, builtin_config_path, load_config
+
+    if modality not in MODALITIES:
+        console.print(f"[red]error:[/] `mmrl train {modality}` is not available in this version "
+                      f"(available: {', '.join(MODALITIES)})")
+        raise typer.Exit(2)
+    path, overrides = _split_args(args)
+    try:
+        config_path = builtin_config_path(path or DEFAULT_CONFIGS[modality])
+        return load_config(config_path, [*overrides, *extra])
+    except ConfigError as exc:
+        console.print(f"[red]config error:[/] {exc}")
+        raise typer.Exit(2)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def train(
+    modality: str = typer.Argument(..., help="what to train: vlm"),
+    args: Optional[List[str]] = typer.Argument(None, help="[CONFIG.yaml] [key=value overrides...]"),
+    resume: bool = typer.Option(False, "--resume", help="continue from the run's latest checkpoint"),
+):
+    """Train with RL. Without a config, trains the built-in tiny default on CPU."""
+    cfg = _load(modality, list(args or []), ["resume=true"] if resume else [])
+    _configure_threads(cfg)
+    from .core.trainer import Trainer, build_task
+    from .vlm.policy import VLMPolicy
+
+    try:
+        task = build_task(cfg)
+        policy = VLMPolicy(cfg)
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2)
+    trainer = Trainer(cfg, policy, task)
+    console.print(f"run directory: [bold]{trainer.run_dir}[/]")
+    result = trainer.train()
+    if result.before:
+        console.print(f"held-out reward: before {result.before['reward']:.3f} -> after {result.after['reward']:.3f}")
+
+
+@app.command(name="eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def eval_(
+    target: str = typer.Argument(..., help="a run directory, a checkpoint directory, or a config file"),
+    args: Optional[List[str]] = typer.Argument(None, help="[key=value overrides...]"),
+    num_examples: Optional[int] = typer.Option(None, help="eval examples (default: eval.num_examples)"),
+):
+    """Score a checkpoint on its task's eval split (mean reward, each reward, task metrics)."""
+    import json
+
+    from .config import ConfigError, load_config
+    from .core.checkpoint import CheckpointManager
+    from .core.rewards import RewardComputer
+    from .core.trainer import build_task, evaluate
+    from .vlm.policy import VLMPolicy
+
+    path = Path(target)
+    ckpt = None
+    if path.is_dir() and (path / "config.yaml").exists():  # a run directory
+        cfg_path, ckpt = path / "config.yaml", CheckpointManager(path / "checkpoints").latest()
+    elif path.is_dir() and (path / "policy").exists():  # one checkpoint of a run
+        cfg_path, ckpt = path.parent.parent / "config.yaml", path
+    else:
+        cfg_path = path
+    try:
+        cfg = load_config(cfg_path, list(args or []) + ["resume=false"])
+    except ConfigError as exc:
+        console.print(f"[red]config error:[/] {exc}")
+        raise typer.Exit(2)
+    _configure_threads(cfg)
+    task = build_task(cfg)
+    policy = VLMPolicy(cfg)
+    if ckpt is not None:
+        policy.load(ckpt / "policy")
+    weights = dict(cfg.task.rewards) or dict(task.rewards)
+    rewards = RewardComputer(weights, {**task.reward_kwargs, **cfg.task.reward_kwargs})
+    metrics = evaluate(policy, task, rewards, cfg, num_examples)
+    print(json.dumps({"checkpoint": str(ckpt) if ckpt else cfg.model.path, "task": cfg.task.name, **metrics}, indent=2))
+
+
+@app.command(name="build-tiny")
+def build_tiny(
+    modality: str = typer.Argument("vlm", help="which tiny model: vlm"),
+    out: Optional[Path] = typer.Option(None, help="output directory (default: the shipped asset)"),
+    steps: int = typer.Option(300, help="SFT warm-start steps"),
+    seed: int = typer.Option(0),
+):
+    """Rebuild a shipped tiny model from scratch (tokenizer, weights, SFT warm start)."""
+    if modality != "vlm":
+        console.print(f"[red]error:[/] no tiny {modality} model in this version (available: vlm)")
+        raise typer.Exit(2)
+    import torch
+
+    from .assets import asset_path
+    from .vlm.sft import build_tiny_vlm
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    target = out or asset_path("tiny-qwen2.5-vl")
+    path = build_tiny_vlm(target, sft_steps=steps, seed=seed)
+    console.print(f"saved tiny model to {path}")
+
+
+@app.command(name="list")
+def list_plugins():
+    """List registered tasks, rewards and advantage estimators."""
+    from .registry import ADVANTAGES, REWARDS, TASKS
+
+    for title, reg in (("tasks", TASKS), ("rewards", REWARDS), ("advantage estimators", ADVANTAGES)):
+        print(f"{title}: {', '.join(reg.names())}")
+
+
+def _configure_threads(cfg) -> None:
+    import torch
+
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

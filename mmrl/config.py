@@ -1,0 +1,492 @@
+"""Load, validate and save run configs (the schema lives in :mod:`mmrl.config_schema`).
+
+A run is configured by a YAML recipe plus dotted command-line overrides::
+
+    mmrl train vlm --config configs/vlm/counting_tiny.yaml algo.epsilon_high=0.28 plugins=[my_task.py]
+
+Why this module does its own key checking instead of leaning on OmegaConf's struct mode: a typo
+in a recipe (``epslion``) or a key at the wrong nesting level (``epsilon: 0.2`` at the top) must
+stop the run *before* minutes of model loading, and the message must say which key, where it
+came from (file and line, or the command line) and what was probably meant. OmegaConf still does
+the merging and the type conversion; we only wrap its errors with that context.
+
+Recipes may inherit with ``base: other.yaml`` (relative to the recipe, or a built-in recipe name
+such as ``vlm/counting_tiny``); the base is applied first, the recipe's own keys on top.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from mmrl.config_schema import Config
+
+__all__ = [
+    "ConfigError",
+    "load_config",
+    "save_config",
+    "config_to_dict",
+    "builtin_config_path",
+    "builtin_config_names",
+]
+
+
+class ConfigError(ValueError):
+    """A config problem the user must fix: unknown key, bad type, missing file, bad override."""
+
+
+# --------------------------------------------------------------------------------------------
+# YAML loading with line numbers
+# --------------------------------------------------------------------------------------------
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader with YAML 1.2 floats and no timestamps.
+
+    PyYAML follows YAML 1.1, where ``1e-5`` is a *string* (it wants ``1.0e-5``) and ``2024-01-01``
+    becomes a ``date``. Both surprise people writing learning rates and run names; OmegaConf's
+    own loader makes the same two fixes, so values behave the same as in ``OmegaConf.load``.
+    """
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:timestamp", "tag:yaml.org,2002:float")]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:
+         [-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+        |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+_NULL_TAG = "tag:yaml.org,2002:null"
+
+
+def _compose(text: str, name: str) -> tuple[_Loader, Optional[yaml.Node]]:
+    """Parse ``text`` into a node tree (with marks) and return the loader to construct values."""
+    loader = _Loader(text)
+    loader.name = name  # parse errors then say "in configs/x.yaml, line 3" instead of "<unicode string>"
+    try:
+        node = loader.get_single_node()
+    except yaml.YAMLError as exc:
+        loader.dispose()
+        raise ConfigError(f"cannot parse {name}: {exc}") from None
+    return loader, node
+
+
+def _is_null(node: Optional[yaml.Node]) -> bool:
+    return node is None or (isinstance(node, yaml.ScalarNode) and node.tag == _NULL_TAG)
+
+
+# --------------------------------------------------------------------------------------------
+# The schema as a flat index of dotted keys
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Field:
+    key: str  # dotted path, e.g. "algo.epsilon"
+    type: Any  # the annotation
+    kind: str  # "section" (a nested dataclass) | "dict" (free-form below) | "value"
+
+
+def _schema_index(cls: type, prefix: str = "", out: Optional[dict[str, _Field]] = None) -> dict[str, _Field]:
+    out = {} if out is None else out
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(tp):
+            out[key] = _Field(key, tp, "section")
+            _schema_index(tp, key + ".", out)
+        elif typing.get_origin(tp) is dict or tp is dict:
+            out[key] = _Field(key, tp, "dict")
+        else:
+            out[key] = _Field(key, tp, "value")
+    return out
+
+
+_INDEX = _schema_index(Config)
+_ROOT = _Field("", Config, "section")
+
+# Names people carry over from other trainers; checked before fuzzy matching.
+_ALIASES = {
+    "lr": "train.learning_rate",
+    "max_steps": "train.steps",
+    "seed": "train.seed",
+    "clip_range": "algo.epsilon",
+    "epsilon_low": "algo.epsilon",
+    "clip_ratio_low": "algo.epsilon",
+    "clip_ratio_high": "algo.epsilon_high",
+    "kl_coef": "algo.beta",
+    "group_size": "rollout.num_generations",
+    "n": "rollout.num_generations",
+    "max_new_tokens": "rollout.max_completion_length",
+    "model_name_or_path": "model.path",
+    "output_dir": "log.output_dir",
+}
+
+
+def _classify(key: str) -> Optional[_Field]:
+    """The schema field that owns ``key``: itself, or the dict field it lies below; else None."""
+    if key == "":
+        return _ROOT
+    if key in _INDEX:
+        return _INDEX[key]
+    parts = key.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        owner = _INDEX.get(".".join(parts[:i]))
+        if owner is not None:
+            return owner if owner.kind == "dict" else None
+    return None
+
+
+def _suggest(key: str) -> list[str]:
+    """Closest valid keys: same leaf name elsewhere (nesting mistake), alias, then fuzzy match."""
+    leaf = key.rsplit(".", 1)[-1]
+    valid = [k for k in _INDEX if k != key]
+
+    def closeness(k: str) -> float:
+        return difflib.SequenceMatcher(None, key, k).ratio()
+
+    same_leaf = [k for k in valid if k.rsplit(".", 1)[-1] == leaf]
+    if same_leaf:  # e.g. num_generations lives in both rollout and eval: offer both
+        return sorted(same_leaf, key=closeness, reverse=True)[:3]
+    if leaf in _ALIASES:
+        return [_ALIASES[leaf]]
+    parent = key.rpartition(".")[0]
+    siblings = [k for k in valid if k.rpartition(".")[0] == parent]
+    for pool in (siblings, valid):
+        close = difflib.get_close_matches(key, pool, n=1, cutoff=0.6)
+        if close:
+            return close
+    leaves: dict[str, list[str]] = {}
+    for k in valid:
+        leaves.setdefault(k.rsplit(".", 1)[-1], []).append(k)
+    close = difflib.get_close_matches(leaf, list(leaves), n=1, cutoff=0.75)
+    if close:
+        return [max(leaves[close[0]], key=closeness)]
+    return []
+
+
+def _type_name(tp: Any) -> str:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Union:
+        names = [_type_name(a) for a in args if a is not type(None)]
+        return " or ".join(names) + (" or null" if type(None) in args else "")
+    if origin is list:
+        return f"list of {_type_name(args[0])}" if args else "list"
+    if origin is dict:
+        return f"mapping of {_type_name(args[0])} to {_type_name(args[1])}" if args else "mapping"
+    if tp is Any:
+        return "any value"
+    if dataclasses.is_dataclass(tp):
+        return "section (a mapping of its keys)"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _expected_type(key: str) -> str:
+    field = _classify(key)
+    if field is None:
+        return "?"
+    if field.key == key or field.kind != "dict":
+        return _type_name(field.type)
+    args = typing.get_args(field.type)
+    # One level below a dict field the value type applies; deeper down it is free-form.
+    depth = key.count(".") - field.key.count(".")
+    return _type_name(args[1]) if args and depth == 1 else "any value"
+
+
+# --------------------------------------------------------------------------------------------
+# Collecting (key, value, origin) items from YAML files and overrides
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Item:
+    key: str
+    value: Any
+    where: str  # "configs/x.yaml, line 4" or "on the command line: a.b=c"
+
+
+def _unknown(key: str, where: str) -> ConfigError:
+    msg = f"unknown config key '{key}' ({where})"
+    suggestions = _suggest(key)
+    if suggestions:
+        msg += "; did you mean " + " or ".join(f"'{k}'" for k in suggestions) + "?"
+    else:
+        msg += "; valid top-level keys: " + ", ".join(k for k in _INDEX if "." not in k)
+    return ConfigError(msg)
+
+
+def _collect(
+    loader: _Loader,
+    node: Optional[yaml.Node],
+    prefix: str,
+    where: Callable[[yaml.Node], str],
+    items: list[_Item],
+    locations: dict[str, str],
+    skip_root: Sequence[str] = (),
+) -> None:
+    """Walk the mapping ``node`` that sets section ``prefix``, checking every key on the way.
+
+    Keys inside a YAML mapping may themselves be dotted (``algo.epsilon: 0.2``); they are treated
+    as nested. Values of dict-typed fields are taken whole (their keys are free-form), but the
+    locations of their sub-keys are remembered so a type error inside them points at its line.
+    """
+    if _is_null(node):
+        return  # "model:" with everything below commented out
+    if not isinstance(node, yaml.MappingNode):
+        value = loader.construct_object(node, deep=True)
+        example = next(k for k in _INDEX if k.startswith(prefix + ".")) if prefix else "train.steps"
+        raise ConfigError(
+            f"config key '{prefix or '<root>'}' ({where(node)}) is a section and must be a mapping of "
+            f"its keys, got {value!r}; set a key inside it, e.g. '{example}'"
+        )
+    loader.flatten_mapping(node)  # resolve YAML merge keys ("<<: *defaults")
+    for k_node, v_node in node.value:
+        key = loader.construct_object(k_node, deep=True)
+        if not isinstance(key, str):
+            raise ConfigError(f"config keys must be strings, got {key!r} ({where(k_node)})")
+        if not prefix and key in skip_root:
+            continue
+        path = f"{prefix}.{key}" if prefix else key
+        field = _classify(path)
+        if field is None:
+            raise _unknown(path, where(k_node))
+        locations.setdefault(path, where(k_node))
+        if field.kind == "section" and field.key == path:
+            _collect(loader, v_node, path, where, items, locations)
+        else:
+            _remember_locations(loader, v_node, path, where, locations)
+            items.append(_Item(path, loader.construct_object(v_node, deep=True), where(k_node)))
+
+
+def _remember_locations(loader: _Loader, node: yaml.Node, prefix: str, where: Callable, locations: dict) -> None:
+    if isinstance(node, yaml.MappingNode):
+        for k_node, v_node in node.value:
+            if isinstance(k_node, yaml.ScalarNode):
+                path = f"{prefix}.{k_node.value}"
+                locations[path] = where(k_node)
+                _remember_locations(loader, v_node, path, where, locations)
+
+
+def _resolve_recipe(path: Union[str, Path], relative_to: Optional[Path] = None) -> Optional[Path]:
+    """A recipe file: relative to the including recipe, as given, then a built-in name."""
+    p = Path(path).expanduser()
+    if relative_to is not None and not p.is_absolute():
+        cand = relative_to / p
+        if cand.is_file():
+            return cand
+    if p.is_file():
+        return p
+    try:
+        return builtin_config_path(str(path))
+    except ConfigError:
+        return None
+
+
+def _yaml_items(path: Path, items: list[_Item], locations: dict[str, str], stack: tuple[Path, ...] = ()) -> None:
+    """Items of ``path`` and (first) of its ``base:`` chain, in the order they must be applied."""
+    resolved = path.resolve()
+    if resolved in stack:
+        chain = " -> ".join(str(p) for p in (*stack, resolved))
+        raise ConfigError(f"config 'base:' cycle: {chain}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    loader, node = _compose(text, str(path))
+    try:
+
+        def where(n: yaml.Node) -> str:
+            return f"{path}, line {n.start_mark.line + 1}"
+
+        if _is_null(node):
+            return
+        if not isinstance(node, yaml.MappingNode):
+            raise ConfigError(f"config file {path} must contain a mapping of keys at the top level")
+        loader.flatten_mapping(node)
+        for k_node, v_node in node.value:
+            if isinstance(k_node, yaml.ScalarNode) and k_node.value == "base":
+                bases = loader.construct_object(v_node, deep=True)
+                bases = [bases] if isinstance(bases, str) else bases
+                if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
+                    raise ConfigError(f"'base' must be a recipe path or a list of them ({where(k_node)})")
+                for b in bases:
+                    base_path = _resolve_recipe(b, relative_to=path.parent)
+                    if base_path is None:
+                        raise ConfigError(
+                            f"base recipe '{b}' not found ({where(k_node)}); looked for "
+                            f"{path.parent / b} and a built-in recipe of that name"
+                        )
+                    _yaml_items(base_path, items, locations, (*stack, resolved))
+        _collect(loader, node, "", where, items, locations, skip_root=("base",))
+    finally:
+        loader.dispose()
+
+
+def _override_items(override: str, items: list[_Item], locations: dict[str, str]) -> None:
+    if not isinstance(override, str) or "=" not in override:
+        raise ConfigError(
+            f"malformed override {override!r}: expected the form key=value, e.g. algo.epsilon_high=0.28"
+        )
+    key, _, text = override.partition("=")
+    key = key.strip()
+    if key.startswith("--"):
+        key = key[2:]
+    if not key:
+        raise ConfigError(f"malformed override {override!r}: expected the form key=value (the key is empty)")
+    where_str = f"on the command line: {override}"
+    field = _classify(key)
+    if field is None:
+        raise _unknown(key, where_str)
+    loader, node = _compose(text, f"the value of override {override!r}")
+    try:
+        locations[key] = where_str
+        if field.kind == "section" and field.key == key:
+            # algo={epsilon: 0.3, beta: 0.01}: check the keys inside like a YAML section.
+            _collect(loader, node, key, lambda _n: where_str, items, locations)
+        else:
+            value = None if node is None else loader.construct_object(node, deep=True)
+            items.append(_Item(key, value, where_str))
+    finally:
+        loader.dispose()
+
+
+def _apply(cfg: Any, item: _Item, locations: dict[str, str]) -> None:
+    try:
+        OmegaConf.update(cfg, item.key, item.value, merge=True)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or item.key
+        if not str(key).startswith(item.key):
+            key = item.key
+        value = getattr(exc, "value", item.value) if key != item.key else item.value
+        where = locations.get(key, item.where)
+        hint = ""
+        if typing.get_origin(_classify(key).type if _classify(key) else None) is list:
+            example = value if isinstance(value, (str, int, float)) else "a, b"
+            hint = f" (write a list, e.g. {key}=[{example}])"
+        raise ConfigError(
+            f"invalid value {value!r} for config key '{key}' ({where}): expected {_expected_type(key)}{hint}"
+        ) from None
+
+
+# --------------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------------
+
+
+def load_config(
+    path: Union[str, Path, None] = None,
+    overrides: Sequence[str] = (),
+    base: Optional[Config] = None,
+) -> Config:
+    """Build a typed :class:`Config`: defaults (or ``base``) <- YAML recipe <- dotted overrides.
+
+    ``path`` is a YAML file or a built-in recipe name (``vlm/counting_tiny``). Raises
+    :class:`ConfigError` naming the offending key, where it came from and the likely intended key.
+    """
+    if isinstance(overrides, str):
+        overrides = [overrides]  # a lone "a.b=c" would otherwise be iterated per character
+    items: list[_Item] = []
+    locations: dict[str, str] = {}
+    if path is not None:
+        recipe = _resolve_recipe(path)
+        if recipe is None:
+            raise ConfigError(f"config file not found: {path}")
+        _yaml_items(recipe, items, locations)
+    for ov in overrides:
+        _override_items(ov, items, locations)
+
+    cfg = OmegaConf.structured(base if base is not None else Config)
+    for item in items:
+        _apply(cfg, item, locations)
+    try:
+        out = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as exc:  # e.g. a ${interpolation} that does not resolve
+        key = getattr(exc, "full_key", "") or "?"
+        raise ConfigError(f"cannot resolve config key '{key}' ({locations.get(key, 'config')}): {exc.msg if hasattr(exc, 'msg') else exc}") from None
+    assert isinstance(out, Config)
+    return out
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    """Plain nested dict of a config (interpolations resolved), e.g. for logging hyperparameters."""
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)  # type: ignore[return-value]
+
+
+def save_config(cfg: Config, path: Union[str, Path]) -> Path:
+    """Write the fully resolved config as YAML, so a run directory records exactly what ran.
+
+    The file loads back with :func:`load_config` to an equal ``Config``. Written to a temporary
+    file and renamed, so a crash never leaves a half-written ``config.yaml`` behind.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = OmegaConf.to_yaml(OmegaConf.structured(cfg), resolve=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def builtin_config_names() -> list[str]:
+    """Names of the recipes shipped in ``mmrl.configs`` (``vlm/counting_tiny``, ...)."""
+    from mmrl.configs import CONFIGS_DIR
+
+    names = []
+    for p in sorted(CONFIGS_DIR.rglob("*")):
+        if p.suffix in (".yaml", ".yml") and p.is_file():
+            names.append(p.relative_to(CONFIGS_DIR).with_suffix("").as_posix())
+    return names
+
+
+def builtin_config_path(name: Union[str, Path]) -> Path:
+    """Resolve a recipe: an existing file path as is, else a name under ``mmrl.configs``.
+
+    ``vlm/counting_tiny``, ``vlm/counting_tiny.yaml`` and ``configs/vlm/counting_tiny.yaml`` (the
+    repo layout, which installs as the ``mmrl.configs`` package) all resolve to the same file.
+    """
+    from mmrl.configs import CONFIGS_DIR
+
+    p = Path(name).expanduser()
+    if p.is_file():
+        return p
+    rel = Path(name).as_posix()
+    if rel.startswith("configs/"):
+        rel = rel[len("configs/"):]
+    cands = [CONFIGS_DIR / rel]
+    if Path(rel).suffix not in (".yaml", ".yml"):
+        cands += [CONFIGS_DIR / f"{rel}.yaml", CONFIGS_DIR / f"{rel}.yml"]
+    for cand in cands:
+        if cand.is_file():
+            return cand
+    names = builtin_config_names()
+    msg = f"no config file or built-in recipe named '{name}'"
+    close = difflib.get_close_matches(Path(rel).with_suffix("").as_posix(), names, n=1, cutoff=0.5)
+    if close:
+        msg += f"; did you mean '{close[0]}'?"
+    if names:
+        msg += " Built-in recipes: " + ", ".join(names)
+    raise ConfigError(msg)

@@ -1,0 +1,120 @@
+"""The typed config schema. Key names follow TRL / verl where those exist.
+
+A recipe YAML file sets any subset of these keys; dotted overrides on the command line
+(``algo.epsilon_high=0.28``) go on top. ``mmrl.config`` loads, validates and saves it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = False
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    # Module-name suffixes of the language model to adapt (peft's target_modules).
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+
+
+@dataclass
+class ModelConfig:
+    # "tiny" = the built-in tiny Qwen2.5-VL in mmrl/assets; otherwise a local checkpoint directory.
+    path: str = "tiny"
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    freeze_vision: bool = False
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    # Qwen-VL image budget (pixels after resizing); None keeps the checkpoint's own.
+    min_pixels: Optional[int] = None
+    max_pixels: Optional[int] = None
+    attn_implementation: Optional[str] = None  # e.g. "sdpa", "flash_attention_2"
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "hf"  # hf (transformers generate)
+    num_generations: int = 8  # samples per prompt (the GRPO group size)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_completion_length: int = 32
+    batch_size: int = 64  # sequences generated at once
+
+
+@dataclass
+class AlgoConfig:
+    advantage: str = "grpo"  # grpo | dr_grpo | rloo
+    epsilon: float = 0.2  # lower clip range
+    epsilon_high: Optional[float] = None  # upper clip range (DAPO clip-higher); None = epsilon
+    beta: float = 0.0  # KL weight; 0 = no reference model is loaded
+    kl_estimator: str = "k3"  # k1 | k2 | k3
+    loss_agg_mode: str = "token_mean"  # token_mean | seq_mean_token_sum | seq_mean_token_mean | seq_mean_token_sum_norm
+    num_iterations: int = 1  # optimisation epochs per rollout batch (GRPO's mu)
+    scale_rewards: bool = True  # grpo: divide by the group std
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 100  # RL steps (one rollout batch each)
+    prompts_per_step: int = 8
+    mini_batch_size: int = 0  # samples per optimizer step; 0 = the whole rollout batch
+    micro_batch_size: int = 16  # samples per forward/backward (gradient accumulation)
+    learning_rate: float = 1e-5
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    max_grad_norm: float = 1.0
+    lr_scheduler_type: str = "constant_with_warmup"  # any transformers scheduler name
+    warmup_steps: int = 0
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda | cuda:1 ...
+    threads: int = 0  # torch CPU threads; 0 = torch's default
+
+
+@dataclass
+class TaskConfig:
+    name: str = "counting"
+    # Reward weights by registry name; empty = the task's defaults.
+    rewards: dict[str, float] = field(default_factory=dict)
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)  # task-specific options
+
+
+@dataclass
+class EvalConfig:
+    num_examples: int = 64
+    every: int = 0  # eval every N steps during training (0 = only before and after)
+    temperature: float = 0.0  # 0 = greedy decoding
+    num_generations: int = 1
+    before: bool = True  # evaluate the starting model too (for the before/after table)
+
+
+@dataclass
+class LogConfig:
+    output_dir: str = "runs"
+    run_name: Optional[str] = None  # default: <task>-<timestamp>
+    log_every: int = 1
+    tensorboard: bool = True
+    save_rollouts_every: int = 10  # save a few rollouts (image, prompt, completion, rewards)
+    num_rollouts_to_save: int = 4
+    save_every: int = 50  # checkpoint every N steps (and at the end); 0 = only at the end
+    save_total_limit: int = 2
+    progress: bool = True
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    resume: bool = False
+    plugins: list[str] = field(default_factory=list)  # modules or .py files to import

@@ -1,0 +1,1 @@
+"""Modality-free RL: rollout batch, advantages, objective, trainer loop, checkpoints, logging."""

@@ -1,0 +1,112 @@
+"""Group-relative advantage estimators.
+
+Every estimator has the signature
+
+    fn(rewards: Tensor (N,), group_ids: Tensor (N,) long, *, eps=1e-6, scale_rewards=True, **kw)
+        -> Tensor (N,)
+
+Samples drawn for the same prompt share a group id. Groups may be interleaved in any order and
+may have different sizes (e.g. after filtering), so statistics are computed per group id with
+``torch.unique(return_inverse=True)`` and ``index_add_``: one pass over the batch, no Python loop
+over groups. Unknown keyword arguments are accepted and ignored so that the trainer can pass the
+whole algorithm config to any estimator.
+
+New estimators register with ``@register_advantage("name")`` and are looked up by
+:func:`compute_advantages`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from mmrl.registry import ADVANTAGES, register_advantage
+
+__all__ = ["group_stats", "grpo", "dr_grpo", "rloo", "compute_advantages"]
+
+
+def group_stats(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-sample group statistics, broadcast back to each sample.
+
+    Returns ``(mean, std, count)``, each of shape (N,): the mean of the sample's group, its
+    *unbiased* sample standard deviation (``torch.std`` default, as TRL uses), and the group size.
+    The std uses the two-pass formula (deviations from the mean first) for numerical stability;
+    for a group of size 1 the denominator ``n - 1`` is clamped to 1, so its std is 0, not NaN.
+    """
+    rewards = torch.as_tensor(rewards)
+    if not rewards.is_floating_point():
+        rewards = rewards.float()
+    group_ids = torch.as_tensor(group_ids, device=rewards.device)
+    if rewards.shape != group_ids.shape or rewards.dim() != 1:
+        raise ValueError(
+            f"rewards and group_ids must both be 1-D of the same length, got "
+            f"{tuple(rewards.shape)} and {tuple(group_ids.shape)}"
+        )
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    num_groups = int(inverse.max()) + 1 if inverse.numel() else 0
+
+    count = torch.zeros(num_groups, dtype=rewards.dtype, device=rewards.device)
+    count.index_add_(0, inverse, torch.ones_like(rewards))
+    total = torch.zeros_like(count).index_add_(0, inverse, rewards)
+    mean = (total / count)[inverse]
+
+    sq_dev = torch.zeros_like(count).index_add_(0, inverse, (rewards - mean) ** 2)
+    std = (sq_dev / (count - 1).clamp(min=1)).sqrt()[inverse]
+    return mean, std, count[inverse]
+
+
+@register_advantage("grpo")
+def grpo(
+    rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6, scale_rewards: bool = True, **_
+) -> Tensor:
+    """GRPO outcome advantage.
+
+    From "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models"
+    (Shao et al., 2024):
+
+        A_i = (r_i - mean_g(r)) / (std_g(r) + eps)
+
+    with the unbiased sample std of the sample's group g. With ``scale_rewards=False`` the std
+    division is dropped, ``A_i = r_i - mean_g(r)`` (the Dr. GRPO fix, exposed as an option as TRL
+    does). A group whose rewards are all equal, including a group of size 1, gets advantage 0.
+    """
+    mean, std, _ = group_stats(rewards, group_ids)
+    centred = torch.as_tensor(rewards, dtype=mean.dtype, device=mean.device) - mean
+    return centred / (std + eps) if scale_rewards else centred
+
+
+@register_advantage("dr_grpo")
+def dr_grpo(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6, **_) -> Tensor:
+    """Dr. GRPO advantage: the group mean baseline without std normalisation.
+
+    From "Understanding R1-Zero-Like Training: A Critical Perspective" (Liu et al., 2025), which
+    shows that dividing by the group std up-weights prompts that are too easy or too hard:
+
+        A_i = r_i - mean_g(r)
+    """
+    mean, _, _ = group_stats(rewards, group_ids)
+    return torch.as_tensor(rewards, dtype=mean.dtype, device=mean.device) - mean
+
+
+@register_advantage("rloo")
+def rloo(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6, **_) -> Tensor:
+    """REINFORCE leave-one-out advantage.
+
+    From "Buy 4 REINFORCE Samples, Get a Baseline for Free!" (Kool et al., 2019) and "Back to
+    Basics: Revisiting REINFORCE Style Optimization for Learning from Human Feedback in LLMs"
+    (Ahmadian et al., 2024). Each sample's baseline is the mean of the *other* samples of its
+    group, which keeps the estimator unbiased:
+
+        A_i = r_i - mean_{j in g, j != i} r_j = n / (n - 1) * (r_i - mean_g(r))
+
+    A group of size 1 has no other sample and gets advantage 0.
+    """
+    mean, _, count = group_stats(rewards, group_ids)
+    centred = torch.as_tensor(rewards, dtype=mean.dtype, device=mean.device) - mean
+    # For n == 1, centred is exactly 0, so clamping the denominator gives 0 rather than inf*0.
+    return centred * count / (count - 1).clamp(min=1)
+
+
+def compute_advantages(name: str, rewards: Tensor, group_ids: Tensor, **kwargs) -> Tensor:
+    """Look up the estimator registered as ``name`` and apply it to the batch."""
+    return ADVANTAGES.get(name)(rewards, group_ids, **kwargs)

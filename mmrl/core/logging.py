@@ -1,0 +1,304 @@
+"""What a run leaves in its run directory, and what it shows on the terminal while it runs.
+
+Run directory::
+
+    metrics.jsonl                     one JSON object per logged step: {"step", "time", **metrics}
+    tensorboard/                      the same scalars for TensorBoard
+    rollouts/step_000010/0.png        sampled rollouts: input image, visualisation (boxes drawn),
+    rollouts/step_000010/0_vis.png    and rollouts.jsonl with prompt, completion, rewards ...
+    rollouts/step_000010/rollouts.jsonl
+
+metrics.jsonl is the source of truth (plain text, greppable, loads with pandas); TensorBoard is a
+convenience and is skipped with a warning if it cannot be imported. On resume the trainer calls
+:meth:`RunLogger.truncate_after` with the checkpoint's step so the steps that are re-run are not
+logged twice.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import numbers
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence, Union
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+__all__ = ["RunLogger", "TrainingProgress", "print_before_after", "to_jsonable"]
+
+
+def _scalar(value: Any) -> Any:
+    """Tensors / NumPy values with one element -> Python float (bool stays bool); else unchanged."""
+    if hasattr(value, "numel") and hasattr(value, "item"):  # torch.Tensor without importing torch
+        if value.numel() != 1:
+            return value.detach().cpu().tolist()
+        v = value.item()
+    elif type(value).__module__ == "numpy" and hasattr(value, "item"):
+        if getattr(value, "size", 1) != 1:
+            return value.tolist()
+        v = value.item()
+    else:
+        return value
+    return float(v) if isinstance(v, numbers.Real) and not isinstance(v, bool) else v
+
+
+def to_jsonable(value: Any) -> Any:
+    """Recursively make ``value`` JSON-serialisable (tensors and NumPy to floats/lists, else str)."""
+    value = _scalar(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return str(value)
+
+
+def _is_pil(value: Any) -> bool:
+    return hasattr(value, "save") and hasattr(value, "mode") and hasattr(value, "size")
+
+
+class RunLogger:
+    """Appends metrics to ``metrics.jsonl`` and TensorBoard, and saves sampled rollouts."""
+
+    def __init__(self, run_dir: Union[str, Path], tensorboard: bool = True):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.tensorboard = tensorboard
+        self._file: Optional[io.TextIOBase] = None
+        self._writer: Any = None
+        self._purge_step: Optional[int] = None
+
+    # -- metrics -----------------------------------------------------------------------------
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """One JSON line per call (flushed at once, so a killed run keeps what it logged)."""
+        clean = {k: to_jsonable(v) for k, v in metrics.items()}
+        record = {"step": int(step), "time": time.time(), **clean}
+        if self._file is None:
+            self._file = open(self.metrics_path, "a", encoding="utf-8")
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        writer = self._tb()
+        if writer is not None:
+            for k, v in clean.items():
+                if isinstance(v, numbers.Real):  # skips strings, lists, None
+                    writer.add_scalar(k, float(v), int(step))
+            writer.flush()
+
+    def _tb(self) -> Any:
+        if not self.tensorboard:
+            return None
+        if self._writer is None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except Exception as exc:  # tensorboard missing or broken: metrics.jsonl still has it all
+                warnings.warn(f"TensorBoard logging disabled: {exc}", stacklevel=3)
+                self.tensorboard = False
+                return None
+            # purge_step makes TensorBoard drop events of steps that a resumed run logs again.
+            self._writer = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"), purge_step=self._purge_step)
+            self._purge_step = None
+        return self._writer
+
+    def truncate_after(self, step: int) -> None:
+        """Keep only metric lines with ``step <= step`` (and drop a torn last line from a kill)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self._purge_step = int(step) + 1
+        if not self.metrics_path.exists():
+            return
+        kept = []
+        with open(self.metrics_path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(rec, dict) and isinstance(rec.get("step"), (int, float)) and rec["step"] <= step:
+                    kept.append(json.dumps(rec) + "\n")
+        tmp = self.metrics_path.with_name(f".{self.metrics_path.name}.tmp-{os.getpid()}")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(kept)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.metrics_path)
+
+    # -- rollouts ----------------------------------------------------------------------------
+
+    def save_rollouts(self, step: int, records: Sequence[Mapping[str, Any]]) -> Path:
+        """Save images as PNGs and everything else as ``rollouts.jsonl`` in ``rollouts/step_XXXXXX``.
+
+        ``image`` -> ``{i}.png``, ``visualization`` -> ``{i}_vis.png``, any other PIL value under
+        key ``k`` -> ``{i}_{k}.png``; the record keeps the file name in place of the image.
+        """
+        out_dir = self.run_dir / "rollouts" / f"step_{int(step):06d}"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        lines = []
+        for i, rec in enumerate(records):
+            row: dict[str, Any] = {"index": i}
+            for key, value in rec.items():
+                if _is_pil(value):
+                    name = {"image": f"{i}.png", "visualization": f"{i}_vis.png"}.get(key, f"{i}_{key}.png")
+                    value.save(out_dir / name)
+                    row[key] = name
+                else:
+                    row[key] = to_jsonable(value)
+            lines.append(json.dumps(row, ensure_ascii=False) + "\n")
+        with open(out_dir / "rollouts.jsonl", "w", encoding="utf-8") as f:
+            f.writelines(lines)
+        return out_dir
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def __enter__(self) -> "RunLogger":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# Terminal output
+# ------------------------------------------------------------------------------------------------
+
+
+def _fmt(value: Any, spec: str = ".3f") -> str:
+    value = _scalar(value)
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return format(float(value), spec)
+    return str(value)
+
+
+class TrainingProgress:
+    """Progress bar: description, bar, ``step M/N``, reward, step time, elapsed and ETA.
+
+    When resuming, the bar starts at ``start_step`` and the ETA is estimated from the steps done
+    since then (rich only samples speed from updates, not from the initial ``completed``).
+    With ``enabled=False`` every call is a no-op; on a non-terminal stdout (CI logs, pytest
+    capture) rich skips the live redraws and prints the final state once.
+    """
+
+    def __init__(
+        self,
+        total_steps: int,
+        start_step: int = 0,
+        enabled: bool = True,
+        description: str = "train",
+        console: Optional[Console] = None,
+    ):
+        self.total_steps = int(total_steps)
+        self.start_step = int(start_step)
+        self.enabled = enabled
+        self.description = description
+        self._progress = Progress(
+            TextColumn("[progress.description]{task.description}"),
+            BarColumn(),
+            TextColumn("step {task.completed:.0f}/{task.total:.0f}"),
+            TextColumn("reward {task.fields[reward]}"),
+            TextColumn("step time {task.fields[step_time]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[extra]}"),
+            console=console,
+            disable=not enabled,
+            transient=False,
+        )
+        self._task = self._progress.add_task(
+            description,
+            total=self.total_steps,
+            completed=self.start_step,
+            reward="-",
+            step_time="-",
+            extra="",
+        )
+        self._started = False
+
+    def __enter__(self) -> "TrainingProgress":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        if not self._started:
+            self._progress.start()
+            self._started = True
+
+    def stop(self) -> None:
+        if self._started:
+            self._progress.stop()
+            self._started = False
+
+    def update(self, step: int, reward: Any = None, step_time: Any = None, **extra: Any) -> None:
+        """Show that ``step`` steps are complete (absolute, not an increment)."""
+        fields: dict[str, Any] = {}
+        if reward is not None:
+            fields["reward"] = _fmt(reward, ".3f")
+        if step_time is not None:
+            fields["step_time"] = _fmt(step_time, ".2f") + "s"
+        if extra:
+            fields["extra"] = " ".join(f"{k} {_fmt(v)}" for k, v in extra.items())
+        self._progress.update(self._task, completed=int(step), **fields)
+
+    def log(self, message: str) -> None:
+        """Print a line above the bar (plain print would garble the live display)."""
+        if self.enabled:
+            self._progress.console.print(message)
+
+
+def print_before_after(
+    before: Mapping[str, Any],
+    after: Mapping[str, Any],
+    title: str = "Evaluation: before vs after training",
+    console: Optional[Console] = None,
+) -> str:
+    """Print a table of metrics before and after training and return it as plain text.
+
+    Rows are the metric names (those of ``before`` first, then any only in ``after``); the change
+    column is ``after - before``. The returned text is what a run also writes to its log.
+    """
+    names = list(before) + [k for k in after if k not in before]
+
+    def table(colour: bool) -> Table:
+        t = Table(title=title)
+        t.add_column("metric")
+        t.add_column("before", justify="right")
+        t.add_column("after", justify="right")
+        t.add_column("change", justify="right")
+        for name in names:
+            b, a = _scalar(before.get(name)), _scalar(after.get(name))
+            change = "-"
+            if isinstance(b, numbers.Real) and isinstance(a, numbers.Real):
+                d = float(a) - float(b)
+                change = "nan" if math.isnan(d) else f"{d:+.4f}"
+                if colour and d != 0 and not math.isnan(d):
+                    change = f"[{'green' if d > 0 else 'red'}]{change}[/]"
+            fmt = lambda v: "-" if v is None else _fmt(v, ".4f")  # noqa: E731
+            t.add_row(name, fmt(b), fmt(a), change)
+        return t
+
+    buf = io.StringIO()
+    Console(file=buf, width=100, color_system=None, force_terminal=False).print(table(False))
+    (console or Console()).print(table(True))
+    return buf.getvalue()

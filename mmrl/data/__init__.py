@@ -1,0 +1,1 @@
+"""Dataset readers and deterministic synthetic generators."""

@@ -1,0 +1,1 @@
+"""Vision-language policies: loading, processing, rollouts, log-probs, the tiny default."""

@@ -1,0 +1,127 @@
+"""Turn chat messages with images into model inputs for Qwen-VL-family checkpoints.
+
+Why not just ``AutoProcessor``: in transformers 5.x the Qwen-VL processors insist on a video
+processor, and every video processor needs torchvision, whose PyPI wheels pull a CUDA build of
+torch (several GB). mmrl's image path needs only the tokenizer, the (PIL) image processor and the
+chat template, all real transformers objects loaded from the checkpoint directory; this module
+does the one thing the processor adds on top: expanding each ``<|image_pad|>`` placeholder into
+one token per merged vision patch. A parity test compares the result with the HF processor
+wherever torchvision is installed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+IMAGE_PAD = "<|image_pad|>"
+
+
+class VLMProcessor:
+    """Tokenizer + image processor + chat template of a Qwen2-VL/2.5-VL/3-VL checkpoint."""
+
+    def __init__(self, tokenizer, image_processor, chat_template: str | None = None,
+                 min_pixels: int | None = None, max_pixels: int | None = None):
+        self.tokenizer = tokenizer
+        self.image_processor = image_processor
+        self.chat_template = chat_template or getattr(tokenizer, "chat_template", None)
+        if self.chat_template is None:
+            raise ValueError("the checkpoint has no chat template (chat_template.jinja / tokenizer_config.json)")
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.set_pixel_budget(min_pixels, max_pixels)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, min_pixels: int | None = None, max_pixels: int | None = None):
+        from transformers import AutoImageProcessor, AutoTokenizer
+
+        path = str(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        image_processor = AutoImageProcessor.from_pretrained(path)
+        template = getattr(tokenizer, "chat_template", None)
+        jinja = Path(path) / "chat_template.jinja"
+        if template is None and jinja.exists():
+            template = jinja.read_text()
+        return cls(tokenizer, image_processor, template, min_pixels, max_pixels)
+
+    # -- configuration ----------------------------------------------------------------------
+    @property
+    def merge_size(self) -> int:
+        return int(getattr(self.image_processor, "merge_size", 2))
+
+    @property
+    def patch_size(self) -> int:
+        return int(getattr(self.image_processor, "patch_size", 14))
+
+    def set_pixel_budget(self, min_pixels: int | None, max_pixels: int | None) -> None:
+        """Apply ``min_pixels``/``max_pixels`` (the Qwen-VL image budget) to the image processor."""
+        size = dict(getattr(self.image_processor, "size", None) or {})
+        if min_pixels is not None:
+            size["shortest_edge"] = int(min_pixels)
+            if hasattr(self.image_processor, "min_pixels"):
+                self.image_processor.min_pixels = int(min_pixels)
+        if max_pixels is not None:
+            size["longest_edge"] = int(max_pixels)
+            if hasattr(self.image_processor, "max_pixels"):
+                self.image_processor.max_pixels = int(max_pixels)
+        if size:
+            self.image_processor.size = size
+
+    # -- text ---------------------------------------------------------------------------------
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, chat_template=self.chat_template, tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+        )
+
+    # -- batch encoding -------------------------------------------------------------------------
+    def __call__(self, texts: Sequence[str], images: Sequence[Sequence[Any]] | None = None) -> dict:
+        """Encode ``texts`` (already chat-formatted) with their images, left-padded.
+
+        ``images[i]`` is the list of PIL images of ``texts[i]``, in placeholder order.
+        Returns ``input_ids``, ``attention_mask`` and, when there are images, ``pixel_values``
+        and ``image_grid_thw`` (the tensors Qwen-VL models take).
+        """
+        texts = list(texts)
+        flat = [im for ims in (images or []) for im in ims]
+        out: dict[str, torch.Tensor] = {}
+        if flat:
+            vision = self.image_processor(images=flat, return_tensors="pt")
+            out["pixel_values"] = vision["pixel_values"]
+            out["image_grid_thw"] = vision["image_grid_thw"]
+            counts = (vision["image_grid_thw"].prod(-1) // (self.merge_size**2)).tolist()
+            texts = _expand_placeholders(texts, counts)
+        enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        out["input_ids"] = enc["input_ids"]
+        out["attention_mask"] = enc["attention_mask"]
+        return out
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def save_pretrained(self, path: str | Path) -> None:
+        self.tokenizer.save_pretrained(path)
+        self.image_processor.save_pretrained(path)
+        Path(path, "chat_template.jinja").write_text(self.chat_template)
+
+
+def _expand_placeholders(texts: list[str], counts: list[int]) -> list[str]:
+    """Replace the k-th ``<|image_pad|>`` (over the whole batch) by ``counts[k]`` copies."""
+    it = iter(counts)
+    expanded = []
+    for text in texts:
+        parts = text.split(IMAGE_PAD)
+        pieces = [parts[0]]
+        for part in parts[1:]:
+            try:
+                n = next(it)
+            except StopIteration:
+                raise ValueError("more image placeholders in the prompts than images given") from None
+            pieces.append(IMAGE_PAD * n + part)
+        expanded.append("".join(pieces))
+    if next(it, None) is not None:
+        raise ValueError("more images given than image placeholders in the prompts")
+    return expanded

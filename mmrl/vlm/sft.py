@@ -1,0 +1,135 @@
+"""Supervised warm start, and the recipe that builds the shipped tiny model.
+
+R1-style recipes run SFT before RL so that RL starts from a policy that already follows the answer
+format and is sometimes right (GRPO learns nothing from groups whose rewards are all zero). The
+tiny default follows that recipe: ``build_tiny_vlm`` trains the tokenizer, initialises a small
+Qwen2.5-VL, runs a short SFT on the synthetic tasks' reference completions and saves the result.
+It is deliberately short, so that RL has visible headroom.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from ..core.rollouts import Rollouts
+from ..task import Task
+from . import tiny
+
+
+def sft_batch(policy, tasks: Sequence[Task], examples: Sequence[tuple[int, dict]]) -> Rollouts:
+    """A batch whose "completions" are the tasks' reference answers (+ EOS), ready to score."""
+    prompts = [tasks[t].prompt(ex) for t, ex in examples]
+    enc, images_per_sample = policy.encode_prompts(prompts)
+    from .policy import _split_patches
+
+    patches = _split_patches(enc, images_per_sample)
+    eos = policy.tokenizer.eos_token_id
+    targets = [
+        torch.tensor(policy.tokenizer(tasks[t].target(ex), add_special_tokens=False)["input_ids"] + [eos])
+        for t, ex in examples
+    ]
+    width = max(len(x) for x in targets)
+    mask = torch.zeros(len(targets), width)
+    for i, x in enumerate(targets):
+        mask[i, :len(x)] = 1.0
+    return Rollouts(
+        group_ids=torch.arange(len(targets)),
+        action_mask=mask,
+        payload={
+            "prompt_ids": [enc["input_ids"][i][enc["attention_mask"][i].bool()] for i in range(len(targets))],
+            "completion_ids": targets,
+            "pixel_values": [p[0] for p in patches],
+            "image_grid_thw": [p[1] for p in patches],
+        },
+    )
+
+
+def sft(policy, tasks: Sequence[Task], steps: int, batch_size: int = 32, lr: float = 1e-3,
+        seed: int = 0, log_every: int = 50, progress: bool = True) -> list[float]:
+    """Teacher-forced cross-entropy on reference completions; tasks are mixed uniformly."""
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    splits = [t.examples("train") for t in tasks]
+    opt = torch.optim.AdamW([p for p in policy.model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / steps))
+    losses = []
+    policy.model.train()
+    from rich.progress import Progress
+
+    with Progress(disable=not progress) as bar:
+        task_id = bar.add_task("SFT warm start", total=steps)
+        for step in range(steps):
+            picks = []
+            for _ in range(batch_size):
+                t = rng.randrange(len(tasks))
+                picks.append((t, splits[t][rng.randrange(len(splits[t]))]))
+            batch = sft_batch(policy, tasks, picks)
+            logps = policy.completion_logps(policy.model, batch)
+            loss = -(logps.sum() / batch.action_mask.sum())
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(policy.model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            losses.append(float(loss))
+            bar.update(task_id, advance=1, description=f"SFT warm start loss {loss.item():.3f}")
+            if log_every and (step + 1) % log_every == 0 and not progress:
+                print(f"sft step {step + 1}/{steps} loss {sum(losses[-log_every:]) / log_every:.4f}")
+    return losses
+
+
+def tokenizer_corpus(tasks: Sequence[Task], per_task: int = 3000) -> list[str]:
+    """The text the tiny tokenizer is trained on: prompts, reference answers, numbers."""
+    texts = ["You are a helpful assistant.", "system", "user", "assistant"]
+    texts += [str(i) for i in range(0, 1001)]
+    for task in tasks:
+        split = task.examples("train")
+        for i in range(min(per_task, len(split))):
+            ex = split[i]
+            for msg in task.prompt(ex):
+                content = msg["content"]
+                if isinstance(content, str):
+                    texts.append(content)
+                else:
+                    texts += [c["text"] for c in content if c.get("type") == "text"]
+            texts.append(task.target(ex))
+    return texts
+
+
+DEFAULT_TINY_TASKS = ({"name": "counting", "options": {"query": "color"}},
+                      {"name": "counting", "options": {"query": "shape"}},
+                      {"name": "counting", "options": {"query": "color_shape"}},
+                      {"name": "grounding", "options": {}})
+
+
+def build_tiny_vlm(out: str | Path, sft_steps: int = 300, batch_size: int = 32, lr: float = 2e-3,
+                   seed: int = 0, progress: bool = True) -> Path:
+    """Build the tiny Qwen2.5-VL from scratch and warm-start it; returns the checkpoint dir."""
+    from ..config import load_config
+    from ..registry import TASKS, load_plugins
+    from .policy import VLMPolicy
+
+    load_plugins()
+    tasks = [TASKS.get(spec["name"])(**spec["options"]) for spec in DEFAULT_TINY_TASKS]
+    out = Path(out)
+    torch.manual_seed(seed)
+    tokenizer = tiny.build_tokenizer(tokenizer_corpus(tasks), vocab_size=1024)
+    processor = tiny.build_processor(tokenizer)
+    model = tiny.build_model(tokenizer, seed=seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        tiny.save_tiny(model, processor, tmp)
+        cfg = load_config(None, [f"model.path={tmp}", "train.device=cpu"])
+        policy = VLMPolicy(cfg)
+        sft(policy, tasks, steps=sft_steps, batch_size=batch_size, lr=lr, seed=seed, progress=progress)
+        staging = out.with_name(out.name + ".tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        tiny.save_tiny(policy.model, policy.processor, staging)
+    shutil.rmtree(out, ignore_errors=True)
+    staging.rename(out)
+    return out

@@ -1,0 +1,28 @@
+"""``format``: does the completion follow the ``<think>...</think><answer>...</answer>`` layout?"""
+
+from __future__ import annotations
+
+import re
+
+from mmrl import register_reward
+
+# Block contents may not contain another think/answer tag, so "<think>a</think>b</think><answer>"
+# or two answer blocks cannot pass as strict by hiding tags inside a block.
+_NO_TAG = r"(?:(?!</?(?:think|answer)>).)*"
+_STRICT_RE = re.compile(rf"<think>{_NO_TAG}</think>\s*<answer>{_NO_TAG}</answer>", re.DOTALL)
+_LENIENT_RE = re.compile(r"<answer>.*?</answer>", re.DOTALL)
+MODES = ("strict", "lenient")
+
+
+@register_reward("format")
+def format_reward(completions, examples, mode: str = "strict", **ctx) -> list[float]:
+    """1.0 for a well-formed completion, else 0.0; never None (there is nothing to parse).
+
+    strict: the whole stripped completion is one think block, optional whitespace, one answer
+    block. lenient: an answer block exists anywhere (for models that skip the reasoning).
+    """
+    if mode not in MODES:
+        raise ValueError(f"format reward: unknown mode {mode!r}; valid modes: {MODES}")
+    if mode == "strict":
+        return [1.0 if isinstance(c, str) and _STRICT_RE.fullmatch(c.strip()) else 0.0 for c in completions]
+    return [1.0 if isinstance(c, str) and _LENIENT_RE.search(c) else 0.0 for c in completions]

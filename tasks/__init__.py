@@ -1,0 +1,1 @@
+"""Built-in task plugins (installed as ``mmrl.tasks``); each module registers its tasks."""

@@ -1,0 +1,168 @@
+"""mmrl.config: YAML + overrides -> typed Config, and errors that say which key, where, and what was meant."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from mmrl.config import ConfigError, builtin_config_path, config_to_dict, load_config, save_config
+from mmrl.config_schema import Config
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
+    return path
+
+
+def test_defaults_without_file():
+    cfg = load_config()
+    assert isinstance(cfg, Config)
+    assert cfg == Config()
+
+
+def test_yaml_and_overrides(tmp_path):
+    p = write(
+        tmp_path / "r.yaml",
+        """
+        train:
+          steps: 10
+          learning_rate: 1e-5   # YAML 1.1 would make this a string
+        algo:
+          epsilon_high: 0.28
+        task:
+          name: grounding
+          rewards: {iou: 1, format: 0.5}
+          options: {query: count}
+        model:               # an empty section is fine
+        """,
+    )
+    cfg = load_config(p, ["algo.beta=0.04", "task.options.query=color", "plugins=[a.py, b]", "train.steps=7"])
+    assert cfg.train.steps == 7 and cfg.train.learning_rate == pytest.approx(1e-5)
+    assert isinstance(cfg.train.learning_rate, float)
+    assert cfg.algo.epsilon_high == 0.28 and cfg.algo.beta == 0.04
+    assert cfg.task.rewards == {"iou": 1.0, "format": 0.5}
+    assert cfg.task.options == {"query": "color"}
+    assert cfg.plugins == ["a.py", "b"]
+    assert cfg.model == Config().model
+
+
+def test_null_and_dotted_yaml_keys_and_section_override(tmp_path):
+    p = write(tmp_path / "r.yaml", "algo.epsilon_high: 0.3\nmodel.lora:\n  r: 4\n")
+    cfg = load_config(p, ["algo.epsilon_high=null", "model.lora={alpha: 8}"])
+    assert cfg.algo.epsilon_high is None
+    assert cfg.model.lora.r == 4 and cfg.model.lora.alpha == 8
+
+
+def test_unknown_key_names_file_line_and_suggestion(tmp_path):
+    p = write(tmp_path / "x.yaml", "# header\ntrain:\n  steps: 3\nalgo:\n  epslion: 0.3\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    msg = str(e.value)
+    assert "'algo.epslion'" in msg and f"{p}, line 5" in msg and "did you mean 'algo.epsilon'" in msg
+
+
+def test_nesting_mistake_suggests_full_key(tmp_path):
+    p = write(tmp_path / "x.yaml", "epsilon: 0.2\n")
+    with pytest.raises(ConfigError, match=r"'epsilon'.*line 1.*did you mean 'algo\.epsilon'"):
+        load_config(p)
+    with pytest.raises(ConfigError, match=r"'train\.num_generations'.*did you mean .*'rollout\.num_generations'"):
+        load_config(None, ["train.num_generations=4"])
+
+
+def test_unknown_override_says_command_line():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["algo.epslion=0.3"])
+    assert "'algo.epslion'" in str(e.value) and "on the command line" in str(e.value)
+    assert "did you mean 'algo.epsilon'" in str(e.value)
+
+
+def test_free_form_dicts_accept_any_key(tmp_path):
+    p = write(tmp_path / "x.yaml", "task:\n  options: {anything: 1, nested: {deep: [1, 2]}}\n  reward_kwargs: {k: v}\n")
+    cfg = load_config(p, ["task.options.other=x", "task.rewards.custom=2"])
+    assert cfg.task.options == {"anything": 1, "nested": {"deep": [1, 2]}, "other": "x"}
+    assert cfg.task.reward_kwargs == {"k": "v"} and cfg.task.rewards == {"custom": 2.0}
+
+
+@pytest.mark.parametrize(
+    "override, pattern",
+    [
+        ("train.steps=abc", r"'abc'.*'train\.steps'.*expected int"),
+        ("algo.epsilon_high=x", r"'x'.*'algo\.epsilon_high'.*expected float or null"),
+        ("plugins=a.py", r"'a\.py'.*'plugins'.*expected list of str.*plugins=\[a\.py\]"),
+        ("algo=3", r"'algo'.*section"),
+        ("task.rewards.iou=high", r"'high'.*'task\.rewards\.iou'.*expected float"),
+    ],
+)
+def test_type_errors(override, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(None, [override])
+
+
+def test_type_error_in_yaml_points_at_line(tmp_path):
+    p = write(tmp_path / "x.yaml", "task:\n  rewards:\n    iou: 1\n    format: lots\n")
+    with pytest.raises(ConfigError, match=rf"'task\.rewards\.format' \({p}, line 4\): expected float"):
+        load_config(p)
+
+
+def test_malformed_override_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config(None, ["train.steps"])
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError, match="nope.yaml"):
+        load_config(missing)
+
+
+def test_base_inheritance_recursive(tmp_path):
+    (tmp_path / "sub").mkdir()
+    write(tmp_path / "root.yaml", "train: {steps: 1, seed: 5}\ntask: {options: {a: 1}}\n")
+    write(tmp_path / "sub" / "mid.yaml", "base: ../root.yaml\ntrain: {steps: 2}\ntask: {options: {b: 2}}\n")
+    leaf = write(tmp_path / "leaf.yaml", "base: sub/mid.yaml\nalgo: {beta: 0.1}\n")
+    cfg = load_config(leaf, ["train.seed=9"])
+    assert cfg.train.steps == 2 and cfg.train.seed == 9 and cfg.algo.beta == 0.1
+    assert cfg.task.options == {"a": 1, "b": 2}  # dicts merge across the chain
+
+
+def test_base_cycle_detected(tmp_path):
+    write(tmp_path / "a.yaml", "base: b.yaml\n")
+    write(tmp_path / "b.yaml", "base: a.yaml\n")
+    with pytest.raises(ConfigError, match="cycle"):
+        load_config(tmp_path / "a.yaml")
+
+
+def test_base_error_in_base_file_names_that_file(tmp_path):
+    write(tmp_path / "a.yaml", "train:\n  stpes: 1\n")
+    b = write(tmp_path / "b.yaml", "base: a.yaml\n")
+    with pytest.raises(ConfigError, match=r"a\.yaml, line 2.*did you mean 'train\.steps'"):
+        load_config(b)
+
+
+def test_save_round_trip(tmp_path):
+    cfg = load_config(None, ["algo.epsilon_high=0.28", "task.options.query=color", "train.learning_rate=3e-6"])
+    out = save_config(cfg, tmp_path / "run" / "config.yaml")
+    assert out.exists()
+    assert load_config(out) == cfg
+    d = config_to_dict(cfg)
+    assert d["algo"]["epsilon_high"] == 0.28 and d["task"]["options"] == {"query": "color"}
+
+
+def test_start_from_base_config():
+    start = load_config(None, ["train.steps=3"])
+    cfg = load_config(None, ["algo.beta=0.5"], base=start)
+    assert cfg.train.steps == 3 and cfg.algo.beta == 0.5
+
+
+def test_builtin_config_path(tmp_path, monkeypatch):
+    import mmrl.configs
+
+    root = tmp_path / "configs"
+    (root / "vlm").mkdir(parents=True)
+    recipe = write(root / "vlm" / "counting_tiny.yaml", "train: {steps: 4}\n")
+    monkeypatch.setattr(mmrl.configs, "CONFIGS_DIR", root)
+    assert builtin_config_path("vlm/counting_tiny") == recipe
+    assert builtin_config_path("vlm/counting_tiny.yaml") == recipe
+    assert builtin_config_path(str(recipe)) == recipe
+    assert load_config("vlm/counting_tiny").train.steps == 4
+    with pytest.raises(ConfigError, match="vlm/counting_tiny"):
+        builtin_config_path("vlm/countin_tiny")

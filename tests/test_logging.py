@@ -1,0 +1,93 @@
+"""mmrl.core.logging: run-directory outputs and the terminal progress/summary."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import torch
+from PIL import Image
+from rich.console import Console
+
+from mmrl.core.logging import RunLogger, TrainingProgress, print_before_after
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_metrics_jsonl_and_truncate(tmp_path):
+    log = RunLogger(tmp_path, tensorboard=False)
+    for s in range(1, 6):
+        log.log(s, {"reward": torch.tensor(0.1 * s), "kl": np.float32(0.5), "n": 3, "note": "x"})
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert isinstance(rows[0]["reward"], float) and rows[0]["reward"] == pytest_approx(0.1)
+    assert rows[0]["kl"] == 0.5 and rows[0]["note"] == "x" and "time" in rows[0]
+    # A run killed mid-line, then resumed from the step-3 checkpoint.
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 6, "rew')
+    log.truncate_after(3)
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3]
+    log.log(4, {"reward": 1.0})
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4]
+    log.close()
+
+
+def pytest_approx(x):
+    import pytest
+
+    return pytest.approx(x, rel=1e-5)
+
+
+def test_tensorboard_event_file(tmp_path):
+    with RunLogger(tmp_path) as log:
+        log.log(1, {"reward": 0.5, "text": "skipped", "vec": [1, 2]})
+    events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
+
+
+def test_save_rollouts(tmp_path):
+    log = RunLogger(tmp_path, tensorboard=False)
+    img = Image.new("RGB", (8, 8), "red")
+    records = [
+        {"image": img, "visualization": img, "prompt": "how many?", "completion": "<answer>3</answer>",
+         "rewards": {"accuracy": torch.tensor(1.0), "format": np.float64(0.5)}, "answer": 3},
+        {"prompt": "text only", "completion": "", "rewards": {"accuracy": 0.0}},
+    ]
+    out = log.save_rollouts(7, records)
+    assert out == tmp_path / "rollouts" / "step_000007"
+    assert (out / "0.png").exists() and (out / "0_vis.png").exists() and not (out / "1.png").exists()
+    rows = read_jsonl(out / "rollouts.jsonl")
+    assert rows[0]["image"] == "0.png" and rows[0]["visualization"] == "0_vis.png"
+    assert rows[0]["rewards"] == {"accuracy": 1.0, "format": 0.5} and rows[0]["answer"] == 3
+    assert rows[1]["prompt"] == "text only" and "image" not in rows[1]
+
+
+def test_progress_disabled_and_enabled_under_capture(capsys):
+    with TrainingProgress(5, enabled=False) as p:
+        for s in range(1, 6):
+            p.update(s, reward=0.5, step_time=0.1)
+    with TrainingProgress(5, start_step=2) as p:  # pytest's capture: not a terminal
+        for s in range(3, 6):
+            p.update(s, reward=torch.tensor(0.25), step_time=0.01, kl=np.float32(0.1))
+    capsys.readouterr()
+
+
+def test_progress_columns_and_resume_start():
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=200, color_system=None)
+    p = TrainingProgress(10, start_step=4, console=console, description="rl")
+    assert p._progress.tasks[0].completed == 4
+    with p:
+        p.update(5, reward=0.4567, step_time=1.234)
+    text = buf.getvalue()
+    assert "rl" in text and "step 5/10" in text and "reward 0.457" in text and "step time 1.23s" in text
+
+
+def test_before_after_table(capsys):
+    text = print_before_after({"reward": 0.25, "accuracy": 0.1}, {"reward": 0.75, "accuracy": 0.3}, title="eval")
+    for s in ("eval", "reward", "accuracy", "0.2500", "0.7500", "+0.5000", "+0.2000", "before", "after", "change"):
+        assert s in text
+    assert "0.7500" in capsys.readouterr().out
