@@ -88,6 +88,14 @@ class VLMPolicy:
         self.eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos]) | {self.tokenizer.eos_token_id}
         self.eos_ids.discard(None)
         self.pad_id = self.tokenizer.pad_token_id
+        # Vision placeholder tokens must never be sampled: one in a completion makes the
+        # re-scoring forward fail ("image features and image tokens do not match"). They are
+        # suppressed in generate and masked identically when scoring, so log-probs are those of
+        # the distribution actually sampled from.
+        self.suppressed_ids = sorted({
+            i for t in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+            if (i := self.tokenizer.convert_tokens_to_ids(t)) is not None and i != self.tokenizer.unk_token_id
+        })
         if cfg.model.freeze_vision:
             tower = vision_tower(self.model)
             if tower is None:
@@ -186,7 +194,8 @@ class VLMPolicy:
             enc, images_per_sample = self.encode_prompts(chunk)
             inputs = {k: v.to(self.device) for k, v in enc.items()}
             gen_kwargs: dict[str, Any] = dict(max_new_tokens=max_new_tokens, pad_token_id=self.pad_id,
-                                              eos_token_id=sorted(self.eos_ids))
+                                              eos_token_id=sorted(self.eos_ids),
+                                              suppress_tokens=self.suppressed_ids or None)
             if temperature > 0:
                 gen_kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k or None)
             else:
@@ -282,6 +291,8 @@ class VLMPolicy:
         T = targets.shape[1]
         out = model(**inputs, use_cache=False, logits_to_keep=T + 1)
         logits = out.logits[:, :-1, :].float()
+        if self.suppressed_ids:
+            logits[..., self.suppressed_ids] = float("-inf")
         temperature = self.cfg.rollout.temperature
         if temperature > 0 and temperature != 1.0:
             logits = logits / temperature
@@ -349,6 +360,8 @@ class VLMPolicy:
                        path / "optimizer.pt")
 
     def load(self, path: Path) -> None:
+        """Restore weights (through transformers'/peft's own loaders, which know the key layout
+        ``save_pretrained`` wrote), then optimizer and scheduler state."""
         path = Path(path)
         if self.cfg.model.lora.enabled:
             from peft import set_peft_model_state_dict
@@ -356,15 +369,11 @@ class VLMPolicy:
 
             set_peft_model_state_dict(self.model, load_file(str(path / "model" / "adapter_model.safetensors")))
         else:
-            from safetensors.torch import load_file
+            from transformers import AutoModelForImageTextToText
 
-            state = {}
-            for f in sorted((path / "model").glob("*.safetensors")):
-                state.update(load_file(str(f)))
-            missing, unexpected = self.model.load_state_dict(state, strict=False)
-            tied = {"lm_head.weight"}
-            if set(missing) - tied or unexpected:
-                raise RuntimeError(f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected}")
+            saved = AutoModelForImageTextToText.from_pretrained(str(path / "model"), dtype=self.model.dtype)
+            self.model.load_state_dict(saved.state_dict())
+            del saved
         opt = path / "optimizer.pt"
         if opt.exists() and self.optimizer is not None:
             state = torch.load(opt, map_location="cpu", weights_only=False)
