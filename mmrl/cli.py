@@ -115,7 +115,7 @@ def eval_(
 def build_tiny(
     modality: str = typer.Argument("vlm", help="which tiny model: vlm"),
     out: Optional[Path] = typer.Option(None, help="output directory (default: the shipped asset)"),
-    steps: int = typer.Option(300, help="SFT warm-start steps"),
+    steps: int = typer.Option(800, help="SFT warm-start steps"),
     seed: int = typer.Option(0),
 ):
     """Rebuild a shipped tiny model from scratch (tokenizer, weights, SFT warm start)."""
@@ -149,7 +149,22 @@ def _configure_threads(cfg) -> None:
         torch.set_num_threads(cfg.train.threads)
 
 
+def _quiet_libraries() -> None:
+    """Keep the terminal for mmrl's own progress: no per-file weight-loading bars."""
+    import os
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    except ImportError:
+        pass
+
+
 def main() -> None:
+    _quiet_libraries()
     try:
         app()
     except KeyboardInterrupt:
