@@ -7,6 +7,7 @@ import random
 from mmrl import SyntheticExamples, Task, image_prompt, register_task
 from mmrl.data.scenes import COLORS, DEFAULT_GRID, PLURALS, SHAPES, scene_with_targets
 from mmrl.rewards._parsing import answer_correct, extract_answer, parse_number
+from mmrl.tasks._draw import FOOTER, PRED, TRUE, canvas, draw_box, draw_label
 
 QUERIES = ("color", "shape", "color_shape")
 SPLIT_SEEDS = {"train": 1, "eval": 2}  # distinct seeds: eval examples are never trained on
@@ -96,3 +97,17 @@ class Counting(Task):
             "mae": sum(errors) / len(errors) if errors else float("nan"),
             "parsed": len(errors) / n,
         }
+
+    def visualize(self, ex: dict, completion: str):
+        """The image upscaled with the objects that match the question boxed in green, and the
+        true vs predicted count written below it (red when wrong)."""
+        image, draw = canvas(ex["image"], footer=FOOTER)
+        q = ex["query"]
+        for obj in ex["objects"]:
+            if (q["color"] is None or obj["color"] == q["color"]) and (q["shape"] is None or obj["shape"] == q["shape"]):
+                draw_box(draw, obj["box"], TRUE)
+        pred = extract_answer(completion)
+        right = pred is not None and answer_correct(pred, ex["answer"])
+        draw_label(draw, f"{ex['question']}  true {ex['answer']}  pred {pred if pred is not None else '?'}", TRUE if right else PRED)
+        return image
+

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import random
 
-from PIL import ImageDraw
-
 from mmrl import SyntheticExamples, Task, image_prompt, register_task
 from mmrl.data.scenes import position_word, random_scene
 from mmrl.rewards._parsing import box_iou, extract_answer, parse_box
+from mmrl.tasks._draw import PRED, TRUE, canvas, draw_box
 
 SPLIT_SEEDS = {"train": 1, "eval": 2}  # distinct seeds: eval examples are never trained on
 # Kept short on purpose: the tiny model's 1k-token vocabulary is trained on these texts.
 FORMAT_INSTRUCTION = "Answer with <think>...</think><answer>[x1, y1, x2, y2]</answer>."
-VIS_SCALE = 4  # 112 px -> 448 px so the drawn boxes are easy to see
 
 
 def format_box(box) -> str:
@@ -92,18 +90,10 @@ class Grounding(Task):
 
     def visualize(self, ex: dict, completion: str):
         """The image upscaled, true box in green, predicted box (if parsable) in red."""
-        s = VIS_SCALE
-        w, h = ex["image"].size
-        image = ex["image"].convert("RGB").resize((w * s, h * s), resample=0)  # nearest
-        draw = ImageDraw.Draw(image)
-
-        def rect(box, color):
-            x1, y1, x2, y2 = (max(-1e6, min(1e6, float(v))) * s for v in box)  # clamp wild guesses
-            draw.rectangle([x1, y1, max(x1, x2 - 1), max(y1, y2 - 1)], outline=color, width=2)
-
-        rect(ex["box"], (0, 200, 0))
+        image, draw = canvas(ex["image"])
+        draw_box(draw, ex["box"], TRUE)
         answer = extract_answer(completion)
         pred = parse_box(answer) if answer is not None else None
         if pred is not None:
-            rect(pred, (255, 0, 0))
+            draw_box(draw, pred, PRED)
         return image

@@ -37,3 +37,23 @@ def test_list_shows_builtin_plugins():
     r = _mmrl("list")
     assert r.returncode == 0, r.stderr
     assert "counting" in r.stdout and "grounding" in r.stdout and "iou" in r.stdout and "grpo" in r.stdout
+
+
+def test_train_resume_and_eval_from_the_command_line(random_tiny_dir, tmp_path):
+    """Train 1 step, resume to 2 with --resume, then `mmrl eval` the run directory."""
+    import json
+
+    common = [f"model.path={random_tiny_dir}", "train.device=cpu", "train.prompts_per_step=2",
+              "rollout.num_generations=2", "rollout.max_completion_length=6", "eval.num_examples=2",
+              f"log.output_dir={tmp_path}", "log.run_name=cli", "log.progress=false"]
+    r = _mmrl("train", "vlm", *common, "train.steps=1", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = _mmrl("train", "vlm", *common, "train.steps=2", "--resume", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    steps = [json.loads(line)["step"] for line in (tmp_path / "cli" / "metrics.jsonl").read_text().splitlines()
+             if "reward" in json.loads(line)]
+    assert steps == [1, 2]
+    r = _mmrl("eval", str(tmp_path / "cli"), "--num-examples", "3", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout[r.stdout.index("{"):])
+    assert out["checkpoint"].endswith("step_00000002") and 0.0 <= out["reward"] <= 1.5 and "accuracy" in out

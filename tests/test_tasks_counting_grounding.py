@@ -181,3 +181,18 @@ def test_grounding_visualize_draws_both_boxes():
     # unparsable and absurd predictions still give an image
     assert task.visualize(ex, "garbage").size == img.size
     assert task.visualize(ex, "<answer>[-1e300, 0, 1e300, 5]</answer>").size == img.size
+
+
+def test_counting_visualize_boxes_matching_objects_and_labels_the_answer():
+    task = TASKS.get("counting")(query="color")
+    ex = next(e for e in (task.examples("eval")[i] for i in range(50)) if int(e["answer"]) >= 1)
+    right = task.visualize(ex, f"<answer>{ex['answer']}</answer>")
+    wrong = task.visualize(ex, "<answer>99</answer>")
+    s = right.size[0] // 112
+    for obj in ex["objects"]:
+        x1, y1 = obj["box"][:2]
+        hit = right.getpixel((x1 * s, y1 * s)) == (0, 200, 0)
+        assert hit == (obj["color"] == ex["query"]["color"]), obj  # only matching objects are boxed
+    h = right.size[1]
+    assert right.size[1] > right.size[0]  # a label strip under the image
+    assert right.crop((0, h - 18, 200, h)).tobytes() != wrong.crop((0, h - 18, 200, h)).tobytes()

@@ -36,19 +36,20 @@ def test_expand_placeholders_counts_per_image():
 def test_processor_matches_hf_processor(random_tiny_dir):
     """Our encoding equals transformers' Qwen2_5_VLProcessor token for token and pixel for pixel."""
     pytest.importorskip("torchvision", reason="transformers' Qwen-VL processor needs torchvision (mmrl[video])")
-    from transformers import Qwen2_5_VLProcessor, Qwen2VLVideoProcessor
+    from transformers import Qwen2_5_VLProcessor
 
     policy = _policy(random_tiny_dir)
     _, prompts = _prompts(2)
     ours, _ = policy.encode_prompts(prompts)
-    hf = Qwen2_5_VLProcessor(image_processor=policy.processor.image_processor, tokenizer=policy.tokenizer,
-                             video_processor=Qwen2VLVideoProcessor(), chat_template=policy.processor.chat_template)
+    # transformers' own loading of the same directory (with torchvision: its default image backend)
+    hf = Qwen2_5_VLProcessor.from_pretrained(random_tiny_dir)
     clean = [policy.split_messages(p) for p in prompts]
     texts = [hf.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m, _ in clean]
     theirs = hf(text=texts, images=[ims for _, ims in clean], return_tensors="pt", padding=True)
     assert torch.equal(ours["input_ids"], theirs["input_ids"])
+    assert torch.equal(ours["mm_token_type_ids"], theirs["mm_token_type_ids"])
     assert torch.equal(ours["image_grid_thw"], theirs["image_grid_thw"])
-    assert torch.allclose(ours["pixel_values"], theirs["pixel_values"])
+    assert torch.allclose(ours["pixel_values"], theirs["pixel_values"], atol=1e-5)
 
 
 def test_rollout_shapes_groups_and_masks(random_tiny_dir):
@@ -81,10 +82,14 @@ def test_logps_match_an_unpadded_single_sequence_forward(random_tiny_dir):
     for i in range(len(batch)):
         p, c = batch.payload["prompt_ids"][i], batch.payload["completion_ids"][i]
         ids = torch.cat([p, c]).unsqueeze(0)
+        image_pad = policy.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+        vision = dict(pixel_values=batch.payload["pixel_values"][i], image_grid_thw=batch.payload["image_grid_thw"][i])
         with torch.no_grad():
-            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids),
-                           pixel_values=batch.payload["pixel_values"][i],
-                           image_grid_thw=batch.payload["image_grid_thw"][i]).logits[0].float()
+            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), **vision,
+                           mm_token_type_ids=(ids == image_pad).long()).logits[0].float()
+            if i == 0:  # without the token types transformers falls back to 1D positions: different
+                flat = model(input_ids=ids, attention_mask=torch.ones_like(ids), **vision).logits[0].float()
+                assert not torch.allclose(flat, logits, atol=1e-4)
         logits[:, policy.suppressed_ids] = float("-inf")  # never sampled, so never scored
         want = torch.log_softmax(logits[len(p) - 1:-1], -1).gather(-1, c.unsqueeze(-1)).squeeze(-1)
         got = batch.old_logps[i, :len(c)]
@@ -177,3 +182,15 @@ def test_full_finetune_with_kl_uses_a_frozen_copy(random_tiny_dir):
 def test_missing_model_dir_names_the_path(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a local checkpoint directory"):
         _policy(tmp_path / "nope")
+
+
+def test_build_tiny_is_reproducible(tmp_path):
+    """`mmrl build-tiny vlm` is deterministic: two builds (shortened SFT) are byte-identical."""
+    from mmrl.vlm.sft import build_tiny_vlm
+
+    a = build_tiny_vlm(tmp_path / "a", sft_steps=2, batch_size=4, progress=False)
+    b = build_tiny_vlm(tmp_path / "b", sft_steps=2, batch_size=4, progress=False)
+    for name in ("model.safetensors", "tokenizer.json", "config.json", "preprocessor_config.json"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    policy = VLMPolicy(make_config(f"model.path={a}", "train.device=cpu"))
+    assert policy.model.config.model_type == "qwen2_5_vl"

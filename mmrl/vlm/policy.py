@@ -197,7 +197,9 @@ class VLMPolicy:
                                               eos_token_id=sorted(self.eos_ids),
                                               suppress_tokens=self.suppressed_ids or None)
             if temperature > 0:
-                gen_kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k or None)
+                # top_k=0 / top_p=1 explicitly: the checkpoint's generation_config may set its own
+                # (transformers defaults top_k to 50), which would truncate what we sample from.
+                gen_kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k)
             else:
                 gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
             out = self.model.generate(**inputs, **gen_kwargs).cpu()
@@ -217,15 +219,14 @@ class VLMPolicy:
         return results
 
     def _completion_length(self, completion: torch.Tensor) -> tuple[int, bool]:
-        """Tokens up to and including the first EOS; (length, stopped)."""
+        """Tokens up to and including the first EOS; (length, stopped).
+
+        generate only pads a sequence after its EOS, so one without EOS ran the whole budget.
+        """
         for t, tok in enumerate(completion.tolist()):
             if tok in self.eos_ids:
                 return t + 1, True
-        # No EOS: everything up to the padding generate added after the batch's last stop.
-        n = len(completion)
-        while n > 0 and completion[n - 1].item() == self.pad_id:
-            n -= 1
-        return max(n, 1), False
+        return len(completion), False
 
     def decode(self, ids: torch.Tensor) -> str:
         return self.processor.decode(ids.tolist())
@@ -275,7 +276,7 @@ class VLMPolicy:
             attn[i, P - len(p):P] = 1
             ids[i, P:P + len(c)] = c
             attn[i, P:P + len(c)] = 1
-        inputs = {"input_ids": ids, "attention_mask": attn}
+        inputs = {"input_ids": ids, "attention_mask": attn, "mm_token_type_ids": self.processor.token_types(ids)}
         pv = [x for x in batch.payload["pixel_values"] if x is not None]
         if pv:
             inputs["pixel_values"] = torch.cat(pv)

@@ -17,6 +17,19 @@ from typing import Any, Sequence
 import torch
 
 IMAGE_PAD = "<|image_pad|>"
+VIDEO_PAD = "<|video_pad|>"
+
+
+def mm_token_type_ids(input_ids: torch.Tensor, image_token_id: int, video_token_id: int | None) -> torch.Tensor:
+    """0 for text, 1 for image and 2 for video placeholder tokens (the HF processor's convention).
+
+    Qwen-VL models in transformers >= 5 compute their multimodal (3D) rotary positions only when
+    this is passed; without it they silently fall back to 1D text positions for image tokens.
+    """
+    types = (input_ids == image_token_id).long()
+    if video_token_id is not None:
+        types = types + 2 * (input_ids == video_token_id).long()
+    return types
 
 
 class VLMProcessor:
@@ -33,6 +46,11 @@ class VLMProcessor:
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.set_pixel_budget(min_pixels, max_pixels)
+        self.image_token_id = self.tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+        self.video_token_id = self.tokenizer.convert_tokens_to_ids(VIDEO_PAD)
+
+    def token_types(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return mm_token_type_ids(input_ids, self.image_token_id, self.video_token_id)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, min_pixels: int | None = None, max_pixels: int | None = None):
@@ -82,8 +100,8 @@ class VLMProcessor:
         """Encode ``texts`` (already chat-formatted) with their images, left-padded.
 
         ``images[i]`` is the list of PIL images of ``texts[i]``, in placeholder order.
-        Returns ``input_ids``, ``attention_mask`` and, when there are images, ``pixel_values``
-        and ``image_grid_thw`` (the tensors Qwen-VL models take).
+        Returns ``input_ids``, ``attention_mask``, ``mm_token_type_ids`` and, when there are
+        images, ``pixel_values`` and ``image_grid_thw`` (the tensors Qwen-VL models take).
         """
         texts = list(texts)
         flat = [im for ims in (images or []) for im in ims]
@@ -97,6 +115,7 @@ class VLMProcessor:
         enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         out["input_ids"] = enc["input_ids"]
         out["attention_mask"] = enc["attention_mask"]
+        out["mm_token_type_ids"] = self.token_types(enc["input_ids"])
         return out
 
     def decode(self, ids: Sequence[int]) -> str:

@@ -139,7 +139,8 @@ def build_model(tokenizer, seed: int = 0, hidden_size: int = 128, layers: int = 
     )
     torch.manual_seed(seed)
     model = Qwen2_5_VLForConditionalGeneration(config)
-    model.generation_config.eos_token_id = ids["<|im_end|>"]
+    # As in Qwen's own generation_config: either end-of-turn or end-of-text stops a completion.
+    model.generation_config.eos_token_id = [ids["<|im_end|>"], ids["<|endoftext|>"]]
     model.generation_config.pad_token_id = ids["<|endoftext|>"]
     model.generation_config.bos_token_id = ids["<|endoftext|>"]
     return model

@@ -1,0 +1,33 @@
+"""Drawing helpers for task visualisations (rollout galleries): upscale, then draw boxes/labels."""
+
+from __future__ import annotations
+
+from PIL import Image, ImageDraw
+
+VIS_SCALE = 4  # 112 px -> 448 px so boxes and labels are easy to see
+TRUE = (0, 200, 0)
+PRED = (255, 0, 0)
+
+
+FOOTER = 18  # pixels of white strip under the image for a label
+
+
+def canvas(image: Image.Image, scale: int = VIS_SCALE, footer: int = 0) -> tuple[Image.Image, ImageDraw.ImageDraw]:
+    """An upscaled (nearest-neighbour) RGB copy of ``image``, with an optional white strip of
+    ``footer`` pixels below it for labels, and a drawer for it."""
+    w, h = image.size
+    big = Image.new("RGB", (w * scale, h * scale + footer), (255, 255, 255))
+    big.paste(image.convert("RGB").resize((w * scale, h * scale), resample=Image.NEAREST))
+    return big, ImageDraw.Draw(big)
+
+
+def draw_box(draw: ImageDraw.ImageDraw, box, color, scale: int = VIS_SCALE) -> None:
+    """A box given in original-image pixels (right/bottom exclusive); wild values are clamped."""
+    x1, y1, x2, y2 = (max(-1e6, min(1e6, float(v))) * scale for v in box)
+    draw.rectangle([x1, y1, max(x1, x2 - 1), max(y1, y2 - 1)], outline=color, width=2)
+
+
+def draw_label(draw: ImageDraw.ImageDraw, text: str, color=(0, 0, 0)) -> None:
+    """Write ``text`` in the footer strip made by ``canvas(..., footer=FOOTER)``."""
+    height = draw.im.size[1]
+    draw.text((4, height - FOOTER + 3), text, fill=color)
