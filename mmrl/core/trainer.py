@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -88,8 +89,7 @@ def evaluate(policy, task: Task, rewards: RewardComputer, cfg, num_examples: int
     n = min(num_examples or cfg.eval.num_examples, len(examples_all))
     examples = [examples_all[i] for i in range(n)]
     prompts = [task.prompt(ex) for ex in examples]
-    sampling = _EvalSampling(cfg)
-    batch = policy.rollout(examples, prompts, cfg.eval.num_generations, sampling,
+    batch = policy.rollout(examples, prompts, cfg.eval.num_generations, _eval_sampling(cfg),
                            need_old_logps=False, need_ref_logps=False)
     total, comps, _ = rewards(batch.completions, batch.examples)
     out = {"reward": float(total.mean())}
@@ -98,24 +98,16 @@ def evaluate(policy, task: Task, rewards: RewardComputer, cfg, num_examples: int
     return out
 
 
-@dataclass
-class _EvalSampling:
+def _eval_sampling(cfg) -> SimpleNamespace:
     """Rollout settings for evaluation: the training budget, the eval temperature."""
-
-    temperature: float
-    top_p: float
-    top_k: int
-    max_completion_length: int
-    batch_size: int
-
-    def __init__(self, cfg):
-        self.temperature = cfg.eval.temperature
-        self.top_p, self.top_k = cfg.rollout.top_p, cfg.rollout.top_k
-        self.max_completion_length = cfg.rollout.max_completion_length
-        self.batch_size = cfg.rollout.batch_size
+    return SimpleNamespace(temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
+                           max_completion_length=cfg.rollout.max_completion_length,
+                           batch_size=cfg.rollout.batch_size)
 
 
 class Trainer:
+    """Runs the loop of the module docstring for one policy (see :class:`~mmrl.core.policy.Policy`)."""
+
     def __init__(self, cfg, policy, task: Task | None = None, run_dir: Path | None = None):
         self.cfg = cfg
         self.policy = policy
