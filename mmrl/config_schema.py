@@ -48,14 +48,39 @@ class RolloutConfig:
 
 @dataclass
 class AlgoConfig:
-    advantage: str = "grpo"  # grpo | dr_grpo | rloo
+    # -- advantages (see the README's algorithm table) -------------------------------------------
+    advantage: str = "grpo"  # grpo | dr_grpo | rloo | reinforce_pp | ngrpo | bnpo | stratified_grpo | spo
+    advantage_kwargs: dict[str, Any] = field(default_factory=dict)  # estimator options, e.g. {alpha: 0.5}
+    scale_rewards: bool = True  # grpo: divide by the group std
+    reward_aggregation: str = "weighted_sum"  # weighted_sum | zscore | group_zscore (per reward, then weighted)
+    # -- the surrogate ------------------------------------------------------------------------------
+    loss_type: str = "clip"  # clip (PPO/GRPO/DAPO) | gspo | reg_grpo | cispo
     epsilon: float = 0.2  # lower clip range
     epsilon_high: Optional[float] = None  # upper clip range (DAPO clip-higher); None = epsilon
-    beta: float = 0.0  # KL weight; 0 = no reference model is loaded
-    kl_estimator: str = "k3"  # k1 | k2 | k3
+    clip_pos: Optional[list[float]] = None  # NGRPO asymmetric clip: [low, high] where A >= 0
+    clip_neg: Optional[list[float]] = None  # ... and where A < 0
+    dual_clip_c: Optional[float] = None  # dual-clip cap for negative advantages (e.g. 3.0)
+    reg_scale: float = 10.0  # reg_grpo: target log-ratio = A / reg_scale
     loss_agg_mode: str = "token_mean"  # token_mean | seq_mean_token_sum | seq_mean_token_mean | seq_mean_token_sum_norm
     num_iterations: int = 1  # optimisation epochs per rollout batch (GRPO's mu)
-    scale_rewards: bool = True  # grpo: divide by the group std
+    # -- KL to the reference ------------------------------------------------------------------------
+    beta: float = 0.0  # KL weight (the peak of kl_schedule); 0 = no reference model is loaded
+    kl_estimator: str = "k3"  # k1 | k2 | k3
+    kl_schedule: str = "constant"  # constant | linear_decay | grpo_d (OThink-MR1)
+    kl_schedule_kwargs: dict[str, Any] = field(default_factory=dict)  # beta_end, beta_min, ramp_frac
+    ref_reset_every: int = 0  # ProRL: copy the policy into the reference every N steps (0 = never)
+    # -- entropy control ----------------------------------------------------------------------------
+    entropy_coef: float = 0.0  # entropy bonus
+    top_entropy_quantile: Optional[float] = None  # Beyond 80/20: gradient only on the top-q entropy tokens
+    clip_cov_ratio: Optional[float] = None  # Clip-Cov: fraction of high-covariance tokens detached
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: Optional[float] = None  # KL-Cov: fraction of top-covariance tokens KL-penalised
+    kl_cov_coef: float = 1.0
+    # -- length shaping (DAPO) ----------------------------------------------------------------------
+    overlong_filter: bool = False  # truncated completions are left out of the loss
+    soft_overlong_buffer: int = 0  # tokens before max_completion_length where the penalty ramps
+    soft_overlong_penalty: float = 1.0
 
 
 @dataclass

@@ -12,7 +12,14 @@ over groups. Unknown keyword arguments are accepted and ignored so that the trai
 whole algorithm config to any estimator.
 
 New estimators register with ``@register_advantage("name")`` and are looked up by
-:func:`compute_advantages`.
+:func:`compute_advantages`. More estimators (REINFORCE++, NGRPO, BNPO, Stratified GRPO, SPO) live
+in :mod:`mmrl.core.advantage_zoo` and register when this module is imported.
+
+Stateful estimators (BNPO's running Beta moments, SPO's per-prompt value tracker) keep their
+state in an :class:`EstimatorState` the caller owns: create it with
+:func:`make_advantage_state`, pass it as ``state=`` on every call (the estimator updates it in
+place) and save ``state.state_dict()`` with the checkpoint. An estimator advertises a state by
+carrying a ``make_state`` attribute (a zero-argument factory).
 """
 
 from __future__ import annotations
@@ -22,7 +29,30 @@ from torch import Tensor
 
 from mmrl.registry import ADVANTAGES, register_advantage
 
-__all__ = ["group_stats", "grpo", "dr_grpo", "rloo", "compute_advantages"]
+__all__ = [
+    "EstimatorState",
+    "group_stats",
+    "grpo",
+    "dr_grpo",
+    "rloo",
+    "compute_advantages",
+    "make_advantage_state",
+]
+
+
+class EstimatorState:
+    """Mutable state of a stateful advantage estimator, carried across training steps.
+
+    Subclasses hold only plain Python values (floats, ints, strings, lists, dicts), so
+    ``state_dict()`` can be written with ``torch.save`` and read back with
+    ``torch.load(..., weights_only=True)``.
+    """
+
+    def state_dict(self) -> dict:
+        raise NotImplementedError
+
+    def load_state_dict(self, d: dict) -> None:
+        raise NotImplementedError
 
 
 def group_stats(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -110,3 +140,13 @@ def rloo(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6, **_) -> Tenso
 def compute_advantages(name: str, rewards: Tensor, group_ids: Tensor, **kwargs) -> Tensor:
     """Look up the estimator registered as ``name`` and apply it to the batch."""
     return ADVANTAGES.get(name)(rewards, group_ids, **kwargs)
+
+
+def make_advantage_state(name: str) -> EstimatorState | None:
+    """A fresh state for the estimator ``name``, or ``None`` if it is stateless."""
+    factory = getattr(ADVANTAGES.get(name), "make_state", None)
+    return factory() if factory is not None else None
+
+
+# The zoo imports group_stats/EstimatorState from here, so it is imported last.
+from . import advantage_zoo  # noqa: E402,F401  (registers reinforce_pp, ngrpo, bnpo, ...)

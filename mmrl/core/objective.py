@@ -13,6 +13,10 @@ References:
 - KL estimators k1/k2/k3: John Schulman, "Approximating KL Divergence" (blog, 2020).
 - Constant-normaliser aggregation (``seq_mean_token_sum_norm``): "Understanding R1-Zero-Like
   Training: A Critical Perspective" (Dr. GRPO, Liu et al., 2025).
+
+The variants of the policy-optimisation zoo (GSPO, Reg-GRPO, CISPO, asymmetric and dual clip,
+entropy bonus, top-entropy tokens, Clip-Cov / KL-Cov) are fields of :class:`ObjectiveConfig`, all
+off by default; their math lives in :mod:`mmrl.core.objective_variants` with the paper titles.
 """
 
 from __future__ import annotations
@@ -23,6 +27,17 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
+from .objective_variants import (
+    LOSS_TYPES,
+    TokenSelection,
+    cispo_loss,
+    clip_bounds,
+    clipped_surrogate,
+    gspo_ratio,
+    reg_grpo_loss,
+    select_tokens,
+)
+
 __all__ = [
     "ObjectiveConfig",
     "kl_penalty",
@@ -30,6 +45,9 @@ __all__ = [
     "policy_loss",
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
+    "LOSS_TYPES",
+    "TokenSelection",
+    "select_tokens",
 ]
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -46,9 +64,32 @@ def _check_choice(value: str, valid: tuple[str, ...], what: str) -> None:
         raise ValueError(f"unknown {what} {value!r}; valid values: {', '.join(valid)}")
 
 
+# Zoo fields: (name, default); ``from_algo`` copies each one the algo object has.
+VARIANT_FIELDS = (
+    "loss_type", "reg_scale", "clip_pos", "clip_neg", "dual_clip_c", "entropy_coef",
+    "top_entropy_quantile", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio",
+    "kl_cov_coef",
+)
+
+
+def _fraction(value: Optional[float], what: str) -> None:
+    if value is not None and not 0 < value <= 1:
+        raise ValueError(f"{what} must be in (0, 1], got {value}")
+
+
+def _pair(value: Any, what: str) -> Optional[tuple[float, float]]:
+    if value is None:
+        return None
+    pair = tuple(float(v) for v in value)
+    if len(pair) != 2:
+        raise ValueError(f"{what} must be (eps_low, eps_high), got {value!r}")
+    return pair  # type: ignore[return-value]
+
+
 @dataclass
 class ObjectiveConfig:
-    """Hyper-parameters of :func:`policy_loss`."""
+    """Hyper-parameters of :func:`policy_loss`. Every zoo field defaults to "off", which is the
+    plain PPO/GRPO/DAPO clipped surrogate (bit-identical to the objective before the zoo)."""
 
     epsilon: float = 0.2  # lower clip: ratio >= 1 - epsilon
     epsilon_high: Optional[float] = None  # upper clip: ratio <= 1 + epsilon_high; None -> epsilon
@@ -56,20 +97,71 @@ class ObjectiveConfig:
     kl_estimator: str = "k3"  # k1 | k2 | k3
     loss_agg_mode: str = "token_mean"  # see LOSS_AGG_MODES
     max_completion_length: Optional[int] = None  # constant divisor for seq_mean_token_sum_norm
+    # ---- policy-optimisation zoo (see mmrl.core.objective_variants) ----
+    loss_type: str = "clip"  # clip | gspo | reg_grpo | cispo
+    reg_scale: float = 10.0  # reg_grpo: beta of the regression target r_i = A_i / reg_scale
+    clip_pos: Optional[tuple[float, float]] = None  # (eps_low, eps_high) where A >= 0 (NGRPO)
+    clip_neg: Optional[tuple[float, float]] = None  # (eps_low, eps_high) where A < 0
+    dual_clip_c: Optional[float] = None  # cap the loss of A < 0 tokens at c * |A| (c > 1, e.g. 3)
+    entropy_coef: float = 0.0  # entropy bonus: loss -= entropy_coef * H (needs entropies)
+    top_entropy_quantile: Optional[float] = None  # pg only on the top-q entropy tokens (e.g. 0.2)
+    clip_cov_ratio: Optional[float] = None  # Clip-Cov: fraction of tokens to detach (e.g. 2e-4)
+    clip_cov_lb: float = 1.0  # Clip-Cov candidates: clip_cov_lb < cov < clip_cov_ub
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: Optional[float] = None  # KL-Cov: fraction of top-cov tokens (e.g. 2e-3)
+    kl_cov_coef: float = 1.0  # KL-Cov: weight of |logp - old_logp| on those tokens
 
     def __post_init__(self) -> None:
         # Fail when the config is built, not on the first training step.
         _check_choice(self.kl_estimator, KL_ESTIMATORS, "kl_estimator")
         _check_choice(self.loss_agg_mode, LOSS_AGG_MODES, "loss_agg_mode")
+        _check_choice(self.loss_type, LOSS_TYPES, "loss_type")
+        self.clip_pos = _pair(self.clip_pos, "clip_pos")
+        self.clip_neg = _pair(self.clip_neg, "clip_neg")
+        if self.reg_scale <= 0:
+            raise ValueError(f"reg_scale must be > 0, got {self.reg_scale}")
+        if self.dual_clip_c is not None:
+            if self.dual_clip_c <= 1:
+                raise ValueError(f"dual_clip_c must be > 1, got {self.dual_clip_c}")
+            if self.loss_type not in ("clip", "gspo"):
+                raise ValueError("dual_clip_c applies to loss_type 'clip' or 'gspo' only")
+        _fraction(self.top_entropy_quantile, "top_entropy_quantile")
+        _fraction(self.clip_cov_ratio, "clip_cov_ratio")
+        _fraction(self.kl_cov_ratio, "kl_cov_ratio")
+        if self.loss_type == "reg_grpo" and (
+            self.top_entropy_quantile is not None or self.clip_cov_ratio is not None
+        ):
+            raise ValueError(
+                "top_entropy_quantile / clip_cov_ratio mask token-level policy-gradient terms; "
+                "reg_grpo's loss is per sequence (use clip, gspo or cispo)"
+            )
 
     @property
     def clip_high(self) -> float:
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
 
+    @property
+    def needs_entropy(self) -> bool:
+        """True when :func:`policy_loss` needs ``entropies`` (per-token entropy of the current
+        policy: with gradient for the entropy bonus, values only for the top-entropy mask)."""
+        return self.entropy_coef != 0 or self.top_entropy_quantile is not None
+
+    @property
+    def needs_selection(self) -> bool:
+        """True when the loss uses batch-dependent token selections; compute them once per
+        mini-batch with :func:`select_tokens` and pass ``selection=`` to every micro-batch."""
+        return (
+            self.top_entropy_quantile is not None
+            or self.clip_cov_ratio is not None
+            or self.kl_cov_ratio is not None
+        )
+
     @classmethod
     def from_algo(cls, algo: Any, max_completion_length: Optional[int] = None) -> "ObjectiveConfig":
         """Build from an object with ``epsilon, epsilon_high, beta, kl_estimator, loss_agg_mode``
-        attributes (e.g. the run's ``AlgoConfig``)."""
+        attributes (e.g. the run's ``AlgoConfig``); each zoo field (``VARIANT_FIELDS``) is taken
+        from ``algo`` when it has an attribute of that name, else left at its default."""
+        extra = {name: getattr(algo, name) for name in VARIANT_FIELDS if hasattr(algo, name)}
         return cls(
             epsilon=algo.epsilon,
             epsilon_high=algo.epsilon_high,
@@ -77,6 +169,7 @@ class ObjectiveConfig:
             kl_estimator=algo.kl_estimator,
             loss_agg_mode=algo.loss_agg_mode,
             max_completion_length=max_completion_length,
+            **extra,
         )
 
 
@@ -158,6 +251,9 @@ def policy_loss(
     ref_logps: Optional[Tensor] = None,
     num_tokens: Any = None,
     num_seqs: Any = None,
+    entropies: Optional[Tensor] = None,
+    selection: Optional[TokenSelection] = None,
+    generator: Optional[torch.Generator] = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Clipped surrogate loss (PPO / GRPO / DAPO) plus an optional KL penalty.
 
@@ -173,11 +269,30 @@ def policy_loss(
     iteration: old = ``logps.detach()``, so the ratio is exactly 1 but the gradient still flows
     through ``logps`` (as TRL does).
 
+    Zoo options of ``cfg`` (all off by default; formulas in :mod:`mmrl.core.objective_variants`):
+    ``loss_type`` replaces ``pg`` (``gspo``: sequence ratio; ``reg_grpo``: advantage regression;
+    ``cispo``: clipped IS weight), ``clip_pos``/``clip_neg``/``dual_clip_c`` change the clip, and
+    the full per-token loss is
+
+        l = w * pg + kl_cov_coef * |logp - old_logp| * [t in KL-Cov] + beta * KL - entropy_coef * H
+
+    where ``w`` is 0 on tokens outside the top-entropy quantile or picked by Clip-Cov (1
+    otherwise). Those tokens still count in the normaliser (``mask`` is unchanged), as in the
+    papers' verl code. ``entropies`` (B, T) is the current policy's per-token entropy, required
+    when ``cfg.needs_entropy``. ``selection`` is :func:`select_tokens` computed on the whole
+    mini-batch and sliced to this call's rows; when ``cfg.needs_selection`` and it is ``None``,
+    the selection is made from this call's tokens only (``generator`` seeds Clip-Cov), so
+    gradient accumulation is then exact only for one micro-batch per mini-batch.
+
     Returns ``(loss, metrics)``. Metrics are python floats. ``ratio_mean``, ``clip_frac_low``
     (A < 0 and ratio < 1 - epsilon), ``clip_frac_high`` (A > 0 and ratio > 1 + epsilon_high),
     ``kl`` (only when beta > 0) and ``pg_loss`` are masked means over this call's tokens, so a
     caller averages them over micro-batches. ``loss`` is the returned loss value, scaled by the
-    given normalisers, so with gradient accumulation it *sums* over micro-batches.
+    given normalisers, so with gradient accumulation it *sums* over micro-batches. The zoo adds
+    (only when its option is on, so the keys depend on ``cfg`` alone): ``seq_ratio_mean``
+    (gspo; the clip fractions then refer to the sequence ratio), ``clip_frac_dual``,
+    ``entropy`` (whenever ``entropies`` is given), ``entropy_keep_frac``, ``clip_cov_frac``,
+    ``kl_cov_frac``; reg_grpo reports no clip fractions.
     """
     if old_logps is None:
         old_logps = logps.detach()
@@ -185,11 +300,38 @@ def policy_loss(
         advantages = advantages.unsqueeze(-1)
     advantages = advantages.to(logps.dtype)
     mask = mask.to(logps.dtype)
+    if cfg.needs_entropy and entropies is None:
+        raise ValueError(
+            "entropy_coef / top_entropy_quantile need per-token entropies of the current policy "
+            "(pass entropies=...; cfg.needs_entropy tells the policy to compute them)"
+        )
 
     ratio = torch.exp(logps - old_logps)
-    low, high = 1 - cfg.epsilon, 1 + cfg.clip_high
-    pg = -torch.min(ratio * advantages, torch.clamp(ratio, low, high) * advantages)
+    clip_ratio: Optional[Tensor] = ratio  # the ratio the clip fractions refer to
+    dual = None
+    if cfg.loss_type == "reg_grpo":
+        clip_ratio = None
+        pg = reg_grpo_loss(logps, old_logps, advantages, mask, cfg.reg_scale)
+    else:
+        low, high = clip_bounds(advantages, cfg.epsilon, cfg.clip_high, cfg.clip_pos, cfg.clip_neg)
+        if cfg.loss_type == "cispo":
+            pg = cispo_loss(ratio, logps, advantages, low, high)
+        else:
+            if cfg.loss_type == "gspo":
+                clip_ratio = gspo_ratio(logps, old_logps, mask)
+            pg, dual = clipped_surrogate(clip_ratio, advantages, low, high, cfg.dual_clip_c)
     per_token = pg
+
+    if selection is None and cfg.needs_selection:
+        selection = select_tokens(cfg, logps, old_logps, advantages, mask, entropies, generator)
+    weight = None if selection is None else selection.pg_weight(pg)
+    if weight is not None:
+        pg = pg * weight
+        per_token = pg
+    kl_cov = None
+    if selection is not None and selection.kl_cov is not None:
+        kl_cov = selection.kl_cov.to(pg.dtype) * (logps - old_logps).abs()
+        per_token = per_token + cfg.kl_cov_coef * kl_cov
 
     kl = None
     if cfg.beta > 0:
@@ -199,7 +341,9 @@ def policy_loss(
                 "pass them or set beta=0"
             )
         kl = kl_penalty(logps, ref_logps, cfg.kl_estimator)
-        per_token = pg + cfg.beta * kl
+        per_token = per_token + cfg.beta * kl
+    if cfg.entropy_coef != 0:
+        per_token = per_token - cfg.entropy_coef * entropies
 
     loss = aggregate(
         per_token,
@@ -216,13 +360,39 @@ def policy_loss(
         def token_mean(x: Tensor) -> float:
             return float((x.to(mask.dtype) * mask).sum() / n)
 
-        metrics = {
-            "ratio_mean": token_mean(ratio),
-            "clip_frac_low": token_mean((advantages < 0) & (ratio < low)),
-            "clip_frac_high": token_mean((advantages > 0) & (ratio > high)),
-            "pg_loss": token_mean(pg),
-            "loss": float(loss),
-        }
+        metrics = {"ratio_mean": token_mean(ratio)}
+        if clip_ratio is not None:
+            if cfg.loss_type == "cispo":  # the IS weight is clipped whatever the sign of A
+                metrics["clip_frac_low"] = token_mean(ratio < low)
+                metrics["clip_frac_high"] = token_mean(ratio > high)
+            else:
+                metrics["clip_frac_low"] = token_mean((advantages < 0) & (clip_ratio < low))
+                metrics["clip_frac_high"] = token_mean((advantages > 0) & (clip_ratio > high))
+        if cfg.loss_type == "gspo":
+            metrics["seq_ratio_mean"] = token_mean(clip_ratio)
+        if dual is not None:
+            metrics["clip_frac_dual"] = token_mean(dual)
+        metrics["pg_loss"] = token_mean(pg)
+        metrics["loss"] = float(loss)
         if kl is not None:
             metrics["kl"] = token_mean(kl)
+        if entropies is not None:
+            metrics["entropy"] = token_mean(entropies)
+        if selection is not None:
+            for key, sel in (("entropy_keep_frac", selection.entropy_keep),
+                             ("clip_cov_frac", selection.clip_cov),
+                             ("kl_cov_frac", selection.kl_cov)):
+                if sel is not None:
+                    metrics[key] = token_mean(sel)
     return loss, metrics
+
+
+@dataclass(frozen=True)
+class Objective:
+    """The core loss bound to its config. Policies call it like :func:`policy_loss` and read
+    ``cfg.needs_entropy`` / ``cfg.needs_selection`` to know what else to compute."""
+
+    cfg: ObjectiveConfig
+
+    def __call__(self, *args: Any, **kwargs: Any) -> tuple[Tensor, dict[str, float]]:
+        return policy_loss(*args, cfg=self.cfg, **kwargs)

@@ -12,7 +12,7 @@ import json
 import random
 import time
 from dataclasses import dataclass, field
-from functools import partial
+import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -23,11 +23,14 @@ import torch
 from ..config import save_config
 from ..registry import TASKS, load_plugins
 from ..task import Task
-from .advantages import compute_advantages
+from .advantages import compute_advantages, make_advantage_state
 from .checkpoint import CheckpointManager, rng_state, set_rng_state
 from .logging import RunLogger, TrainingProgress, print_before_after
-from .objective import ObjectiveConfig, policy_loss
+from .objective import Objective, ObjectiveConfig
+from .reward_aggregation import aggregate_rewards
 from .rewards import RewardComputer
+from .schedules import kl_coef_at, should_reset_reference
+from .shaping import overlong_mask, soft_overlong_penalty
 from .rollouts import Rollouts
 
 
@@ -118,8 +121,9 @@ class Trainer:
         self.run_dir = Path(run_dir or Path(cfg.log.output_dir) / run_name(cfg))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.ckpt = CheckpointManager(self.run_dir / "checkpoints", keep=cfg.log.save_total_limit)
-        self.objective = partial(policy_loss, cfg=ObjectiveConfig.from_algo(
-            cfg.algo, max_completion_length=cfg.rollout.max_completion_length))
+        self.objective_cfg = ObjectiveConfig.from_algo(cfg.algo, max_completion_length=cfg.rollout.max_completion_length)
+        self.adv_state = make_advantage_state(cfg.algo.advantage)
+        self.adv_kwargs = self._advantage_kwargs(weights)
         train_split = self.task.examples("train")
         self.train_examples = train_split
         self.stream = DataStream(len(train_split), cfg.train.prompts_per_step, cfg.train.seed)
@@ -135,10 +139,26 @@ class Trainer:
             need_old_logps=cfg.algo.num_iterations > 1, need_ref_logps=cfg.algo.beta > 0,
         )
         total, comps, stats = self.rewards(batch.completions, batch.examples)
-        batch.rewards, batch.reward_components = total, comps
-        batch.advantages = compute_advantages(cfg.algo.advantage, total, batch.group_ids,
-                                              scale_rewards=cfg.algo.scale_rewards)
         lengths = batch.action_mask.sum(1)
+        if cfg.algo.soft_overlong_buffer:
+            comps["overlong_penalty"] = soft_overlong_penalty(
+                lengths, cfg.rollout.max_completion_length, cfg.algo.soft_overlong_buffer, cfg.algo.soft_overlong_penalty)
+            total = total + comps["overlong_penalty"]
+        batch.rewards, batch.reward_components = total, comps
+        signal = total
+        if cfg.algo.reward_aggregation != "weighted_sum":
+            weights = {**self.rewards.weights, **({"overlong_penalty": 1.0} if "overlong_penalty" in comps else {})}
+            signal = aggregate_rewards(comps, weights, cfg.algo.reward_aggregation, group_ids=batch.group_ids)
+        extra = dict(self.adv_kwargs)
+        if self.adv_state is not None:
+            extra["state"] = self.adv_state
+        if cfg.algo.advantage == "spo":
+            indices = self.stream.indices(step)
+            extra["prompt_keys"] = [str(indices[int(g)]) for g in batch.group_ids]
+        batch.advantages = compute_advantages(cfg.algo.advantage, signal, batch.group_ids,
+                                              scale_rewards=cfg.algo.scale_rewards, **extra)
+        if cfg.algo.overlong_filter and batch.truncated is not None:
+            batch.action_mask = batch.action_mask * overlong_mask(batch.truncated, len(batch))[:, None]
         metrics = {
             "reward": float(total.mean()),
             "reward_std": float(total.std()) if len(total) > 1 else 0.0,
@@ -150,9 +170,24 @@ class Trainer:
         }
         return batch, metrics
 
+    def _advantage_kwargs(self, weights: dict[str, float]) -> dict[str, Any]:
+        """Estimator options; NGRPO/BNPO need the best reachable reward (rewards lie in [0, 1])."""
+        kwargs = dict(self.cfg.algo.advantage_kwargs)
+        if self.cfg.algo.advantage in ("ngrpo", "bnpo"):
+            kwargs.setdefault("r_max", float(sum(w for w in weights.values() if w > 0)))
+        return kwargs
+
+    def objective_at(self, step: int) -> Objective:
+        """The loss for ``step``, with the KL weight of the configured schedule."""
+        algo = self.cfg.algo
+        beta = kl_coef_at(step - 1, algo.beta, algo.kl_schedule, total_steps=self.cfg.train.steps,
+                          **dict(algo.kl_schedule_kwargs))
+        return Objective(dataclasses.replace(self.objective_cfg, beta=beta))
+
     def update(self, batch: Rollouts, step: int) -> dict[str, float]:
         """``num_iterations`` passes over the batch in shuffled mini-batches, one optimizer step each."""
         cfg = self.cfg
+        objective = self.objective_at(step)
         n = len(batch)
         mini = cfg.train.mini_batch_size or n
         sums: dict[str, float] = {}
@@ -163,19 +198,24 @@ class Trainer:
             for start in range(0, n, mini):
                 sub = batch.select(order[start:start + mini])
                 metrics = self.policy.train_step(
-                    sub, self.objective,
+                    sub, objective,
                     num_tokens=float(sub.action_mask.sum()), num_seqs=float(len(sub)),
                 )
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + v
                 count += 1
-        return {k: v / count for k, v in sums.items()}
+        out = {k: v / count for k, v in sums.items()}
+        if cfg.algo.beta > 0:
+            out["kl_coef"] = objective.cfg.beta
+        return out
 
     # -- checkpoints ------------------------------------------------------------------------------
     def save(self, step: int, before: dict[str, float]) -> None:
         def write(d: Path) -> None:
             self.policy.save(d / "policy")
-            torch.save({"step": step, "rng": rng_state(), "before": before}, d / "trainer.pt")
+            torch.save({"step": step, "rng": rng_state(), "before": before,
+                        "advantage_state": self.adv_state.state_dict() if self.adv_state is not None else None},
+                       d / "trainer.pt")
 
         self.ckpt.save(step, write)
 
@@ -186,6 +226,8 @@ class Trainer:
         self.policy.load(latest / "policy")
         state = torch.load(latest / "trainer.pt", map_location="cpu", weights_only=False)
         set_rng_state(state["rng"])
+        if self.adv_state is not None and state.get("advantage_state") is not None:
+            self.adv_state.load_state_dict(state["advantage_state"])
         return int(state["step"]), dict(state.get("before") or {})
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -208,6 +250,8 @@ class Trainer:
                     batch, metrics = self.rollout_step(step)
                     t_rollout = time.perf_counter() - t0
                     metrics.update(self.update(batch, step))
+                    if should_reset_reference(step, cfg.algo.ref_reset_every):
+                        self.policy.reset_reference()
                     metrics["step_time"] = time.perf_counter() - t0
                     metrics["rollout_time"] = t_rollout
                     if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.train.steps:

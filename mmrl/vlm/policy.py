@@ -102,6 +102,9 @@ class VLMPolicy:
                 raise ValueError("model.freeze_vision=true but no vision tower was found in this model")
             tower.requires_grad_(False)
         self.ref_model = None
+        if cfg.model.lora.enabled and cfg.algo.ref_reset_every:
+            raise ValueError("algo.ref_reset_every (ProRL reference reset) is not supported with LoRA "
+                             "(the reference is the base model); use full fine-tuning or set it to 0")
         if cfg.model.lora.enabled:
             self._apply_lora(cfg.model.lora)
         elif cfg.algo.beta > 0:
@@ -286,8 +289,9 @@ class VLMPolicy:
             targets[i, :len(c)] = c
         return {k: v.to(self.device) for k, v in inputs.items()}, targets.to(self.device), P
 
-    def completion_logps(self, model, batch: Rollouts) -> torch.Tensor:
-        """Per-token log-probs (N, T) of the completions under ``model`` (temperature-scaled)."""
+    def completion_logps(self, model, batch: Rollouts, with_entropy: bool = False):
+        """Per-token log-probs (N, T) of the completions under ``model`` (temperature-scaled);
+        with ``with_entropy`` also the per-token entropy of the full next-token distribution."""
         inputs, targets, P = self._collate(batch)
         T = targets.shape[1]
         out = model(**inputs, use_cache=False, logits_to_keep=T + 1)
@@ -297,8 +301,15 @@ class VLMPolicy:
         temperature = self.cfg.rollout.temperature
         if temperature > 0 and temperature != 1.0:
             logits = logits / temperature
-        logps = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        return logps * batch.action_mask.to(logps.device)
+        all_logps = torch.log_softmax(logits, dim=-1)
+        mask = batch.action_mask.to(all_logps.device)
+        logps = all_logps.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * mask
+        if not with_entropy:
+            return logps
+        # Suppressed tokens have -inf log-prob: clamp so 0 * -inf does not make NaN.
+        finite = all_logps.clamp(min=torch.finfo(all_logps.dtype).min)
+        entropy = -(all_logps.exp() * finite).sum(-1)
+        return logps, torch.where(mask > 0, entropy, torch.zeros_like(entropy))
 
     @torch.no_grad()
     def score(self, batch: Rollouts, reference: bool) -> torch.Tensor:
@@ -316,25 +327,45 @@ class VLMPolicy:
     # -- training -------------------------------------------------------------------------------
     def train_step(self, batch: Rollouts, objective: Callable[..., tuple[torch.Tensor, dict]],
                    num_tokens: float, num_seqs: float) -> dict[str, float]:
-        """One optimizer step over ``batch`` (a mini-batch), accumulated over micro-batches."""
+        """One optimizer step over ``batch`` (a mini-batch), accumulated over micro-batches.
+
+        When the objective needs batch-dependent token selections (top-entropy tokens,
+        Clip-Cov/KL-Cov), they are computed once on the whole mini-batch first (a no-grad pass),
+        then sliced per micro-batch, so gradient accumulation stays exact.
+        """
         if self.optimizer is None:
             raise RuntimeError("call configure_optimizer() before train_step()")
+        obj_cfg = getattr(objective, "cfg", None)
+        need_entropy = bool(obj_cfg is not None and obj_cfg.needs_entropy)
+        selection = self._selection(batch, obj_cfg) if obj_cfg is not None and obj_cfg.needs_selection else None
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         mb = max(1, self.cfg.train.micro_batch_size)
         sums: dict[str, float] = {}
         n_micro = 0
         for start in range(0, len(batch), mb):
-            sub = batch.select(list(range(start, min(start + mb, len(batch)))))
-            logps = self.completion_logps(self.model, sub)
+            rows = list(range(start, min(start + mb, len(batch))))
+            sub = batch.select(rows)
+            entropies = None
+            if need_entropy:
+                logps, entropies = self.completion_logps(self.model, sub, with_entropy=True)
+                if not obj_cfg.entropy_coef:
+                    entropies = entropies.detach()
+            else:
+                logps = self.completion_logps(self.model, sub)
             dev = logps.device
+            extra = {}
+            if entropies is not None:
+                extra["entropies"] = entropies
+            if selection is not None:
+                extra["selection"] = selection[rows].to(dev)
             loss, metrics = objective(
                 logps,
                 None if sub.old_logps is None else sub.old_logps.to(dev),
                 sub.advantages.to(dev),
                 sub.action_mask.to(dev),
                 ref_logps=None if sub.ref_logps is None else sub.ref_logps.to(dev),
-                num_tokens=num_tokens, num_seqs=num_seqs,
+                num_tokens=num_tokens, num_seqs=num_seqs, **extra,
             )
             loss.backward()
             n_micro += 1
@@ -349,6 +380,31 @@ class VLMPolicy:
         out["grad_norm"] = float(grad_norm)
         out["lr"] = float(self.scheduler.get_last_lr()[0])
         return out
+
+    @torch.no_grad()
+    def _selection(self, batch: Rollouts, obj_cfg):
+        """Token selections of the whole mini-batch under the current weights."""
+        from ..core.objective_variants import select_tokens
+
+        mb = max(1, self.cfg.train.micro_batch_size)
+        self.model.eval()
+        logps, ents = [], []
+        for start in range(0, len(batch), mb):
+            lp, ent = self.completion_logps(self.model, batch.select(list(range(start, min(start + mb, len(batch))))),
+                                            with_entropy=True)
+            logps.append(lp.cpu())
+            ents.append(ent.cpu())
+        logps, ents = torch.cat(logps), torch.cat(ents)
+        old = batch.old_logps if batch.old_logps is not None else logps
+        return select_tokens(obj_cfg, logps, old, batch.advantages, batch.action_mask, ents)
+
+    def reset_reference(self) -> None:
+        """ProRL's reference reset: the reference becomes the current policy, optimizer state is
+        cleared. With LoRA the reference is the base model, so a reset would need merging the
+        adapter; that is refused at configuration time."""
+        if self.ref_model is not None:
+            self.ref_model.load_state_dict(self.model.state_dict())
+        self.optimizer.state.clear()
 
     # -- persistence ----------------------------------------------------------------------------
     def save(self, path: Path) -> None:
