@@ -5,6 +5,7 @@
     mmrl train vlm log.run_name=exp1 --resume      # continue runs/exp1 from its latest checkpoint
     mmrl eval runs/exp1                             # score the run's final checkpoint on the eval split
     mmrl build-tiny vlm                             # rebuild the shipped tiny model
+    mmrl bench algos --variants grpo,dapo --steps 40  # compare RL algorithms on the same task and seed
 """
 
 from __future__ import annotations
@@ -131,6 +132,44 @@ def build_tiny(
     target = out or asset_path("tiny-qwen2.5-vl")
     path = build_tiny_vlm(target, sft_steps=steps, seed=seed)
     console.print(f"saved tiny model to {path}")
+
+
+bench_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                        help="Compare configurations on the same task and seed.")
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command(name="algos", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def bench_algos(
+    args: Optional[List[str]] = typer.Argument(None, help="[CONFIG.yaml] [key=value overrides for every variant...]"),
+    variants: str = typer.Option("grpo,dr_grpo,dapo,gspo,spo,ngrpo", help="comma-separated variants"),
+    steps: int = typer.Option(40, help="RL steps per variant"),
+    seed: int = typer.Option(0, help="the same seed for every variant"),
+    out: Path = typer.Option(Path("runs/bench-algos"), help="output directory (a run per variant, algos.json/md/png)"),
+    threshold: Optional[float] = typer.Option(
+        None, help="train-reward level for steps-to-threshold (default: halfway from before to the best after)"),
+):
+    """Train several RL algorithm variants on the same task and seed; print a comparison table."""
+    from .bench.algos import DESCRIPTIONS, UnknownVariantError, check_variants, run_algo_bench
+    from .config import ConfigError
+
+    try:
+        names = check_variants(variants.split(","))
+    except UnknownVariantError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        for name, desc in DESCRIPTIONS.items():
+            console.print(f"  {name:<13} {desc}", highlight=False)
+        raise typer.Exit(2)
+    path, overrides = _split_args(list(args or []))
+    try:
+        run_algo_bench(names, steps=steps, seed=seed, out_dir=out, config=path or DEFAULT_CONFIGS["vlm"],
+                       extra_overrides=overrides, threshold=threshold)
+    except ConfigError as exc:
+        console.print(f"[red]config error:[/] {exc}")
+        raise typer.Exit(2)
+    except (FileNotFoundError, FileExistsError, ValueError, KeyError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2)
 
 
 @app.command(name="list")

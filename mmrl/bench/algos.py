@@ -1,0 +1,353 @@
+"""``mmrl bench algos``: several RL algorithm variants on the same task, model and seed, compared.
+
+Every variant is GRPO plus the changes its name stands for; all of them start from the same recipe
+(``vlm/counting_tiny`` by default), the same seed and the same extra overrides, and train the same
+number of steps, so the table differs only where the algorithms differ:
+
+======================  ==========================================================================
+variant                 on top of the common base (symmetric clip, ``seq_mean_token_mean``)
+======================  ==========================================================================
+``grpo``                nothing: group mean/std advantage, PPO clip [1-eps, 1+eps], per-sequence
+                        token mean (the GRPO paper's objective)
+``dr_grpo``             no std division; ``seq_mean_token_sum_norm`` (Dr. GRPO)
+``dapo``                clip-higher (``epsilon_high=0.28``), ``token_mean``, truncated completions
+                        left out of the loss (DAPO without dynamic sampling)
+``gspo``                sequence-level ratio (``loss_type=gspo``), clip 3e-4 / 4e-4
+``spo``                 SPO's per-prompt value tracker, one sample per prompt; the number of
+                        prompts per step grows so the samples per step stay the same
+``ngrpo``               NGRPO's virtual max-reward sample in the group statistics
+``rloo``                leave-one-out baseline
+``reinforce_pp``        REINFORCE++ (batch-normalised advantage)
+======================  ==========================================================================
+
+The base overrides and a variant's overrides go on top of the recipe and the user's extra
+overrides (a variant is defined by its algorithm settings, so those win), then the bench's own
+run settings (steps, seed, output directory). ``run_algo_bench`` writes, under ``out_dir``:
+one run directory per variant, ``algos.json`` (everything in the table, plus the train-reward
+curves), ``algos.md`` (the table) and ``algos.png`` (train reward, moving average, vs step).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+__all__ = [
+    "BASE_OVERRIDES",
+    "DESCRIPTIONS",
+    "VARIANTS",
+    "DEFAULT_VARIANTS",
+    "MA_WINDOW",
+    "UnknownVariantError",
+    "variant_overrides",
+    "moving_average",
+    "steps_to_threshold",
+    "read_train_metrics",
+    "run_algo_bench",
+    "markdown_table",
+]
+
+# Applied to every variant first: symmetric clipping (epsilon_high = epsilon; the tiny recipe sets
+# DAPO's 0.28) and GRPO's per-sequence token mean, so that e.g. `grpo` and `dapo` differ as named.
+BASE_OVERRIDES: tuple[str, ...] = ("algo.epsilon_high=null", "algo.loss_agg_mode=seq_mean_token_mean")
+
+# ``{samples_per_step}`` is replaced by prompts_per_step x num_generations of the base config.
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "grpo": (),
+    "dr_grpo": ("algo.advantage=dr_grpo", "algo.loss_agg_mode=seq_mean_token_sum_norm"),
+    "dapo": ("algo.epsilon_high=0.28", "algo.loss_agg_mode=token_mean", "algo.overlong_filter=true"),
+    "gspo": ("algo.loss_type=gspo", "algo.epsilon=3e-4", "algo.epsilon_high=4e-4",
+             "algo.loss_agg_mode=seq_mean_token_mean"),
+    "spo": ("algo.advantage=spo", "rollout.num_generations=1", "train.prompts_per_step={samples_per_step}"),
+    "ngrpo": ("algo.advantage=ngrpo",),
+    "rloo": ("algo.advantage=rloo",),
+    "reinforce_pp": ("algo.advantage=reinforce_pp",),
+}
+
+DESCRIPTIONS: dict[str, str] = {
+    "grpo": "group mean/std advantage, symmetric clip, per-sequence token mean",
+    "dr_grpo": "no std division, seq_mean_token_sum_norm",
+    "dapo": "clip-higher 0.28, token_mean, overlong filter",
+    "gspo": "sequence-level ratio, clip 3e-4/4e-4",
+    "spo": "per-prompt value tracker, 1 sample/prompt, same samples per step",
+    "ngrpo": "virtual max-reward sample in the group stats",
+    "rloo": "leave-one-out baseline",
+    "reinforce_pp": "REINFORCE++ batch-normalised advantage",
+}
+
+DEFAULT_VARIANTS: tuple[str, ...] = ("grpo", "dr_grpo", "dapo", "gspo", "spo", "ngrpo")
+MA_WINDOW = 5  # moving-average window (steps) for the curves and steps-to-threshold
+FINAL_WINDOW = 5  # "final train reward" = mean of the last this many steps
+
+
+class UnknownVariantError(ValueError):
+    """A variant name that is not in :data:`VARIANTS`."""
+
+
+def check_variants(variants: Sequence[str]) -> list[str]:
+    names = [v.strip() for v in variants if v.strip()]
+    if not names:
+        raise UnknownVariantError(f"no variants given (valid: {', '.join(VARIANTS)})")
+    bad = [v for v in names if v not in VARIANTS]
+    if bad:
+        raise UnknownVariantError(
+            f"unknown variant{'s' if len(bad) > 1 else ''} {', '.join(repr(b) for b in bad)} "
+            f"(valid: {', '.join(VARIANTS)})")
+    dup = sorted({v for v in names if names.count(v) > 1})
+    if dup:
+        raise UnknownVariantError(f"variant listed twice: {', '.join(dup)}")
+    return names
+
+
+def variant_overrides(name: str, base_cfg: Any = None) -> list[str]:
+    """BASE_OVERRIDES + the variant's overrides, with ``{samples_per_step}`` filled in from
+    ``base_cfg`` (the recipe with the user's extra overrides)."""
+    check_variants([name])
+    samples = None
+    if base_cfg is not None:
+        samples = int(base_cfg.train.prompts_per_step) * int(base_cfg.rollout.num_generations)
+    out = []
+    for o in (*BASE_OVERRIDES, *VARIANTS[name]):
+        if "{samples_per_step}" in o:
+            if samples is None:
+                raise ValueError(f"variant {name!r} needs the base config to size its batch")
+            o = o.replace("{samples_per_step}", str(samples))
+        out.append(o)
+    return out
+
+
+# -- metrics -------------------------------------------------------------------------------------
+
+
+def read_train_metrics(path: Path) -> list[dict[str, Any]]:
+    """The per-step training rows of a metrics.jsonl (rows with ``reward``), one per step (the last
+    line wins if a step was logged twice), sorted by step."""
+    rows: dict[int, dict[str, Any]] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict) and "reward" in rec and "step" in rec:
+                rows[int(rec["step"])] = rec
+    return [rows[s] for s in sorted(rows)]
+
+
+def moving_average(values: Sequence[float], window: int = MA_WINDOW) -> list[float]:
+    """Trailing moving average; the first ``window - 1`` points average what there is so far."""
+    out, acc = [], 0.0
+    for i, v in enumerate(values):
+        acc += v
+        if i >= window:
+            acc -= values[i - window]
+        out.append(acc / min(i + 1, window))
+    return out
+
+
+def steps_to_threshold(steps: Sequence[int], smoothed: Sequence[float], threshold: float) -> Optional[int]:
+    """The first step whose smoothed reward reaches ``threshold`` (None if it never does)."""
+    for s, v in zip(steps, smoothed):
+        if v >= threshold - 1e-12:
+            return int(s)
+    return None
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+# -- output ---------------------------------------------------------------------------------------
+
+_COLUMNS = ("variant", "before", "after", "Δ", "final train reward", "steps to threshold",
+            "wall time s", "s/step")
+
+
+def _cells(r: dict[str, Any]) -> list[str]:
+    stt = r["steps_to_threshold"]
+    return [
+        r["variant"],
+        f"{r['before']:.3f}" if r["before"] is not None else "-",
+        f"{r['after']:.3f}",
+        f"{r['delta']:+.3f}" if r["delta"] is not None else "-",
+        f"{r['final_train_reward']:.3f}",
+        str(stt) if stt is not None else f"not in {r['steps']}",
+        f"{r['wall_time_s']:.1f}",
+        f"{r['time_per_step_s']:.2f}",
+    ]
+
+
+def markdown_table(results: Sequence[dict[str, Any]]) -> str:
+    lines = ["| " + " | ".join(_COLUMNS) + " |", "|" + "|".join("---" for _ in _COLUMNS) + "|"]
+    lines += ["| " + " | ".join(_cells(r)) + " |" for r in results]
+    return "\n".join(lines) + "\n"
+
+
+def _rich_table(results: Sequence[dict[str, Any]], threshold: float, title: str):
+    from rich.table import Table
+
+    table = Table(title=title)
+    for i, col in enumerate(_COLUMNS):
+        table.add_column(col, justify="left" if i == 0 else "right")
+    for r in results:
+        table.add_row(*_cells(r))
+    table.caption = (f"before/after: held-out reward; final train reward: mean of the last {FINAL_WINDOW} steps; "
+                     f"steps to threshold: first step the {MA_WINDOW}-step moving average of the train "
+                     f"reward reaches {threshold:.3f}; wall time: sum of step times (evals excluded)")
+    return table
+
+
+def _plot(results: Sequence[dict[str, Any]], threshold: float, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+    for r in results:
+        ax.plot(r["curve"]["step"], r["curve"]["reward_ma"], label=r["variant"], linewidth=1.6)
+    ax.axhline(threshold, color="grey", linestyle="--", linewidth=1, label=f"threshold {threshold:.3f}")
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"train reward ({MA_WINDOW}-step moving average)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    plt.close(fig)
+
+
+# -- the bench ------------------------------------------------------------------------------------
+
+
+def _clear_run_dir(run_dir: Path) -> None:
+    """A rerun of the bench replaces the variant's previous run (metrics.jsonl is appended to)."""
+    if not run_dir.exists():
+        return
+    if run_dir.is_dir() and (not any(run_dir.iterdir()) or (run_dir / "metrics.jsonl").exists()
+                             or (run_dir / "config.yaml").exists()):
+        shutil.rmtree(run_dir)
+        return
+    raise FileExistsError(f"{run_dir} exists and is not a run directory; choose another output directory")
+
+
+def run_algo_bench(
+    variants: Sequence[str],
+    steps: int,
+    seed: int,
+    out_dir: Path,
+    config: str = "vlm/counting_tiny",
+    extra_overrides: Sequence[str] = (),
+    threshold: float | None = None,
+    console: Any = None,
+) -> list[dict[str, Any]]:
+    """Train each variant for ``steps`` steps with ``seed`` and compare them (see the module doc).
+
+    Returns one dict per variant: ``variant``, ``overrides``, ``before``/``after``/``delta``
+    (held-out reward), ``final_train_reward``, ``steps_to_threshold``, ``threshold``, ``steps``,
+    ``wall_time_s`` (sum of step times), ``time_per_step_s``, ``total_time_s`` (the whole run,
+    evals and model loading included), ``eval_before``/``eval_after`` (all held-out metrics),
+    ``run_dir`` and ``curve`` (step, reward, reward_ma). Raises :class:`UnknownVariantError` for a
+    name not in :data:`VARIANTS` and ``mmrl.config.ConfigError`` for a bad override, both before
+    anything trains.
+    """
+    from rich.console import Console
+
+    import mmrl
+    from mmrl.config import builtin_config_path, load_config
+
+    names = check_variants(variants)
+    if steps < 1:
+        raise ValueError("steps must be >= 1")
+    out_dir = Path(out_dir)
+    console = console or Console()
+    extra = list(extra_overrides)
+    base_cfg = load_config(builtin_config_path(config), extra)
+    plans = []
+    for name in names:
+        overrides = [*extra, *variant_overrides(name, base_cfg), f"train.steps={steps}", f"train.seed={seed}",
+                     f"log.output_dir={out_dir}", f"log.run_name={name}", "log.progress=false",
+                     "log.save_every=0", "resume=false"]
+        load_config(builtin_config_path(config), overrides)  # every config error before any training
+        plans.append((name, overrides))
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results: list[dict[str, Any]] = []
+    for i, (name, overrides) in enumerate(plans, 1):
+        console.print(f"[bold][{i}/{len(plans)}] {name}[/]: {' '.join(variant_overrides(name, base_cfg)) or '(base)'}",
+                      highlight=False)
+        run_dir = out_dir / name
+        _clear_run_dir(run_dir)
+        t0 = time.perf_counter()
+        res = mmrl.train(config, overrides)
+        total = time.perf_counter() - t0
+        rows = read_train_metrics(Path(res.run_dir) / "metrics.jsonl")
+        if len(rows) != steps:
+            raise RuntimeError(f"{name}: expected {steps} logged steps in {res.run_dir}/metrics.jsonl, got {len(rows)}")
+        step_ids = [int(r["step"]) for r in rows]
+        rewards = [float(r["reward"]) for r in rows]
+        step_times = [float(r.get("step_time", float("nan"))) for r in rows]
+        before = res.before.get("reward") if res.before else None
+        after = float(res.after["reward"])
+        results.append({
+            "variant": name,
+            "overrides": variant_overrides(name, base_cfg),
+            "before": before,
+            "after": after,
+            "delta": (after - before) if before is not None else None,
+            "final_train_reward": _mean(rewards[-FINAL_WINDOW:]),
+            "steps": len(rows),
+            "wall_time_s": sum(step_times),
+            "time_per_step_s": _mean(step_times),
+            "total_time_s": total,
+            "eval_before": dict(res.before or {}),
+            "eval_after": dict(res.after),
+            "run_dir": str(res.run_dir),
+            "curve": {"step": step_ids, "reward": rewards, "reward_ma": moving_average(rewards)},
+            "reward_components_final": {
+                k: _mean([float(r[k]) for r in rows[-FINAL_WINDOW:] if k in r])
+                for k in rows[-1] if k.startswith("reward/")
+            },
+        })
+
+    befores = [r["before"] for r in results if r["before"] is not None]
+    if threshold is None:
+        start = _mean(befores) if befores else min(r["curve"]["reward"][0] for r in results)
+        best = max(r["after"] for r in results)
+        threshold = start + 0.5 * (best - start)
+        threshold_source = "before + 0.5 x (best after - before)"
+    else:
+        threshold_source = "given"
+    for r in results:
+        r["threshold"] = threshold
+        r["steps_to_threshold"] = steps_to_threshold(r["curve"]["step"], r["curve"]["reward_ma"], threshold)
+
+    title = f"{config}: {steps} steps, seed {seed}"
+    summary = {
+        "config": str(config), "steps": steps, "seed": seed, "extra_overrides": extra,
+        "base_overrides": list(BASE_OVERRIDES), "threshold": threshold, "threshold_source": threshold_source,
+        "ma_window": MA_WINDOW, "final_window": FINAL_WINDOW, "variants": results,
+    }
+    (out_dir / "algos.json").write_text(json.dumps(summary, indent=2, default=_json_default))
+    md = (f"`{config}`, {steps} steps, seed {seed}"
+          + (f", overrides `{' '.join(extra)}`" if extra else "")
+          + f"; threshold {threshold:.3f} ({threshold_source}) on the {MA_WINDOW}-step moving average"
+          + " of the train reward\n\n" + markdown_table(results))
+    (out_dir / "algos.md").write_text(md)
+    _plot(results, threshold, out_dir / "algos.png", title)
+    console.print(_rich_table(results, threshold, title))
+    console.print(f"wrote {out_dir / 'algos.json'}, {out_dir / 'algos.md'}, {out_dir / 'algos.png'}")
+    return results
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, float) and math.isnan(o):
+        return None
+    if isinstance(o, Path):
+        return str(o)
+    return str(o)

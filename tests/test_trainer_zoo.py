@@ -1,0 +1,122 @@
+"""The algorithm switches wired through the trainer and the VLM policy (random tiny model)."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from conftest import make_config
+from mmrl.core.objective import Objective, ObjectiveConfig
+from mmrl.core.trainer import Trainer
+from mmrl.registry import TASKS
+from mmrl.vlm.policy import VLMPolicy
+
+
+def _cfg(path, out, steps, *extra):
+    return make_config(
+        f"model.path={path}", "train.device=cpu", f"train.steps={steps}", "train.prompts_per_step=3",
+        "rollout.num_generations=2", "rollout.max_completion_length=8", "train.micro_batch_size=3",
+        "train.learning_rate=1e-3", "eval.num_examples=2", "eval.before=false", f"log.output_dir={out}",
+        "log.run_name=run", "log.save_every=2", "log.save_rollouts_every=0", "log.progress=false", *extra,
+    )
+
+
+def _trainer(cfg):
+    trainer = Trainer(cfg, VLMPolicy(cfg))
+    trainer.policy.configure_optimizer(cfg.train, cfg.train.steps)
+    return trainer
+
+
+def test_spo_state_survives_resume_exactly(random_tiny_dir, tmp_path):
+    """SPO's per-prompt value tracker is saved in checkpoints: 4 steps straight == 2 + resume 2."""
+    spo = ("algo.advantage=spo", "rollout.num_generations=1", "train.prompts_per_step=4")
+    a = Trainer(c := _cfg(random_tiny_dir, tmp_path / "a", 4, *spo), VLMPolicy(c))
+    a.train()
+    Trainer(c := _cfg(random_tiny_dir, tmp_path / "b", 2, *spo), VLMPolicy(c)).train()
+    b = Trainer(c := _cfg(random_tiny_dir, tmp_path / "b", 4, *spo, "resume=true"), VLMPolicy(c))
+    b.train()
+    assert a.adv_state.state_dict() == b.adv_state.state_dict()
+    assert a.adv_state.state_dict()  # the tracker saw prompts
+    for (n, p), (_, q) in zip(a.policy.model.named_parameters(), b.policy.model.named_parameters()):
+        assert torch.allclose(p, q, atol=1e-6, rtol=0), n
+
+
+def test_single_sample_groups_get_signal_with_spo_not_grpo(random_tiny_dir, tmp_path):
+    t = _trainer(_cfg(random_tiny_dir, tmp_path, 1, "algo.advantage=spo", "rollout.num_generations=1",
+                      "train.prompts_per_step=6"))
+    batch, _ = t.rollout_step(1)
+    if batch.rewards.unique().numel() > 1:
+        assert batch.advantages.abs().sum() > 0
+    g = _trainer(_cfg(random_tiny_dir, tmp_path / "g", 1, "rollout.num_generations=1", "train.prompts_per_step=6"))
+    batch, _ = g.rollout_step(1)
+    assert torch.equal(batch.advantages, torch.zeros(6))  # GRPO: a group of one carries nothing
+
+
+def test_overlong_filter_and_soft_penalty(random_tiny_dir, tmp_path):
+    """With a 2-token budget every completion is truncated: filtered out of the loss, and the soft
+    penalty (buffer 2, penalty 0.5) at length 2 = max is -(2 - 0)/2 * 0.5 = -0.5."""
+    t = _trainer(_cfg(random_tiny_dir, tmp_path, 1, "rollout.max_completion_length=2", "algo.overlong_filter=true",
+                      "algo.soft_overlong_buffer=2", "algo.soft_overlong_penalty=0.5"))
+    batch, metrics = t.rollout_step(1)
+    assert batch.truncated.all()
+    assert batch.action_mask.sum() == 0
+    assert torch.allclose(batch.reward_components["overlong_penalty"], torch.full((6,), -0.5))
+    assert metrics["reward/overlong_penalty"] == -0.5
+
+
+def test_kl_schedule_changes_the_weight_per_step(random_tiny_dir, tmp_path):
+    cfg = _cfg(random_tiny_dir, tmp_path, 3, "algo.beta=0.1", "algo.kl_schedule=linear_decay",
+               "algo.kl_schedule_kwargs={beta_end: 0.0}", "log.save_every=0")
+    Trainer(cfg, VLMPolicy(cfg)).train()
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    coefs = [r["kl_coef"] for r in rows if "kl_coef" in r]
+    assert coefs == sorted(coefs, reverse=True) and abs(coefs[0] - 0.1) < 1e-9 and coefs[-1] < 0.1
+    assert all("kl" in r for r in rows if "kl_coef" in r and r["kl_coef"] > 0)
+
+
+def test_reference_reset_copies_the_policy(random_tiny_dir, tmp_path):
+    t = _trainer(_cfg(random_tiny_dir, tmp_path, 2, "algo.beta=0.05", "algo.ref_reset_every=1"))
+    batch, _ = t.rollout_step(1)
+    batch.advantages = torch.linspace(-1, 1, len(batch))  # a random model scores all zeros
+    t.update(batch, 1)
+    assert not all(torch.equal(p, q) for p, q in zip(t.policy.model.parameters(), t.policy.ref_model.parameters()))
+    t.policy.reset_reference()
+    assert all(torch.equal(p, q) for p, q in zip(t.policy.model.parameters(), t.policy.ref_model.parameters()))
+    assert not t.policy.optimizer.state
+
+
+def test_zscore_aggregation_changes_the_learning_signal_not_the_logged_reward(random_tiny_dir, tmp_path):
+    ws = _trainer(_cfg(random_tiny_dir, tmp_path / "w", 1))
+    zs = _trainer(_cfg(random_tiny_dir, tmp_path / "z", 1, "algo.reward_aggregation=zscore"))
+    a, ma = ws.rollout_step(1)
+    b, mb = zs.rollout_step(1)
+    assert a.completions == b.completions and ma["reward"] == mb["reward"]
+    assert torch.isfinite(b.advantages).all()
+
+
+def _update_with(path, micro, obj_cfg):
+    policy = VLMPolicy(make_config(f"model.path={path}", "train.device=cpu", f"train.micro_batch_size={micro}",
+                                   "rollout.max_completion_length=8"))
+    policy.configure_optimizer(policy.cfg.train, 10)
+    t = TASKS.get("counting")()
+    exs = [t.examples("train")[i] for i in range(2)]
+    torch.manual_seed(5)
+    batch = policy.rollout(exs, [t.prompt(e) for e in exs], 4, policy.cfg.rollout, need_old_logps=True,
+                           need_ref_logps=False)
+    batch.advantages = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.0, -2.0, 1.0])
+    torch.manual_seed(6)
+    m = policy.train_step(batch, Objective(obj_cfg), float(batch.action_mask.sum()), float(len(batch)))
+    return policy, m
+
+
+def test_entropy_selection_is_exact_under_gradient_accumulation(random_tiny_dir):
+    """Top-entropy token selection is computed on the whole mini-batch, so micro-batches of 2
+    give the same gradient as one micro-batch of 8."""
+    cfg = ObjectiveConfig(top_entropy_quantile=0.5, entropy_coef=0.01)
+    a, ma = _update_with(random_tiny_dir, 8, cfg)
+    b, mb = _update_with(random_tiny_dir, 2, cfg)
+    assert 0.3 < ma["entropy_keep_frac"] < 0.7 and ma["entropy"] > 0
+    assert abs(ma["loss"] - mb["loss"]) < 1e-5
+    for (n, pa), (_, pb) in zip(a.model.named_parameters(), b.model.named_parameters()):
+        assert torch.allclose(pa.grad, pb.grad, atol=1e-6, rtol=1e-4), n
