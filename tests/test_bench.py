@@ -43,6 +43,7 @@ def test_two_variants_write_table_json_and_plot(random_tiny_dir, tmp_path):
     rows = [line for line in md.splitlines() if line.startswith("| ")]
     assert rows[0].startswith("| variant |") and len(rows) == 3
     assert rows[1].startswith("| grpo |") and rows[2].startswith("| spo |")
+    assert "on-policy" in md and any("on-policy" in n for n in summary["notes"])  # one update per batch
     with Image.open(out / "algos.png") as im:
         im.load()
         assert im.format == "PNG" and im.size[0] > 100 and im.size[1] > 100

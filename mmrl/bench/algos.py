@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import statistics
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -49,6 +50,7 @@ __all__ = [
     "read_train_metrics",
     "run_algo_bench",
     "markdown_table",
+    "write_report",
 ]
 
 # Applied to every variant first: symmetric clipping (epsilon_high = epsilon; the tiny recipe sets
@@ -110,14 +112,16 @@ def variant_overrides(name: str, base_cfg: Any = None) -> list[str]:
     samples = None
     if base_cfg is not None:
         samples = int(base_cfg.train.prompts_per_step) * int(base_cfg.rollout.num_generations)
-    out = []
+    out: dict[str, str] = {}  # by key: a variant's setting replaces the base's
     for o in (*BASE_OVERRIDES, *VARIANTS[name]):
         if "{samples_per_step}" in o:
             if samples is None:
                 raise ValueError(f"variant {name!r} needs the base config to size its batch")
             o = o.replace("{samples_per_step}", str(samples))
-        out.append(o)
-    return out
+        key = o.split("=", 1)[0]
+        out.pop(key, None)
+        out[key] = o
+    return list(out.values())
 
 
 # -- metrics -------------------------------------------------------------------------------------
@@ -208,8 +212,10 @@ def _plot(results: Sequence[dict[str, Any]], threshold: float, path: Path, title
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
-    for r in results:
-        ax.plot(r["curve"]["step"], r["curve"]["reward_ma"], label=r["variant"], linewidth=1.6)
+    styles = ("-", "--", "-.", ":")  # identical curves (e.g. grpo and gspo on-policy) stay visible
+    for i, r in enumerate(results):
+        ax.plot(r["curve"]["step"], r["curve"]["reward_ma"], label=r["variant"], linewidth=1.6,
+                linestyle=styles[i % len(styles)])
     ax.axhline(threshold, color="grey", linestyle="--", linewidth=1, label=f"threshold {threshold:.3f}")
     ax.set_xlabel("step")
     ax.set_ylabel(f"train reward ({MA_WINDOW}-step moving average)")
@@ -250,7 +256,8 @@ def run_algo_bench(
 
     Returns one dict per variant: ``variant``, ``overrides``, ``before``/``after``/``delta``
     (held-out reward), ``final_train_reward``, ``steps_to_threshold``, ``threshold``, ``steps``,
-    ``wall_time_s`` (sum of step times), ``time_per_step_s``, ``total_time_s`` (the whole run,
+    ``wall_time_s`` (sum of step times), ``time_per_step_s`` (mean; ``median_step_time_s`` is
+    robust to a busy machine), ``total_time_s`` (the whole run,
     evals and model loading included), ``eval_before``/``eval_after`` (all held-out metrics),
     ``run_dir`` and ``curve`` (step, reward, reward_ma). Raises :class:`UnknownVariantError` for a
     name not in :data:`VARIANTS` and ``mmrl.config.ConfigError`` for a bad override, both before
@@ -304,6 +311,7 @@ def run_algo_bench(
             "steps": len(rows),
             "wall_time_s": sum(step_times),
             "time_per_step_s": _mean(step_times),
+            "median_step_time_s": statistics.median(step_times),
             "total_time_s": total,
             "eval_before": dict(res.before or {}),
             "eval_after": dict(res.after),
@@ -315,6 +323,30 @@ def run_algo_bench(
             },
         })
 
+    write_report(results, out_dir, config=str(config), steps=steps, seed=seed, extra_overrides=extra,
+                 threshold=threshold, notes=_notes(results, base_cfg), console=console)
+    return results
+
+
+def write_report(
+    results: list[dict[str, Any]],
+    out_dir: Path,
+    *,
+    config: str,
+    steps: int,
+    seed: int,
+    extra_overrides: Sequence[str] = (),
+    threshold: float | None = None,
+    notes: Sequence[str] = (),
+    console: Any = None,
+) -> None:
+    """Fill in the threshold columns, print the table, write algos.json / algos.md / algos.png."""
+    from rich.console import Console
+
+    console = console or Console()
+    out_dir = Path(out_dir)
+    extra = list(extra_overrides)
+    notes = list(notes)
     befores = [r["before"] for r in results if r["before"] is not None]
     if threshold is None:
         start = _mean(befores) if befores else min(r["curve"]["reward"][0] for r in results)
@@ -331,18 +363,40 @@ def run_algo_bench(
     summary = {
         "config": str(config), "steps": steps, "seed": seed, "extra_overrides": extra,
         "base_overrides": list(BASE_OVERRIDES), "threshold": threshold, "threshold_source": threshold_source,
-        "ma_window": MA_WINDOW, "final_window": FINAL_WINDOW, "variants": results,
+        "ma_window": MA_WINDOW, "final_window": FINAL_WINDOW, "notes": notes, "variants": results,
     }
     (out_dir / "algos.json").write_text(json.dumps(summary, indent=2, default=_json_default))
     md = (f"`{config}`, {steps} steps, seed {seed}"
           + (f", overrides `{' '.join(extra)}`" if extra else "")
           + f"; threshold {threshold:.3f} ({threshold_source}) on the {MA_WINDOW}-step moving average"
-          + " of the train reward\n\n" + markdown_table(results))
+          + " of the train reward\n\n" + markdown_table(results)
+          + "".join(f"\n- {n}" for n in notes) + ("\n" if notes else ""))
     (out_dir / "algos.md").write_text(md)
     _plot(results, threshold, out_dir / "algos.png", title)
     console.print(_rich_table(results, threshold, title))
+    for n in notes:
+        console.print(f"note: {n}", highlight=False)
     console.print(f"wrote {out_dir / 'algos.json'}, {out_dir / 'algos.md'}, {out_dir / 'algos.png'}")
-    return results
+
+
+def _notes(results: Sequence[dict[str, Any]], base_cfg: Any) -> list[str]:
+    """Caveats a reader of the table needs: on-policy updates, variants that ran identically."""
+    notes = []
+    samples = int(base_cfg.train.prompts_per_step) * int(base_cfg.rollout.num_generations)
+    mini = int(base_cfg.train.mini_batch_size) or samples
+    if int(base_cfg.algo.num_iterations) == 1 and mini >= samples:
+        notes.append("one optimizer step per rollout batch (algo.num_iterations=1, no mini-batches): every update "
+                     "is on-policy (ratio = 1), so clip ranges (epsilon, epsilon_high) have no effect and GSPO's "
+                     "sequence ratio has the gradient of GRPO's per-sequence token mean; use "
+                     "train.mini_batch_size or algo.num_iterations to make them matter")
+    seen: dict[tuple, str] = {}
+    for r in results:
+        key = tuple(r["curve"]["reward"])
+        if key in seen:
+            notes.append(f"{r['variant']} ran identically to {seen[key]} (the same train reward at every step)")
+        else:
+            seen[key] = r["variant"]
+    return notes
 
 
 def _json_default(o: Any) -> Any:

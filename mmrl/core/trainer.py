@@ -132,7 +132,8 @@ class Trainer:
     def rollout_step(self, step: int) -> tuple[Rollouts, dict[str, float]]:
         cfg = self.cfg
         seed_everything(step_seed(cfg.train.seed, step))
-        examples = [self.train_examples[i] for i in self.stream.indices(step)]
+        indices = self.stream.indices(step)
+        examples = [self.train_examples[i] for i in indices]
         prompts = [self.task.prompt(ex) for ex in examples]
         batch = self.policy.rollout(
             examples, prompts, cfg.rollout.num_generations, cfg.rollout,
@@ -145,18 +146,7 @@ class Trainer:
                 lengths, cfg.rollout.max_completion_length, cfg.algo.soft_overlong_buffer, cfg.algo.soft_overlong_penalty)
             total = total + comps["overlong_penalty"]
         batch.rewards, batch.reward_components = total, comps
-        signal = total
-        if cfg.algo.reward_aggregation != "weighted_sum":
-            weights = {**self.rewards.weights, **({"overlong_penalty": 1.0} if "overlong_penalty" in comps else {})}
-            signal = aggregate_rewards(comps, weights, cfg.algo.reward_aggregation, group_ids=batch.group_ids)
-        extra = dict(self.adv_kwargs)
-        if self.adv_state is not None:
-            extra["state"] = self.adv_state
-        if cfg.algo.advantage == "spo":
-            indices = self.stream.indices(step)
-            extra["prompt_keys"] = [str(indices[int(g)]) for g in batch.group_ids]
-        batch.advantages = compute_advantages(cfg.algo.advantage, signal, batch.group_ids,
-                                              scale_rewards=cfg.algo.scale_rewards, **extra)
+        batch.advantages = self._advantages(batch, indices)
         if cfg.algo.overlong_filter and batch.truncated is not None:
             batch.action_mask = batch.action_mask * overlong_mask(batch.truncated, len(batch))[:, None]
         metrics = {
@@ -169,6 +159,20 @@ class Trainer:
             "zero_std_group_frac": _zero_std_fraction(total, batch.group_ids),
         }
         return batch, metrics
+
+    def _advantages(self, batch: Rollouts, indices: list[int]) -> torch.Tensor:
+        """The configured estimator on the (optionally z-scored) rewards of ``batch``."""
+        algo = self.cfg.algo
+        signal = batch.rewards
+        if algo.reward_aggregation != "weighted_sum":
+            weights = {**self.rewards.weights, **({"overlong_penalty": 1.0} if "overlong_penalty" in batch.reward_components else {})}
+            signal = aggregate_rewards(batch.reward_components, weights, algo.reward_aggregation, group_ids=batch.group_ids)
+        extra = dict(self.adv_kwargs)
+        if self.adv_state is not None:
+            extra["state"] = self.adv_state
+        if algo.advantage == "spo":  # the per-prompt value tracker keys on the example index
+            extra["prompt_keys"] = [str(indices[int(g)]) for g in batch.group_ids]
+        return compute_advantages(algo.advantage, signal, batch.group_ids, scale_rewards=algo.scale_rewards, **extra)
 
     def _advantage_kwargs(self, weights: dict[str, float]) -> dict[str, Any]:
         """Estimator options; NGRPO/BNPO need the best reachable reward (rewards lie in [0, 1])."""
