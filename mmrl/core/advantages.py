@@ -24,6 +24,8 @@ carrying a ``make_state`` attribute (a zero-argument factory).
 
 from __future__ import annotations
 
+import abc
+
 import torch
 from torch import Tensor
 
@@ -40,7 +42,7 @@ __all__ = [
 ]
 
 
-class EstimatorState:
+class EstimatorState(abc.ABC):
     """Mutable state of a stateful advantage estimator, carried across training steps.
 
     Subclasses hold only plain Python values (floats, ints, strings, lists, dicts), so
@@ -48,11 +50,13 @@ class EstimatorState:
     ``torch.load(..., weights_only=True)``.
     """
 
+    @abc.abstractmethod
     def state_dict(self) -> dict:
-        raise NotImplementedError
+        """Plain-Python snapshot, saved in checkpoints."""
 
+    @abc.abstractmethod
     def load_state_dict(self, d: dict) -> None:
-        raise NotImplementedError
+        """Restore from :meth:`state_dict`."""
 
 
 def group_stats(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
