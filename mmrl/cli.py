@@ -84,7 +84,7 @@ def eval_(
 
     from .config import ConfigError, load_config
     from .core.checkpoint import CheckpointManager
-    from .core.rewards import RewardComputer
+    from .core.rewards import make_reward_computer
     from .core.trainer import build_task, evaluate
     from .vlm.policy import VLMPolicy
 
@@ -106,8 +106,7 @@ def eval_(
     policy = VLMPolicy(cfg)
     if ckpt is not None:
         policy.load(ckpt / "policy")
-    weights = dict(cfg.task.rewards) or dict(task.rewards)
-    rewards = RewardComputer(weights, {**task.reward_kwargs, **cfg.task.reward_kwargs})
+    rewards = make_reward_computer(task, cfg.task)
     metrics = evaluate(policy, task, rewards, cfg, num_examples)
     print(json.dumps({"checkpoint": str(ckpt) if ckpt else cfg.model.path, "task": cfg.task.name, **metrics}, indent=2))
 

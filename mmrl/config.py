@@ -397,6 +397,29 @@ def _apply(cfg: Any, item: _Item, locations: dict[str, str]) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+_TASK_SPECIFIC = ("task.options", "task.rewards", "task.reward_kwargs")
+
+
+def _source(where: str) -> str:
+    """The file (or "the command line") an item came from, without its line."""
+    return where.split(", line")[0] if not where.startswith("on the command line") else "command line"
+
+
+def _drop_options_of_replaced_task(items: list[_Item], name: str) -> list[_Item]:
+    """When a recipe (or the command line) switches ``task.name`` away from its base's task, the
+    base's task options, rewards and reward kwargs belong to the old task: drop them, so
+    ``base: counting_tiny.yaml`` + ``task.name: grounding`` does not hand counting's ``query``
+    option to grounding. Items from the same source as the switch are kept."""
+    out: list[_Item] = []
+    for item in items:
+        if item.key == "task.name" and item.value != name:
+            here = _source(item.where)
+            out = [it for it in out if not (it.key.startswith(_TASK_SPECIFIC) and _source(it.where) != here)]
+            name = item.value
+        out.append(item)
+    return out
+
+
 def load_config(
     path: Union[str, Path, None] = None,
     overrides: Sequence[str] = (),
@@ -419,6 +442,7 @@ def load_config(
     for ov in overrides:
         _override_items(ov, items, locations)
 
+    items = _drop_options_of_replaced_task(items, (base or Config()).task.name)
     cfg = OmegaConf.structured(base if base is not None else Config)
     for item in items:
         _apply(cfg, item, locations)

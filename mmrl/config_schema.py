@@ -81,6 +81,23 @@ class AlgoConfig:
     overlong_filter: bool = False  # truncated completions are left out of the loss
     soft_overlong_buffer: int = 0  # tokens before max_completion_length where the penalty ramps
     soft_overlong_penalty: float = 1.0
+    # -- what the batch trains on (see the README's data-selection table) ---------------------------
+    selection: str = "none"  # none | dynamic_sampling (DAPO: drop zero-variance groups, refill)
+    max_num_gen_batches: int = 4  # dynamic_sampling: generation rounds per step at most (verl's name)
+    scaffold: bool = False  # Scaf-GRPO: tiered hints for groups where no sample is solved
+    scaffold_kwargs: dict[str, Any] = field(default_factory=dict)  # exempt_frac, solved_reward
+    difficulty_augmentation: bool = False  # DeepVideo-R1: re-roll all-solved groups harder, all-failed easier
+    difficulty_augmentation_kwargs: dict[str, Any] = field(default_factory=dict)  # noise_std, solved_reward
+    off_policy_guidance: int = 0  # TempSamp-R1: reference completions injected per group (of num_generations)
+    off_policy_gamma: float = 0.1  # LUFFY policy shaping f(p) = p / (p + gamma) on off-policy tokens
+
+
+@dataclass
+class DataConfig:
+    # Which train examples each step draws: uniform (seeded epochs) | variance (MMR1 variance-aware
+    # sampling) | dump (DUMP: UCB bandit over the data sources of a task mixture).
+    sampler: str = "uniform"
+    sampler_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -139,6 +156,7 @@ class Config:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
+    data: DataConfig = field(default_factory=DataConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
     resume: bool = False

@@ -61,6 +61,39 @@ class Task:
         """A reference completion for ``ex`` (used by the SFT warm start)."""
         raise NotImplementedError(f"task {self.name!r} has no reference completions")
 
+    def hints(self, ex: dict) -> list[str]:
+        """Tiered hints for ``ex``, least to most revealing (Scaf-GRPO's knowledge -> planning ->
+        solution tiers); [] when the task has none. Used by ``algo.scaffold`` and by the
+        "easier" side of difficulty-aware augmentation."""
+        return []
+
+    def augment(self, ex: dict, direction: str, rng, noise_std: float = 0.15) -> dict | None:
+        """A harder or easier variant of ``ex`` for difficulty-aware augmentation (DeepVideo-R1),
+        or None when there is none. Default: "harder" adds Gaussian pixel noise (std
+        ``noise_std`` of the 0..255 range) to ``ex["image"]``; "easier" attaches the first
+        hint. ``rng`` is a seeded ``numpy.random.Generator``. Override for other inputs (video
+        frames, text)."""
+        if direction == "harder":
+            image = ex.get("image")
+            if image is None or not hasattr(image, "convert"):
+                return None
+            import numpy as np
+            from PIL import Image
+
+            pixels = np.asarray(image.convert("RGB"), dtype=np.float32)
+            noisy = pixels + rng.normal(0.0, noise_std * 255.0, size=pixels.shape)
+            return {**ex, "image": Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8))}
+        if direction == "easier":
+            hints = self.hints(ex)
+            return {**ex, "hint": hints[0]} if hints else None
+        raise ValueError(f"augment: direction must be 'harder' or 'easier', got {direction!r}")
+
+    def build_prompt(self, ex: dict) -> list[dict]:
+        """``prompt(ex)`` with the example's scaffolding hint (``ex["hint"]``) appended, if any."""
+        messages = self.prompt(ex)
+        hint = ex.get("hint") if isinstance(ex, dict) else None
+        return with_hint(messages, hint) if hint else messages
+
     # -- evaluation -----------------------------------------------------------------------------
     def metrics(self, completions: Sequence[str], examples: Sequence[dict]) -> dict[str, float]:
         """Task metrics on a batch (e.g. accuracy); defaults to none beyond the rewards."""
@@ -97,3 +130,26 @@ class SyntheticExamples(Sequence):
 def image_prompt(image, text: str) -> list[dict]:
     """The common single-image user turn."""
     return [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": text}]}]
+
+
+def with_hint(messages: list[dict], hint: str) -> list[dict]:
+    """A copy of chat ``messages`` with ``hint`` appended to the last user turn's text (a new text
+    item when that turn has none). The images and earlier turns are shared, not copied."""
+    out = list(messages)
+    for i in range(len(out) - 1, -1, -1):
+        if out[i].get("role") != "user":
+            continue
+        content = out[i]["content"]
+        if isinstance(content, str):
+            out[i] = {**out[i], "content": f"{content} Hint: {hint}"}
+            return out
+        items = list(content)
+        for j in range(len(items) - 1, -1, -1):
+            if items[j].get("type") == "text":
+                items[j] = {**items[j], "text": f"{items[j]['text']} Hint: {hint}"}
+                break
+        else:
+            items.append({"type": "text", "text": f"Hint: {hint}"})
+        out[i] = {**out[i], "content": items}
+        return out
+    raise ValueError("with_hint: the prompt has no user turn to add a hint to")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from mmrl import SyntheticExamples, Task, image_prompt, register_task
-from mmrl.data.scenes import COLORS, DEFAULT_GRID, PLURALS, SHAPES, scene_with_targets
+from mmrl.data.scenes import COLORS, DEFAULT_GRID, PLURALS, SHAPES, position_word, scene_with_targets
 from mmrl.rewards._parsing import answer_correct, extract_answer, parse_number
 from mmrl.tasks._draw import FOOTER, PRED, TRUE, canvas, draw_box, draw_label
 
@@ -13,6 +13,10 @@ QUERIES = ("color", "shape", "color_shape")
 SPLIT_SEEDS = {"train": 1, "eval": 2}  # distinct seeds: eval examples are never trained on
 # Kept short on purpose: the tiny model's 1k-token vocabulary is trained on these texts.
 FORMAT_INSTRUCTION = "Answer with <think>...</think><answer>number</answer>."
+# thinking=False (CLS-RL / No-Thinking-RL): the model answers directly, no reasoning block.
+ANSWER_ONLY_INSTRUCTION = "Answer with <answer>number</answer>."
+# position_word's names of the 3x3 regions in reading order, so hints list regions stably.
+REGIONS = ("top left", "top", "top right", "left", "center", "right", "bottom left", "bottom", "bottom right")
 
 
 def noun_phrase(color: str | None, shape: str | None, count: int) -> str:
@@ -21,6 +25,21 @@ def noun_phrase(color: str | None, shape: str | None, count: int) -> str:
     if count != 1:
         noun = PLURALS.get(noun, noun + "s")
     return f"{color} {noun}" if color is not None else noun
+
+
+def check_thinking(task: str, value) -> bool:
+    """``thinking`` must be a real bool: a string "false" from a hand-edited config is truthy and
+    would silently keep the thinking prompt."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{task}: option thinking must be true or false, got {value!r}")
+    return value
+
+
+def matches_query(obj: dict, query: dict) -> bool:
+    """Does a scene object (as a dict) fit the query? None means "any" for that attribute."""
+    return (query["color"] is None or obj["color"] == query["color"]) and (
+        query["shape"] is None or obj["shape"] == query["shape"]
+    )
 
 
 @register_task("counting")
@@ -36,6 +55,7 @@ class Counting(Task):
             "image_size": 112,
             "train_size": 1_000_000,
             "eval_size": 1000,
+            "thinking": True,  # False: answer-only prompt and target, equality reward (CLS-RL)
         }
 
     def __init__(self, **options):
@@ -48,6 +68,10 @@ class Counting(Task):
                 f"counting: max_count + max_distractors must be within 0..{DEFAULT_GRID ** 2} "
                 f"(one object per grid cell), got {most}"
             )
+        if not check_thinking("counting", self.options["thinking"]):
+            # Instance attributes: the class defaults stay those of the thinking layout.
+            self.rewards = {"equality": 1.0}
+            self.reward_kwargs = {}
 
     def make(self, seed: int) -> dict:
         """Example ``seed``: the count is drawn first (uniform 0..max_count), then the scene."""
@@ -75,12 +99,35 @@ class Counting(Task):
         return SyntheticExamples(self.make, self.options[f"{split}_size"], SPLIT_SEEDS[split])
 
     def prompt(self, ex: dict) -> list[dict]:
-        return image_prompt(ex["image"], f"{ex['question']} {FORMAT_INSTRUCTION}")
+        instruction = FORMAT_INSTRUCTION if self.options["thinking"] else ANSWER_ONLY_INSTRUCTION
+        return image_prompt(ex["image"], f"{ex['question']} {instruction}")
 
     def target(self, ex: dict) -> str:
         k = int(ex["answer"])
+        if not self.options["thinking"]:
+            return f"<answer>{k}</answer>"
         q = ex["query"]
         return f"<think>I count {k} {noun_phrase(q['color'], q['shape'], k)}.</think><answer>{k}</answer>"
+
+    def hints(self, ex: dict) -> list[str]:
+        """Scaf-GRPO's three tiers, least to most revealing: which objects count (knowledge), in
+        which regions of the image they are (planning), the count itself (solution). Words are
+        the task's own ("red circles", "top left") so the tiny tokenizer knows them."""
+        q = ex["query"]
+        color, shape = q["color"], q["shape"]
+        if color is not None and shape is not None:
+            knowledge = f"Count only {noun_phrase(color, shape, 2)}; ignore other shapes."
+        elif color is not None:
+            knowledge = f"Count {color} shapes of any kind; ignore other colors."
+        elif shape is not None:
+            knowledge = f"Count {noun_phrase(None, shape, 2)} of any color; ignore other shapes."
+        else:
+            knowledge = "Count all shapes."
+        size = ex["image_size"][0]
+        found = {position_word(o["box"], size) for o in ex["objects"] if matches_query(o, q)}
+        where = [r for r in REGIONS if r in found]
+        planning = f"Look at: {', '.join(where)}." if where else "None are there."
+        return [knowledge, planning, f"The answer is {ex['answer']}."]
 
     def metrics(self, completions, examples) -> dict[str, float]:
         """accuracy: exactly right (unparsable counts as wrong); mae over parsable answers only."""
@@ -104,7 +151,7 @@ class Counting(Task):
         image, draw = canvas(ex["image"], footer=FOOTER)
         q = ex["query"]
         for obj in ex["objects"]:
-            if (q["color"] is None or obj["color"] == q["color"]) and (q["shape"] is None or obj["shape"] == q["shape"]):
+            if matches_query(obj, q):
                 draw_box(draw, obj["box"], TRUE)
         pred = extract_answer(completion)
         right = pred is not None and answer_correct(pred, ex["answer"])

@@ -8,10 +8,13 @@ from mmrl import SyntheticExamples, Task, image_prompt, register_task
 from mmrl.data.scenes import position_word, random_scene
 from mmrl.rewards._parsing import box_iou, extract_answer, parse_box
 from mmrl.tasks._draw import PRED, TRUE, canvas, draw_box
+from mmrl.tasks.counting import check_thinking
 
 SPLIT_SEEDS = {"train": 1, "eval": 2}  # distinct seeds: eval examples are never trained on
 # Kept short on purpose: the tiny model's 1k-token vocabulary is trained on these texts.
 FORMAT_INSTRUCTION = "Answer with <think>...</think><answer>[x1, y1, x2, y2]</answer>."
+# thinking=False (CLS-RL / No-Thinking-RL): the model answers directly, no reasoning block.
+ANSWER_ONLY_INSTRUCTION = "Answer with <answer>[x1, y1, x2, y2]</answer>."
 
 
 def format_box(box) -> str:
@@ -33,6 +36,7 @@ class Grounding(Task):
             "image_size": 112,
             "train_size": 1_000_000,
             "eval_size": 1000,
+            "thinking": True,  # False: answer-only prompt and target, format mode answer_only
         }
 
     def __init__(self, **options):
@@ -40,6 +44,11 @@ class Grounding(Task):
         lo, hi = self.options["min_objects"], self.options["max_objects"]
         if not 1 <= lo <= hi <= 12:  # 4 colours x 3 shapes distinct pairs
             raise ValueError(f"grounding: need 1 <= min_objects <= max_objects <= 12, got {lo}, {hi}")
+        if not check_thinking("grounding", self.options["thinking"]):
+            # Instance attributes: the class defaults stay those of the thinking layout. IoU is
+            # already graded, so no equality reward here; format only checks the bare layout.
+            self.rewards = {"format": 0.5, "iou": 1.0}
+            self.reward_kwargs = {"format": {"mode": "answer_only"}}
 
     def make(self, seed: int) -> dict:
         """Example ``seed``: 2-4 objects with unique (colour, shape), so the query names one."""
@@ -65,12 +74,23 @@ class Grounding(Task):
         return SyntheticExamples(self.make, self.options[f"{split}_size"], SPLIT_SEEDS[split])
 
     def prompt(self, ex: dict) -> list[dict]:
-        return image_prompt(ex["image"], f"{ex['question']} {FORMAT_INSTRUCTION}")
+        instruction = FORMAT_INSTRUCTION if self.options["thinking"] else ANSWER_ONLY_INSTRUCTION
+        return image_prompt(ex["image"], f"{ex['question']} {instruction}")
 
     def target(self, ex: dict) -> str:
+        if not self.options["thinking"]:
+            return f"<answer>{ex['answer']}</answer>"
         t = ex["query"]
         where = position_word(ex["box"], ex["image_size"][0])
         return f"<think>The {t['color']} {t['shape']} is at the {where}.</think><answer>{ex['answer']}</answer>"
+
+    def hints(self, ex: dict) -> list[str]:
+        """Scaf-GRPO's three tiers, least to most revealing: what to look for (knowledge), which
+        third of the image it is in (planning, the words of the reference reasoning), the box
+        itself (solution)."""
+        t = ex["query"]
+        where = position_word(ex["box"], ex["image_size"][0])
+        return [f"Look for the {t['color']} {t['shape']}.", f"Look at: {where}.", f"The box is {format_box(ex['box'])}."]
 
     @staticmethod
     def _iou(completion: str, ex: dict):

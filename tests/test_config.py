@@ -166,3 +166,28 @@ def test_builtin_config_path(tmp_path, monkeypatch):
     assert load_config("vlm/counting_tiny").train.steps == 4
     with pytest.raises(ConfigError, match="vlm/counting_tiny"):
         builtin_config_path("vlm/countin_tiny")
+
+
+def test_switching_task_drops_the_base_recipes_task_options(tmp_path):
+    """grounding_tiny is `base: counting_tiny` + `task.name: grounding`: counting's `query`
+    option must not reach grounding; options set next to the switch (or later) stay."""
+    from mmrl.config import builtin_config_path
+
+    cfg = load_config(builtin_config_path("vlm/grounding_tiny"))
+    assert cfg.task.name == "grounding" and cfg.task.options == {}
+    cfg = load_config(builtin_config_path("vlm/counting_tiny"), ["task.name=grounding", "task.options.max_objects=3"])
+    assert cfg.task.options == {"max_objects": 3}
+    cfg = load_config(builtin_config_path("vlm/counting_tiny"), ["task.options.query=shape"])
+    assert cfg.task.options == {"query": "shape"}  # same task: options merge as before
+
+
+def test_every_builtin_recipe_builds_its_task():
+    from mmrl.config import builtin_config_names, builtin_config_path
+    from mmrl.core.rewards import make_reward_computer
+    from mmrl.core.trainer import build_task
+
+    for name in builtin_config_names():
+        cfg = load_config(builtin_config_path(name))
+        task = build_task(cfg)
+        make_reward_computer(task, cfg.task)
+        assert len(task.examples("train")) > 0, name

@@ -7,7 +7,8 @@ import json
 import torch
 
 from conftest import make_config
-from mmrl.core.trainer import DataStream, Trainer
+from mmrl.core.samplers import UniformSampler
+from mmrl.core.trainer import Trainer
 from mmrl.vlm.policy import VLMPolicy
 
 
@@ -66,10 +67,10 @@ def test_resume_continues_exactly(random_tiny_dir, tmp_path):
 
 
 def test_data_stream_is_a_pure_function_of_the_step():
-    s1, s2 = DataStream(10, 4, seed=3), DataStream(10, 4, seed=3)
+    s1, s2 = UniformSampler({"t": 10}, 4, seed=3), UniformSampler({"t": 10}, 4, seed=3)
     seen = [i for step in range(5) for i in s1.indices(step)]
     assert seen[:10] != list(range(10))  # shuffled
     assert sorted(seen[:10]) == list(range(10))  # each example once per epoch
     assert sorted(seen[10:20]) == list(range(10))
     assert s2.indices(3) == s1.indices(3)  # no hidden state: step 3 alone gives the same prompts
-    assert DataStream(10, 4, seed=4).indices(0) != s1.indices(0)
+    assert UniformSampler({"t": 10}, 4, seed=4).indices(0) != s1.indices(0)

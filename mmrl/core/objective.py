@@ -17,6 +17,9 @@ References:
 The variants of the policy-optimisation zoo (GSPO, Reg-GRPO, CISPO, asymmetric and dual clip,
 entropy bonus, top-entropy tokens, Clip-Cov / KL-Cov) are fields of :class:`ObjectiveConfig`, all
 off by default; their math lives in :mod:`mmrl.core.objective_variants` with the paper titles.
+Off-policy guidance ("TempSamp-R1: Effective Temporal Sampling with Reinforcement Fine-Tuning for
+Video LLMs"; LUFFY's "Learning to Reason under Off-Policy Guidance" weighting) is the
+``off_policy`` argument of :func:`policy_loss`.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from .objective_variants import (
     clip_bounds,
     clipped_surrogate,
     gspo_ratio,
+    off_policy_shaped_loss,
     reg_grpo_loss,
     select_tokens,
 )
@@ -68,7 +72,7 @@ def _check_choice(value: str, valid: tuple[str, ...], what: str) -> None:
 VARIANT_FIELDS = (
     "loss_type", "reg_scale", "clip_pos", "clip_neg", "dual_clip_c", "entropy_coef",
     "top_entropy_quantile", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio",
-    "kl_cov_coef",
+    "kl_cov_coef", "off_policy_gamma",
 )
 
 
@@ -110,6 +114,7 @@ class ObjectiveConfig:
     clip_cov_ub: float = 5.0
     kl_cov_ratio: Optional[float] = None  # KL-Cov: fraction of top-cov tokens (e.g. 2e-3)
     kl_cov_coef: float = 1.0  # KL-Cov: weight of |logp - old_logp| on those tokens
+    off_policy_gamma: float = 0.1  # LUFFY policy shaping f(p) = p / (p + gamma) of off-policy rows
 
     def __post_init__(self) -> None:
         # Fail when the config is built, not on the first training step.
@@ -120,6 +125,8 @@ class ObjectiveConfig:
         self.clip_neg = _pair(self.clip_neg, "clip_neg")
         if self.reg_scale <= 0:
             raise ValueError(f"reg_scale must be > 0, got {self.reg_scale}")
+        if self.off_policy_gamma <= 0:
+            raise ValueError(f"off_policy_gamma must be > 0, got {self.off_policy_gamma}")
         if self.dual_clip_c is not None:
             if self.dual_clip_c <= 1:
                 raise ValueError(f"dual_clip_c must be > 1, got {self.dual_clip_c}")
@@ -254,6 +261,7 @@ def policy_loss(
     entropies: Optional[Tensor] = None,
     selection: Optional[TokenSelection] = None,
     generator: Optional[torch.Generator] = None,
+    off_policy: Optional[Tensor] = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Clipped surrogate loss (PPO / GRPO / DAPO) plus an optional KL penalty.
 
@@ -284,6 +292,18 @@ def policy_loss(
     the selection is made from this call's tokens only (``generator`` seeds Clip-Cov), so
     gradient accumulation is then exact only for one micro-batch per mini-batch.
 
+    ``off_policy`` (B,) bool marks rows the policy did not generate (off-policy guidance, as in
+    "TempSamp-R1: Effective Temporal Sampling with Reinforcement Fine-Tuning for Video LLMs":
+    ground-truth solutions injected into the groups). Their ``pg`` is, instead of the surrogate
+    of ``loss_type``, the shaped loss of "Learning to Reason under Off-Policy Guidance" (LUFFY;
+    :func:`~mmrl.core.objective_variants.off_policy_shaped_loss`): behaviour probability 1,
+    importance weight ``p = exp(logp)`` shaped by ``f(p) = p / (p + off_policy_gamma)``, no clip,
+
+        pg_off = -f(p) * A
+
+    Everything else (token-selection weights, KL-Cov, KL, entropy bonus, aggregation) applies to
+    those rows as to the others. ``None`` or all ``False`` gives exactly the loss without it.
+
     Returns ``(loss, metrics)``. Metrics are python floats. ``ratio_mean``, ``clip_frac_low``
     (A < 0 and ratio < 1 - epsilon), ``clip_frac_high`` (A > 0 and ratio > 1 + epsilon_high),
     ``kl`` (only when beta > 0) and ``pg_loss`` are masked means over this call's tokens, so a
@@ -292,7 +312,10 @@ def policy_loss(
     (only when its option is on, so the keys depend on ``cfg`` alone): ``seq_ratio_mean``
     (gspo; the clip fractions then refer to the sequence ratio), ``clip_frac_dual``,
     ``entropy`` (whenever ``entropies`` is given), ``entropy_keep_frac``, ``clip_cov_frac``,
-    ``kl_cov_frac``; reg_grpo reports no clip fractions.
+    ``kl_cov_frac``; reg_grpo reports no clip fractions. With ``off_policy`` given, the clip
+    fractions (``clip_frac_low``/``clip_frac_high``/``clip_frac_dual``) count on-policy tokens
+    only (off-policy tokens are never clipped), still divided by all of this call's tokens, and
+    ``off_policy_frac`` is the fraction of this call's tokens that lie in off-policy rows.
     """
     if old_logps is None:
         old_logps = logps.detach()
@@ -300,6 +323,12 @@ def policy_loss(
         advantages = advantages.unsqueeze(-1)
     advantages = advantages.to(logps.dtype)
     mask = mask.to(logps.dtype)
+    off_rows: Optional[Tensor] = None  # (B, 1) bool
+    if off_policy is not None:
+        if off_policy.shape != logps.shape[:1]:
+            raise ValueError(f"off_policy must have shape (B,) = {tuple(logps.shape[:1])}, "
+                             f"got {tuple(off_policy.shape)}")
+        off_rows = off_policy.to(device=logps.device, dtype=torch.bool).unsqueeze(-1)
     if cfg.needs_entropy and entropies is None:
         raise ValueError(
             "entropy_coef / top_entropy_quantile need per-token entropies of the current policy "
@@ -320,6 +349,9 @@ def policy_loss(
             if cfg.loss_type == "gspo":
                 clip_ratio = gspo_ratio(logps, old_logps, mask)
             pg, dual = clipped_surrogate(clip_ratio, advantages, low, high, cfg.dual_clip_c)
+    if off_rows is not None and bool(off_rows.any()):
+        # Off-policy rows: LUFFY's shaped importance weight replaces the surrogate (no clip).
+        pg = torch.where(off_rows, off_policy_shaped_loss(logps, advantages, cfg.off_policy_gamma), pg)
     per_token = pg
 
     if selection is None and cfg.needs_selection:
@@ -360,18 +392,23 @@ def policy_loss(
         def token_mean(x: Tensor) -> float:
             return float((x.to(mask.dtype) * mask).sum() / n)
 
+        def on_policy(x: Tensor) -> Tensor:  # clip events of on-policy rows only
+            return x if off_rows is None else x & ~off_rows
+
         metrics = {"ratio_mean": token_mean(ratio)}
         if clip_ratio is not None:
             if cfg.loss_type == "cispo":  # the IS weight is clipped whatever the sign of A
-                metrics["clip_frac_low"] = token_mean(ratio < low)
-                metrics["clip_frac_high"] = token_mean(ratio > high)
+                metrics["clip_frac_low"] = token_mean(on_policy(ratio < low))
+                metrics["clip_frac_high"] = token_mean(on_policy(ratio > high))
             else:
-                metrics["clip_frac_low"] = token_mean((advantages < 0) & (clip_ratio < low))
-                metrics["clip_frac_high"] = token_mean((advantages > 0) & (clip_ratio > high))
+                metrics["clip_frac_low"] = token_mean(on_policy((advantages < 0) & (clip_ratio < low)))
+                metrics["clip_frac_high"] = token_mean(on_policy((advantages > 0) & (clip_ratio > high)))
         if cfg.loss_type == "gspo":
             metrics["seq_ratio_mean"] = token_mean(clip_ratio)
         if dual is not None:
-            metrics["clip_frac_dual"] = token_mean(dual)
+            metrics["clip_frac_dual"] = token_mean(on_policy(dual))
+        if off_rows is not None:
+            metrics["off_policy_frac"] = token_mean(off_rows.expand_as(mask))
         metrics["pg_loss"] = token_mean(pg)
         metrics["loss"] = float(loss)
         if kl is not None:

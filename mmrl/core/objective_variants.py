@@ -20,6 +20,9 @@ Papers (titles, so they can be looked up):
   Reinforcement Learning for LLM Reasoning" (Wang et al., 2025).
 - Clip-Cov / KL-Cov: "The Entropy Mechanism of Reinforcement Learning for Reasoning Language
   Models" (Cui et al., 2025), in the authors' verl implementation.
+- Off-policy guidance: "TempSamp-R1: Effective Temporal Sampling with Reinforcement Fine-Tuning
+  for Video LLMs" (ground-truth solutions injected into each group), weighted with the policy
+  shaping of "Learning to Reason under Off-Policy Guidance" (LUFFY, Yan et al., 2025).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ __all__ = [
     "gspo_ratio",
     "reg_grpo_loss",
     "cispo_loss",
+    "off_policy_shaped_loss",
     "token_covariance",
     "top_entropy_mask",
     "clip_cov_mask",
@@ -178,6 +182,32 @@ def cispo_loss(ratio: Tensor, logps: Tensor, advantages: Tensor, low: Bound, hig
     """
     w = torch.clamp(ratio, low, high).detach()
     return -advantages * w * (1 + logps - logps.detach())
+
+
+def off_policy_shaped_loss(logps: Tensor, advantages: Tensor, gamma: float) -> Tensor:
+    """Per-token policy-gradient loss of off-policy samples (B, T): completions the policy did not
+    generate, e.g. the ground-truth solutions that "TempSamp-R1: Effective Temporal Sampling with
+    Reinforcement Fine-Tuning for Video LLMs" injects into each GRPO group.
+
+    Importance weighting of "Learning to Reason under Off-Policy Guidance" (LUFFY): the behaviour
+    probability of an off-policy token is taken as 1, so its importance weight is the current
+    token probability ``p = exp(logp)``, regularised by policy shaping ``f(p) = p / (p + gamma)``
+    and never clipped:
+
+        pg_off = -f(p) * A = -A * p / (p + gamma)
+        d pg_off / d logp = -A * gamma * p / (p + gamma) ** 2
+
+    Plain ``-p * A`` would give gradient ``-A * p``, vanishing on the low-probability tokens
+    that the guidance should teach; the shaping moves the gradient's peak to ``p = gamma``
+    (``gamma = 0.1`` in LUFFY), up-weighting them. E.g. p = 0.5, gamma = 0.1, A = 2:
+    ``pg_off = -2 * 0.5 / 0.6 = -1.6667`` and the gradient is ``-2 * 0.1 * 0.5 / 0.36 = -0.2778``.
+
+    ``advantages`` is (B,), (B, 1) or (B, T); the result has the shape of ``logps``.
+    """
+    if advantages.dim() == 1 and logps.dim() == 2:
+        advantages = advantages.unsqueeze(-1)
+    p = torch.exp(logps)
+    return -(p / (p + gamma)) * advantages.to(logps.dtype)
 
 
 # ---- token selections ------------------------------------------------------------------------

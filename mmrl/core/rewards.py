@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from typing import Any, Sequence
 
 import torch
@@ -55,3 +56,106 @@ class RewardComputer:
             if errors:
                 stats[f"reward/{name}/errors"] = float(errors)
         return total, components, stats
+
+
+class PerSourceRewards:
+    """One :class:`RewardComputer` per source of a mixture task, called like a RewardComputer.
+
+    Why not one RewardComputer over the union of rewards: the sources' rewards answer different
+    questions (a count's ``accuracy`` means nothing for a box) and a reward name may need different
+    options per source (``format`` strict for one, answer-only for another). So the batch is split
+    by ``ex["source"]``, each part is scored by its source's computer, and the results are put back
+    in the batch's order.
+
+    Returns ``(total (N,), {name: (N,)}, stats)`` like RewardComputer. The components are the union
+    of all sources' reward names; a sample whose source does not use a reward has 0.0 there (so a
+    component's batch mean mixes in those zeros; ``reward/by_source/<source>`` is the clean
+    per-source signal). Stats are each computer's, renamed ``reward/<source>/...``, plus
+    ``reward/by_source/<source>``: the mean total reward of that source's samples in the batch
+    (sources absent from the batch have no stats). ``ctx`` is passed to every source unchanged.
+
+    ``weights`` is the union of the sources' weights, which z-score aggregation uses to weight each
+    component; a name with different weights in two sources is therefore an error.
+    """
+
+    def __init__(self, computers: dict[str, RewardComputer]):
+        if not computers:
+            raise ValueError("PerSourceRewards needs at least one source")
+        self.computers = dict(computers)
+        self.weights: dict[str, float] = {}
+        owner: dict[str, str] = {}
+        for source, computer in self.computers.items():
+            for name, w in computer.weights.items():
+                if name in self.weights and self.weights[name] != w:
+                    raise ValueError(
+                        f"reward {name!r} has weight {self.weights[name]} in source {owner[name]!r} but {w} in "
+                        f"{source!r}; reward aggregation (algo.reward_aggregation: zscore) weights each "
+                        f"component name once, so give {name!r} the same weight in every source"
+                    )
+                self.weights.setdefault(name, w)
+                owner.setdefault(name, source)
+
+    def __call__(self, completions: Sequence[str], examples: Sequence[dict], **ctx: Any):
+        n = len(completions)
+        if len(examples) != n:
+            raise ValueError(f"{n} completions but {len(examples)} examples")
+        parts: dict[str, list[int]] = {source: [] for source in self.computers}
+        for i, ex in enumerate(examples):
+            source = ex.get("source") if isinstance(ex, Mapping) else None
+            if source not in parts:
+                raise ValueError(
+                    f"example {i} has source {source!r}; per-source rewards need ex['source'] to be one "
+                    f"of {list(self.computers)} (examples of a mixture task carry it)"
+                )
+            parts[source].append(i)
+        total = torch.zeros(n)
+        components = {name: torch.zeros(n) for name in self.weights}
+        stats: dict[str, float] = {}
+        for source, idx in parts.items():
+            if not idx:
+                continue
+            sub_total, sub_components, sub_stats = self.computers[source](
+                [completions[i] for i in idx], [examples[i] for i in idx], **ctx
+            )
+            where = torch.tensor(idx, dtype=torch.long)
+            total[where] = sub_total.to(total.dtype)
+            for name, scores in sub_components.items():
+                components[name][where] = scores.to(total.dtype)
+            for key, value in sub_stats.items():
+                stats[f"reward/{source}/{key.removeprefix('reward/')}"] = value
+            stats[f"reward/by_source/{source}"] = float(sub_total.mean())
+        return total, components, stats
+
+
+def make_reward_computer(task, task_cfg):
+    """The reward scorer for ``task`` under the config's ``task`` section.
+
+    A plain task: a RewardComputer with weights ``task_cfg.rewards`` (else the task's ``rewards``)
+    and kwargs the task's ``reward_kwargs`` updated by ``task_cfg.reward_kwargs``. A task with
+    ``sub_tasks`` (a mixture): a PerSourceRewards with each source's weights and kwargs (the
+    mixture's ``source_rewards`` / ``source_reward_kwargs`` where it has them, else the sub-task's
+    own); there the run-wide ``task.rewards`` / ``task.reward_kwargs`` are an error, since one set
+    of rewards cannot apply to every source.
+    """
+    sub_tasks = getattr(task, "sub_tasks", None)
+    if not sub_tasks:
+        weights = dict(task_cfg.rewards) or dict(task.rewards)
+        kwargs = {**task.reward_kwargs, **{k: dict(v) for k, v in task_cfg.reward_kwargs.items()}}
+        return RewardComputer(weights, kwargs)
+    for key in ("rewards", "reward_kwargs"):
+        if getattr(task_cfg, key, None):
+            raise ValueError(
+                f"task.{key} is set, but task {getattr(task, 'name', '?')!r} mixes sources {list(sub_tasks)} "
+                f"that each have their own rewards; set task.options.{key}.<source> instead "
+                f"(e.g. task.options.{key}.{next(iter(sub_tasks))})"
+            )
+    source_weights = getattr(task, "source_rewards", {})
+    source_kwargs = getattr(task, "source_reward_kwargs", {})
+    computers = {}
+    for source, sub in sub_tasks.items():
+        weights = dict(source_weights.get(source) or sub.rewards)
+        if not weights:
+            raise ValueError(f"source {source!r} has no rewards: set task.options.rewards.{source} (name: weight)")
+        kwargs = source_kwargs[source] if source in source_kwargs else sub.reward_kwargs
+        computers[source] = RewardComputer(weights, {k: dict(v) for k, v in kwargs.items()})
+    return PerSourceRewards(computers)

@@ -34,6 +34,9 @@ class Rollouts:
     completions: list[str] = field(default_factory=list)
     examples: list[dict] = field(default_factory=list)
     truncated: torch.Tensor | None = None  # (N,) bool: hit the length limit without stopping
+    # (N,) bool: True for samples the policy did not generate (injected reference completions,
+    # TempSamp-R1 off-policy guidance); the objective weights them differently. None = all on-policy.
+    off_policy: torch.Tensor | None = None
     payload: dict[str, Any] = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -66,5 +69,69 @@ class Rollouts:
             completions=take(self.completions),
             examples=take(self.examples),
             truncated=take(self.truncated),
+            off_policy=take(self.off_policy),
             payload={k: take(v) for k, v in self.payload.items()},
+        )
+
+    @staticmethod
+    def concat(parts: list["Rollouts"], renumber_groups: bool = True) -> "Rollouts":
+        """One batch from several (e.g. a DAPO refill round appended to the first rollout).
+
+        Group ids of later parts are shifted past the earlier ones, so groups stay distinct
+        (``renumber_groups=False`` keeps them as they are: for parts of the same groups);
+        (N, T) tensors are right-padded with zeros to the widest T (a zero ``action_mask`` makes
+        the padding inert). Payload lists are joined and payload tensors concatenated on axis 0.
+        """
+        parts = [p for p in parts if len(p) > 0]
+        if not parts:
+            raise ValueError("Rollouts.concat needs at least one non-empty batch")
+        if len(parts) == 1 and renumber_groups:
+            return parts[0]
+        width = max(p.action_mask.shape[1] for p in parts)
+
+        def pad(x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.pad(x, (0, width - x.shape[1])) if x.dim() == 2 else x
+
+        def cat(name: str):
+            values = [getattr(p, name) for p in parts]
+            if all(v is None for v in values):
+                return None
+            if any(v is None for v in values):
+                raise ValueError(f"Rollouts.concat: {name!r} is set in some parts and not in others")
+            return torch.cat([pad(v) for v in values])
+
+        group_ids, offset = [], 0
+        for p in parts:
+            group_ids.append(p.group_ids + offset)
+            if renumber_groups:
+                offset += int(p.group_ids.max()) + 1
+        off_policy = None
+        if any(p.off_policy is not None for p in parts):
+            off_policy = torch.cat([p.off_policy if p.off_policy is not None else torch.zeros(len(p), dtype=torch.bool)
+                                    for p in parts])
+        names = set(parts[0].reward_components)
+        if any(set(p.reward_components) != names for p in parts):
+            raise ValueError("Rollouts.concat: parts have different reward components")
+        payload: dict[str, Any] = {}
+        for key in parts[0].payload:
+            values = [p.payload[key] for p in parts]
+            if isinstance(values[0], torch.Tensor):
+                payload[key] = torch.cat([pad(v) for v in values])
+            elif isinstance(values[0], list):
+                payload[key] = [x for v in values for x in v]
+            else:
+                payload[key] = values[0]
+        return Rollouts(
+            group_ids=torch.cat(group_ids),
+            action_mask=cat("action_mask"),
+            old_logps=cat("old_logps"),
+            ref_logps=cat("ref_logps"),
+            rewards=cat("rewards"),
+            reward_components={k: torch.cat([p.reward_components[k] for p in parts]) for k in names},
+            advantages=cat("advantages"),
+            completions=[c for p in parts for c in p.completions],
+            examples=[e for p in parts for e in p.examples],
+            truncated=cat("truncated"),
+            off_policy=off_policy,
+            payload=payload,
         )

@@ -25,48 +25,22 @@ from ..registry import TASKS, load_plugins
 from ..task import Task
 from .advantages import compute_advantages, make_advantage_state
 from .checkpoint import CheckpointManager, rng_state, set_rng_state
+from .curriculum import augment_flat_groups, scaffold
 from .logging import RunLogger, TrainingProgress, print_before_after
-from .objective import Objective, ObjectiveConfig
+from .objective import Objective, ObjectiveConfig, kl_penalty
 from .reward_aggregation import aggregate_rewards
-from .rewards import RewardComputer
+from .rewards import make_reward_computer
+from .samplers import make_sampler, step_seed
 from .schedules import kl_coef_at, should_reset_reference
+from .selection import SELECTIONS, dynamic_sampling
 from .shaping import overlong_mask, soft_overlong_penalty
 from .rollouts import Rollouts
-
-
-def step_seed(seed: int, step: int, salt: int = 0) -> int:
-    """A well-mixed 63-bit seed for (run seed, step, purpose)."""
-    x = (seed * 0x9E3779B97F4A7C15 + step * 0xBF58476D1CE4E5B9 + salt * 0x94D049BB133111EB) % (1 << 63)
-    return x
 
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (1 << 32))
     torch.manual_seed(seed)
-
-
-class DataStream:
-    """Which examples step k trains on: epoch-wise seeded permutations, a pure function of k."""
-
-    def __init__(self, size: int, batch: int, seed: int):
-        if size <= 0:
-            raise ValueError("the task's train split is empty")
-        self.size, self.batch, self.seed = size, batch, seed
-        self._perm: tuple[int, torch.Tensor] | None = None
-
-    def _permutation(self, epoch: int) -> torch.Tensor:
-        if self._perm is None or self._perm[0] != epoch:
-            g = torch.Generator().manual_seed(step_seed(self.seed, epoch, salt=7))
-            self._perm = (epoch, torch.randperm(self.size, generator=g))
-        return self._perm[1]
-
-    def indices(self, step: int) -> list[int]:
-        out = []
-        for pos in range(step * self.batch, (step + 1) * self.batch):
-            epoch, i = divmod(pos, self.size)
-            out.append(int(self._permutation(epoch)[i]))
-        return out
 
 
 def build_task(cfg) -> Task:
@@ -86,7 +60,7 @@ class TrainResult:
     steps: int = 0
 
 
-def evaluate(policy, task: Task, rewards: RewardComputer, cfg, num_examples: int | None = None) -> dict[str, float]:
+def evaluate(policy, task: Task, rewards, cfg, num_examples: int | None = None) -> dict[str, float]:
     """Held-out mean reward, each reward component and the task's metrics on the eval split."""
     examples_all = task.examples("eval")
     n = min(num_examples or cfg.eval.num_examples, len(examples_all))
@@ -115,52 +89,168 @@ class Trainer:
         self.cfg = cfg
         self.policy = policy
         self.task = task or build_task(cfg)
-        weights = dict(cfg.task.rewards) or dict(self.task.rewards)
-        kwargs = {**self.task.reward_kwargs, **{k: dict(v) for k, v in cfg.task.reward_kwargs.items()}}
-        self.rewards = RewardComputer(weights, kwargs)
+        self.rewards = make_reward_computer(self.task, cfg.task)
         self.run_dir = Path(run_dir or Path(cfg.log.output_dir) / run_name(cfg))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.ckpt = CheckpointManager(self.run_dir / "checkpoints", keep=cfg.log.save_total_limit)
         self.objective_cfg = ObjectiveConfig.from_algo(cfg.algo, max_completion_length=cfg.rollout.max_completion_length)
         self.adv_state = make_advantage_state(cfg.algo.advantage)
-        self.adv_kwargs = self._advantage_kwargs(weights)
-        train_split = self.task.examples("train")
-        self.train_examples = train_split
-        self.stream = DataStream(len(train_split), cfg.train.prompts_per_step, cfg.train.seed)
+        self.adv_kwargs = self._advantage_kwargs(self.rewards.weights)
+        self.train_examples = self.task.examples("train")
+        sizes = dict(getattr(self.train_examples, "source_sizes", None) or {self.task.name: len(self.train_examples)})
+        self.source_ids = {name: i for i, name in enumerate(sizes)}
+        self.sampler = make_sampler(cfg.data.sampler, sizes, cfg.train.prompts_per_step, cfg.train.seed,
+                                    **dict(cfg.data.sampler_kwargs))
+        self.policy_kl: float | None = None  # SPO: KL(pi_old || pi_new) of the last update
+        self._check_selection_config()
+
+    def _check_selection_config(self) -> None:
+        algo, n = self.cfg.algo, self.cfg.rollout.num_generations
+        if algo.selection not in SELECTIONS:
+            raise ValueError(f"unknown algo.selection {algo.selection!r}; valid values: {', '.join(SELECTIONS)}")
+        if not 0 <= algo.off_policy_guidance < n:
+            raise ValueError(
+                f"algo.off_policy_guidance={algo.off_policy_guidance} reference completions per group must leave "
+                f"at least one on-policy sample of rollout.num_generations={n}")
+        if algo.off_policy_guidance and not hasattr(self.policy, "rollout_given"):
+            raise ValueError("algo.off_policy_guidance needs a policy with rollout_given() (teacher-forced samples)")
+        unknown = set(algo.scaffold_kwargs) - {"exempt_frac", "solved_reward"}
+        unknown |= {f"difficulty_augmentation_kwargs.{k}" for k in
+                    set(algo.difficulty_augmentation_kwargs) - {"noise_std", "solved_reward"}}
+        if unknown:
+            raise ValueError(f"unknown option(s) {sorted(unknown)} in algo.scaffold_kwargs / "
+                             "algo.difficulty_augmentation_kwargs (valid: exempt_frac, solved_reward, noise_std)")
 
     # -- one RL step ------------------------------------------------------------------------------
+    def _sample(self, examples: list[dict], n: int, step: int) -> Rollouts:
+        """Roll out ``n`` samples of each example (group i = ``examples[i]``) and score them."""
+        cfg = self.cfg
+        prompts = [self.task.build_prompt(ex) for ex in examples]
+        batch = self.policy.rollout(
+            examples, prompts, n, cfg.rollout,
+            need_old_logps=cfg.algo.num_iterations > 1, need_ref_logps=cfg.algo.beta > 0,
+        )
+        return self._score(batch)
+
+    def _score(self, batch: Rollouts) -> Rollouts:
+        """Rewards (plus DAPO's soft overlong penalty) into ``batch``; stats to ``batch.payload``-free
+        ``self._reward_stats`` for the step's metrics."""
+        cfg = self.cfg
+        total, comps, stats = self.rewards(batch.completions, batch.examples)
+        if cfg.algo.soft_overlong_buffer:
+            lengths = batch.action_mask.sum(1)
+            comps["overlong_penalty"] = soft_overlong_penalty(
+                lengths, cfg.rollout.max_completion_length, cfg.algo.soft_overlong_buffer, cfg.algo.soft_overlong_penalty)
+            if batch.off_policy is not None:  # a reference completion is never penalised for length
+                comps["overlong_penalty"] = comps["overlong_penalty"] * (~batch.off_policy).float()
+            total = total + comps["overlong_penalty"]
+        batch.rewards, batch.reward_components = total, comps
+        for k, v in stats.items():
+            self._reward_stats[k] = self._reward_stats.get(k, 0.0) + v
+        return batch
+
+    def _solved(self, kwargs: dict) -> Any:
+        """Which rewards count as "solved" for Scaf-GRPO / augmentation: >= ``solved_reward``
+        (default: every positively weighted reward at its maximum of 1)."""
+        default = sum(w for w in self.rewards.weights.values() if w > 0)
+        threshold = float(kwargs.get("solved_reward", default)) - 1e-6
+        return lambda rewards: rewards >= threshold
+
+    def _generate(self, step: int, round: int) -> tuple[Rollouts, list[int], dict[str, float]]:
+        """One generation round: the sampler's prompts, on-policy samples, Scaf-GRPO hints,
+        difficulty-aware re-rolls, then TempSamp-R1 reference completions, all scored."""
+        cfg, algo = self.cfg, self.cfg.algo
+        indices = self.sampler.indices(step, round)
+        examples = [{**self.train_examples[i], "_index": i} for i in indices]
+        k_ref = algo.off_policy_guidance
+        n_on = cfg.rollout.num_generations - k_ref
+        batch = self._sample(examples, n_on, step)
+        metrics: dict[str, float] = {}
+        regenerate = lambda exs, n: self._sample(list(exs), n, step)  # noqa: E731
+        if algo.scaffold and step > float(algo.scaffold_kwargs.get("exempt_frac", 0.0)) * cfg.train.steps:
+            batch, stats = scaffold(batch, self._solved(algo.scaffold_kwargs), self.task.hints, regenerate, n_on)
+            metrics.update(stats)
+        if algo.difficulty_augmentation:
+            kw = algo.difficulty_augmentation_kwargs
+            rng = np.random.default_rng(step_seed(cfg.train.seed, step, salt=200 + round))
+            augment = lambda ex, d: self.task.augment(ex, d, rng, **({"noise_std": kw["noise_std"]} if "noise_std" in kw else {}))  # noqa: E731
+            batch, stats = augment_flat_groups(batch, self._solved(kw), augment, regenerate, n_on)
+            metrics.update(stats)
+        if k_ref:
+            batch = self._with_references(batch, examples, k_ref)
+        return batch, indices, metrics
+
+    def _with_references(self, batch: Rollouts, examples: list[dict], k: int) -> Rollouts:
+        """TempSamp-R1: ``k`` reference completions (``Task.target``) join each group as
+        off-policy samples, weighted by the objective's off-policy shaping."""
+        cfg = self.cfg
+        refs = [ex for ex in examples for _ in range(k)]
+        given = self.policy.rollout_given(
+            refs, [self.task.build_prompt(ex) for ex in refs], [self.task.target(ex) for ex in refs],
+            need_old_logps=cfg.algo.num_iterations > 1, need_ref_logps=cfg.algo.beta > 0)
+        given.group_ids = torch.arange(len(examples)).repeat_interleave(k)
+        if batch.off_policy is None:
+            batch.off_policy = torch.zeros(len(batch), dtype=torch.bool)
+        return Rollouts.concat([batch, self._score(given)], renumber_groups=False)
+
     def rollout_step(self, step: int) -> tuple[Rollouts, dict[str, float]]:
         cfg = self.cfg
         seed_everything(step_seed(cfg.train.seed, step))
-        indices = self.stream.indices(step)
-        examples = [self.train_examples[i] for i in indices]
-        prompts = [self.task.prompt(ex) for ex in examples]
-        batch = self.policy.rollout(
-            examples, prompts, cfg.rollout.num_generations, cfg.rollout,
-            need_old_logps=cfg.algo.num_iterations > 1, need_ref_logps=cfg.algo.beta > 0,
-        )
-        total, comps, stats = self.rewards(batch.completions, batch.examples)
-        lengths = batch.action_mask.sum(1)
-        if cfg.algo.soft_overlong_buffer:
-            comps["overlong_penalty"] = soft_overlong_penalty(
-                lengths, cfg.rollout.max_completion_length, cfg.algo.soft_overlong_buffer, cfg.algo.soft_overlong_penalty)
-            total = total + comps["overlong_penalty"]
-        batch.rewards, batch.reward_components = total, comps
-        batch.advantages = self._advantages(batch, indices)
+        self._reward_stats: dict[str, float] = {}
+        extra: dict[str, float] = {}
+        rounds: list[tuple[Rollouts, list[int]]] = []
+
+        def generate(round: int) -> Rollouts:
+            batch, indices, stats = self._generate(step, round)
+            rounds.append((batch, indices))
+            for k, v in stats.items():
+                extra[k] = extra.get(k, 0.0) + v
+            return batch
+
+        if cfg.algo.selection == "dynamic_sampling":
+            batch, _, stats = dynamic_sampling(generate, cfg.train.prompts_per_step, cfg.algo.max_num_gen_batches)
+            extra.update(stats)
+        else:
+            batch = generate(0)
+        first = rounds[0][0]  # the unfiltered first round: the honest estimate of the policy's reward
+        batch.advantages = self._advantages(batch)
         if cfg.algo.overlong_filter and batch.truncated is not None:
             batch.action_mask = batch.action_mask * overlong_mask(batch.truncated, len(batch))[:, None]
+        lengths = first.action_mask.sum(1)
         metrics = {
-            "reward": float(total.mean()),
-            "reward_std": float(total.std()) if len(total) > 1 else 0.0,
-            **{f"reward/{k}": float(v.mean()) for k, v in comps.items()},
-            **stats,
+            "reward": float(first.rewards.mean()),
+            "reward_std": float(first.rewards.std()) if len(first) > 1 else 0.0,
+            **{f"reward/{k}": float(v.mean()) for k, v in first.reward_components.items()},
+            **{k: v / len(rounds) for k, v in self._reward_stats.items()},
             "completion_length": float(lengths.mean()),
-            "truncated_frac": float(batch.truncated.float().mean()) if batch.truncated is not None else 0.0,
-            "zero_std_group_frac": _zero_std_fraction(total, batch.group_ids),
+            "truncated_frac": float(first.truncated.float().mean()) if first.truncated is not None else 0.0,
+            "zero_std_group_frac": _zero_std_fraction(first.rewards, first.group_ids),
+            **extra,
         }
+        metrics.update(self._observe(rounds, batch))
         return batch, metrics
 
-    def _advantages(self, batch: Rollouts, indices: list[int]) -> torch.Tensor:
+    def _observe(self, rounds: list[tuple[Rollouts, list[int]]], trained: Rollouts) -> dict[str, float]:
+        """Let the sampler learn from every generated group; groups left out of the trained
+        batch (dynamic sampling) count with advantage 0, which is what they would have had."""
+        trained_adv: dict[int, list[float]] = {}
+        adv = trained.advantages if trained.advantages.dim() == 1 else trained.advantages.mean(-1)
+        for i, ex in enumerate(trained.examples):
+            trained_adv.setdefault(ex["_index"], []).append(float(adv[i]))
+        metrics: dict[str, float] = {}
+        for batch, indices in rounds:
+            advantages = torch.zeros(len(batch))
+            seen: dict[int, int] = {}
+            for i, ex in enumerate(batch.examples):
+                values = trained_adv.get(ex["_index"])
+                j = seen.get(ex["_index"], 0)
+                if values and j < len(values):
+                    advantages[i] = values[j]
+                seen[ex["_index"]] = j + 1
+            metrics = self.sampler.observe(indices, batch.rewards, advantages, batch.group_ids, batch.completions)
+        return metrics
+
+    def _advantages(self, batch: Rollouts) -> torch.Tensor:
         """The configured estimator on the (optionally z-scored) rewards of ``batch``."""
         algo = self.cfg.algo
         signal = batch.rewards
@@ -171,7 +261,11 @@ class Trainer:
         if self.adv_state is not None:
             extra["state"] = self.adv_state
         if algo.advantage == "spo":  # the per-prompt value tracker keys on the example index
-            extra["prompt_keys"] = [str(indices[int(g)]) for g in batch.group_ids]
+            extra["prompt_keys"] = [str(ex["_index"]) for ex in batch.examples]
+            if self.policy_kl is not None and "rho" not in extra:
+                extra["policy_kl"] = self.policy_kl
+        if algo.advantage == "stratified_grpo" and len(self.source_ids) > 1:  # real task ids
+            extra.setdefault("task_ids", torch.tensor([self.source_ids[ex["source"]] for ex in batch.examples]))
         return compute_advantages(algo.advantage, signal, batch.group_ids, scale_rewards=algo.scale_rewards, **extra)
 
     def _advantage_kwargs(self, weights: dict[str, float]) -> dict[str, Any]:
@@ -192,6 +286,10 @@ class Trainer:
         """``num_iterations`` passes over the batch in shuffled mini-batches, one optimizer step each."""
         cfg = self.cfg
         objective = self.objective_at(step)
+        track_kl = self._tracks_policy_kl()
+        before = None
+        if track_kl:
+            before = batch.old_logps if batch.old_logps is not None else self.policy.score(batch, reference=False)
         n = len(batch)
         mini = cfg.train.mini_batch_size or n
         sums: dict[str, float] = {}
@@ -211,14 +309,25 @@ class Trainer:
         out = {k: v / count for k, v in sums.items()}
         if cfg.algo.beta > 0:
             out["kl_coef"] = objective.cfg.beta
+        if track_kl:
+            after = self.policy.score(batch, reference=False)
+            self.policy_kl = masked_mean(kl_penalty(before, after, "k3"), batch.action_mask)
+            out["policy_kl"] = self.policy_kl
         return out
+
+    def _tracks_policy_kl(self) -> bool:
+        """SPO's KL-adaptive forgetting needs KL(pi_old || pi_new) of each update: two extra
+        scoring passes, done only for ``advantage=spo`` without a fixed ``rho``."""
+        algo = self.cfg.algo
+        return algo.advantage == "spo" and "rho" not in algo.advantage_kwargs and hasattr(self.policy, "score")
 
     # -- checkpoints ------------------------------------------------------------------------------
     def save(self, step: int, before: dict[str, float]) -> None:
         def write(d: Path) -> None:
             self.policy.save(d / "policy")
             torch.save({"step": step, "rng": rng_state(), "before": before,
-                        "advantage_state": self.adv_state.state_dict() if self.adv_state is not None else None},
+                        "advantage_state": self.adv_state.state_dict() if self.adv_state is not None else None,
+                        "sampler_state": self.sampler.state_dict(), "policy_kl": self.policy_kl},
                        d / "trainer.pt")
 
         self.ckpt.save(step, write)
@@ -232,6 +341,8 @@ class Trainer:
         set_rng_state(state["rng"])
         if self.adv_state is not None and state.get("advantage_state") is not None:
             self.adv_state.load_state_dict(state["advantage_state"])
+        self.sampler.load_state_dict(state.get("sampler_state") or {})
+        self.policy_kl = state.get("policy_kl")
         return int(state["step"]), dict(state.get("before") or {})
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -296,6 +407,11 @@ class Trainer:
                 "advantage": float(batch.advantages[i]),
             })
         return records
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    mask = mask.to(x.dtype)
+    return float((x * mask).sum() / mask.sum().clamp(min=1))
 
 
 def _zero_std_fraction(rewards: torch.Tensor, group_ids: torch.Tensor) -> float:

@@ -262,6 +262,77 @@ class VLMPolicy:
             batch.ref_logps = self.score(batch, reference=True)
         return batch
 
+    def _end_of_turn_id(self) -> int:
+        """The stop token a real completion ends with: ``<|im_end|>`` for Qwen chat models (the
+        chat template closes every assistant turn with it), else the tokenizer's EOS, else the
+        first of the generation config's EOS ids."""
+        im_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        if im_end in self.eos_ids:
+            return int(im_end)
+        if self.tokenizer.eos_token_id in self.eos_ids:
+            return int(self.tokenizer.eos_token_id)
+        return int(sorted(self.eos_ids)[0])
+
+    def rollout_given(self, examples: Sequence[dict], prompts: Sequence[list[dict]], completions: Sequence[str],
+                      need_old_logps: bool, need_ref_logps: bool) -> Rollouts:
+        """One sample per ``(example, prompt, completion)`` by teacher forcing, not generation:
+        the off-policy samples of "TempSamp-R1: Effective Temporal Sampling with Reinforcement
+        Fine-Tuning for Video LLMs" (e.g. ground-truth solutions injected into the groups).
+
+        Prompts are encoded as ``generate`` does; a completion is its text tokenized without
+        special tokens plus the end-of-turn id a real completion stops with. Longer than
+        ``rollout.max_completion_length`` it is cut there (no stop token, ``truncated``).
+        ``group_ids = arange(len(prompts))``, ``off_policy`` is all True and ``completions`` are
+        the decoded ids (what the rewards see, as for generated samples). The payload has the
+        keys of :meth:`rollout`, so the batch can be scored, concatenated and trained on.
+        """
+        if not len(examples) == len(prompts) == len(completions):
+            raise ValueError(f"rollout_given: {len(examples)} examples, {len(prompts)} prompts and "
+                             f"{len(completions)} completions; one of each per sample")
+        max_len = self.cfg.rollout.max_completion_length
+        stop = self._end_of_turn_id()
+        bs = max(1, self.cfg.rollout.batch_size)
+        samples: list[dict] = []
+        for start in range(0, len(prompts), bs):
+            chunk = prompts[start:start + bs]
+            enc, images_per_sample = self.encode_prompts(chunk)
+            patches = _split_patches(enc, images_per_sample)
+            for i in range(len(chunk)):
+                text_ids = self.tokenizer(completions[start + i], add_special_tokens=False)["input_ids"]
+                if any(tok in self.suppressed_ids for tok in text_ids):
+                    raise ValueError(f"rollout_given: completion {start + i} contains a vision placeholder "
+                                     "token (<|image_pad|>, <|vision_start|>, ...), which is never sampled "
+                                     "and cannot be scored")
+                ids = list(text_ids) + [stop]
+                truncated = len(ids) > max_len
+                samples.append({
+                    "prompt_ids": enc["input_ids"][i][enc["attention_mask"][i].bool()],
+                    "completion_ids": torch.tensor(ids[:max_len], dtype=torch.long),
+                    "truncated": truncated,
+                    "pixel_values": patches[i][0],
+                    "image_grid_thw": patches[i][1],
+                })
+        lengths = [len(s["completion_ids"]) for s in samples]
+        mask = torch.zeros(len(samples), max(lengths, default=0))
+        for i, L in enumerate(lengths):
+            mask[i, :L] = 1.0
+        payload = {k: [s[k] for s in samples] for k in ("prompt_ids", "completion_ids", "pixel_values", "image_grid_thw")}
+        batch = Rollouts(
+            group_ids=torch.arange(len(prompts)),
+            action_mask=mask,
+            completions=[self.decode(s["completion_ids"]) for s in samples],
+            examples=list(examples),
+            truncated=torch.tensor([s["truncated"] for s in samples], dtype=torch.bool),
+            off_policy=torch.ones(len(samples), dtype=torch.bool),
+            payload=payload,
+        )
+        empty = torch.zeros(0, 0)
+        if need_old_logps:
+            batch.old_logps = self.score(batch, reference=False) if samples else empty
+        if need_ref_logps:
+            batch.ref_logps = self.score(batch, reference=True) if samples else empty
+        return batch
+
     # -- scoring ----------------------------------------------------------------------------------
     def _collate(self, batch: Rollouts) -> tuple[dict[str, torch.Tensor], torch.Tensor, int]:
         """Prompt left-padded to a common width P, completion right-padded after it.
@@ -359,6 +430,8 @@ class VLMPolicy:
                 extra["entropies"] = entropies
             if selection is not None:
                 extra["selection"] = selection[rows].to(dev)
+            if sub.off_policy is not None:
+                extra["off_policy"] = sub.off_policy.to(dev)
             loss, metrics = objective(
                 logps,
                 None if sub.old_logps is None else sub.old_logps.to(dev),
