@@ -27,3 +27,33 @@ def make_config(*overrides: str, path=None):
     from mmrl.config import load_config
 
     return load_config(path, list(overrides))
+
+
+def f64(x):
+    """A float64 tensor of hand-worked numbers."""
+    return torch.tensor(x, dtype=torch.float64)
+
+
+def close(a, b, tol=1e-6):
+    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
+    return torch.allclose(a, b, atol=tol, rtol=0)
+
+
+def tiny_run_config(path, out, steps, *extra, micro_batch_size=3):
+    """A few-step run of the random tiny model on CPU: 3 prompts x 2 samples, 8 tokens."""
+    return make_config(
+        f"model.path={path}", "train.device=cpu", f"train.steps={steps}", "train.prompts_per_step=3",
+        "rollout.num_generations=2", "rollout.max_completion_length=8", f"train.micro_batch_size={micro_batch_size}",
+        "train.learning_rate=1e-3", "eval.num_examples=2", "eval.before=false", f"log.output_dir={out}",
+        "log.run_name=run", "log.save_every=2", "log.save_rollouts_every=0", "log.progress=false", *extra,
+    )
+
+
+def tiny_trainer(cfg):
+    """A Trainer over a VLMPolicy for ``cfg``, optimizer ready (for rollout_step / update)."""
+    from mmrl.core.trainer import Trainer
+    from mmrl.vlm.policy import VLMPolicy
+
+    trainer = Trainer(cfg, VLMPolicy(cfg))
+    trainer.policy.configure_optimizer(cfg.train, cfg.train.steps)
+    return trainer

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import mmrl
@@ -34,6 +36,9 @@ FAMILIES = {
              "algo.loss_agg_mode=seq_mean_token_mean"],
     "spo": ["algo.advantage=spo", "rollout.num_generations=1", "train.prompts_per_step=128"],
     "ngrpo": ["algo.advantage=ngrpo"],
+    # DAPO's dynamic sampling: zero-variance groups dropped, the batch refilled (<= 3 rounds).
+    "dapo_dynamic_sampling": ["algo.epsilon_high=0.28", "algo.selection=dynamic_sampling",
+                              "algo.max_num_gen_batches=3"],
 }
 
 
@@ -47,3 +52,9 @@ def test_algorithm_family_raises_heldout_reward(family, tmp_path):
     gain = result.after["reward"] - result.before["reward"]
     print(f"{family}: held-out reward {result.before['reward']:.3f} -> {result.after['reward']:.3f}")
     assert gain >= 0.15, (result.before, result.after)
+    if family == "dapo_dynamic_sampling":
+        rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+        dropped = sum(r.get("selection/dropped_groups", 0) for r in rows)
+        kept = [r["selection/kept_groups"] for r in rows if "selection/kept_groups" in r]
+        print(f"dynamic sampling: {dropped:.0f} zero-variance groups dropped over {len(kept)} steps")
+        assert len(kept) == 30 and dropped > 0

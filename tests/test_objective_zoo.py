@@ -7,6 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from conftest import close, f64
+
 from mmrl.core.objective import (
     LOSS_AGG_MODES,
     LOSS_TYPES,
@@ -18,15 +20,7 @@ from mmrl.core.objective import (
 from mmrl.core.objective_variants import token_covariance
 
 D = torch.float64
-
-
-def t(x):
-    return torch.tensor(x, dtype=D)
-
-
-def close(a, b, tol=1e-6):
-    a, b = torch.as_tensor(a, dtype=D), torch.as_tensor(b, dtype=D)
-    return torch.allclose(a, b, atol=tol, rtol=0)
+t = f64
 
 
 def run(logps, adv, cfg, old=0.0, mask=None, **kw):

@@ -12,21 +12,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import make_config
+from conftest import make_config, close, f64
 from mmrl.core.objective import ObjectiveConfig, policy_loss
 from mmrl.core.objective_variants import off_policy_shaped_loss
 from mmrl.core.rollouts import Rollouts
 
 D = torch.float64
-
-
-def t(x):
-    return torch.tensor(x, dtype=D)
-
-
-def close(a, b, tol=1e-6):
-    a, b = torch.as_tensor(a, dtype=D), torch.as_tensor(b, dtype=D)
-    return torch.allclose(a, b, atol=tol, rtol=0)
+t = f64
 
 
 # ---- the shaped loss -------------------------------------------------------------------------

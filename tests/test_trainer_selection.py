@@ -4,25 +4,17 @@ from __future__ import annotations
 
 import torch
 
-from conftest import make_config
+from conftest import tiny_run_config, tiny_trainer
 from mmrl.core.selection import group_has_variance
 from mmrl.core.trainer import Trainer
 from mmrl.vlm.policy import VLMPolicy
 
 
 def _cfg(path, out, steps, *extra):
-    return make_config(
-        f"model.path={path}", "train.device=cpu", f"train.steps={steps}", "train.prompts_per_step=3",
-        "rollout.num_generations=2", "rollout.max_completion_length=8", "train.micro_batch_size=6",
-        "train.learning_rate=1e-3", "eval.num_examples=2", "eval.before=false", f"log.output_dir={out}",
-        "log.run_name=run", "log.save_every=2", "log.save_rollouts_every=0", "log.progress=false", *extra,
-    )
+    return tiny_run_config(path, out, steps, *extra, micro_batch_size=6)
 
 
-def _trainer(cfg):
-    trainer = Trainer(cfg, VLMPolicy(cfg))
-    trainer.policy.configure_optimizer(cfg.train, cfg.train.steps)
-    return trainer
+_trainer = tiny_trainer
 
 
 def test_dynamic_sampling_keeps_only_groups_with_variance(random_tiny_dir, tmp_path):

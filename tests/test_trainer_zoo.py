@@ -6,7 +6,7 @@ import json
 
 import torch
 
-from conftest import make_config
+from conftest import make_config, tiny_run_config, tiny_trainer
 from mmrl.core.objective import Objective, ObjectiveConfig
 from mmrl.core.trainer import Trainer
 from mmrl.registry import TASKS
@@ -14,18 +14,10 @@ from mmrl.vlm.policy import VLMPolicy
 
 
 def _cfg(path, out, steps, *extra):
-    return make_config(
-        f"model.path={path}", "train.device=cpu", f"train.steps={steps}", "train.prompts_per_step=3",
-        "rollout.num_generations=2", "rollout.max_completion_length=8", "train.micro_batch_size=3",
-        "train.learning_rate=1e-3", "eval.num_examples=2", "eval.before=false", f"log.output_dir={out}",
-        "log.run_name=run", "log.save_every=2", "log.save_rollouts_every=0", "log.progress=false", *extra,
-    )
+    return tiny_run_config(path, out, steps, *extra, micro_batch_size=3)
 
 
-def _trainer(cfg):
-    trainer = Trainer(cfg, VLMPolicy(cfg))
-    trainer.policy.configure_optimizer(cfg.train, cfg.train.steps)
-    return trainer
+_trainer = tiny_trainer
 
 
 def test_spo_state_survives_resume_exactly(random_tiny_dir, tmp_path):

@@ -32,7 +32,7 @@ from .reward_aggregation import aggregate_rewards
 from .rewards import make_reward_computer
 from .samplers import make_sampler, step_seed
 from .schedules import kl_coef_at, should_reset_reference
-from .selection import SELECTIONS, dynamic_sampling
+from .selection import SELECTIONS, dynamic_sampling, group_has_variance
 from .shaping import overlong_mask, soft_overlong_penalty
 from .rollouts import Rollouts
 
@@ -416,6 +416,5 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
 
 def _zero_std_fraction(rewards: torch.Tensor, group_ids: torch.Tensor) -> float:
     """Fraction of groups whose rewards are all equal (they carry no GRPO signal)."""
-    groups = torch.unique(group_ids)
-    flat = sum(1 for g in groups if rewards[group_ids == g].unique().numel() == 1)
-    return flat / max(len(groups), 1)
+    variance = group_has_variance(rewards, group_ids)
+    return sum(not v for v in variance.values()) / max(len(variance), 1)
