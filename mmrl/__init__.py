@@ -8,7 +8,7 @@ Public API for plugins and scripts::
 
 from .api import train
 from .core.policy import Policy
-from .registry import load_plugins, register_advantage, register_reward, register_task
+from .registry import load_plugins, register_advantage, register_reward, register_sampler, register_task
 from .task import SyntheticExamples, Task, image_prompt
 
 __version__ = "0.1.0"
@@ -22,5 +22,6 @@ __all__ = [
     "register_task",
     "register_reward",
     "register_advantage",
+    "register_sampler",
     "load_plugins",
 ]

@@ -173,10 +173,12 @@ def bench_algos(
 
 @app.command(name="list")
 def list_plugins():
-    """List registered tasks, rewards and advantage estimators."""
-    from .registry import ADVANTAGES, REWARDS, TASKS
+    """List registered tasks, rewards, advantage estimators and data samplers."""
+    from .core import advantages, samplers  # noqa: F401  (they register the built-ins)
+    from .registry import ADVANTAGES, REWARDS, SAMPLERS, TASKS
 
-    for title, reg in (("tasks", TASKS), ("rewards", REWARDS), ("advantage estimators", ADVANTAGES)):
+    for title, reg in (("tasks", TASKS), ("rewards", REWARDS), ("advantage estimators", ADVANTAGES),
+                       ("data samplers", SAMPLERS)):
         print(f"{title}: {', '.join(reg.names())}")
 
 

@@ -33,6 +33,9 @@ class ModelConfig:
     min_pixels: Optional[int] = None
     max_pixels: Optional[int] = None
     attn_implementation: Optional[str] = None  # e.g. "sdpa", "flash_attention_2"
+    # Coordinate space of the model's box answers: pixel | resized | rel1000 | norm; None = the
+    # model family's (Qwen2.5-VL resized pixels, Qwen2-VL / Qwen3-VL 0-1000).
+    box_space: Optional[str] = None
 
 
 @dataclass

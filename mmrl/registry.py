@@ -1,4 +1,4 @@
-"""Name -> object registries for tasks, rewards and advantage estimators, and plugin discovery.
+"""Name -> object registries for tasks, rewards, advantage estimators and data samplers, and plugin discovery.
 
 Built-in tasks and rewards are plugins exactly like a user's: they live in the ``mmrl.tasks`` and
 ``mmrl.rewards`` packages (the repository's ``tasks/`` and ``rewards/`` folders) and register
@@ -63,6 +63,7 @@ class Registry(Generic[T]):
 TASKS: Registry[type] = Registry("task")
 REWARDS: Registry[Callable[..., Any]] = Registry("reward")
 ADVANTAGES: Registry[Callable[..., Any]] = Registry("advantage estimator")
+SAMPLERS: Registry[type] = Registry("data sampler")
 
 
 def register_task(name: str):
@@ -96,6 +97,16 @@ def register_advantage(name: str):
     def wrap(fn):
         fn.estimator_name = name
         return ADVANTAGES.register(name, fn)
+
+    return wrap
+
+
+def register_sampler(name: str):
+    """Class decorator for a prompt sampler (``data.sampler``; see :mod:`mmrl.core.samplers`)."""
+
+    def wrap(cls):
+        cls.name = name
+        return SAMPLERS.register(name, cls)
 
     return wrap
 

@@ -1,13 +1,15 @@
 """``iou``: overlap of the predicted box with the example's ``box``.
 
 The box must be inside the ``<answer>`` block: parsing the whole completion would reward numbers
-that merely appear in the reasoning. Predicted and true boxes are compared in the same space,
-the pixels of the image the model saw (the tasks record ``box`` in that space).
+that merely appear in the reasoning. The prediction is converted from the policy's coordinate space
+(``ex["pred_space"]``/``ex["frame"]``, recorded by the trainer; see ``mmrl.media.coords``) to
+original-image pixels, the space of the example's ``box``, before comparing.
 """
 
 from __future__ import annotations
 
 from mmrl import register_reward
+from mmrl.media.coords import prediction_to_pixels
 from mmrl.rewards._parsing import box_iou, extract_answer, parse_box
 
 
@@ -21,5 +23,5 @@ def iou(completions, examples, **ctx) -> list:
         answer = extract_answer(c)
         box = parse_box(answer) if answer is not None else None
         truth = ex.get("box") if isinstance(ex, dict) else None
-        out.append(None if box is None or truth is None else box_iou(box, truth))
+        out.append(None if box is None or truth is None else box_iou(prediction_to_pixels(box, ex), truth))
     return out

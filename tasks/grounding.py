@@ -6,6 +6,7 @@ import random
 
 from mmrl import SyntheticExamples, Task, image_prompt, register_task
 from mmrl.data.scenes import position_word, random_scene
+from mmrl.media.coords import pixels_to_prediction, prediction_to_pixels
 from mmrl.rewards._parsing import box_iou, extract_answer, parse_box
 from mmrl.tasks._draw import PRED, TRUE, canvas, draw_box
 from mmrl.tasks.counting import check_thinking
@@ -78,11 +79,14 @@ class Grounding(Task):
         return image_prompt(ex["image"], f"{ex['question']} {instruction}")
 
     def target(self, ex: dict) -> str:
+        """The reference answer, its box in the policy's coordinate space when the example says
+        which (``pred_space``/``frame``, set by the trainer), else in pixels."""
+        answer = format_box(round(v) for v in pixels_to_prediction(ex["box"], ex))
         if not self.options["thinking"]:
-            return f"<answer>{ex['answer']}</answer>"
+            return f"<answer>{answer}</answer>"
         t = ex["query"]
         where = position_word(ex["box"], ex["image_size"][0])
-        return f"<think>The {t['color']} {t['shape']} is at the {where}.</think><answer>{ex['answer']}</answer>"
+        return f"<think>The {t['color']} {t['shape']} is at the {where}.</think><answer>{answer}</answer>"
 
     def hints(self, ex: dict) -> list[str]:
         """Scaf-GRPO's three tiers, least to most revealing: what to look for (knowledge), which
@@ -90,13 +94,13 @@ class Grounding(Task):
         itself (solution)."""
         t = ex["query"]
         where = position_word(ex["box"], ex["image_size"][0])
-        return [f"Look for the {t['color']} {t['shape']}.", f"Look at: {where}.", f"The box is {format_box(ex['box'])}."]
+        return [f"Look for the {t['color']} {t['shape']}.", f"Look at: {where}.", f"The box is {format_box(round(v) for v in pixels_to_prediction(ex['box'], ex))}."]
 
     @staticmethod
     def _iou(completion: str, ex: dict):
         answer = extract_answer(completion)
         box = parse_box(answer) if answer is not None else None
-        return None if box is None else box_iou(box, ex["box"])
+        return None if box is None else box_iou(prediction_to_pixels(box, ex), ex["box"])
 
     def metrics(self, completions, examples) -> dict[str, float]:
         """accuracy: IoU >= 0.5; mean_iou counts unparsable answers as 0."""
@@ -114,6 +118,7 @@ class Grounding(Task):
         draw_box(draw, ex["box"], TRUE)
         answer = extract_answer(completion)
         pred = parse_box(answer) if answer is not None else None
+        pred = prediction_to_pixels(pred, ex) if pred is not None else None
         if pred is not None:
             draw_box(draw, pred, PRED)
         return image

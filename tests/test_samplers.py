@@ -94,7 +94,7 @@ def test_dump_shifts_to_the_source_with_signal():
 
 
 def test_make_sampler_errors():
-    with pytest.raises(ValueError, match="valid samplers: uniform, variance, dump"):
+    with pytest.raises(KeyError, match=r"unknown data sampler 'vas'.*known: dump, uniform, variance"):
         make_sampler("vas", {"t": 3}, 2, 0)
     with pytest.raises(ValueError, match="task.name=mixture"):
         make_sampler("dump", {"t": 3}, 2, 0)

@@ -68,6 +68,11 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "ngrpo": ("algo.advantage=ngrpo",),
     "rloo": ("algo.advantage=rloo",),
     "reinforce_pp": ("algo.advantage=reinforce_pp",),
+    "dapo_dynamic": ("algo.epsilon_high=0.28", "algo.loss_agg_mode=token_mean", "algo.overlong_filter=true",
+                     "algo.selection=dynamic_sampling", "algo.max_num_gen_batches=3"),
+    "variance_sampling": ("data.sampler=variance",),
+    "scaf_grpo": ("algo.scaffold=true",),
+    "tempsamp": ("algo.off_policy_guidance=1",),
 }
 
 DESCRIPTIONS: dict[str, str] = {
@@ -79,6 +84,10 @@ DESCRIPTIONS: dict[str, str] = {
     "ngrpo": "virtual max-reward sample in the group stats",
     "rloo": "leave-one-out baseline",
     "reinforce_pp": "REINFORCE++ batch-normalised advantage",
+    "dapo_dynamic": "dapo + dynamic sampling (zero-variance groups dropped, <= 3 generation rounds)",
+    "variance_sampling": "MMR1 variance-aware prompt sampling (half of each batch by VPS)",
+    "scaf_grpo": "Scaf-GRPO tiered hints for groups with no solved sample",
+    "tempsamp": "TempSamp-R1: 1 reference completion per group, LUFFY-shaped off-policy weight",
 }
 
 DEFAULT_VARIANTS: tuple[str, ...] = ("grpo", "dr_grpo", "dapo", "gspo", "spo", "ngrpo")

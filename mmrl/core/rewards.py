@@ -33,7 +33,10 @@ class RewardComputer:
         self.fns = {name: REWARDS.get(name) for name in self.weights}
 
     def __call__(self, completions: Sequence[str], examples: Sequence[dict], **ctx: Any):
-        """Returns ``(total (N,), {name: (N,)}, stats)`` where stats counts unparsable/errors."""
+        """Returns ``(total (N,), {name: (N,)}, stats)`` where stats counts unparsable/errors.
+
+        ``ctx`` goes to every reward as keyword arguments; the trainer passes ``group_ids`` (N,),
+        so rewards that compare a group's samples (test-time agreement rewards) can."""
         n = len(completions)
         components: dict[str, torch.Tensor] = {}
         stats: dict[str, float] = {}
@@ -72,7 +75,8 @@ class PerSourceRewards:
     component's batch mean mixes in those zeros; ``reward/by_source/<source>`` is the clean
     per-source signal). Stats are each computer's, renamed ``reward/<source>/...``, plus
     ``reward/by_source/<source>``: the mean total reward of that source's samples in the batch
-    (sources absent from the batch have no stats). ``ctx`` is passed to every source unchanged.
+    (sources absent from the batch have no stats). ``ctx`` is passed to every source, with its
+    per-sample values (tensors or lists of length N, e.g. ``group_ids``) cut to that source's rows.
 
     ``weights`` is the union of the sources' weights, which z-score aggregation uses to weight each
     component; a name with different weights in two sources is therefore an error.
@@ -115,7 +119,7 @@ class PerSourceRewards:
             if not idx:
                 continue
             sub_total, sub_components, sub_stats = self.computers[source](
-                [completions[i] for i in idx], [examples[i] for i in idx], **ctx
+                [completions[i] for i in idx], [examples[i] for i in idx], **_rows(ctx, idx, n)
             )
             where = torch.tensor(idx, dtype=torch.long)
             total[where] = sub_total.to(total.dtype)
@@ -125,6 +129,18 @@ class PerSourceRewards:
                 stats[f"reward/{source}/{key.removeprefix('reward/')}"] = value
             stats[f"reward/by_source/{source}"] = float(sub_total.mean())
         return total, components, stats
+
+
+def _rows(ctx: dict[str, Any], idx: list[int], n: int) -> dict[str, Any]:
+    """``ctx`` with every per-sample value (a length-``n`` tensor or list) cut to rows ``idx``."""
+    out = {}
+    for key, value in ctx.items():
+        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == n:
+            value = value[torch.tensor(idx, dtype=torch.long)]
+        elif isinstance(value, list) and len(value) == n:
+            value = [value[i] for i in idx]
+        out[key] = value
+    return out
 
 
 def make_reward_computer(task, task_cfg):

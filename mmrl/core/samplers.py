@@ -15,13 +15,12 @@ own, so they never shift the prompts of later steps.
 from __future__ import annotations
 
 import math
-from abc import ABC, abstractmethod
 from collections import deque
 from typing import Any, Sequence
 
 import torch
 
-SAMPLERS: dict[str, type["PromptSampler"]] = {}
+from ..registry import SAMPLERS, register_sampler
 
 
 def step_seed(seed: int, step: int, salt: int = 0) -> int:
@@ -29,17 +28,8 @@ def step_seed(seed: int, step: int, salt: int = 0) -> int:
     return (seed * 0x9E3779B97F4A7C15 + step * 0xBF58476D1CE4E5B9 + salt * 0x94D049BB133111EB) % (1 << 63)
 
 
-def _register(name: str):
-    def deco(cls):
-        cls.name = name
-        SAMPLERS[name] = cls
-        return cls
-
-    return deco
-
-
-class PromptSampler(ABC):
-    """Base class. ``sizes`` maps each data source to its number of train examples (one source
+class PromptSampler:
+    """Base class; register your own with ``@mmrl.register_sampler("name")``. ``sizes`` maps each data source to its number of train examples (one source
     for a plain task); global index ``i`` lies in the source whose offset range contains it."""
 
     name = "sampler"
@@ -103,7 +93,7 @@ class PromptSampler(ABC):
         pass
 
 
-@_register("uniform")
+@register_sampler("uniform")
 class UniformSampler(PromptSampler):
     """Seeded epochs: every example once per epoch, in a fresh order each epoch."""
 
@@ -132,7 +122,7 @@ def trajectory_diversity(completions: Sequence[str]) -> float:
     return sum(dist) / len(dist)
 
 
-@_register("variance")
+@register_sampler("variance")
 class VarianceAwareSampler(PromptSampler):
     """Variance-aware sampling (VAS) from "MMR1: Enhancing Multimodal Reasoning with Variance-Aware
     Sampling and Open Resources" (Leng et al., 2025).
@@ -202,7 +192,7 @@ def round_half_up(x: float) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-@_register("dump")
+@register_sampler("dump")
 class DUMPSampler(PromptSampler):
     """Distribution-level curriculum from "DUMP: Automated Distribution-Level Curriculum Learning
     for RL-based LLM Post-training" (Wang et al., 2025).
@@ -289,9 +279,8 @@ class DUMPSampler(PromptSampler):
 
 
 def make_sampler(name: str, sizes: dict[str, int], batch: int, seed: int, **kwargs: Any) -> PromptSampler:
-    if name not in SAMPLERS:
-        raise ValueError(f"unknown data.sampler {name!r}; valid samplers: {', '.join(SAMPLERS)}")
+    cls = SAMPLERS.get(name)  # unknown names raise, listing the registered samplers
     try:
-        return SAMPLERS[name](sizes, batch, seed, **kwargs)
+        return cls(sizes, batch, seed, **kwargs)
     except TypeError as exc:
         raise ValueError(f"data.sampler_kwargs for {name!r}: {exc}") from None

@@ -64,14 +64,29 @@ def evaluate(policy, task: Task, rewards, cfg, num_examples: int | None = None) 
     """Held-out mean reward, each reward component and the task's metrics on the eval split."""
     examples_all = task.examples("eval")
     n = min(num_examples or cfg.eval.num_examples, len(examples_all))
-    examples = [examples_all[i] for i in range(n)]
+    examples = with_coordinates(policy, [examples_all[i] for i in range(n)])
     prompts = [task.prompt(ex) for ex in examples]
     batch = policy.rollout(examples, prompts, cfg.eval.num_generations, _eval_sampling(cfg),
                            need_old_logps=False, need_ref_logps=False)
-    total, comps, _ = rewards(batch.completions, batch.examples)
+    total, comps, _ = rewards(batch.completions, batch.examples, group_ids=batch.group_ids)
     out = {"reward": float(total.mean())}
     out.update({f"reward/{k}": float(v.mean()) for k, v in comps.items()})
     out.update({k: float(v) for k, v in task.metrics(batch.completions, batch.examples).items()})
+    return out
+
+
+def with_coordinates(policy, examples: list[dict]) -> list[dict]:
+    """Copies of ``examples`` that say how to read the policy's coordinates: ``pred_space`` (the
+    space its box answers are in) and ``frame`` (the image's original and resized sizes), so box
+    rewards and metrics compare in original pixels (``mmrl.media.coords.prediction_to_pixels``).
+    Unchanged for policies without a coordinate frame or examples without ``image_size``."""
+    if not hasattr(policy, "coordinate_frame"):
+        return list(examples)
+    out = []
+    for ex in examples:
+        if isinstance(ex, dict) and ex.get("image_size") is not None:
+            ex = {**ex, "pred_space": policy.box_space, "frame": policy.coordinate_frame(ex["image_size"])}
+        out.append(ex)
     return out
 
 
@@ -133,10 +148,10 @@ class Trainer:
         return self._score(batch)
 
     def _score(self, batch: Rollouts) -> Rollouts:
-        """Rewards (plus DAPO's soft overlong penalty) into ``batch``; stats to ``batch.payload``-free
-        ``self._reward_stats`` for the step's metrics."""
+        """Rewards (plus DAPO's soft overlong penalty) into ``batch``; the reward computer's
+        stats (unparsable fractions) accumulate in ``self._reward_stats`` for the step's metrics."""
         cfg = self.cfg
-        total, comps, stats = self.rewards(batch.completions, batch.examples)
+        total, comps, stats = self.rewards(batch.completions, batch.examples, group_ids=batch.group_ids)
         if cfg.algo.soft_overlong_buffer:
             lengths = batch.action_mask.sum(1)
             comps["overlong_penalty"] = soft_overlong_penalty(
@@ -147,6 +162,7 @@ class Trainer:
         batch.rewards, batch.reward_components = total, comps
         for k, v in stats.items():
             self._reward_stats[k] = self._reward_stats.get(k, 0.0) + v
+        self._reward_calls += 1
         return batch
 
     def _solved(self, kwargs: dict) -> Any:
@@ -161,7 +177,7 @@ class Trainer:
         difficulty-aware re-rolls, then TempSamp-R1 reference completions, all scored."""
         cfg, algo = self.cfg, self.cfg.algo
         indices = self.sampler.indices(step, round)
-        examples = [{**self.train_examples[i], "_index": i} for i in indices]
+        examples = with_coordinates(self.policy, [{**self.train_examples[i], "_index": i} for i in indices])
         k_ref = algo.off_policy_guidance
         n_on = cfg.rollout.num_generations - k_ref
         batch = self._sample(examples, n_on, step)
@@ -197,6 +213,7 @@ class Trainer:
         cfg = self.cfg
         seed_everything(step_seed(cfg.train.seed, step))
         self._reward_stats: dict[str, float] = {}
+        self._reward_calls = 0
         extra: dict[str, float] = {}
         rounds: list[tuple[Rollouts, list[int]]] = []
 
@@ -221,7 +238,7 @@ class Trainer:
             "reward": float(first.rewards.mean()),
             "reward_std": float(first.rewards.std()) if len(first) > 1 else 0.0,
             **{f"reward/{k}": float(v.mean()) for k, v in first.reward_components.items()},
-            **{k: v / len(rounds) for k, v in self._reward_stats.items()},
+            **{k: v / max(self._reward_calls, 1) for k, v in self._reward_stats.items()},  # mean over scoring calls
             "completion_length": float(lengths.mean()),
             "truncated_frac": float(first.truncated.float().mean()) if first.truncated is not None else 0.0,
             "zero_std_group_frac": _zero_std_fraction(first.rewards, first.group_ids),

@@ -114,6 +114,22 @@ class VLMPolicy:
         self.optimizer = None
         self.scheduler = None
 
+    # -- coordinates ----------------------------------------------------------------------------
+    @property
+    def box_space(self) -> str:
+        """The space this model writes boxes in: ``model.box_space`` if set, else its family's
+        (Qwen2.5-VL: resized-image pixels; Qwen2-VL / Qwen3-VL: 0-1000), see mmrl.media.coords."""
+        from ..media.coords import output_space
+
+        return self.cfg.model.box_space or output_space(self.model.config.model_type)
+
+    def coordinate_frame(self, image_size):
+        """The :class:`~mmrl.media.coords.Frame` of an image of ``image_size`` (width, height)
+        as this policy's image processor resizes it."""
+        from ..media.coords import qwen_frame
+
+        return qwen_frame(image_size, self.processor.image_processor)
+
     # -- setup ----------------------------------------------------------------------------------
     def _apply_lora(self, lora_cfg) -> None:
         from peft import LoraConfig, get_peft_model

@@ -1,0 +1,1 @@
+"""Image-side helpers shared by tasks, rewards and policies (coordinates, resizing)."""
