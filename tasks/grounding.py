@@ -6,7 +6,8 @@ import random
 
 from mmrl import SyntheticExamples, Task, image_prompt, register_task
 from mmrl.data.scenes import position_word, random_scene
-from mmrl.media.coords import pixels_to_prediction, prediction_to_pixels
+from mmrl.data.jsonl import BadRecord, JsonlExamples
+from mmrl.media.coords import Frame, convert_box, pixels_to_prediction, prediction_to_pixels
 from mmrl.rewards._parsing import box_iou, extract_answer, parse_box
 from mmrl.tasks._draw import PRED, TRUE, canvas, draw_box
 from mmrl.tasks.counting import check_thinking
@@ -20,6 +21,28 @@ ANSWER_ONLY_INSTRUCTION = "Answer with <answer>[x1, y1, x2, y2]</answer>."
 
 def format_box(box) -> str:
     return "[" + ", ".join(str(int(v)) for v in box) + "]"
+
+
+def parse_rec_record(record: dict) -> dict:
+    """One VLM-R1 / RefCOCO-style REC line: ``image``, ``problem`` (or ``question`` /
+    ``normal_caption``), ``solution`` (a box as a list, or text such as "<answer>[..]</answer>")."""
+    if "image" not in record:
+        raise BadRecord("no 'image' key")
+    question = record.get("problem") or record.get("question") or record.get("normal_caption")
+    if not question:
+        raise BadRecord("no 'problem' (or 'question' / 'normal_caption') text")
+    solution = record.get("solution", record.get("box"))
+    box = tuple(float(v) for v in solution) if isinstance(solution, (list, tuple)) else parse_box(str(solution))
+    if box is None or len(box) != 4:
+        raise BadRecord(f"'solution' is not a box: {solution!r}")
+    return {"image": record["image"], "question": str(question).strip(), "file_box": box}
+
+
+def finish_rec_example(ex: dict, box_space: str) -> dict:
+    """Convert the file's box to original-image pixels once the image (and its size) is known."""
+    w, h = ex["image_size"]
+    box = convert_box(ex.pop("file_box"), box_space, "pixel", Frame(w, h))
+    return {**ex, "box": box, "answer": format_box(round(v) for v in box)}
 
 
 @register_task("grounding")
@@ -38,6 +61,12 @@ class Grounding(Task):
             "train_size": 1_000_000,
             "eval_size": 1000,
             "thinking": True,  # False: answer-only prompt and target, format mode answer_only
+            # Referring-expression data in the VLM-R1 / RefCOCO JSONL format instead of synthetic
+            # scenes: {"image": path, "problem": text, "solution": [x1, y1, x2, y2]}.
+            "train_path": None,
+            "eval_path": None,
+            "image_root": None,  # image paths are relative to this (default: the file's folder)
+            "box_space": "pixel",  # the file's box coordinates: pixel | rel1000 | norm
         }
 
     def __init__(self, **options):
@@ -72,6 +101,10 @@ class Grounding(Task):
     def examples(self, split: str):
         if split not in SPLIT_SEEDS:
             raise ValueError(f"grounding: unknown split {split!r}; valid splits: {sorted(SPLIT_SEEDS)}")
+        path = self.options[f"{split}_path"]
+        if path:
+            return JsonlExamples(path, parse_rec_record, self.options["image_root"],
+                                 finish=lambda ex: finish_rec_example(ex, self.options["box_space"]))
         return SyntheticExamples(self.make, self.options[f"{split}_size"], SPLIT_SEEDS[split])
 
     def prompt(self, ex: dict) -> list[dict]:
@@ -84,17 +117,19 @@ class Grounding(Task):
         answer = format_box(round(v) for v in pixels_to_prediction(ex["box"], ex))
         if not self.options["thinking"]:
             return f"<answer>{answer}</answer>"
-        t = ex["query"]
-        where = position_word(ex["box"], ex["image_size"][0])
-        return f"<think>The {t['color']} {t['shape']} is at the {where}.</think><answer>{answer}</answer>"
+        t = ex.get("query")
+        thing = f"{t['color']} {t['shape']}" if t else "object"
+        where = position_word(ex["box"], ex["image_size"])
+        return f"<think>The {thing} is at the {where}.</think><answer>{answer}</answer>"
 
     def hints(self, ex: dict) -> list[str]:
         """Scaf-GRPO's three tiers, least to most revealing: what to look for (knowledge), which
         third of the image it is in (planning, the words of the reference reasoning), the box
         itself (solution)."""
-        t = ex["query"]
-        where = position_word(ex["box"], ex["image_size"][0])
-        return [f"Look for the {t['color']} {t['shape']}.", f"Look at: {where}.", f"The box is {format_box(round(v) for v in pixels_to_prediction(ex['box'], ex))}."]
+        t = ex.get("query")
+        where = position_word(ex["box"], ex["image_size"])
+        what = f"Look for the {t['color']} {t['shape']}." if t else "Find what the sentence names."
+        return [what, f"Look at: {where}.", f"The box is {format_box(round(v) for v in pixels_to_prediction(ex['box'], ex))}."]
 
     @staticmethod
     def _iou(completion: str, ex: dict):

@@ -39,15 +39,17 @@ class JsonlExamples(Sequence):
     """Examples from a JSONL file. ``parse(record)`` turns one JSON object into an example dict
     (raise :class:`BadRecord` or return None to skip it); a key ``image`` holding a path (relative
     to ``image_root``, default the file's folder) is replaced by the opened image on access, and
-    the path is kept as ``image_path``.
+    the path is kept as ``image_path``, and ``image_size`` is set. ``finish(ex)`` then completes
+    the example with what needs the image (e.g. converting 0-1000 boxes to pixels).
     """
 
     def __init__(self, path: str | Path, parse: Parse, image_root: str | Path | None = None,
-                 max_skip_warnings: int = 10):
+                 max_skip_warnings: int = 10, finish: Optional[Callable[[dict], dict]] = None):
         self.path = Path(path).expanduser()
         if not self.path.is_file():
             raise FileNotFoundError(f"dataset file not found: {self.path}")
         self.parse = parse
+        self.finish = finish or (lambda ex: ex)
         self.image_root = Path(image_root).expanduser() if image_root else self.path.parent
         self.skipped: list[tuple[int, str]] = []  # (line number, reason) of lines left out
         self.bad_images: dict[str, str] = {}  # image path -> error, counted on access
@@ -106,7 +108,7 @@ class JsonlExamples(Sequence):
             ex = dict(self._record((i + k) % n))
             image = ex.get("image")
             if not isinstance(image, (str, Path)):
-                return ex
+                return self.finish(ex)
             path = Path(image) if Path(image).is_absolute() else self.image_root / image
             try:
                 ex["image"] = load_image(path)
@@ -118,7 +120,7 @@ class JsonlExamples(Sequence):
             ex["image_path"] = str(path)
             if "image_size" not in ex:
                 ex["image_size"] = ex["image"].size
-            return ex
+            return self.finish(ex)
         raise ValueError(f"{self.path}: no image of any example could be opened (e.g. {next(iter(self.bad_images))})")
 
     def stats(self) -> dict[str, Any]:

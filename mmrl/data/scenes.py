@@ -89,12 +89,14 @@ def render_scene(
     return Scene(image=image, objects=objects, size=size)
 
 
-def position_word(box: Sequence[float], size: int = DEFAULT_SIZE) -> str:
-    """Where a box's centre lies on a 3x3 split of the image: "top left", "top", ..., "center"."""
+def position_word(box: Sequence[float], size: int | Sequence[int] = DEFAULT_SIZE) -> str:
+    """Where a box's centre lies on a 3x3 split of the image: "top left", "top", ..., "center".
+    ``size``: the side of a square image, or (width, height)."""
+    width, height = (size, size) if isinstance(size, (int, float)) else (size[0], size[1])
     cx = (box[0] + box[2]) / 2
     cy = (box[1] + box[3]) / 2
-    col = min(2, max(0, int(3 * cx / size)))
-    row = min(2, max(0, int(3 * cy / size)))
+    col = min(2, max(0, int(3 * cx / width)))
+    row = min(2, max(0, int(3 * cy / height)))
     vertical = ("top", "", "bottom")[row]
     horizontal = ("left", "", "right")[col]
     return " ".join(w for w in (vertical, horizontal) if w) or "center"

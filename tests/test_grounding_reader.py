@@ -1,0 +1,51 @@
+"""Referring-expression grounding from VLM-R1 / RefCOCO-style JSONL files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from PIL import Image
+
+from mmrl.registry import REWARDS, TASKS
+
+
+def fixture(tmp_path, lines):
+    Image.new("RGB", (200, 100), "white").save(tmp_path / "img.jpg")
+    p = tmp_path / "rec.jsonl"
+    p.write_text("\n".join(json.dumps(x) if not isinstance(x, str) else x for x in lines) + "\n")
+    return p
+
+
+def test_reads_vlm_r1_lines_and_scores_its_own_targets(tmp_path):
+    p = fixture(tmp_path, [
+        {"image": "img.jpg", "problem": "the man on the left", "solution": [10, 20, 50, 80]},
+        {"image": "img.jpg", "problem": "the red car", "solution": "<answer>[100, 10, 190, 60]</answer>"},
+        "{broken",
+        {"image": "img.jpg", "problem": "no box here", "solution": "none"},
+    ])
+    task = TASKS.get("grounding")(train_path=str(p), eval_path=str(p))
+    ds = task.examples("train")
+    assert len(ds) == 2 and [n for n, _ in ds.skipped] == [3, 4]
+    ex = ds[1]
+    assert ex["box"] == (100, 10, 190, 60) and ex["image_size"] == (200, 100)
+    assert ex["question"] == "the red car" and ex["answer"] == "[100, 10, 190, 60]"
+    target = task.target(ex)
+    assert target == "<think>The object is at the right.</think><answer>[100, 10, 190, 60]</answer>"
+    assert REWARDS.get("iou")([target], [ex]) == [1.0]
+    assert task.metrics([target, "<answer>[0, 0, 5, 5]</answer>"], [ex, ex])["accuracy"] == 0.5
+    assert "the red car" in task.prompt(ex)[0]["content"][1]["text"]
+    assert task.hints(ex)[0] == "Find what the sentence names."
+
+
+def test_box_space_of_the_file_is_converted_to_pixels(tmp_path):
+    """A 0-1000 box (100, 200, 500, 800) on a 200x100 image is pixels (20, 20, 100, 80)."""
+    p = fixture(tmp_path, [{"image": "img.jpg", "problem": "x", "solution": [100, 200, 500, 800]}])
+    task = TASKS.get("grounding")(train_path=str(p), box_space="rel1000")
+    assert task.examples("train")[0]["box"] == pytest.approx((20, 20, 100, 80))
+
+
+def test_missing_file_is_named(tmp_path):
+    task = TASKS.get("grounding")(train_path=str(tmp_path / "none.jsonl"))
+    with pytest.raises(FileNotFoundError, match="none.jsonl"):
+        task.examples("train")
