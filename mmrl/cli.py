@@ -78,6 +78,8 @@ def eval_(
     target: str = typer.Argument(..., help="a run directory, a checkpoint directory, or a config file"),
     args: Optional[List[str]] = typer.Argument(None, help="[key=value overrides...]"),
     num_examples: Optional[int] = typer.Option(None, help="eval examples (default: eval.num_examples)"),
+    gallery: Optional[Path] = typer.Option(None, help="where to write the prediction gallery "
+                                           "(default: <run dir>/eval_gallery, else ./eval_gallery)"),
 ):
     """Score a checkpoint on its task's eval split (mean reward, each reward, task metrics)."""
     import json
@@ -107,8 +109,11 @@ def eval_(
     if ckpt is not None:
         policy.load(ckpt / "policy")
     rewards = make_reward_computer(task, cfg.task)
-    metrics = evaluate(policy, task, rewards, cfg, num_examples)
+    if gallery is None:
+        gallery = (path if path.is_dir() and (path / "config.yaml").exists() else Path(".")) / "eval_gallery"
+    metrics = evaluate(policy, task, rewards, cfg, num_examples, gallery_dir=gallery)
     print(json.dumps({"checkpoint": str(ckpt) if ckpt else cfg.model.path, "task": cfg.task.name, **metrics}, indent=2))
+    typer.echo(f"gallery: {gallery / 'index.html'} and {gallery / 'gallery.png'}", err=True)
 
 
 @app.command(name="build-tiny")

@@ -101,6 +101,11 @@ class DataConfig:
     # sampling) | dump (DUMP: UCB bandit over the data sources of a task mixture).
     sampler: str = "uniform"
     sampler_kwargs: dict[str, Any] = field(default_factory=dict)
+    # Vision Matters perturbations of training images (boxes follow): None | distractor | mixup |
+    # rotation | random (one of the three per example); applied with probability perturbation_prob.
+    perturbation: Optional[str] = None
+    perturbation_prob: float = 0.5
+    perturbation_kwargs: dict[str, Any] = field(default_factory=dict)  # max_angle, max_mix
 
 
 @dataclass

@@ -21,7 +21,7 @@ _WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight"
 _NUMBER_OR_WORD_RE = re.compile(rf"({_NUM})|\b({'|'.join(_WORDS)})\b", re.IGNORECASE | re.ASCII)
 _FULL_NUMBER_RE = re.compile(rf"\s*({_NUM})\s*\.?\s*", re.ASCII)
 
-_SEP = r"\s*,?\s*"
+_SEP = r"\s*(?:,\s*)?"
 # [x1, y1, x2, y2] or (x1, y1, x2, y2); also found inside JSON such as {"bbox_2d": [...]}.
 _BOX4_RE = re.compile(rf"[\[(]\s*({_NUM}){_SEP}({_NUM}){_SEP}({_NUM}){_SEP}({_NUM})\s*[\])]", re.ASCII)
 # (x1, y1), (x2, y2) or [x1, y1], [x2, y2]

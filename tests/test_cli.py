@@ -57,3 +57,7 @@ def test_train_resume_and_eval_from_the_command_line(random_tiny_dir, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout[r.stdout.index("{"):])
     assert out["checkpoint"].endswith("step_00000002") and 0.0 <= out["reward"] <= 1.5 and "accuracy" in out
+    gallery = tmp_path / "cli" / "eval_gallery"
+    assert (gallery / "gallery.png").exists() and len(list(gallery.glob("0*.png"))) == 3
+    assert json.loads((gallery / "summary.json").read_text())["shown"] == 3
+    assert "right</h3>" in (gallery / "index.html").read_text()

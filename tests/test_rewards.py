@@ -237,3 +237,4 @@ def test_parsers_never_raise(text, truth):
         assert 0.0 <= box_iou(box, (0, 0, 10, 10)) <= 1.0
     extract_answer(text)
     _check(REWARDS.get("accuracy")([f"<answer>{text}</answer>"], [{"answer": truth}]), 1)
+

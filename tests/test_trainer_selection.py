@@ -118,3 +118,16 @@ def test_dump_and_stratified_on_a_task_mixture(random_tiny_dir, tmp_path):
         a = batch.advantages[rows]
         if len(rows) > 1 and a.abs().sum() > 0:
             assert abs(float(a.mean())) < 1e-4  # zero mean within each stratum
+
+
+def test_perturbations_reach_the_rollouts(random_tiny_dir, tmp_path):
+    """data.perturbation=distractor with probability 1 on grounding: every training image is
+    twice as wide, its box shifted or not, and the policy's frame follows the new size."""
+    t = _trainer(_cfg(random_tiny_dir, tmp_path, 1, "task.name=grounding", "data.perturbation=distractor",
+                      "data.perturbation_prob=1.0"))
+    batch, _ = t.rollout_step(1)
+    for ex in batch.examples:
+        assert ex["image_size"] == ex["image"].size == (224, 112)
+        assert ex["frame"].width == 224
+        plain = t.train_examples[ex["_index"]]["box"]
+        assert tuple(ex["box"]) in (tuple(plain), (plain[0] + 112, plain[1], plain[2] + 112, plain[3]))

@@ -25,6 +25,7 @@ from ..registry import TASKS, load_plugins
 from ..task import Task
 from .advantages import compute_advantages, make_advantage_state
 from .checkpoint import CheckpointManager, rng_state, set_rng_state
+from ..media.perturb import PERTURBATIONS, perturb_example, perturbation_options
 from .curriculum import augment_flat_groups, scaffold
 from .logging import RunLogger, TrainingProgress, print_before_after
 from .objective import Objective, ObjectiveConfig, kl_penalty
@@ -60,8 +61,10 @@ class TrainResult:
     steps: int = 0
 
 
-def evaluate(policy, task: Task, rewards, cfg, num_examples: int | None = None) -> dict[str, float]:
-    """Held-out mean reward, each reward component and the task's metrics on the eval split."""
+def evaluate(policy, task: Task, rewards, cfg, num_examples: int | None = None,
+             gallery_dir: Path | None = None) -> dict[str, float]:
+    """Held-out mean reward, each reward component and the task's metrics on the eval split;
+    with ``gallery_dir``, also an HTML + PNG gallery of the first predictions (right/wrong)."""
     examples_all = task.examples("eval")
     n = min(num_examples or cfg.eval.num_examples, len(examples_all))
     examples = with_coordinates(policy, [examples_all[i] for i in range(n)])
@@ -72,6 +75,11 @@ def evaluate(policy, task: Task, rewards, cfg, num_examples: int | None = None) 
     out = {"reward": float(total.mean())}
     out.update({f"reward/{k}": float(v.mean()) for k, v in comps.items()})
     out.update({k: float(v) for k, v in task.metrics(batch.completions, batch.examples).items()})
+    if gallery_dir is not None:
+        from .gallery import write_gallery
+
+        best = sum(w for w in rewards.weights.values() if w > 0)
+        write_gallery(gallery_dir, task, batch.completions, batch.examples, total.tolist(), comps, best)
     return out
 
 
@@ -117,6 +125,10 @@ class Trainer:
         self.sampler = make_sampler(cfg.data.sampler, sizes, cfg.train.prompts_per_step, cfg.train.seed,
                                     **dict(cfg.data.sampler_kwargs))
         self.policy_kl: float | None = None  # SPO: KL(pi_old || pi_new) of the last update
+        if cfg.data.perturbation not in (None, "random", *PERTURBATIONS):
+            raise ValueError(f"unknown data.perturbation {cfg.data.perturbation!r}; valid: "
+                             f"{', '.join(PERTURBATIONS)}, random")
+        self.perturbation_kwargs = perturbation_options(dict(cfg.data.perturbation_kwargs))
         self._check_selection_config()
 
     def _check_selection_config(self) -> None:
@@ -177,7 +189,10 @@ class Trainer:
         difficulty-aware re-rolls, then TempSamp-R1 reference completions, all scored."""
         cfg, algo = self.cfg, self.cfg.algo
         indices = self.sampler.indices(step, round)
-        examples = with_coordinates(self.policy, [{**self.train_examples[i], "_index": i} for i in indices])
+        examples = [{**self.train_examples[i], "_index": i} for i in indices]
+        if cfg.data.perturbation:
+            examples = self._perturb(examples, step, round)
+        examples = with_coordinates(self.policy, examples)
         k_ref = algo.off_policy_guidance
         n_on = cfg.rollout.num_generations - k_ref
         batch = self._sample(examples, n_on, step)
@@ -195,6 +210,23 @@ class Trainer:
         if k_ref:
             batch = self._with_references(batch, examples, k_ref)
         return batch, indices, metrics
+
+    def _perturb(self, examples: list[dict], step: int, round: int) -> list[dict]:
+        """Vision Matters perturbations (``data.perturbation``), seeded by (step, round); the
+        distractor / mixup partner is another training example's image."""
+        data = self.cfg.data
+        rng = np.random.default_rng(step_seed(self.cfg.train.seed, step, salt=300 + round))
+        out = []
+        for ex in examples:
+            if rng.random() >= data.perturbation_prob:
+                out.append(ex)
+                continue
+            kind = str(rng.choice(PERTURBATIONS)) if data.perturbation == "random" else data.perturbation
+            other = None
+            if kind != "rotation":
+                other = self.train_examples[int(rng.integers(len(self.train_examples)))].get("image")
+            out.append(perturb_example(ex, kind, rng, other, **self.perturbation_kwargs))
+        return out
 
     def _with_references(self, batch: Rollouts, examples: list[dict], k: int) -> Rollouts:
         """TempSamp-R1: ``k`` reference completions (``Task.target``) join each group as

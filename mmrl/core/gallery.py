@@ -1,0 +1,88 @@
+"""An evaluation gallery: the first predictions drawn by the task, marked right or wrong.
+
+``write_gallery`` writes ``index.html`` (one card per example: picture, question, completion,
+rewards, a green or red border) and ``gallery.png`` (a contact sheet of the same pictures with the
+same borders) so a run's behaviour can be looked at without any tooling.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from PIL import Image, ImageDraw
+
+RIGHT, WRONG = (40, 160, 60), (210, 50, 40)
+
+
+def is_right(task, completion: str, ex: dict, reward: float, best: float) -> bool:
+    """Right by the task's own ``accuracy`` metric when it has one, else reward >= half the best."""
+    try:
+        acc = task.metrics([completion], [ex]).get("accuracy")
+    except Exception:  # a task's metric must not break the gallery
+        acc = None
+    if acc is not None and math.isfinite(acc):
+        return acc >= 0.5
+    return reward >= 0.5 * best
+
+
+def _picture(task, ex: dict, completion: str) -> Optional[Image.Image]:
+    try:
+        pic = task.visualize(ex, completion)
+    except Exception:
+        pic = None
+    if pic is None and isinstance(ex.get("image"), Image.Image):
+        pic = ex["image"]
+    return None if pic is None else pic.convert("RGB")
+
+
+def write_gallery(out_dir: Path, task, completions: Sequence[str], examples: Sequence[dict],
+                  rewards: Sequence[float], components: dict[str, Sequence[float]], best: float,
+                  limit: int = 16, thumb: int = 224) -> dict[str, Any]:
+    """Write the gallery of the first ``limit`` samples; returns ``{"right": k, "shown": n}``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cards, tiles, right_count = [], [], 0
+    for i in range(min(limit, len(completions))):
+        ex, completion, reward = examples[i], completions[i], float(rewards[i])
+        right = is_right(task, completion, ex, reward, best)
+        right_count += right
+        pic = _picture(task, ex, completion)
+        name = None
+        if pic is not None:
+            name = f"{i:03d}.png"
+            pic.save(out_dir / name)
+            tile = pic.copy()
+            tile.thumbnail((thumb, thumb))
+            framed = Image.new("RGB", (thumb + 8, thumb + 8), RIGHT if right else WRONG)
+            framed.paste(tile, (4 + (thumb - tile.width) // 2, 4 + (thumb - tile.height) // 2))
+            tiles.append(framed)
+        scores = ", ".join(f"{k} {float(v[i]):.2f}" for k, v in components.items())
+        cards.append(
+            f'<div class="card {"right" if right else "wrong"}">'
+            + (f'<img src="{name}">' if name else "")
+            + f"<p><b>{html.escape(str(ex.get('question', '')))}</b></p>"
+            + f"<p>truth: {html.escape(str(ex.get('answer', '')))}</p>"
+            + f"<pre>{html.escape(completion)}</pre>"
+            + f"<p>reward {reward:.2f} ({html.escape(scores)})</p></div>"
+        )
+    (out_dir / "index.html").write_text(
+        "<!doctype html><meta charset='utf-8'><title>mmrl eval gallery</title><style>"
+        "body{font-family:sans-serif}.card{display:inline-block;vertical-align:top;width:260px;margin:6px;"
+        "padding:6px;border:4px solid}.right{border-color:#28a03c}.wrong{border-color:#d23228}"
+        "img{max-width:100%}pre{white-space:pre-wrap;font-size:12px}</style>"
+        f"<h3>{right_count} of {len(cards)} right</h3>" + "".join(cards), encoding="utf-8")
+    if tiles:
+        cols = min(4, len(tiles))
+        rows = math.ceil(len(tiles) / cols)
+        size = tiles[0].width
+        sheet = Image.new("RGB", (cols * size, rows * size), "white")
+        for k, tile in enumerate(tiles):
+            sheet.paste(tile, ((k % cols) * size, (k // cols) * size))
+        sheet.save(out_dir / "gallery.png")
+    summary = {"right": right_count, "shown": len(cards)}
+    (out_dir / "summary.json").write_text(json.dumps(summary))
+    return summary
