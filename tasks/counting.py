@@ -6,6 +6,7 @@ import random
 
 from mmrl import SyntheticExamples, Task, image_prompt, register_task
 from mmrl.data.scenes import COLORS, DEFAULT_GRID, PLURALS, SHAPES, position_word, scene_with_targets
+from mmrl.data.jsonl import BadRecord, JsonlExamples
 from mmrl.rewards._parsing import answer_correct, extract_answer, parse_number
 from mmrl.tasks._draw import FOOTER, PRED, TRUE, canvas, draw_box, draw_label
 
@@ -42,6 +43,22 @@ def matches_query(obj: dict, query: dict) -> bool:
     )
 
 
+def parse_count_record(record: dict) -> dict:
+    """One CLEVR-style counting line: ``image``, ``problem``/``question``, ``solution``/``answer``
+    (a whole number, possibly inside "<answer>...</answer>")."""
+    if "image" not in record:
+        raise BadRecord("no 'image' key")
+    question = record.get("problem") or record.get("question")
+    if not question:
+        raise BadRecord("no 'problem' (or 'question') text")
+    raw = record.get("solution", record.get("answer"))
+    text = extract_answer(str(raw)) if isinstance(raw, str) and "<answer>" in raw else raw
+    value = parse_number(str(text)) if text is not None else None
+    if value is None or value < 0 or value != int(value):
+        raise BadRecord(f"the answer is not a count: {raw!r}")
+    return {"image": record["image"], "question": str(question).strip(), "answer": str(int(value))}
+
+
 @register_task("counting")
 class Counting(Task):
     modality = "vlm"
@@ -56,6 +73,11 @@ class Counting(Task):
             "train_size": 1_000_000,
             "eval_size": 1000,
             "thinking": True,  # False: answer-only prompt and target, equality reward (CLS-RL)
+            # Real counting data (CLEVR / SuperCLEVR style JSONL) instead of synthetic scenes:
+            # {"image": path, "problem" or "question": text, "solution" or "answer": count}.
+            "train_path": None,
+            "eval_path": None,
+            "image_root": None,
         }
 
     def __init__(self, **options):
@@ -96,6 +118,9 @@ class Counting(Task):
     def examples(self, split: str):
         if split not in SPLIT_SEEDS:
             raise ValueError(f"counting: unknown split {split!r}; valid splits: {sorted(SPLIT_SEEDS)}")
+        path = self.options[f"{split}_path"]
+        if path:
+            return JsonlExamples(path, parse_count_record, self.options["image_root"])
         return SyntheticExamples(self.make, self.options[f"{split}_size"], SPLIT_SEEDS[split])
 
     def prompt(self, ex: dict) -> list[dict]:
@@ -106,14 +131,17 @@ class Counting(Task):
         k = int(ex["answer"])
         if not self.options["thinking"]:
             return f"<answer>{k}</answer>"
-        q = ex["query"]
-        return f"<think>I count {k} {noun_phrase(q['color'], q['shape'], k)}.</think><answer>{k}</answer>"
+        q = ex.get("query")
+        what = f" {noun_phrase(q['color'], q['shape'], k)}" if q else ""
+        return f"<think>I count {k}{what}.</think><answer>{k}</answer>"
 
     def hints(self, ex: dict) -> list[str]:
         """Scaf-GRPO's three tiers, least to most revealing: which objects count (knowledge), in
         which regions of the image they are (planning), the count itself (solution). Words are
         the task's own ("red circles", "top left") so the tiny tokenizer knows them."""
-        q = ex["query"]
+        q = ex.get("query")
+        if q is None or "objects" not in ex:  # read from a file: no scene description to hint from
+            return ["Count each object once.", "Go row by row, left to right.", f"The answer is {ex['answer']}."]
         color, shape = q["color"], q["shape"]
         if color is not None and shape is not None:
             knowledge = f"Count only {noun_phrase(color, shape, 2)}; ignore other shapes."
@@ -149,8 +177,8 @@ class Counting(Task):
         """The image upscaled with the objects that match the question boxed in green, and the
         true vs predicted count written below it (red when wrong)."""
         image, draw = canvas(ex["image"], footer=FOOTER)
-        q = ex["query"]
-        for obj in ex["objects"]:
+        q = ex.get("query")
+        for obj in ex.get("objects", []) if q else []:
             if matches_query(obj, q):
                 draw_box(draw, obj["box"], TRUE)
         pred = extract_answer(completion)

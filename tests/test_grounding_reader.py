@@ -49,3 +49,22 @@ def test_missing_file_is_named(tmp_path):
     task = TASKS.get("grounding")(train_path=str(tmp_path / "none.jsonl"))
     with pytest.raises(FileNotFoundError, match="none.jsonl"):
         task.examples("train")
+
+
+def test_counting_reads_clevr_style_jsonl(tmp_path):
+    Image.new("RGB", (64, 48)).save(tmp_path / "img.jpg")
+    p = tmp_path / "count.jsonl"
+    p.write_text("\n".join(json.dumps(x) for x in [
+        {"image": "img.jpg", "problem": "How many cubes are there?", "solution": "<answer>3</answer>"},
+        {"image": "img.jpg", "question": "How many spheres?", "answer": 2},
+        {"image": "img.jpg", "question": "How many?", "answer": "2.5"},
+    ]) + "\n")
+    task = TASKS.get("counting")(train_path=str(p))
+    ds = task.examples("train")
+    assert len(ds) == 2 and ds.skipped[0][0] == 3 and "not a count" in ds.skipped[0][1]
+    ex = ds[0]
+    assert ex["answer"] == "3" and ex["question"] == "How many cubes are there?"
+    target = task.target(ex)
+    assert target == "<think>I count 3.</think><answer>3</answer>"
+    assert REWARDS.get("accuracy")([target], [ex]) == [1.0]
+    assert task.hints(ex)[-1] == "The answer is 3." and task.visualize(ex, target) is not None

@@ -83,6 +83,9 @@ def test_off_policy_guidance_injects_reference_completions(random_tiny_dir, tmp_
         assert batch.completions[refs[0]] == t.task.target(batch.examples[refs[0]])
         assert float(batch.rewards[refs[0]]) == 1.5
         assert float(batch.advantages[refs[0]]) > 0  # the best sample of its group
+    assert m["reward/off_policy"] == 1.5  # reported apart; "reward" is the policy's own samples
+    on = ~batch.off_policy
+    assert abs(m["reward"] - float(batch.rewards[on].mean())) < 1e-6
     out = t.update(batch, 1)
     assert out["off_policy_frac"] > 0
 

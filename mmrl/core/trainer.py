@@ -262,6 +262,10 @@ class Trainer:
         else:
             batch = generate(0)
         first = rounds[0][0]  # the unfiltered first round: the honest estimate of the policy's reward
+        if first.off_policy is not None and bool(first.off_policy.any()):
+            # Reference completions (off-policy guidance) are not the policy's: report them apart.
+            extra["reward/off_policy"] = float(first.rewards[first.off_policy].mean())
+            first = first.select((~first.off_policy).nonzero().flatten())
         batch.advantages = self._advantages(batch)
         if cfg.algo.overlong_filter and batch.truncated is not None:
             batch.action_mask = batch.action_mask * overlong_mask(batch.truncated, len(batch))[:, None]
