@@ -120,7 +120,7 @@ def eval_(
 def build_tiny(
     modality: str = typer.Argument("vlm", help="which tiny model: vlm"),
     out: Optional[Path] = typer.Option(None, help="output directory (default: the shipped asset)"),
-    steps: int = typer.Option(800, help="SFT warm-start steps"),
+    steps: int = typer.Option(1600, help="SFT warm-start steps"),
     seed: int = typer.Option(0),
 ):
     """Rebuild a shipped tiny model from scratch (tokenizer, weights, SFT warm start)."""

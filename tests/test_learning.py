@@ -58,3 +58,19 @@ def test_algorithm_family_raises_heldout_reward(family, tmp_path):
         kept = [r["selection/kept_groups"] for r in rows if "selection/kept_groups" in r]
         print(f"dynamic sampling: {dropped:.0f} zero-variance groups dropped over {len(kept)} steps")
         assert len(kept) == 30 and dropped > 0
+
+
+# Every task of the zoo on the tiny default: its own recipe, a short run, the reward rises.
+TASK_RECIPES = ("grounding", "detection", "classification", "ocr", "chart_qa", "visual_math", "rotation")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", TASK_RECIPES)
+def test_each_task_reward_rises_on_the_tiny_default(task, tmp_path):
+    result = mmrl.train(f"vlm/{task}_tiny", [
+        "train.steps=16", "train.prompts_per_step=8", "eval.num_examples=32", f"log.output_dir={tmp_path}",
+        f"log.run_name={task}", "log.progress=false", "log.save_every=0", "log.save_rollouts_every=0",
+    ])
+    before, after = result.before, result.after
+    print(f"{task}: held-out reward {before['reward']:.3f} -> {after['reward']:.3f}", {k: round(v, 3) for k, v in after.items()})
+    assert after["reward"] - before["reward"] >= 0.15, (before, after)

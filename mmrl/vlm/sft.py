@@ -120,14 +120,24 @@ def tokenizer_corpus(tasks: Sequence[Task], per_task: int = 3000) -> list[str]:
     return texts
 
 
+# The tiny default is warm-started on every built-in task (counting three times: the main demo),
+# so RL on any of them starts from a model that has seen its prompts and answer formats.
 DEFAULT_TINY_TASKS = ({"name": "counting", "options": {"query": "color"}},
                       {"name": "counting", "options": {"query": "shape"}},
                       {"name": "counting", "options": {"query": "color_shape"}},
-                      {"name": "grounding", "options": {}})
+                      {"name": "grounding", "options": {}},
+                      {"name": "detection", "options": {}},
+                      {"name": "classification", "options": {}},
+                      {"name": "ocr", "options": {}},
+                      {"name": "chart_qa", "options": {}},
+                      {"name": "visual_math", "options": {}},
+                      {"name": "rotation", "options": {}},
+                      {"name": "jigsaw", "options": {}})
 
 
-def build_tiny_vlm(out: str | Path, sft_steps: int = 800, batch_size: int = 32, lr: float = 1e-3,
-                   thought_dropout: float = 0.6, seed: int = 0, progress: bool = True) -> Path:
+def build_tiny_vlm(out: str | Path, sft_steps: int = 1600, batch_size: int = 32, lr: float = 1e-3,
+                   thought_dropout: float = 0.6, seed: int = 0, progress: bool = True,
+                   task_specs: Sequence[dict] = DEFAULT_TINY_TASKS) -> Path:
     """Build the tiny Qwen2.5-VL from scratch and warm-start it; returns the checkpoint dir.
 
     Two choices make the warm start work on a CPU budget, both found by measurement:
@@ -144,7 +154,7 @@ def build_tiny_vlm(out: str | Path, sft_steps: int = 800, batch_size: int = 32, 
     from .policy import VLMPolicy, vision_tower
 
     load_plugins()
-    tasks = [TASKS.get(spec["name"])(**spec["options"]) for spec in DEFAULT_TINY_TASKS]
+    tasks = [TASKS.get(spec["name"])(**spec["options"]) for spec in task_specs]
     out = Path(out)
     torch.manual_seed(seed)
     tokenizer = tiny.build_tokenizer(tokenizer_corpus(tasks), vocab_size=1024)
