@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from .data.sequence import LazySequence
+
 SYSTEM_FORMAT_HINT = (
     "Think briefly inside <think> </think>, then give the final answer inside <answer> </answer>."
 )
@@ -104,7 +106,7 @@ class Task:
         return None
 
 
-class SyntheticExamples(Sequence):
+class SyntheticExamples(LazySequence):
     """A lazily generated, deterministic sequence of examples: item i is ``make(seed, i)``.
 
     Train and eval splits use disjoint seeds so held-out examples are never trained on.
@@ -118,12 +120,7 @@ class SyntheticExamples(Sequence):
     def __len__(self) -> int:
         return self._size
 
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(self._size))]
-        if not -self._size <= i < self._size:
-            raise IndexError(i)
-        i %= self._size
+    def item(self, i: int) -> dict:
         return self._make(self._seed * 1_000_003 + i)
 
 

@@ -51,7 +51,6 @@ Nothing here raises: any failure reads as "not equal".
 from __future__ import annotations
 
 import importlib.util
-import math
 import re
 import threading
 from fractions import Fraction

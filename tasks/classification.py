@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
+from mmrl.data.sequence import LazySequence
 from mmrl import SyntheticExamples, Task, image_prompt, register_task
 from mmrl.data.jsonl import BadRecord, JsonlExamples, load_image
 from mmrl.data.scenes import COLORS, SHAPES, SceneObject, render_scene
@@ -82,7 +83,7 @@ def find_images(folder: str | Path, extensions: Sequence[str] = IMAGE_EXTENSIONS
     return sorted(found, key=lambda p: p.relative_to(folder).as_posix())
 
 
-class ImageFiles(Sequence):
+class ImageFiles(LazySequence):
     """Images from a list of files, opened (and resized to ``size`` x ``size`` when ``size``) on
     access. Item i is ``{"image": PIL RGB, "image_path": str, "image_size": (w, h), **meta[i]}``.
 
@@ -105,13 +106,8 @@ class ImageFiles(Sequence):
     def __len__(self) -> int:
         return len(self.paths)
 
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
+    def item(self, i: int) -> dict:
         n = len(self)
-        if not -n <= i < n:
-            raise IndexError(i)
-        i %= n
         for k in range(n):
             j = (i + k) % n
             path = self.paths[j]
@@ -170,7 +166,7 @@ def _label(record: dict) -> str:
     return label
 
 
-class _Labelled(Sequence):
+class _Labelled(LazySequence):
     """A split's examples: ``base`` items (with ``image`` and ``label``) given ``answer``,
     ``classes`` and ``question``, and resized to ``size`` square when ``size``."""
 
@@ -180,9 +176,7 @@ class _Labelled(Sequence):
     def __len__(self) -> int:
         return len(self.base)
 
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
+    def item(self, i: int) -> dict:
         ex = dict(self.base[i])
         if self.size and ex["image"].size != (self.size, self.size):
             ex["image"] = ex["image"].resize((self.size, self.size))

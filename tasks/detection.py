@@ -23,6 +23,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from mmrl.data.sequence import LazySequence
 from mmrl import SyntheticExamples, Task, image_prompt, register_task
 from mmrl.data.jsonl import BadRecord, JsonlExamples
 # _place: the scenes' one-object-per-28-px-cell placement, reused so detection scenes look exactly
@@ -102,7 +103,7 @@ def _parse_record(record: dict, box_space: str) -> dict:
     return ex
 
 
-class PixelBoxExamples(Sequence):
+class PixelBoxExamples(LazySequence):
     """A :class:`JsonlExamples` whose examples' boxes are converted from the file's ``box_space``
     to original-image pixels on access, once the image (hence its size) is known."""
 
@@ -113,9 +114,7 @@ class PixelBoxExamples(Sequence):
     def __len__(self) -> int:
         return len(self.source)
 
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
+    def item(self, i: int) -> dict:
         ex = dict(self.source[i])
         w, h = ex["image_size"]
         frame = Frame(float(w), float(h))

@@ -22,11 +22,12 @@ import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from mmrl.data.sequence import LazySequence
 from mmrl import Task, register_task
 from mmrl.registry import TASKS, UnknownNameError
 
 
-class SourceConcat(Sequence):
+class SourceConcat(LazySequence):
     """Several sources' sequences seen as one, lazily: item i is looked up in its source on access.
 
     ``order="concat"``: the sources one after another (source_offsets[s] is where s starts), the
@@ -105,9 +106,7 @@ class SourceConcat(Sequence):
         return self._covered(local) + sum(1 for s in self._sizes[:j] if s > local)
 
     # -- items ------------------------------------------------------------------------------------
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(self._len))]
+    def item(self, i: int) -> dict:
         name, local = self.locate(i)
         ex = dict(self.sources[name][local])
         ex["source"] = name

@@ -39,6 +39,7 @@ from typing import Any, Optional
 import numpy as np
 from PIL import Image, ImageDraw
 
+from mmrl.data.sequence import LazySequence
 from mmrl import SyntheticExamples, Task, image_prompt, register_task
 from mmrl.data.scenes import draw_object, scene_with_targets
 from mmrl.rewards._parsing import extract_answer
@@ -130,7 +131,7 @@ def split_files(paths: Sequence[Path], root: Path, eval_fraction: float) -> dict
     return {"eval": sorted(keyed[:n_eval]), "train": sorted(keyed[n_eval:])}
 
 
-class _FromImages(Sequence):
+class _FromImages(LazySequence):
     """Item i: ``make(images[i], seed)`` with ``seed = split_seed * 1_000_003 + i`` (as
     :class:`mmrl.task.SyntheticExamples` numbers its examples)."""
 
@@ -140,13 +141,7 @@ class _FromImages(Sequence):
     def __len__(self) -> int:
         return len(self.images)
 
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        n = len(self)
-        if not -n <= i < n:
-            raise IndexError(i)
-        i %= n
+    def item(self, i: int) -> dict:
         return self._make(self.images[i], self._seed * 1_000_003 + i)
 
     def stats(self) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import random
 
 from mmrl import SyntheticExamples, Task, image_prompt, register_task
 from mmrl.data.jsonl import BadRecord, JsonlExamples
+from mmrl.data.sequence import LazySequence
 from mmrl.data.scenes import random_scene
 from mmrl.rewards._parsing import answer_correct, extract_answer
 from mmrl.tasks.counting import check_thinking
@@ -105,7 +106,7 @@ class VQA(Task):
         return out
 
 
-class _Unlabelled:
+class _Unlabelled(LazySequence):
     """A view of a dataset without its answers (kept as ``hidden_answer`` for metrics only)."""
 
     def __init__(self, data):
@@ -114,7 +115,7 @@ class _Unlabelled:
     def __len__(self) -> int:
         return len(self.data)
 
-    def __getitem__(self, i):
+    def item(self, i: int) -> dict:
         ex = dict(self.data[i])
         if "answer" in ex:
             ex["hidden_answer"] = ex.pop("answer")

@@ -2,7 +2,6 @@
 drawn chart, targets, hand-worked scores, never-raise properties, the JSONL reader, metrics."""
 
 import json
-import math
 from collections import Counter
 from pathlib import Path
 

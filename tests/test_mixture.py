@@ -2,7 +2,6 @@
 per-source reward scoring that goes with it."""
 
 import pytest
-import torch
 
 from mmrl.config import load_config
 from mmrl.config_schema import TaskConfig

@@ -11,7 +11,6 @@ from PIL import Image
 
 from mmrl.core.rewards import RewardComputer
 from mmrl.registry import TASKS
-from mmrl.rewards._parsing import extract_answer
 
 
 def task(**options):

@@ -18,7 +18,6 @@ This module is imported by :mod:`mmrl.core.advantages`, which registers everythi
 
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
 import torch

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from PIL import Image, ImageDraw
+from PIL import Image
 
 RIGHT, WRONG = (40, 160, 60), (210, 50, 40)
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable, Optional
+
+from .sequence import LazySequence
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ def load_image(path: Path):
         return im.convert("RGB")
 
 
-class JsonlExamples(Sequence):
+class JsonlExamples(LazySequence):
     """Examples from a JSONL file. ``parse(record)`` turns one JSON object into an example dict
     (raise :class:`BadRecord` or return None to skip it); a key ``image`` holding a path (relative
     to ``image_root``, default the file's folder) is replaced by the opened image on access, and
@@ -97,13 +98,8 @@ class JsonlExamples(Sequence):
             f.seek(self._offsets[i])
             return self.parse(json.loads(f.readline()))  # type: ignore[return-value]
 
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
+    def item(self, i: int) -> dict:
         n = len(self)
-        if not -n <= i < n:
-            raise IndexError(i)
-        i %= n
         for k in range(n):  # a bad image moves on to the next example, deterministically
             ex = dict(self._record((i + k) % n))
             image = ex.get("image")
