@@ -55,6 +55,23 @@ class Task:
         """The examples of ``split`` ("train" or "eval"): a sequence supporting len and indexing."""
         raise NotImplementedError(f"task {self.name!r} must implement examples(split)")
 
+    def file_or_synthetic(self, split: str, seeds: dict[str, int], parse: Callable[[dict], Any],
+                          **reader_kwargs: Any):
+        """The usual ``examples(split)``: the JSONL file ``options["<split>_path"]`` read with
+        ``parse`` (indexed once, then cached; images under ``options["image_root"]``) when it is
+        set, else ``SyntheticExamples(self.make, options["<split>_size"], seeds[split])``."""
+        if split not in seeds:
+            raise ValueError(f"{self.name}: unknown split {split!r}; valid splits: {sorted(seeds)}")
+        path = self.options.get(f"{split}_path")
+        if not path:
+            return SyntheticExamples(self.make, self.options[f"{split}_size"], seeds[split])
+        cache = self.__dict__.setdefault("_file_splits", {})
+        if split not in cache:
+            from .data.jsonl import JsonlExamples
+
+            cache[split] = JsonlExamples(path, parse, self.options.get("image_root"), **reader_kwargs)
+        return cache[split]
+
     def prompt(self, ex: dict) -> list[dict]:
         """Chat messages for one example; images go in as ``{"type": "image", "image": PIL}``."""
         raise NotImplementedError(f"task {self.name!r} must implement prompt(ex)")

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 from PIL import Image, ImageDraw
 
-from mmrl import SyntheticExamples, Task, image_prompt, register_task
-from mmrl.data.jsonl import BadRecord, JsonlExamples
+from mmrl import Task, image_prompt, register_task
+from mmrl.data.jsonl import BadRecord
 from mmrl.rewards._parsing import extract_answer
 from mmrl.rewards.relaxed_accuracy import relaxed_correct
 from mmrl.tasks._draw import FOOTER, PRED, TRUE, VIS_SCALE, canvas, draw_box, draw_label
@@ -151,7 +151,6 @@ class ChartQA(Task):
         # accuracy already checks the answer; format only checks the bare layout.
         self.rewards = {"format": 0.5, "relaxed_accuracy": 1.0}
         self.reward_kwargs = {} if thinking else {"format": {"mode": "answer_only"}}
-        self._readers: dict[str, JsonlExamples] = {}
 
     def make(self, seed: int) -> dict:
         """Example ``seed``: kind, number of categories, values (redrawn until the maximum is
@@ -187,14 +186,7 @@ class ChartQA(Task):
                 "image_size": image.size, "id": seed}
 
     def examples(self, split: str):
-        if split not in SPLIT_SEEDS:
-            raise ValueError(f"chart_qa: unknown split {split!r}; valid splits: {sorted(SPLIT_SEEDS)}")
-        path = self.options[f"{split}_path"]
-        if path:
-            if split not in self._readers:
-                self._readers[split] = JsonlExamples(path, parse_record, image_root=self.options["image_root"])
-            return self._readers[split]
-        return SyntheticExamples(self.make, self.options[f"{split}_size"], SPLIT_SEEDS[split])
+        return self.file_or_synthetic(split, SPLIT_SEEDS, parse_record)
 
     def prompt(self, ex: dict) -> list[dict]:
         instruction = FORMAT_INSTRUCTION if self.options["thinking"] else ANSWER_ONLY_INSTRUCTION

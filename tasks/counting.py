@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import random
 
-from mmrl import SyntheticExamples, Task, image_prompt, register_task
+from mmrl import Task, image_prompt, register_task
 from mmrl.data.scenes import COLORS, DEFAULT_GRID, PLURALS, SHAPES, position_word, scene_with_targets
-from mmrl.data.jsonl import BadRecord, JsonlExamples
+from mmrl.data.jsonl import BadRecord
 from mmrl.rewards._parsing import answer_correct, extract_answer, parse_number
 from mmrl.tasks._draw import FOOTER, PRED, TRUE, canvas, draw_box, draw_label
 
@@ -116,12 +116,7 @@ class Counting(Task):
         }
 
     def examples(self, split: str):
-        if split not in SPLIT_SEEDS:
-            raise ValueError(f"counting: unknown split {split!r}; valid splits: {sorted(SPLIT_SEEDS)}")
-        path = self.options[f"{split}_path"]
-        if path:
-            return JsonlExamples(path, parse_count_record, self.options["image_root"])
-        return SyntheticExamples(self.make, self.options[f"{split}_size"], SPLIT_SEEDS[split])
+        return self.file_or_synthetic(split, SPLIT_SEEDS, parse_count_record)
 
     def prompt(self, ex: dict) -> list[dict]:
         instruction = FORMAT_INSTRUCTION if self.options["thinking"] else ANSWER_ONLY_INSTRUCTION

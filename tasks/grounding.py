@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import random
 
-from mmrl import SyntheticExamples, Task, image_prompt, register_task
+from mmrl import Task, image_prompt, register_task
 from mmrl.data.scenes import position_word, random_scene
-from mmrl.data.jsonl import BadRecord, JsonlExamples
+from mmrl.data.jsonl import BadRecord
 from mmrl.media.coords import Frame, convert_box, pixels_to_prediction, prediction_to_pixels
 from mmrl.rewards._parsing import box_iou, extract_answer, parse_box
 from mmrl.tasks._draw import PRED, TRUE, canvas, draw_box
@@ -99,13 +99,8 @@ class Grounding(Task):
         }
 
     def examples(self, split: str):
-        if split not in SPLIT_SEEDS:
-            raise ValueError(f"grounding: unknown split {split!r}; valid splits: {sorted(SPLIT_SEEDS)}")
-        path = self.options[f"{split}_path"]
-        if path:
-            return JsonlExamples(path, parse_rec_record, self.options["image_root"],
-                                 finish=lambda ex: finish_rec_example(ex, self.options["box_space"]))
-        return SyntheticExamples(self.make, self.options[f"{split}_size"], SPLIT_SEEDS[split])
+        return self.file_or_synthetic(split, SPLIT_SEEDS, parse_rec_record,
+                                      finish=lambda ex: finish_rec_example(ex, self.options["box_space"]))
 
     def prompt(self, ex: dict) -> list[dict]:
         instruction = FORMAT_INSTRUCTION if self.options["thinking"] else ANSWER_ONLY_INSTRUCTION

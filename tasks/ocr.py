@@ -14,8 +14,8 @@ import string
 
 from PIL import Image, ImageDraw, ImageFont
 
-from mmrl import SyntheticExamples, Task, image_prompt, register_task
-from mmrl.data.jsonl import BadRecord, JsonlExamples
+from mmrl import Task, image_prompt, register_task
+from mmrl.data.jsonl import BadRecord
 from mmrl.rewards._parsing import extract_answer
 from mmrl.rewards.edit_distance import anls, similarity
 from mmrl.tasks._draw import FOOTER, PRED, TRUE, VIS_SCALE, canvas, draw_box, draw_label
@@ -135,7 +135,6 @@ class Ocr(Task):
         self.reward_kwargs = {} if thinking else {"format": {"mode": "answer_only"}}
         if not o["case_sensitive"]:
             self.reward_kwargs = {**self.reward_kwargs, "edit_similarity": {"case_sensitive": False}}
-        self._readers: dict[str, JsonlExamples] = {}
 
     def make(self, seed: int) -> dict:
         """Example ``seed``: the length (uniform min_len..max_len), the characters, then the image."""
@@ -147,14 +146,7 @@ class Ocr(Task):
                 "image_size": image.size, "id": seed}
 
     def examples(self, split: str):
-        if split not in SPLIT_SEEDS:
-            raise ValueError(f"ocr: unknown split {split!r}; valid splits: {sorted(SPLIT_SEEDS)}")
-        path = self.options[f"{split}_path"]
-        if path:
-            if split not in self._readers:
-                self._readers[split] = JsonlExamples(path, parse_record, image_root=self.options["image_root"])
-            return self._readers[split]
-        return SyntheticExamples(self.make, self.options[f"{split}_size"], SPLIT_SEEDS[split])
+        return self.file_or_synthetic(split, SPLIT_SEEDS, parse_record)
 
     def prompt(self, ex: dict) -> list[dict]:
         instruction = FORMAT_INSTRUCTION if self.options["thinking"] else ANSWER_ONLY_INSTRUCTION

@@ -29,8 +29,8 @@ from functools import lru_cache
 
 from PIL import Image, ImageDraw, ImageFont
 
-from mmrl import SyntheticExamples, Task, image_prompt, register_task
-from mmrl.data.jsonl import BadRecord, JsonlExamples
+from mmrl import Task, image_prompt, register_task
+from mmrl.data.jsonl import BadRecord
 from mmrl.data.scenes import BACKGROUND, scene_with_targets
 from mmrl.rewards._math import clean, compare, normalize_options, truth_letter
 from mmrl.rewards._parsing import extract_answer, normalize
@@ -129,7 +129,6 @@ class VisualMath(Task):
             # Instance attributes: the class defaults stay those of the thinking layout.
             self.rewards = {"format": 0.5, "math_answer": 1.0}
             self.reward_kwargs = {"format": {"mode": "answer_only"}}
-        self._jsonl: dict[str, JsonlExamples] = {}
 
     # -- synthetic examples -----------------------------------------------------------------------
     def _arith(self, rng: random.Random) -> dict:
@@ -250,14 +249,7 @@ class VisualMath(Task):
         return ex
 
     def examples(self, split: str):
-        if split not in SPLIT_SEEDS:
-            raise ValueError(f"visual_math: unknown split {split!r}; valid splits: {sorted(SPLIT_SEEDS)}")
-        path = self.options[f"{split}_path"]
-        if path:
-            if split not in self._jsonl:
-                self._jsonl[split] = JsonlExamples(path, self.parse_record, self.options["image_root"])
-            return self._jsonl[split]
-        return SyntheticExamples(self.make, self.options[f"{split}_size"], SPLIT_SEEDS[split])
+        return self.file_or_synthetic(split, SPLIT_SEEDS, self.parse_record)
 
     # -- prompts and targets ----------------------------------------------------------------------
     def prompt(self, ex: dict) -> list[dict]:
