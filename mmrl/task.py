@@ -72,9 +72,20 @@ class Task:
             cache[split] = JsonlExamples(path, parse, self.options.get("image_root"), **reader_kwargs)
         return cache[split]
 
+    # (with-reasoning, answer-only) instruction appended to ``ex["question"]`` by the default
+    # ``prompt``; a task sets it, or overrides ``prompt`` for anything else.
+    instructions: tuple[str, str] | None = None
+
     def prompt(self, ex: dict) -> list[dict]:
-        """Chat messages for one example; images go in as ``{"type": "image", "image": PIL}``."""
-        raise NotImplementedError(f"task {self.name!r} must implement prompt(ex)")
+        """Chat messages for one example; images go in as ``{"type": "image", "image": PIL}``.
+
+        Default: the image and ``"<question> <instruction>"``, the instruction chosen by the
+        ``thinking`` option from ``instructions``."""
+        if self.instructions is None:
+            raise NotImplementedError(f"task {self.name!r} must implement prompt(ex) or set instructions")
+        thinking, answer_only = self.instructions
+        instruction = thinking if self.options.get("thinking", True) else answer_only
+        return image_prompt(ex["image"], f"{ex['question']} {instruction}")
 
     def target(self, ex: dict) -> str:
         """A reference completion for ``ex`` (used by the SFT warm start)."""

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from PIL import Image, ImageDraw
 
-from mmrl import Task, image_prompt, register_task
+from mmrl import Task, register_task
 from mmrl.data.jsonl import BadRecord
 from mmrl.rewards._parsing import extract_answer
 from mmrl.rewards.relaxed_accuracy import relaxed_correct
@@ -119,6 +119,7 @@ class ChartQA(Task):
     category's bar or point, pixels), ``image_size``, ``id``."""
 
     modality = "vlm"
+    instructions = (FORMAT_INSTRUCTION, ANSWER_ONLY_INSTRUCTION)
     rewards = {"format": 0.5, "relaxed_accuracy": 1.0}
 
     def default_options(self):
@@ -188,9 +189,6 @@ class ChartQA(Task):
     def examples(self, split: str):
         return self.file_or_synthetic(split, SPLIT_SEEDS, parse_record)
 
-    def prompt(self, ex: dict) -> list[dict]:
-        instruction = FORMAT_INSTRUCTION if self.options["thinking"] else ANSWER_ONLY_INSTRUCTION
-        return image_prompt(ex["image"], f"{ex['question']} {instruction}")
 
     @staticmethod
     def _value(ex: dict, label: str) -> int:

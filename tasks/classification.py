@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from mmrl.data.sequence import LazySequence
-from mmrl import SyntheticExamples, Task, image_prompt, register_task
+from mmrl import SyntheticExamples, Task, register_task
 from mmrl.data.jsonl import BadRecord, JsonlExamples, load_image
 from mmrl.data.scenes import COLORS, SHAPES, SceneObject, render_scene
 from mmrl.rewards._parsing import extract_answer, normalize
@@ -194,6 +194,7 @@ class _Labelled(LazySequence):
 @register_task("classification")
 class Classification(Task):
     modality = "vlm"
+    instructions = (FORMAT_INSTRUCTION, ANSWER_ONLY_INSTRUCTION)
     rewards = {"format": 0.5, "accuracy": 1.0}
 
     def default_options(self):
@@ -316,9 +317,6 @@ class Classification(Task):
         return _Labelled(data, wanted or sorted(seen), question, self.options["image_size"])
 
     # -- prompting ------------------------------------------------------------------------------
-    def prompt(self, ex: dict) -> list[dict]:
-        instruction = FORMAT_INSTRUCTION if self.options["thinking"] else ANSWER_ONLY_INSTRUCTION
-        return image_prompt(ex["image"], f"{ex['question']} {instruction}")
 
     def target(self, ex: dict) -> str:
         label = ex["answer"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from mmrl import Task, image_prompt, register_task
+from mmrl import Task, register_task
 from mmrl.data.scenes import COLORS, DEFAULT_GRID, PLURALS, SHAPES, position_word, scene_with_targets
 from mmrl.data.jsonl import BadRecord
 from mmrl.rewards._parsing import answer_correct, extract_answer, parse_number
@@ -62,6 +62,7 @@ def parse_count_record(record: dict) -> dict:
 @register_task("counting")
 class Counting(Task):
     modality = "vlm"
+    instructions = (FORMAT_INSTRUCTION, ANSWER_ONLY_INSTRUCTION)
     rewards = {"format": 0.5, "accuracy": 1.0}
 
     def default_options(self):
@@ -118,9 +119,6 @@ class Counting(Task):
     def examples(self, split: str):
         return self.file_or_synthetic(split, SPLIT_SEEDS, parse_count_record)
 
-    def prompt(self, ex: dict) -> list[dict]:
-        instruction = FORMAT_INSTRUCTION if self.options["thinking"] else ANSWER_ONLY_INSTRUCTION
-        return image_prompt(ex["image"], f"{ex['question']} {instruction}")
 
     def target(self, ex: dict) -> str:
         k = int(ex["answer"])

@@ -21,11 +21,9 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from typing import Any
 
-from mmrl.data.sequence import LazySequence
-from mmrl import SyntheticExamples, Task, image_prompt, register_task
-from mmrl.data.jsonl import BadRecord, JsonlExamples
+from mmrl import Task, register_task
+from mmrl.data.jsonl import BadRecord
 # _place: the scenes' one-object-per-28-px-cell placement, reused so detection scenes look exactly
 # like counting's (scene_with_targets cannot take a two-category query).
 from mmrl.data.scenes import COLORS, DEFAULT_GRID, SHAPES, SceneObject, _place, position_word, render_scene
@@ -103,29 +101,13 @@ def _parse_record(record: dict, box_space: str) -> dict:
     return ex
 
 
-class PixelBoxExamples(LazySequence):
-    """A :class:`JsonlExamples` whose examples' boxes are converted from the file's ``box_space``
-    to original-image pixels on access, once the image (hence its size) is known."""
-
-    def __init__(self, source: JsonlExamples, box_space: str):
-        self.source = source
-        self.box_space = box_space
-
-    def __len__(self) -> int:
-        return len(self.source)
-
-    def item(self, i: int) -> dict:
-        ex = dict(self.source[i])
-        w, h = ex["image_size"]
-        frame = Frame(float(w), float(h))
-        boxes = [tuple(convert_box(b, self.box_space, "pixel", frame)) for b in ex.pop("source_boxes")]
-        ex["boxes"] = boxes
-        ex["answer"] = format_boxes(boxes)
-        ex.setdefault("id", i % len(self))
-        return ex
-
-    def stats(self) -> dict[str, Any]:
-        return self.source.stats()
+def to_pixel_boxes(ex: dict, box_space: str) -> dict:
+    """Finish a file example once its image (hence its size) is known: the file's boxes, in
+    ``box_space``, become original-image pixels."""
+    w, h = ex["image_size"]
+    frame = Frame(float(w), float(h))
+    boxes = [tuple(convert_box(b, box_space, "pixel", frame)) for b in ex.pop("source_boxes")]
+    return {**ex, "boxes": boxes, "answer": format_boxes(boxes)}
 
 
 @register_task("detection")
@@ -134,6 +116,7 @@ class Detection(Task):
     :mod:`mmrl.data.scenes`; predictions are converted from the policy's space box by box."""
 
     modality = "vlm"
+    instructions = (FORMAT_INSTRUCTION, ANSWER_ONLY_INSTRUCTION)
     rewards = {"format": 0.5, "det_iou": 1.0}
 
     def default_options(self):
@@ -211,19 +194,11 @@ class Detection(Task):
         }
 
     def examples(self, split: str):
-        if split not in SPLIT_SEEDS:
-            raise ValueError(f"detection: unknown split {split!r}; valid splits: {sorted(SPLIT_SEEDS)}")
-        path = self.options[f"{split}_path"]
-        if path:
-            source = JsonlExamples(path, lambda r: _parse_record(r, self.options["box_space"]),
-                                   image_root=self.options["image_root"])
-            return PixelBoxExamples(source, self.options["box_space"])
-        return SyntheticExamples(self.make, self.options[f"{split}_size"], SPLIT_SEEDS[split])
+        space = self.options["box_space"]
+        return self.file_or_synthetic(split, SPLIT_SEEDS, lambda r: _parse_record(r, space),
+                                      finish=lambda ex: to_pixel_boxes(ex, space))
 
     # -- prompting ------------------------------------------------------------------------------
-    def prompt(self, ex: dict) -> list[dict]:
-        instruction = FORMAT_INSTRUCTION if self.options["thinking"] else ANSWER_ONLY_INSTRUCTION
-        return image_prompt(ex["image"], f"{ex['question']} {instruction}")
 
     def _answer(self, ex: dict) -> str:
         """The true boxes in the policy's coordinate space when the example says which

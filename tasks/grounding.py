@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from mmrl import Task, image_prompt, register_task
+from mmrl import Task, register_task
 from mmrl.data.scenes import position_word, random_scene
 from mmrl.data.jsonl import BadRecord
 from mmrl.media.coords import Frame, convert_box, pixels_to_prediction, prediction_to_pixels
@@ -51,6 +51,7 @@ class Grounding(Task):
     exclusive like :mod:`mmrl.data.scenes`; ``image_size`` is recorded for later conversions."""
 
     modality = "vlm"
+    instructions = (FORMAT_INSTRUCTION, ANSWER_ONLY_INSTRUCTION)
     rewards = {"format": 0.5, "iou": 1.0}
 
     def default_options(self):
@@ -102,9 +103,6 @@ class Grounding(Task):
         return self.file_or_synthetic(split, SPLIT_SEEDS, parse_rec_record,
                                       finish=lambda ex: finish_rec_example(ex, self.options["box_space"]))
 
-    def prompt(self, ex: dict) -> list[dict]:
-        instruction = FORMAT_INSTRUCTION if self.options["thinking"] else ANSWER_ONLY_INSTRUCTION
-        return image_prompt(ex["image"], f"{ex['question']} {instruction}")
 
     def target(self, ex: dict) -> str:
         """The reference answer, its box in the policy's coordinate space when the example says

@@ -14,7 +14,7 @@ import string
 
 from PIL import Image, ImageDraw, ImageFont
 
-from mmrl import Task, image_prompt, register_task
+from mmrl import Task, register_task
 from mmrl.data.jsonl import BadRecord
 from mmrl.rewards._parsing import extract_answer
 from mmrl.rewards.edit_distance import anls, similarity
@@ -95,6 +95,7 @@ class Ocr(Task):
     pixels, synthetic only), ``image_size``, ``id``."""
 
     modality = "vlm"
+    instructions = (FORMAT_INSTRUCTION, ANSWER_ONLY_INSTRUCTION)
     rewards = {"format": 0.5, "edit_similarity": 1.0}
 
     def default_options(self):
@@ -148,9 +149,6 @@ class Ocr(Task):
     def examples(self, split: str):
         return self.file_or_synthetic(split, SPLIT_SEEDS, parse_record)
 
-    def prompt(self, ex: dict) -> list[dict]:
-        instruction = FORMAT_INSTRUCTION if self.options["thinking"] else ANSWER_ONLY_INSTRUCTION
-        return image_prompt(ex["image"], f"{ex['question']} {instruction}")
 
     def target(self, ex: dict) -> str:
         text = ex["answer"]

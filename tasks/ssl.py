@@ -180,7 +180,9 @@ class _SelfSupervised(Task):
         self._cache: dict[str, Sequence[dict]] = {}
 
     def transform(self, image: Image.Image, rng: random.Random) -> dict:
-        raise NotImplementedError
+        """The pretext example of ``image`` (question, answer, transformed image); each
+        self-supervised task (``rotation``, ``jigsaw``) defines its own."""
+        raise NotImplementedError(f"{type(self).__name__} must define transform(image, rng)")
 
     def make(self, seed: int) -> dict:
         """Synthetic example ``seed``: the label is drawn first, then the scene."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 
-from mmrl import SyntheticExamples, Task, image_prompt, register_task
+from mmrl import SyntheticExamples, Task, register_task
 from mmrl.data.jsonl import BadRecord, JsonlExamples
 from mmrl.data.sequence import LazySequence
 from mmrl.data.scenes import random_scene
@@ -41,6 +41,7 @@ def parse_vqa_record(record: dict) -> dict:
 @register_task("vqa")
 class VQA(Task):
     modality = "vlm"
+    instructions = (FORMAT_INSTRUCTION, ANSWER_ONLY_INSTRUCTION)
     rewards = {"format": 0.5, "accuracy": 1.0}
 
     def default_options(self):
@@ -82,9 +83,6 @@ class VQA(Task):
             data = SyntheticExamples(self.make, self.options[f"{split}_size"], SPLIT_SEEDS[split])
         return data if self.options["labels"] else _Unlabelled(data)
 
-    def prompt(self, ex: dict) -> list[dict]:
-        instruction = FORMAT_INSTRUCTION if self.options["thinking"] else ANSWER_ONLY_INSTRUCTION
-        return image_prompt(ex["image"], f"{ex['question']} {instruction}")
 
     def target(self, ex: dict) -> str:
         if "answer" not in ex:

@@ -324,8 +324,8 @@ def test_jsonl_reader_converts_norm_boxes_and_skips_bad_lines(tmp_path):
     task = TASKS.get("detection")(train_path=str(path), image_root=str(tmp_path / "img"), box_space="norm")
     ds = task.examples("train")
     assert len(ds) == 2
-    assert [n for n, _ in ds.source.skipped] == [2, 3, 5]
-    assert "box_space" in ds.source.skipped[1][1]
+    assert [n for n, _ in ds.skipped] == [2, 3, 5]
+    assert "box_space" in ds.skipped[1][1]
     ex = ds[0]
     assert ex["image"].size == (200, 100) and ex["image_size"] == (200, 100)
     assert ex["boxes"] == [pytest.approx((20, 20, 60, 40)), pytest.approx((100, 50, 200, 100))]

@@ -87,10 +87,12 @@ class PromptSampler:
         return {}
 
     def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint must keep to resume exactly; the uniform sampler keeps nothing (its
+        draws are a function of seed and step)."""
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
+        """Restore :meth:`state_dict`; nothing to restore for a stateless sampler."""
 
 
 @register_sampler("uniform")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,8 +11,9 @@ class LazySequence(Sequence):
     """A read-only sequence computed item by item. Subclasses define ``__len__`` and ``item(i)``
     for ``0 <= i < len``; negative indices, bounds and slices are handled here, once."""
 
+    @abstractmethod
     def item(self, i: int) -> Any:
-        raise NotImplementedError(f"{type(self).__name__} must define item(i)")
+        """Item ``i``, with ``0 <= i < len(self)``."""
 
     def __getitem__(self, i):
         if isinstance(i, slice):
