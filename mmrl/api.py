@@ -1,4 +1,4 @@
-"""``mmrl.train`` for scripts and notebooks: the same run as ``mmrl train vlm``."""
+"""``mmrl.train`` for scripts and notebooks: the same run as ``mmrl train vlm|diffusion``."""
 
 from __future__ import annotations
 
@@ -8,19 +8,37 @@ from typing import Sequence
 from .config import builtin_config_path, load_config
 from .config_schema import Config
 
+POLICY_MODALITIES = ("vlm", "diffusion")
+
+
+def make_policy(cfg, task):
+    """The policy that trains ``task``: a VLM for ``modality = "vlm"`` tasks, a generator for
+    ``modality = "diffusion"`` (text-to-image/video) tasks."""
+    modality = getattr(task, "modality", "vlm")
+    if modality == "diffusion":
+        from .diffusion.policy import DiffusionPolicy
+
+        return DiffusionPolicy(cfg)
+    if modality == "vlm":
+        from .vlm.policy import VLMPolicy
+
+        return VLMPolicy(cfg)
+    raise ValueError(f"task {getattr(task, 'name', '?')!r} has modality {modality!r}; no policy trains it "
+                     f"(available: {', '.join(POLICY_MODALITIES)})")
+
 
 def train(config: str | Path | Config | None = None, overrides: Sequence[str] = ()):
-    """Train a VLM policy with RL; returns a ``TrainResult`` (run_dir, before/after metrics).
+    """Train with RL; returns a ``TrainResult`` (run_dir, before/after metrics).
 
-    ``config`` is a YAML recipe path, a built-in recipe name (``"vlm/grounding_tiny"``), a
-    ``Config``, or None for the tiny default; ``overrides`` are dotted ``key=value`` strings.
+    ``config`` is a YAML recipe path, a built-in recipe name (``"vlm/grounding_tiny"``,
+    ``"diffusion/composition_tiny"``), a ``Config``, or None for the tiny VLM default;
+    ``overrides`` are dotted ``key=value`` strings. The task's modality picks the policy.
     """
     from .core.trainer import Trainer, build_task
-    from .vlm.policy import VLMPolicy
 
     if isinstance(config, Config):
         cfg = load_config(None, overrides, base=config)
     else:
         cfg = load_config(builtin_config_path(str(config or "vlm/counting_tiny")), overrides)
     task = build_task(cfg)
-    return Trainer(cfg, VLMPolicy(cfg), task).train()
+    return Trainer(cfg, make_policy(cfg, task), task).train()

@@ -1,6 +1,7 @@
 """The ``mmrl`` command line.
 
     mmrl train vlm                                  # the tiny default, on CPU, in minutes
+    mmrl train diffusion                            # the tiny generator with Flow-GRPO, on CPU
     mmrl train vlm configs/vlm/grounding_tiny.yaml algo.epsilon_high=0.28 rollout.num_generations=8
     mmrl train vlm log.run_name=exp1 --resume      # continue runs/exp1 from its latest checkpoint
     mmrl eval runs/exp1                             # score the run's final checkpoint on the eval split
@@ -21,8 +22,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Reinforcement learning for multimodal models.")
 console = Console(stderr=True)
 
-DEFAULT_CONFIGS = {"vlm": "vlm/counting_tiny"}
-MODALITIES = ("vlm",)
+DEFAULT_CONFIGS = {"vlm": "vlm/counting_tiny", "diffusion": "diffusion/composition_tiny"}
+MODALITIES = ("vlm", "diffusion")
 
 
 def _split_args(args: list[str]) -> tuple[Optional[str], list[str]]:
@@ -50,19 +51,21 @@ def _load(modality: str, args: list[str], extra: list[str] = ()):
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def train(
-    modality: str = typer.Argument(..., help="what to train: vlm"),
+    modality: str = typer.Argument(..., help="what to train: vlm | diffusion"),
     args: Optional[List[str]] = typer.Argument(None, help="[CONFIG.yaml] [key=value overrides...]"),
     resume: bool = typer.Option(False, "--resume", help="continue from the run's latest checkpoint"),
 ):
     """Train with RL. Without a config, trains the built-in tiny default on CPU."""
     cfg = _load(modality, list(args or []), ["resume=true"] if resume else [])
     _configure_threads(cfg)
+    from .api import make_policy
     from .core.trainer import Trainer, build_task
-    from .vlm.policy import VLMPolicy
 
     try:
         task = build_task(cfg)
-        policy = VLMPolicy(cfg)
+        if getattr(task, "modality", "vlm") != modality:
+            raise ValueError(f"task {task.name!r} is a {task.modality} task; run it with `mmrl train {task.modality}`")
+        policy = make_policy(cfg, task)
     except (FileNotFoundError, ValueError, KeyError) as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2)
@@ -87,8 +90,8 @@ def eval_(
     from .config import ConfigError, load_config
     from .core.checkpoint import CheckpointManager
     from .core.rewards import make_reward_computer
+    from .api import make_policy
     from .core.trainer import build_task, evaluate
-    from .vlm.policy import VLMPolicy
 
     path = Path(target)
     ckpt = None
@@ -105,36 +108,46 @@ def eval_(
         raise typer.Exit(2)
     _configure_threads(cfg)
     task = build_task(cfg)
-    policy = VLMPolicy(cfg)
+    policy = make_policy(cfg, task)
     if ckpt is not None:
         policy.load(ckpt / "policy")
     rewards = make_reward_computer(task, cfg.task)
     if gallery is None:
         gallery = (path if path.is_dir() and (path / "config.yaml").exists() else Path(".")) / "eval_gallery"
-    metrics = evaluate(policy, task, rewards, cfg, num_examples, gallery_dir=gallery)
+    grid = gallery / "samples.png" if getattr(task, "modality", "vlm") == "diffusion" else None
+    metrics = evaluate(policy, task, rewards, cfg, num_examples, gallery_dir=gallery, grid_path=grid)
     print(json.dumps({"checkpoint": str(ckpt) if ckpt else cfg.model.path, "task": cfg.task.name, **metrics}, indent=2))
     typer.echo(f"gallery: {gallery / 'index.html'} and {gallery / 'gallery.png'}", err=True)
 
 
 @app.command(name="build-tiny")
 def build_tiny(
-    modality: str = typer.Argument("vlm", help="which tiny model: vlm"),
+    modality: str = typer.Argument("vlm", help="which tiny model: vlm | diffusion"),
     out: Optional[Path] = typer.Option(None, help="output directory (default: the shipped asset)"),
-    steps: int = typer.Option(1600, help="SFT warm-start steps"),
+    steps: Optional[int] = typer.Option(None, help="warm-start steps (default: vlm 1600 SFT steps, "
+                                        "diffusion 1500 flow-matching steps)"),
     seed: int = typer.Option(0),
 ):
-    """Rebuild a shipped tiny model from scratch (tokenizer, weights, SFT warm start)."""
-    if modality != "vlm":
-        console.print(f"[red]error:[/] no tiny {modality} model in this version (available: vlm)")
+    """Rebuild a shipped tiny model from scratch (tokenizer, weights, warm start)."""
+    if modality not in ("vlm", "diffusion"):
+        console.print(f"[red]error:[/] no tiny {modality} model (available: vlm, diffusion)")
         raise typer.Exit(2)
     import torch
 
     from .assets import asset_path
-    from .vlm.sft import build_tiny_vlm
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
+    if modality == "diffusion":
+        from .diffusion.pretrain import DEFAULT_PRETRAIN_STEPS, pretrain_tiny_generator
+
+        target = out or asset_path("tiny-flow-shapes")
+        path = pretrain_tiny_generator(target, steps=steps or DEFAULT_PRETRAIN_STEPS, seed=seed)
+        console.print(f"saved tiny generator to {path}")
+        return
+    from .vlm.sft import build_tiny_vlm
+
     target = out or asset_path("tiny-qwen2.5-vl")
-    path = build_tiny_vlm(target, sft_steps=steps, seed=seed)
+    path = build_tiny_vlm(target, sft_steps=steps or 1600, seed=seed)
     console.print(f"saved tiny model to {path}")
 
 

@@ -16,10 +16,9 @@ class LoraConfig:
     r: int = 16
     alpha: int = 32
     dropout: float = 0.0
-    # Module-name suffixes of the language model to adapt (peft's target_modules).
-    target_modules: list[str] = field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    )
+    # Module-name suffixes to adapt (peft's target_modules); None = the model family's default
+    # (VLM: the language model's attention and MLP projections; generators: the transformer's attention).
+    target_modules: Optional[list[str]] = None
 
 
 @dataclass
@@ -109,6 +108,35 @@ class DataConfig:
 
 
 @dataclass
+class DiffusionConfig:
+    """Generator RL (``mmrl train diffusion``): the stochastic sampler and which denoising steps
+    are actions. See the README's diffusion table for the papers behind each key."""
+
+    sampler: str = "flow_sde"  # flow_sde (Flow-GRPO) | cps (coefficients-preserving) | dance (DanceGRPO)
+    noise_level: float = 0.7  # flow_sde: a in std = a*sqrt(sigma/(1-sigma)); cps: a; dance: eta
+    num_steps: int = 10  # denoising steps of training rollouts
+    eval_num_steps: int = 20  # denoising steps at eval (denoising reduction: train with fewer)
+    guidance_scale: Optional[float] = None  # CFG in training rollouts and updates; None = the model's default, 1 = off
+    eval_guidance_scale: Optional[float] = None  # None = guidance_scale
+    height: Optional[int] = None  # None = the model's default size
+    width: Optional[int] = None
+    num_frames: Optional[int] = None  # video generators (Wan)
+    shared_noise: bool = False  # one initial noise per group (DanceGRPO); False = per sample (Flow-GRPO)
+    # SDE window (Flow-GRPO-Fast / MixGRPO): only sde_window_size consecutive steps are stochastic
+    # and trained, ODE elsewhere; 0 = every step is stochastic.
+    sde_window_size: int = 0
+    sde_window_range: Optional[list[int]] = None  # [first, last] start step of the window; None = anywhere
+    sde_window_mode: str = "random"  # random (a seeded start each RL step) | sliding (MixGRPO: moves forward)
+    sde_window_shift_every: int = 10  # sliding: RL steps before the window moves one denoising step
+    timestep_fraction: float = 1.0  # DanceGRPO: train a random fraction of the stochastic steps per sample
+    train_steps_prefix: int = 0  # >0: train only the first k denoising steps (sampling unchanged)
+    logp_reduction: str = "mean"  # mean over latent dims (Flow-GRPO) | sum (the exact density)
+    grpo_guard: bool = False  # GRPO-Guard RatioNorm: per-step re-centred, re-scaled log-ratio
+    adv_clip_max: float = 5.0  # advantages clipped to +-adv_clip_max (Flow-GRPO); DiffusionNFT's A_max
+    nft_beta: float = 1.0  # DiffusionNFT: v+ = b v + (1-b) v_old, v- = (1+b) v_old - b v
+
+
+@dataclass
 class TrainConfig:
     steps: int = 100  # RL steps (one rollout batch each)
     prompts_per_step: int = 8
@@ -166,6 +194,7 @@ class Config:
     task: TaskConfig = field(default_factory=TaskConfig)
     data: DataConfig = field(default_factory=DataConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
     log: LogConfig = field(default_factory=LogConfig)
     resume: bool = False
     plugins: list[str] = field(default_factory=list)  # modules or .py files to import

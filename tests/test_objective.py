@@ -278,3 +278,21 @@ def test_bad_names_raise_with_valid_values():
         kl_penalty(t([0.0]), t([0.0]), "kl")
     with pytest.raises(ValueError, match="max_completion_length"):
         aggregate(t(L), t(M), "seq_mean_token_sum_norm")
+
+
+def test_closed_form_kl_replaces_the_estimator():
+    """A policy-supplied per-action KL (diffusion: ||mu - mu_ref||^2 / 2 sigma^2) is added as
+    beta * kl, and no ref_logps are needed. Ratio 1, A = 0: loss = beta * mean(kl)."""
+    logps = torch.zeros(2, 2, requires_grad=True)
+    kl = torch.tensor([[0.5, 1.5], [2.0, 0.0]])
+    cfg = ObjectiveConfig(beta=0.1)
+    loss, metrics = policy_loss(logps, None, torch.zeros(2), torch.ones(2, 2), cfg, kl=kl)
+    assert abs(float(loss) - 0.1 * 1.0) < 1e-7  # mean(kl) = 4 / 4 = 1
+    assert abs(metrics["kl"] - 1.0) < 1e-7
+    loss0, metrics0 = policy_loss(logps, None, torch.zeros(2), torch.ones(2, 2), ObjectiveConfig(beta=0.0), kl=kl)
+    assert float(loss0) == 0.0 and "kl" not in metrics0
+
+
+def test_nft_loss_type_is_refused_by_the_surrogate():
+    with pytest.raises(ValueError, match="likelihood-free"):
+        policy_loss(torch.zeros(1, 1), None, torch.ones(1), torch.ones(1, 1), ObjectiveConfig(loss_type="nft"))

@@ -86,3 +86,27 @@ def write_gallery(out_dir: Path, task, completions: Sequence[str], examples: Seq
     summary = {"right": right_count, "shown": len(cards)}
     (out_dir / "summary.json").write_text(json.dumps(summary))
     return summary
+
+
+def save_image_grid(path: Path, images: Sequence[Image.Image], captions: Sequence[str],
+                    rewards: Sequence[float], columns: int = 8, cell: int = 128) -> Path:
+    """A PNG contact sheet of generated images (upscaled to ``cell`` px, nearest-neighbour so
+    small samples stay crisp), each with its prompt and reward underneath: the before/after
+    look at a generator run."""
+    from PIL import ImageDraw
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    images = [im[len(im) // 2] if isinstance(im, list) else im for im in images]  # a clip: its middle frame
+    rows = max(1, math.ceil(len(images) / columns))
+    label = 28
+    sheet = Image.new("RGB", (columns * cell, rows * (cell + label)), (255, 255, 255))
+    draw = ImageDraw.Draw(sheet)
+    for i, (image, caption, reward) in enumerate(zip(images, captions, rewards)):
+        x, y = (i % columns) * cell, (i // columns) * (cell + label)
+        sheet.paste(image.convert("RGB").resize((cell, cell), resample=Image.NEAREST), (x, y))
+        text = str(caption)
+        draw.text((x + 2, y + cell + 1), text[:22], fill=(0, 0, 0))
+        draw.text((x + 2, y + cell + 13), f"{text[22:34]} r={reward:.2f}", fill=(0, 0, 0))
+    sheet.save(path)
+    return path

@@ -262,6 +262,7 @@ def policy_loss(
     selection: Optional[TokenSelection] = None,
     generator: Optional[torch.Generator] = None,
     off_policy: Optional[Tensor] = None,
+    kl: Optional[Tensor] = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Clipped surrogate loss (PPO / GRPO / DAPO) plus an optional KL penalty.
 
@@ -304,6 +305,10 @@ def policy_loss(
     Everything else (token-selection weights, KL-Cov, KL, entropy bonus, aggregation) applies to
     those rows as to the others. ``None`` or all ``False`` gives exactly the loss without it.
 
+    ``kl`` (B, T): a per-action KL to the reference that the policy computed in closed form (a
+    diffusion policy's KL between the Gaussian step distributions of policy and reference, Flow-GRPO's
+    ``||mu - mu_ref||^2 / (2 sigma^2)``); when given it replaces the estimator on ``ref_logps``.
+
     Returns ``(loss, metrics)``. Metrics are python floats. ``ratio_mean``, ``clip_frac_low``
     (A < 0 and ratio < 1 - epsilon), ``clip_frac_high`` (A > 0 and ratio > 1 + epsilon_high),
     ``kl`` (only when beta > 0) and ``pg_loss`` are masked means over this call's tokens, so a
@@ -317,6 +322,9 @@ def policy_loss(
     only (off-policy tokens are never clipped), still divided by all of this call's tokens, and
     ``off_policy_frac`` is the fraction of this call's tokens that lie in off-policy rows.
     """
+    if cfg.loss_type == "nft":
+        raise ValueError("loss_type 'nft' (DiffusionNFT) is likelihood-free: the diffusion policy computes it "
+                         "(mmrl.diffusion.losses.nft_loss); policy_loss has no surrogate for it")
     if old_logps is None:
         old_logps = logps.detach()
     if advantages.dim() == 1:
@@ -365,14 +373,16 @@ def policy_loss(
         kl_cov = selection.kl_cov.to(pg.dtype) * (logps - old_logps).abs()
         per_token = per_token + cfg.kl_cov_coef * kl_cov
 
-    kl = None
-    if cfg.beta > 0:
+    if cfg.beta <= 0:
+        kl = None
+    elif kl is None:  # else: the policy's closed-form KL
         if ref_logps is None:
             raise ValueError(
                 f"beta={cfg.beta} > 0 needs ref_logps (reference-model log-probs); "
                 "pass them or set beta=0"
             )
         kl = kl_penalty(logps, ref_logps, cfg.kl_estimator)
+    if kl is not None:
         per_token = per_token + cfg.beta * kl
     if cfg.entropy_coef != 0:
         per_token = per_token - cfg.entropy_coef * entropies

@@ -52,7 +52,10 @@ __all__ = [
     "select_tokens",
 ]
 
-LOSS_TYPES = ("clip", "gspo", "reg_grpo", "cispo")
+# awm / nft are generator objectives (mmrl.diffusion): awm is the clip surrogate over a
+# flow-matching log-likelihood the policy computes; nft is computed by the policy itself.
+LOSS_TYPES = ("clip", "gspo", "reg_grpo", "cispo", "awm", "nft")
+POLICY_DEFINED_LOSS_TYPES = ("awm", "nft")
 
 Bound = Union[float, Tensor]
 

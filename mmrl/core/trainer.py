@@ -62,9 +62,10 @@ class TrainResult:
 
 
 def evaluate(policy, task: Task, rewards, cfg, num_examples: int | None = None,
-             gallery_dir: Path | None = None) -> dict[str, float]:
+             gallery_dir: Path | None = None, grid_path: Path | None = None) -> dict[str, float]:
     """Held-out mean reward, each reward component and the task's metrics on the eval split;
-    with ``gallery_dir``, also an HTML + PNG gallery of the first predictions (right/wrong)."""
+    with ``gallery_dir``, also an HTML + PNG gallery of the first predictions (right/wrong);
+    with ``grid_path`` and a generator (images as completions), a PNG grid of the samples."""
     examples_all = task.examples("eval")
     n = min(num_examples or cfg.eval.num_examples, len(examples_all))
     examples = with_coordinates(policy, [examples_all[i] for i in range(n)])
@@ -80,6 +81,10 @@ def evaluate(policy, task: Task, rewards, cfg, num_examples: int | None = None,
 
         best = sum(w for w in rewards.weights.values() if w > 0)
         write_gallery(gallery_dir, task, batch.completions, batch.examples, total.tolist(), comps, best)
+    if grid_path is not None and batch.completions and hasattr(batch.completions[0], "convert"):
+        from .gallery import save_image_grid
+
+        save_image_grid(grid_path, batch.completions, [task.prompt(ex) for ex in batch.examples], total.tolist())
     return out
 
 
@@ -100,7 +105,7 @@ def with_coordinates(policy, examples: list[dict]) -> list[dict]:
 
 def _eval_sampling(cfg) -> SimpleNamespace:
     """Rollout settings for evaluation: the training budget, the eval temperature."""
-    return SimpleNamespace(temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
+    return SimpleNamespace(mode="eval", temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
                            max_completion_length=cfg.rollout.max_completion_length,
                            batch_size=cfg.rollout.batch_size)
 
@@ -244,6 +249,8 @@ class Trainer:
     def rollout_step(self, step: int) -> tuple[Rollouts, dict[str, float]]:
         cfg = self.cfg
         seed_everything(step_seed(cfg.train.seed, step))
+        if hasattr(self.policy, "begin_step"):  # policies that seed by RL step (generators)
+            self.policy.begin_step(step)
         self._reward_stats: dict[str, float] = {}
         self._reward_calls = 0
         extra: dict[str, float] = {}
@@ -408,7 +415,7 @@ class Trainer:
         if start:
             logger.truncate_after(start)
         elif cfg.eval.before:
-            before = evaluate(self.policy, self.task, self.rewards, cfg)
+            before = evaluate(self.policy, self.task, self.rewards, cfg, grid_path=self.run_dir / "samples_before.png")
             logger.log(0, {f"eval/{k}": v for k, v in before.items()})
         try:
             with TrainingProgress(cfg.train.steps, start_step=start, enabled=cfg.log.progress,
@@ -433,7 +440,7 @@ class Trainer:
                     if cfg.log.save_every and step % cfg.log.save_every == 0 and step < cfg.train.steps:
                         self.save(step, before)
             self.save(cfg.train.steps, before)
-            after = evaluate(self.policy, self.task, self.rewards, cfg)
+            after = evaluate(self.policy, self.task, self.rewards, cfg, grid_path=self.run_dir / "samples_after.png")
             logger.log(cfg.train.steps, {f"eval/{k}": v for k, v in after.items()})
         finally:
             logger.close()

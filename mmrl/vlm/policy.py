@@ -46,6 +46,10 @@ def resolve_model_path(path: str) -> Path:
     return p
 
 
+# LoRA targets when model.lora.target_modules is unset: the language model's attention and MLP.
+VLM_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
 def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -79,6 +83,9 @@ class VLMPolicy:
     """A Qwen-VL-family model trained with the core objective. See the module docstring."""
 
     def __init__(self, cfg, device: torch.device | None = None):
+        if cfg.algo.loss_type in ("awm", "nft"):
+            raise ValueError(f"algo.loss_type={cfg.algo.loss_type!r} is a generator objective (flow-matching "
+                             "likelihood); a VLM trains with clip, gspo, reg_grpo or cispo")
         self.cfg = cfg
         self.device = device or pick_device(cfg.train.device)
         self.model, self.processor = load_vlm(cfg.model, self.device)
@@ -139,7 +146,7 @@ class VLMPolicy:
         targets = [
             name for name, module in self.model.named_modules()
             if isinstance(module, torch.nn.Linear)
-            and name.split(".")[-1] in set(lora_cfg.target_modules)
+            and name.split(".")[-1] in set(lora_cfg.target_modules or VLM_LORA_TARGETS)
             and not (tower_prefix and name.startswith(tower_prefix + "."))
         ]
         if not targets:

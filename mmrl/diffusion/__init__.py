@@ -1,0 +1,1 @@
+"""Generator RL: SDE samplers with log-probs, model adapters, the tiny generator, the policy."""

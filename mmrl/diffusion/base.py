@@ -1,0 +1,106 @@
+"""What the diffusion policy needs from a generator: the contract every model adapter implements.
+
+The RL loop owns the sampling loop (it needs a log-prob at every stochastic step), so an adapter
+does not run its pipeline's ``__call__``; it exposes the pieces: the velocity of the flow at
+``(latents, sigma)`` for some prompts (classifier-free guidance inside, prompt embeddings cached),
+the sigma schedule, the latent shape, and decoding latents to pixels.
+
+Conventions (rectified flow, as in diffusers' ``FlowMatchEulerDiscreteScheduler``):
+``x_sigma = (1 - sigma) * x0 + sigma * noise``, sigma runs from ~1 (noise) down to 0 (data),
+the model predicts the velocity ``v = noise - x0`` and one Euler step is
+``x_next = x + (sigma_next - sigma) * v``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+
+class PromptCache:
+    """Per-prompt text-encoder outputs, computed once: RL revisits the same prompts every step, and
+    the text encoders of SD3 (two CLIPs + T5) or FLUX (CLIP + T5) cost more than a small
+    transformer step. ``encode(prompts)`` -> dict of per-prompt tensors with a leading axis of 1;
+    ``get`` concatenates them along axis 0 in the order asked (tensors without a batch axis, such
+    as FLUX's ``text_ids``, are taken from the first prompt)."""
+
+    def __init__(self, encode: Callable[[list[str]], list[dict[str, Tensor]]], max_size: int = 4096):
+        self._encode = encode
+        self._store: OrderedDict[str, dict[str, Tensor]] = OrderedDict()
+        self.max_size = max_size
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, prompts: Sequence[str]) -> dict[str, Tensor]:
+        missing = list(dict.fromkeys(p for p in prompts if p not in self._store))
+        self.hits += len(prompts) - len([p for p in prompts if p in missing])
+        self.misses += len(missing)
+        if missing:
+            with torch.no_grad():
+                for prompt, embeds in zip(missing, self._encode(missing)):
+                    self._store[prompt] = embeds
+        while len(self._store) > self.max_size:
+            self._store.popitem(last=False)
+        parts = [self._store[p] for p in prompts]
+        out = {}
+        for key, first in parts[0].items():
+            if first.dim() >= 1 and all(part[key].dim() == first.dim() for part in parts) and first.shape[0] == 1:
+                out[key] = torch.cat([part[key] for part in parts], dim=0)
+            else:
+                out[key] = first
+        return out
+
+    def clear(self) -> None:
+        self._store.clear()
+
+
+class FlowPipeline:
+    """A text-to-image (or -video) rectified-flow generator, as the diffusion policy sees it.
+
+    Subclasses set ``transformer`` (the module RL trains; LoRA goes here), ``family`` and
+    ``lora_targets`` (peft ``target_modules`` for the transformer) and implement the methods.
+    All latents handed in and out are float32; adapters cast to the model dtype inside.
+    """
+
+    family: str = "base"
+    transformer: torch.nn.Module
+    lora_targets: list[str] = ["to_q", "to_k", "to_v", "to_out.0"]
+    is_video: bool = False
+    # The guidance scale of the checkpoint's own pipeline: what ``diffusion.guidance_scale: null`` uses.
+    default_guidance_scale: float = 1.0
+    default_height: int = 512
+    default_width: int = 512
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.transformer.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.transformer.parameters()).dtype
+
+    def latent_shape(self, height: int, width: int, num_frames: int | None = None) -> tuple[int, ...]:
+        """Shape of one sample's latents (no batch axis)."""
+        raise NotImplementedError
+
+    def sigmas(self, num_steps: int, latent_shape: tuple[int, ...]) -> Tensor:
+        """The ``num_steps + 1`` sigmas of the sampling schedule, from ~1 down to exactly 0
+        (the checkpoint's scheduler: its shift, or FLUX's resolution-dependent dynamic shift)."""
+        raise NotImplementedError
+
+    def velocity(self, latents: Tensor, sigma: Tensor, prompts: Sequence[str], guidance_scale: float = 1.0) -> Tensor:
+        """The flow's velocity (float32, shape of ``latents``) at per-sample noise levels ``sigma``
+        (B,) for ``prompts`` (B strings). ``guidance_scale > 1``: classifier-free guidance with the
+        empty prompt as the unconditional branch (FLUX-dev feeds it to its guidance embedding
+        instead). Gradients flow when called with grad enabled."""
+        raise NotImplementedError
+
+    def decode(self, latents: Tensor) -> Tensor:
+        """Pixels in [0, 1], float32: (B, 3, H, W) for images, (B, F, 3, H, W) for video."""
+        raise NotImplementedError
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.transformer.parameters() if p.requires_grad]

@@ -1,0 +1,436 @@
+"""The generator policy: a diffusion / flow-matching model trained by the core objective.
+
+A sample is an image (or clip); its actions are the stochastic denoising transitions
+x_t -> x_{t+1}; the log-prob of an action is the Gaussian density of the SDE step
+(:mod:`mmrl.diffusion.sde`). ``rollout`` samples groups and stores each trajectory; ``train_step``
+recomputes the trained steps' log-probs with gradient, one denoising step at a time (per-timestep
+backward: activation memory of one step, not of the whole chain) and calls the core's loss.
+
+Objectives (``algo.loss_type``):
+
+- ``clip``: the PPO/GRPO clipped surrogate on step log-probs ("Flow-GRPO: Training Flow Matching
+  Models via Online RL"; "DanceGRPO: Unleashing GRPO on Visual Generation"), optionally with
+  GRPO-Guard's RatioNorm (``diffusion.grpo_guard``) and the closed-form KL on the step means to
+  the reference (``algo.beta``; the reference is the LoRA-disabled model, or a frozen copy).
+- ``awm``: "Advantage Weighted Matching": the same surrogate over the flow-matching
+  log-likelihood of the final sample, re-noised at the trained steps' noise levels.
+- ``nft``: "DiffusionNFT: Online Diffusion Reinforcement with Forward Process": likelihood-free,
+  positive/negative implicit velocities (:func:`mmrl.diffusion.losses.nft_loss`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ..core.objective import aggregate
+from ..core.rollouts import Rollouts
+from ..core.samplers import step_seed
+from .base import FlowPipeline
+from .losses import awm_log_likelihood, guard_log_ratio, noised, nft_loss
+from .plan import SDE_WINDOW_MODES, step_plan, trained_steps
+from .sde import SDE_STEPS, StepOutput, ode_step, sde_step
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DIFFUSION_LOSS_TYPES = ("clip", "awm", "nft")
+# Aggregations that are sums over actions with fixed normalisers, so the per-timestep backward
+# (one call per denoising step) adds up to exactly the loss of the whole batch.
+LINEAR_AGG_MODES = ("token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def load_generator(path: str, device: torch.device, dtype: torch.dtype) -> FlowPipeline:
+    """``"tiny"`` (the shipped tiny generator), a directory made by ``mmrl build-tiny diffusion``,
+    or a local diffusers pipeline directory (SD3 / SD3.5, FLUX, Wan)."""
+    from .tiny import TinyFlowPipeline, is_tiny_dir
+
+    if path == "tiny":
+        from ..assets import asset_path
+
+        path = str(asset_path("tiny-flow-shapes"))
+        if not is_tiny_dir(path):
+            raise FileNotFoundError(f"the tiny generator is missing from {path}; rebuild it with "
+                                    "`mmrl build-tiny diffusion`")
+    if is_tiny_dir(path):
+        return TinyFlowPipeline.from_pretrained(path, device, dtype)
+    from .pipelines import load_pipeline
+
+    return load_pipeline(path, device, dtype)
+
+
+def to_pil(pixels: torch.Tensor) -> Image.Image | list[Image.Image]:
+    """[0, 1] (3, H, W) -> an RGB image; (F, 3, H, W) -> a list of frames."""
+    if pixels.dim() == 4:
+        return [to_pil(f) for f in pixels]
+    array = (pixels.detach().float().clamp(0, 1).permute(1, 2, 0).cpu().numpy() * 255).round().astype(np.uint8)
+    return Image.fromarray(array)
+
+
+class DiffusionPolicy:
+    """A :class:`~mmrl.core.policy.Policy` over a :class:`~mmrl.diffusion.base.FlowPipeline`."""
+
+    def __init__(self, cfg, pipeline: FlowPipeline | None = None, device: torch.device | None = None):
+        self.cfg = cfg
+        self.d = cfg.diffusion
+        self._check_config(cfg)
+        self.device = device or pick_device(cfg.train.device)
+        if cfg.model.dtype not in DTYPES:
+            raise ValueError(f"model.dtype must be one of {', '.join(DTYPES)}, got {cfg.model.dtype!r}")
+        self.pipe = pipeline or load_generator(cfg.model.path, self.device, DTYPES[cfg.model.dtype])
+        self.transformer = self.pipe.transformer
+        self.ref_transformer = None
+        self.lora = bool(cfg.model.lora.enabled)
+        if self.lora:
+            if cfg.algo.ref_reset_every:
+                raise ValueError("algo.ref_reset_every is not supported with LoRA (the reference is the base model)")
+            self._apply_lora(cfg.model.lora)
+        else:
+            self.transformer.requires_grad_(True)
+            if cfg.algo.beta > 0:
+                self.ref_transformer = copy.deepcopy(self.transformer).eval().requires_grad_(False)
+        self.optimizer = None
+        self.scheduler = None
+        self.rl_step = 0
+        self._calls = 0
+
+    @staticmethod
+    def _check_config(cfg) -> None:
+        d, algo = cfg.diffusion, cfg.algo
+        if d.sampler not in SDE_STEPS:
+            raise ValueError(f"unknown diffusion.sampler {d.sampler!r}; valid: {', '.join(SDE_STEPS)} "
+                             "(ddim is the step function for epsilon-prediction models, mmrl.diffusion.sde.ddim_step)")
+        if algo.loss_type not in DIFFUSION_LOSS_TYPES:
+            raise ValueError(f"algo.loss_type={algo.loss_type!r} is not available for generators; valid: "
+                             f"{', '.join(DIFFUSION_LOSS_TYPES)}")
+        if algo.loss_agg_mode not in LINEAR_AGG_MODES:
+            raise ValueError(f"algo.loss_agg_mode={algo.loss_agg_mode!r}: a generator's loss is summed one "
+                             f"denoising step at a time, which is exact for {', '.join(LINEAR_AGG_MODES)}")
+        if d.sde_window_mode not in SDE_WINDOW_MODES:
+            raise ValueError(f"unknown diffusion.sde_window_mode {d.sde_window_mode!r}; valid: {', '.join(SDE_WINDOW_MODES)}")
+        if d.logp_reduction not in ("mean", "sum"):
+            raise ValueError(f"diffusion.logp_reduction must be mean or sum, got {d.logp_reduction!r}")
+        if d.grpo_guard and algo.loss_type != "clip":
+            raise ValueError("diffusion.grpo_guard corrects the SDE step ratio: it needs algo.loss_type=clip")
+        if algo.beta > 0 and algo.loss_type != "clip":
+            raise ValueError("algo.beta (KL on the step means) applies to algo.loss_type=clip")
+        for name in ("entropy_coef", "top_entropy_quantile", "clip_cov_ratio", "kl_cov_ratio", "off_policy_guidance"):
+            if getattr(algo, name, None):
+                raise ValueError(f"algo.{name} has no meaning for a generator (no token distribution)")
+
+    def _apply_lora(self, lora_cfg) -> None:
+        """LoRA through diffusers' peft integration (``add_adapter``), as diffusers' own LoRA
+        training scripts do: the transformer stays the same object and ``disable_adapters``
+        gives the reference model for free."""
+        from peft import LoraConfig
+
+        self.transformer.requires_grad_(False)
+        targets = list(lora_cfg.target_modules or self.pipe.lora_targets)
+        config = LoraConfig(r=lora_cfg.r, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout,
+                            init_lora_weights="gaussian", target_modules=targets)
+        self.transformer.add_adapter(config)
+        if not any(p.requires_grad for p in self.transformer.parameters()):
+            raise ValueError(f"model.lora.target_modules={targets} matched no layer of the transformer")
+
+    # -- the Policy interface -----------------------------------------------------------------------
+    def configure_optimizer(self, train_cfg, total_steps: int) -> None:
+        from transformers import get_scheduler
+
+        params = self.pipe.trainable_parameters()
+        self.optimizer = torch.optim.AdamW(params, lr=train_cfg.learning_rate, weight_decay=train_cfg.weight_decay,
+                                           betas=(train_cfg.adam_beta1, train_cfg.adam_beta2))
+        self.scheduler = get_scheduler(train_cfg.lr_scheduler_type, self.optimizer,
+                                       num_warmup_steps=train_cfg.warmup_steps, num_training_steps=max(total_steps, 1))
+
+    def begin_step(self, step: int) -> None:
+        """The trainer's RL step: seeds the noise and places the SDE window."""
+        self.rl_step = int(step)
+        self._calls = 0
+
+    def guidance(self, eval_mode: bool) -> float:
+        d = self.d
+        scale = d.eval_guidance_scale if eval_mode and d.eval_guidance_scale is not None else d.guidance_scale
+        return float(self.pipe.default_guidance_scale if scale is None else scale)
+
+    def latent_shape(self) -> tuple[int, ...]:
+        d = self.d
+        return self.pipe.latent_shape(d.height or self.pipe.default_height, d.width or self.pipe.default_width,
+                                      d.num_frames)
+
+    def _seed(self, *parts: int) -> int:
+        # Evaluation (call -1) uses the same noise at every RL step: before/after compare like with like.
+        step = 0 if parts[1] == -1 else self.rl_step
+        return step_seed(self.cfg.train.seed, step, salt=hash(parts) & 0x7FFFFFFF)
+
+    def _generator(self, *parts: int) -> torch.Generator:
+        return torch.Generator().manual_seed(self._seed(*parts))
+
+    def _noise(self, shape, *parts: int) -> torch.Tensor:
+        return torch.randn(shape, generator=self._generator(*parts))
+
+    @torch.no_grad()
+    def rollout(self, examples: Sequence[dict], prompts: Sequence[str], n: int, rollout_cfg: Any,
+                need_old_logps: bool, need_ref_logps: bool) -> Rollouts:
+        """``n`` samples per prompt. All randomness (initial noise, SDE noise, trained-step
+        choice) is seeded by (train.seed, RL step, example index, sample number, call number), not by
+        batch position, so results do not depend on ``rollout.batch_size`` and distributed workers
+        given different examples never draw the same noise."""
+        eval_mode = getattr(rollout_cfg, "mode", "train") == "eval"
+        d, algo = self.d, self.cfg.algo
+        call = -1 if eval_mode else self._calls
+        self._calls += 0 if eval_mode else 1
+        num_steps = d.eval_num_steps if eval_mode else d.num_steps
+        guidance = self.guidance(eval_mode)
+        shape = self.latent_shape()
+        sigmas = self.pipe.sigmas(num_steps, shape)
+        group_ids = torch.arange(len(prompts)).repeat_interleave(n)
+        sample_prompts = [str(p) for p in prompts for _ in range(n)]
+        sample_examples = [examples[i] for i in group_ids.tolist()]
+        keys = [(int(ex.get("_index", i)) if isinstance(ex, dict) else i, j)
+                for i, ex in enumerate(examples) for j in range(n)]
+        x0 = torch.stack([self._noise(shape, 1, call, idx, 0 if d.shared_noise else j) for idx, j in keys])
+        if eval_mode:
+            plan_sde = torch.zeros(num_steps, dtype=torch.bool)
+            train_mask = torch.zeros(len(keys), num_steps)
+        else:
+            plan = step_plan(num_steps, d.sde_window_size, d.sde_window_range, d.sde_window_mode, self.rl_step,
+                             d.sde_window_shift_every, self._generator(2, call))
+            plan_sde = plan.sde
+            train_mask = trained_steps(plan_sde, len(keys), d.train_steps_prefix, d.timestep_fraction,
+                                       [self._generator(3, call, idx, j) for idx, j in keys])
+        N, T = len(keys), num_steps
+        latents = torch.zeros((N, T + 1, *shape)) if not eval_mode else None
+        old_logps = torch.zeros(N, T)
+        std = torch.zeros(N, T)
+        old_means = torch.zeros((N, T, *shape)) if (d.grpo_guard and need_old_logps) else None
+        finals = []
+        batch = max(1, int(getattr(rollout_cfg, "batch_size", N) or N))
+        for start in range(0, N, batch):
+            rows = slice(start, min(start + batch, N))
+            x = x0[rows].to(self.device)
+            sde_noise = torch.stack([self._noise((T, *shape), 4, call, idx, j) for idx, j in keys[rows]])
+            if latents is not None:
+                latents[rows, 0] = x.cpu()
+            for t in range(T):
+                s = torch.full((x.shape[0],), float(sigmas[t]))
+                v = self.pipe.velocity(x, s.to(self.device), sample_prompts[rows], guidance)
+                if plan_sde[t]:
+                    out = self._step(v, x, sigmas, t, noise=sde_noise[:, t].to(self.device))
+                else:
+                    out = ode_step(v, x, float(sigmas[t]), float(sigmas[t + 1]))
+                x = out.prev_sample
+                old_logps[rows, t] = out.log_prob.cpu()
+                std[rows, t] = out.std.cpu()
+                if latents is not None:
+                    latents[rows, t + 1] = x.cpu()
+                if old_means is not None:
+                    old_means[rows, t] = out.mean.cpu()
+            finals.append(x.cpu())
+        final = torch.cat(finals)
+        pixels = torch.cat([self.pipe.decode(final[i:i + batch].to(self.device)).cpu() for i in range(0, N, batch)])
+        completions = [to_pil(p) for p in pixels]
+        # A step with std 0 (CPS's last step) carries no log-prob: never an action.
+        action_mask = train_mask * (std > 0).float() if not eval_mode else train_mask
+        payload: dict[str, Any] = {"prompts": sample_prompts, "sigmas": sigmas.expand(N, -1).clone()}
+        if latents is not None:
+            payload["latents"] = latents
+        if old_means is not None:
+            payload["old_means"] = old_means
+        if not eval_mode and algo.loss_type in ("awm", "nft"):
+            payload.update(self._likelihood_free_inputs(final, sample_prompts, sigmas, action_mask, keys, call,
+                                                        guidance, need_old_logps))
+            if algo.loss_type == "awm":
+                old_logps = payload.pop("awm_old_logps")
+        return Rollouts(
+            group_ids=group_ids,
+            action_mask=action_mask,
+            old_logps=old_logps if need_old_logps and not eval_mode else None,
+            completions=completions,
+            examples=list(sample_examples),
+            payload=payload,
+        )
+
+    def _step(self, v, x, sigmas, t: int, noise=None, prev_sample=None) -> StepOutput:
+        d = self.d
+        extra = {"sigma_max": float(sigmas[1])} if d.sampler == "flow_sde" else {}
+        return sde_step(d.sampler, v, x, float(sigmas[t]), float(sigmas[t + 1]), d.noise_level, noise=noise,
+                        prev_sample=prev_sample, reduction=d.logp_reduction, **extra)
+
+    def _likelihood_free_inputs(self, final, prompts, sigmas, mask, keys, call, guidance, need_old) -> dict:
+        """AWM / DiffusionNFT train on the final sample re-noised at the trained steps' sigmas:
+        fresh noise per (sample, step), and the sampling policy's velocity there (NFT's v_old;
+        AWM's old log-likelihood)."""
+        N, T = mask.shape
+        noise = torch.stack([self._noise((T, *final.shape[1:]), 5, call, idx, j) for idx, j in keys])
+        out = {"fm_noise": noise}
+        need_velocity = self.cfg.algo.loss_type == "nft" or need_old
+        old_v = torch.zeros_like(noise) if self.cfg.algo.loss_type == "nft" else None
+        awm_old = torch.zeros(N, T)
+        if need_velocity:
+            for t in range(T):
+                rows = mask[:, t].nonzero().flatten()
+                if len(rows) == 0:
+                    continue
+                s = float(sigmas[t])
+                x_s = noised(final[rows], noise[rows, t], s).to(self.device)
+                v = self.pipe.velocity(x_s, torch.full((len(rows),), s, device=self.device),
+                                       [prompts[i] for i in rows.tolist()], guidance).cpu()
+                if old_v is not None:
+                    old_v[rows, t] = v
+                awm_old[rows, t] = awm_log_likelihood(v, final[rows], noise[rows, t])
+        if old_v is not None:
+            out["old_velocity"] = old_v
+        out["awm_old_logps"] = awm_old
+        return out
+
+    @contextlib.contextmanager
+    def _reference(self):
+        """The reference velocity field: LoRA disabled, or the frozen copy."""
+        if self.ref_transformer is not None:
+            live = self.pipe.transformer
+            self.pipe.transformer = self.ref_transformer
+            try:
+                yield
+            finally:
+                self.pipe.transformer = live
+        elif self.lora:
+            self.transformer.disable_adapters()
+            try:
+                yield
+            finally:
+                self.transformer.enable_adapters()
+        else:
+            raise RuntimeError("a reference model is needed (algo.beta > 0) but none was set up")
+
+    def train_step(self, batch: Rollouts, objective: Callable[..., tuple[torch.Tensor, dict]],
+                   num_tokens: float, num_seqs: float) -> dict[str, float]:
+        """One optimizer step over ``batch``: for every micro-batch and every trained denoising step,
+        the step's loss with gradient, then ``backward`` (the losses of all calls add up to the
+        mini-batch loss because the aggregation normalisers are the mini-batch totals)."""
+        if self.optimizer is None:
+            raise RuntimeError("call configure_optimizer() before train_step()")
+        cfg, d = self.cfg, self.d
+        obj_cfg = objective.cfg
+        self.transformer.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        guidance = self.guidance(False)
+        advantages = batch.advantages.clamp(-d.adv_clip_max, d.adv_clip_max)
+        sums: dict[str, float] = {}
+        calls = 0
+        mb = max(1, cfg.train.micro_batch_size)
+        for start in range(0, len(batch), mb):
+            for t in range(batch.action_mask.shape[1]):
+                rows = torch.arange(start, min(start + mb, len(batch)))
+                rows = rows[batch.action_mask[rows, t] > 0]
+                if len(rows) == 0:
+                    continue
+                loss, metrics = self._step_loss(batch, rows, t, advantages[rows], objective, obj_cfg, guidance,
+                                                num_tokens, num_seqs)
+                loss.backward()
+                calls += 1
+                for k, v in metrics.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+        params = self.pipe.trainable_parameters()
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.train.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.transformer.eval()
+        out = {k: v / max(calls, 1) for k, v in sums.items() if k != "loss"}
+        out["loss"] = sums.get("loss", 0.0)
+        out["grad_norm"] = float(grad_norm)
+        out["lr"] = float(self.scheduler.get_last_lr()[0])
+        return out
+
+    def _step_loss(self, batch: Rollouts, rows: torch.Tensor, t: int, adv: torch.Tensor, objective, obj_cfg,
+                   guidance: float, num_tokens: float, num_seqs: float) -> tuple[torch.Tensor, dict]:
+        p = batch.payload
+        prompts = [p["prompts"][i] for i in rows.tolist()]
+        sigmas = p["sigmas"][int(rows[0])]
+        dev = self.device
+        ones = torch.ones(len(rows), 1, device=dev)
+        adv = adv.to(dev)
+        old = None if batch.old_logps is None else batch.old_logps[rows, t].to(dev)
+        if obj_cfg.loss_type in ("awm", "nft"):
+            x0 = p["latents"][rows, -1].to(dev)
+            noise = p["fm_noise"][rows, t].to(dev)
+            s = float(sigmas[t])
+            v = self.pipe.velocity(noised(x0, noise, s), torch.full((len(rows),), s, device=dev), prompts, guidance)
+            if obj_cfg.loss_type == "nft":
+                per_sample = nft_loss(v, p["old_velocity"][rows, t].to(dev), x0, noise, adv,
+                                      beta=self.d.nft_beta, adv_clip_max=self.d.adv_clip_max)
+                loss = aggregate(per_sample[:, None], ones, obj_cfg.loss_agg_mode, num_tokens=num_tokens,
+                                 num_seqs=num_seqs, max_completion_length=obj_cfg.max_completion_length)
+                return loss, {"loss": float(loss), "nft_loss": float(per_sample.mean())}
+            logp = awm_log_likelihood(v, x0, noise)
+            return objective(logp[:, None], None if old is None else old[:, None], adv, ones,
+                             num_tokens=num_tokens, num_seqs=num_seqs)
+        x = p["latents"][rows, t].to(dev)
+        x_next = p["latents"][rows, t + 1].to(dev)
+        s = torch.full((len(rows),), float(sigmas[t]), device=dev)
+        v = self.pipe.velocity(x, s, prompts, guidance)
+        out = self._step(v, x, sigmas, t, prev_sample=x_next)
+        logp = out.log_prob
+        metrics_extra: dict[str, float] = {}
+        if self.d.grpo_guard:
+            old_lp = logp.detach() if old is None else old
+            old_mean = out.mean.detach() if "old_means" not in p else p["old_means"][rows, t].to(dev)
+            logp = old_lp + guard_log_ratio(logp, old_lp, out.mean, old_mean, out.std)
+        kl = None
+        if obj_cfg.beta > 0:
+            with torch.no_grad(), self._reference():
+                ref = self._step(self.pipe.velocity(x, s, prompts, guidance), x, sigmas, t, prev_sample=x_next)
+            mse = ((out.mean - ref.mean) ** 2).flatten(1).mean(1)
+            kl = (mse / (2 * out.std.clamp(min=1e-12) ** 2))[:, None]
+        loss, metrics = objective(logp[:, None], None if old is None else old[:, None], adv, ones,
+                                  num_tokens=num_tokens, num_seqs=num_seqs, kl=kl)
+        metrics.update(metrics_extra)
+        return loss, metrics
+
+    def reset_reference(self) -> None:
+        """ProRL-style reference reset: the reference becomes the current policy."""
+        if self.ref_transformer is not None:
+            self.ref_transformer.load_state_dict(self.transformer.state_dict())
+
+    # -- checkpoints --------------------------------------------------------------------------------
+    def save(self, path: Path) -> None:
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        if self.lora:
+            from peft import get_peft_model_state_dict
+
+            state = get_peft_model_state_dict(self.transformer)
+            save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(path / "adapter_model.safetensors"))
+        else:
+            self.transformer.save_pretrained(path / "transformer")
+        if self.optimizer is not None:
+            torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
+                       path / "optimizer.pt")
+
+    def load(self, path: Path) -> None:
+        path = Path(path)
+        if self.lora:
+            from peft import set_peft_model_state_dict
+            from safetensors.torch import load_file
+
+            set_peft_model_state_dict(self.transformer, load_file(str(path / "adapter_model.safetensors")))
+        else:
+            saved = type(self.transformer).from_pretrained(path / "transformer", torch_dtype=self.pipe.dtype)
+            self.transformer.load_state_dict(saved.state_dict())
+            del saved
+        opt = path / "optimizer.pt"
+        if opt.exists() and self.optimizer is not None:
+            state = torch.load(opt, map_location="cpu", weights_only=False)
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])

@@ -1,0 +1,168 @@
+"""The built-in tiny generator: a rectified-flow transformer that draws 32x32 coloured shapes.
+
+Real classes with small configs, built locally (no hub): diffusers' ``SD3Transformer2DModel``
+(the MMDiT of Stable Diffusion 3) predicts the velocity, transformers' ``CLIPTextModelWithProjection``
+encodes the prompt (its sequence output is the transformer's ``encoder_hidden_states``, its projected
+pooled output the ``pooled_projections``, as in SD3), a word-level tokenizer covers the synthetic
+prompts' words, and diffusers' ``FlowMatchEulerDiscreteScheduler`` gives the sigmas. It works in
+pixel space (no VAE): a 32x32 image is already as small as a latent, and a VAE trained on CPU
+would cost more than it saves. The directory layout is diffusers-like (``transformer/``,
+``text_encoder/``, ``tokenizer/``, ``scheduler/``) plus ``mmrl_generator.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from .base import FlowPipeline, PromptCache
+
+MARKER = "mmrl_generator.json"
+TINY_SIZE = 32
+MAX_PROMPT_TOKENS = 16
+# Words of the synthetic prompts (mmrl.data.shapes_t2i); anything else maps to [UNK].
+VOCAB_WORDS = ["a", "one", "two", "three", "red", "green", "blue", "yellow", "circle", "circles",
+               "square", "squares", "on", "the", "left", "right", "and"]
+
+
+def build_tokenizer():
+    """A word-level tokenizer: [PAD] 0, [UNK] 1, [EOS] 2 appended to every prompt (CLIP's pooled
+    output is read at the EOS position), lower-cased, split on whitespace and punctuation."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[PAD]": 0, "[UNK]": 1, "[EOS]": 2, **{w: i + 3 for i, w in enumerate(VOCAB_WORDS)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="$A [EOS]", special_tokens=[("[EOS]", 2)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", eos_token="[EOS]",
+                                   model_max_length=MAX_PROMPT_TOKENS, padding_side="right")
+
+
+def tiny_configs(width: int = 96, layers: int = 3, text_dim: int = 32) -> dict:
+    """Configs of the tiny generator's models (sizes chosen so RL runs on a 2-core CPU)."""
+    from transformers import CLIPTextConfig
+
+    heads = width // 32
+    transformer = dict(sample_size=TINY_SIZE, patch_size=4, in_channels=3, out_channels=3, num_layers=layers,
+                       attention_head_dim=32, num_attention_heads=heads, joint_attention_dim=text_dim,
+                       caption_projection_dim=width, pooled_projection_dim=text_dim, pos_embed_max_size=TINY_SIZE // 4)
+    text = CLIPTextConfig(vocab_size=len(VOCAB_WORDS) + 3, hidden_size=text_dim, intermediate_size=2 * text_dim,
+                          num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=MAX_PROMPT_TOKENS,
+                          projection_dim=text_dim, pad_token_id=0, bos_token_id=0, eos_token_id=2)
+    return {"transformer": transformer, "text_encoder": text}
+
+
+def new_tiny_models(seed: int = 0, **sizes):
+    """Randomly initialised (transformer, text encoder, tokenizer, scheduler)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
+    from transformers import CLIPTextModelWithProjection
+
+    torch.manual_seed(seed)
+    cfg = tiny_configs(**sizes)
+    transformer = SD3Transformer2DModel(**cfg["transformer"])
+    text_encoder = CLIPTextModelWithProjection(cfg["text_encoder"])
+    # shift 1: at 32x32 pixels there is no high-resolution redundancy to shift noise levels for.
+    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=1.0)
+    return transformer, text_encoder, build_tokenizer(), scheduler
+
+
+def save_tiny(out: Path, transformer, text_encoder, tokenizer, scheduler, info: dict | None = None) -> Path:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    transformer.save_pretrained(out / "transformer")
+    text_encoder.save_pretrained(out / "text_encoder")
+    tokenizer.save_pretrained(out / "tokenizer")
+    scheduler.save_pretrained(out / "scheduler")
+    (out / MARKER).write_text(json.dumps({"family": "tiny", "height": TINY_SIZE, "width": TINY_SIZE,
+                                          "guidance_scale": 1.0, **(info or {})}, indent=2))
+    return out
+
+
+class TinyFlowPipeline(FlowPipeline):
+    """The tiny generator behind the :class:`FlowPipeline` contract (pixel space, one CLIP)."""
+
+    family = "tiny"
+    lora_targets = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj"]
+
+    def __init__(self, transformer, text_encoder, tokenizer, scheduler, info: dict | None = None):
+        self.transformer = transformer
+        self.text_encoder = text_encoder.requires_grad_(False).eval()
+        self.tokenizer = tokenizer
+        self.scheduler_config = dict(scheduler.config)
+        info = info or {}
+        self.default_height = int(info.get("height", TINY_SIZE))
+        self.default_width = int(info.get("width", TINY_SIZE))
+        self.default_guidance_scale = float(info.get("guidance_scale", 1.0))
+        self.prompt_cache = PromptCache(self._encode_each)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, device="cpu", dtype=torch.float32) -> "TinyFlowPipeline":
+        from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
+        from transformers import CLIPTextModelWithProjection, PreTrainedTokenizerFast
+
+        path = Path(path)
+        info = json.loads((path / MARKER).read_text())
+        transformer = SD3Transformer2DModel.from_pretrained(path / "transformer", torch_dtype=dtype).to(device)
+        text_encoder = CLIPTextModelWithProjection.from_pretrained(path / "text_encoder", torch_dtype=dtype).to(device)
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(path / "tokenizer")
+        scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(path / "scheduler")
+        return cls(transformer, text_encoder, tokenizer, scheduler, info)
+
+    # -- text ---------------------------------------------------------------------------------------
+    def encode_text(self, prompts: Sequence[str]) -> tuple[Tensor, Tensor]:
+        """(hidden states (B, L, D), pooled projection (B, D)) of ``prompts``, with gradient when
+        the text encoder is being trained (pretraining) — the cache is for RL only."""
+        ids = self.tokenizer(list(prompts), padding="max_length", max_length=MAX_PROMPT_TOKENS, truncation=True,
+                             return_tensors="pt").input_ids.to(self.text_encoder.device)
+        out = self.text_encoder(input_ids=ids)
+        return out.last_hidden_state, out.text_embeds
+
+    def _encode_each(self, prompts: list[str]) -> list[dict[str, Tensor]]:
+        hidden, pooled = self.encode_text(prompts)
+        return [{"hidden": hidden[i:i + 1], "pooled": pooled[i:i + 1]} for i in range(len(prompts))]
+
+    # -- the FlowPipeline contract -------------------------------------------------------------------
+    def latent_shape(self, height: int, width: int, num_frames: int | None = None) -> tuple[int, ...]:
+        return (self.transformer.config.in_channels, height, width)
+
+    def sigmas(self, num_steps: int, latent_shape: tuple[int, ...]) -> Tensor:
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        scheduler = FlowMatchEulerDiscreteScheduler.from_config(self.scheduler_config)
+        scheduler.set_timesteps(num_steps)
+        return scheduler.sigmas.float().cpu()
+
+    def velocity_from_embeds(self, latents: Tensor, sigma: Tensor, hidden: Tensor, pooled: Tensor) -> Tensor:
+        timestep = (sigma * self.scheduler_config.get("num_train_timesteps", 1000)).to(self.dtype)
+        return self.transformer(hidden_states=latents.to(self.dtype), timestep=timestep, encoder_hidden_states=hidden,
+                                pooled_projections=pooled, return_dict=False)[0].float()
+
+    def velocity(self, latents: Tensor, sigma: Tensor, prompts: Sequence[str], guidance_scale: float = 1.0) -> Tensor:
+        sigma = torch.as_tensor(sigma, dtype=torch.float32, device=latents.device).expand(latents.shape[0])
+        cond = self.prompt_cache.get(list(prompts))
+        if guidance_scale <= 1.0:
+            return self.velocity_from_embeds(latents, sigma, cond["hidden"], cond["pooled"])
+        uncond = self.prompt_cache.get([""] * len(prompts))
+        v = self.velocity_from_embeds(torch.cat([latents, latents]), torch.cat([sigma, sigma]),
+                                      torch.cat([uncond["hidden"], cond["hidden"]]),
+                                      torch.cat([uncond["pooled"], cond["pooled"]]))
+        v_uncond, v_cond = v.chunk(2)
+        return v_uncond + guidance_scale * (v_cond - v_uncond)
+
+    def decode(self, latents: Tensor) -> Tensor:
+        """Pixel space: latents are the image in [-1, 1]."""
+        return (latents.float() / 2 + 0.5).clamp(0, 1)
+
+    def encode_images(self, images: Tensor) -> Tensor:
+        """The inverse of ``decode`` (pretraining targets): [0, 1] pixels -> [-1, 1]."""
+        return images.float() * 2 - 1
+
+
+def is_tiny_dir(path: str | Path) -> bool:
+    return (Path(path) / MARKER).exists()
