@@ -189,6 +189,37 @@ def bench_algos(
         raise typer.Exit(2)
 
 
+@bench_app.command(name="diffusion", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def bench_diffusion(
+    args: Optional[List[str]] = typer.Argument(None, help="[CONFIG.yaml] [key=value overrides for every variant...]"),
+    variants: str = typer.Option("full_sde,sde_window,subsample", help="comma-separated variants"),
+    steps: int = typer.Option(20, help="RL steps per variant"),
+    seed: int = typer.Option(0, help="the same seed for every variant"),
+    out: Path = typer.Option(Path("runs/bench-diffusion"), help="output directory"),
+):
+    """Generator RL variants (full SDE, SDE window, timestep subsampling, ...) on the same prompts and
+    seed: time per RL iteration and held-out reward, side by side."""
+    from .bench.algos import UnknownVariantError, check_variants
+    from .bench.diffusion import DEFAULT_CONFIG, VARIANTS, run_diffusion_bench
+    from .config import ConfigError
+
+    try:
+        names = check_variants(variants.split(","), VARIANTS)
+    except UnknownVariantError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2)
+    path, overrides = _split_args(list(args or []))
+    try:
+        run_diffusion_bench(names, steps=steps, seed=seed, out_dir=out, config=path or DEFAULT_CONFIG,
+                            extra_overrides=overrides)
+    except ConfigError as exc:
+        console.print(f"[red]config error:[/] {exc}")
+        raise typer.Exit(2)
+    except (FileNotFoundError, FileExistsError, ValueError, KeyError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2)
+
+
 @app.command(name="list")
 def list_plugins():
     """List registered tasks, rewards, advantage estimators and data samplers."""

@@ -99,30 +99,36 @@ class UnknownVariantError(ValueError):
     """A variant name that is not in :data:`VARIANTS`."""
 
 
-def check_variants(variants: Sequence[str]) -> list[str]:
+def check_variants(variants: Sequence[str], table: dict[str, tuple[str, ...]] | None = None) -> list[str]:
+    """The variant names, checked against ``table`` (default: :data:`VARIANTS`)."""
+    table = VARIANTS if table is None else table
     names = [v.strip() for v in variants if v.strip()]
     if not names:
-        raise UnknownVariantError(f"no variants given (valid: {', '.join(VARIANTS)})")
-    bad = [v for v in names if v not in VARIANTS]
+        raise UnknownVariantError(f"no variants given (valid: {', '.join(table)})")
+    bad = [v for v in names if v not in table]
     if bad:
         raise UnknownVariantError(
             f"unknown variant{'s' if len(bad) > 1 else ''} {', '.join(repr(b) for b in bad)} "
-            f"(valid: {', '.join(VARIANTS)})")
+            f"(valid: {', '.join(table)})")
     dup = sorted({v for v in names if names.count(v) > 1})
     if dup:
         raise UnknownVariantError(f"variant listed twice: {', '.join(dup)}")
     return names
 
 
-def variant_overrides(name: str, base_cfg: Any = None) -> list[str]:
-    """BASE_OVERRIDES + the variant's overrides, with ``{samples_per_step}`` filled in from
-    ``base_cfg`` (the recipe with the user's extra overrides)."""
-    check_variants([name])
+def variant_overrides(name: str, base_cfg: Any = None, table: dict[str, tuple[str, ...]] | None = None,
+                      base: Sequence[str] | None = None) -> list[str]:
+    """``base`` (default BASE_OVERRIDES) + the variant's overrides from ``table`` (default
+    VARIANTS), with ``{samples_per_step}`` filled in from ``base_cfg`` (the recipe with the user's
+    extra overrides)."""
+    table = VARIANTS if table is None else table
+    base = BASE_OVERRIDES if base is None else tuple(base)
+    check_variants([name], table)
     samples = None
     if base_cfg is not None:
         samples = int(base_cfg.train.prompts_per_step) * int(base_cfg.rollout.num_generations)
     out: dict[str, str] = {}  # by key: a variant's setting replaces the base's
-    for o in (*BASE_OVERRIDES, *VARIANTS[name]):
+    for o in (*base, *table[name]):
         if "{samples_per_step}" in o:
             if samples is None:
                 raise ValueError(f"variant {name!r} needs the base config to size its batch")
@@ -260,6 +266,9 @@ def run_algo_bench(
     extra_overrides: Sequence[str] = (),
     threshold: float | None = None,
     console: Any = None,
+    table: dict[str, tuple[str, ...]] | None = None,
+    base: Sequence[str] | None = None,
+    report_name: str = "algos",
 ) -> list[dict[str, Any]]:
     """Train each variant for ``steps`` steps with ``seed`` and compare them (see the module doc).
 
@@ -277,7 +286,7 @@ def run_algo_bench(
     import mmrl
     from mmrl.config import builtin_config_path, load_config
 
-    names = check_variants(variants)
+    names = check_variants(variants, table)
     if steps < 1:
         raise ValueError("steps must be >= 1")
     out_dir = Path(out_dir)
@@ -286,7 +295,7 @@ def run_algo_bench(
     base_cfg = load_config(builtin_config_path(config), extra)
     plans = []
     for name in names:
-        overrides = [*extra, *variant_overrides(name, base_cfg), f"train.steps={steps}", f"train.seed={seed}",
+        overrides = [*extra, *variant_overrides(name, base_cfg, table, base), f"train.steps={steps}", f"train.seed={seed}",
                      f"log.output_dir={out_dir}", f"log.run_name={name}", "log.progress=false",
                      "log.save_every=0", "resume=false"]
         load_config(builtin_config_path(config), overrides)  # every config error before any training
@@ -295,7 +304,7 @@ def run_algo_bench(
     out_dir.mkdir(parents=True, exist_ok=True)
     results: list[dict[str, Any]] = []
     for i, (name, overrides) in enumerate(plans, 1):
-        console.print(f"[bold][{i}/{len(plans)}] {name}[/]: {' '.join(variant_overrides(name, base_cfg)) or '(base)'}",
+        console.print(f"[bold][{i}/{len(plans)}] {name}[/]: {' '.join(variant_overrides(name, base_cfg, table, base)) or '(base)'}",
                       highlight=False)
         run_dir = out_dir / name
         _clear_run_dir(run_dir)
@@ -312,7 +321,7 @@ def run_algo_bench(
         after = float(res.after["reward"])
         results.append({
             "variant": name,
-            "overrides": variant_overrides(name, base_cfg),
+            "overrides": variant_overrides(name, base_cfg, table, base),
             "before": before,
             "after": after,
             "delta": (after - before) if before is not None else None,
@@ -333,7 +342,8 @@ def run_algo_bench(
         })
 
     write_report(results, out_dir, config=str(config), steps=steps, seed=seed, extra_overrides=extra,
-                 threshold=threshold, notes=_notes(results, base_cfg), console=console)
+                 threshold=threshold, notes=_notes(results, base_cfg), console=console,
+                 base_overrides=BASE_OVERRIDES if base is None else base, report_name=report_name)
     return results
 
 
@@ -348,8 +358,10 @@ def write_report(
     threshold: float | None = None,
     notes: Sequence[str] = (),
     console: Any = None,
+    base_overrides: Sequence[str] = BASE_OVERRIDES,
+    report_name: str = "algos",
 ) -> None:
-    """Fill in the threshold columns, print the table, write algos.json / algos.md / algos.png."""
+    """Fill in the threshold columns, print the table, write <report_name>.json / .md / .png."""
     from rich.console import Console
 
     console = console or Console()
@@ -371,21 +383,22 @@ def write_report(
     title = f"{config}: {steps} steps, seed {seed}"
     summary = {
         "config": str(config), "steps": steps, "seed": seed, "extra_overrides": extra,
-        "base_overrides": list(BASE_OVERRIDES), "threshold": threshold, "threshold_source": threshold_source,
+        "base_overrides": list(base_overrides), "threshold": threshold, "threshold_source": threshold_source,
         "ma_window": MA_WINDOW, "final_window": FINAL_WINDOW, "notes": notes, "variants": results,
     }
-    (out_dir / "algos.json").write_text(json.dumps(summary, indent=2, default=_json_default))
+    (out_dir / f"{report_name}.json").write_text(json.dumps(summary, indent=2, default=_json_default))
     md = (f"`{config}`, {steps} steps, seed {seed}"
           + (f", overrides `{' '.join(extra)}`" if extra else "")
           + f"; threshold {threshold:.3f} ({threshold_source}) on the {MA_WINDOW}-step moving average"
           + " of the train reward\n\n" + markdown_table(results)
           + "".join(f"\n- {n}" for n in notes) + ("\n" if notes else ""))
-    (out_dir / "algos.md").write_text(md)
-    _plot(results, threshold, out_dir / "algos.png", title)
+    (out_dir / f"{report_name}.md").write_text(md)
+    _plot(results, threshold, out_dir / f"{report_name}.png", title)
     console.print(_rich_table(results, threshold, title))
     for n in notes:
         console.print(f"note: {n}", highlight=False)
-    console.print(f"wrote {out_dir / 'algos.json'}, {out_dir / 'algos.md'}, {out_dir / 'algos.png'}")
+    console.print(f"wrote {out_dir / (report_name + '.json')}, {out_dir / (report_name + '.md')}, "
+                  f"{out_dir / (report_name + '.png')}")
 
 
 def _notes(results: Sequence[dict[str, Any]], base_cfg: Any) -> list[str]:

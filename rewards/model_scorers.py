@@ -1,0 +1,339 @@
+"""Model-based image rewards from LOCAL weights: ``clip_score``, ``image_scorer``, ``vlm_judge``.
+
+mmrl never downloads weights (runs must be reproducible offline and a hub outage must not kill a
+long run), so every reward here takes a local path and fails at once with the config key to set
+when it is missing. Models load lazily on first use and are cached per (path, device): a reward is
+called every step, a load costs seconds to minutes.
+
+- ``clip_score``: CLIP image-text cosine ("Learning Transferable Visual Models From Natural
+  Language Supervision", Radford et al., 2021; as a metric: "CLIPScore: A Reference-free
+  Evaluation Metric for Image Captioning", Hessel et al., 2021), via ``open_clip`` (``mmrl[clip]``).
+- ``image_scorer``: a plug-in point for learned preference/aesthetic scorers (PickScore, HPSv2,
+  ImageReward, LAION aesthetic, ...), which all share one shape: load from a path, then map
+  (images, prompts) to floats. :func:`register_scorer` adds one; "aesthetic_mlp" is built in.
+- ``vlm_judge``: a mmrl VLM answers "does this image show {prompt}?"; the score is its
+  probability of "yes" (the VQAScore recipe of "Evaluating Text-to-Visual Generation with
+  Image-to-Text Generation", Lin et al., 2024).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable, Sequence
+
+from PIL import Image
+
+from mmrl import register_reward
+
+_SCORERS: dict[str, Callable] = {}
+_CACHE: dict[tuple, object] = {}  # loaded models, per (kind, name, path, device)
+
+
+# -- shared helpers --------------------------------------------------------------------------------
+
+def _require_path(path, key: str) -> Path:
+    """``path`` as an existing local Path, else FileNotFoundError naming the config ``key``."""
+    if path is None or str(path) == "" or not Path(str(path)).expanduser().exists():
+        raise FileNotFoundError(
+            f"{key}={path!r} is not an existing local path. Set {key} to local weights; mmrl "
+            "downloads nothing, so fetch the checkpoint yourself first."
+        )
+    return Path(str(path)).expanduser().resolve()
+
+
+def _device(device):
+    from mmrl.vlm.policy import pick_device
+
+    return pick_device(str(device))
+
+
+def _cached(key: tuple, load: Callable[[], object]):
+    if key not in _CACHE:
+        _CACHE[key] = load()
+    return _CACHE[key]
+
+
+def clear_cache() -> None:
+    """Forget every loaded model (tests; freeing memory between evaluations)."""
+    _CACHE.clear()
+
+
+def _valid(completions, examples, name: str) -> list[int]:
+    """Indices of the completions that are PIL images (the others score None)."""
+    if len(completions) != len(examples):
+        raise ValueError(f"{name}: {len(completions)} images for {len(examples)} examples")
+    return [i for i, im in enumerate(completions) if isinstance(im, Image.Image)]
+
+
+def _prompt(ex) -> str:
+    return str(ex.get("prompt", "")) if isinstance(ex, dict) else ""
+
+
+# -- CLIP ------------------------------------------------------------------------------------------
+
+def _import_open_clip():
+    try:
+        import open_clip
+    except ImportError as exc:
+        raise ImportError("this reward needs open_clip: pip install 'mmrl[clip]'") from exc
+    return open_clip
+
+
+class ClipModel:
+    """An open_clip model, its image preprocessing and tokenizer, with unit-norm embeddings."""
+
+    def __init__(self, model_name: str, checkpoint: Path, device):
+        open_clip = _import_open_clip()
+        # An absolute path (never a release tag such as "openai") makes open_clip load that file
+        # with its own checkpoint loader (bare state_dict or {"state_dict": ...}, "module."
+        # prefixes, position-embedding resizing) and download nothing. Architectures whose text
+        # tower is a Hugging Face model fetch its config at build time: not usable offline.
+        model, _, preprocess = open_clip.create_model_and_transforms(model_name, pretrained=str(checkpoint))
+        self.model = model.to(device).eval()
+        self.preprocess = preprocess
+        self.tokenizer = open_clip.get_tokenizer(model_name)
+        self.device = device
+
+    def embed_images(self, images: Sequence[Image.Image], batch_size: int = 32, normalize: bool = True):
+        import torch
+
+        out = []
+        with torch.no_grad():
+            for start in range(0, len(images), batch_size):
+                pixels = torch.stack([self.preprocess(im.convert("RGB")) for im in images[start:start + batch_size]])
+                out.append(self.model.encode_image(pixels.to(self.device)).float())
+        emb = torch.cat(out)
+        return torch.nn.functional.normalize(emb, dim=-1) if normalize else emb
+
+    def embed_texts(self, texts: Sequence[str], batch_size: int = 32):
+        import torch
+
+        out = []
+        with torch.no_grad():
+            for start in range(0, len(texts), batch_size):
+                tokens = self.tokenizer(list(texts[start:start + batch_size]))
+                out.append(self.model.encode_text(tokens.to(self.device)).float())
+        return torch.nn.functional.normalize(torch.cat(out), dim=-1)
+
+
+def load_clip(model_name: str, checkpoint, device) -> ClipModel:
+    """The cached :class:`ClipModel` for (architecture, local checkpoint, device)."""
+    checkpoint = Path(checkpoint).resolve()
+    key = ("clip", model_name, str(checkpoint), str(device))
+    return _cached(key, lambda: ClipModel(model_name, checkpoint, device))
+
+
+@register_reward("clip_score", minimum=-1.0)
+def clip_score(completions, examples, model: str = "ViT-B-32", pretrained: str | None = None,
+               device: str = "auto", scale: float = 1.0, batch_size: int = 32, **ctx) -> list:
+    """``scale * cos(image_emb, text_emb)`` of each image and its ``ex["prompt"]`` (in [-1, 1] for
+    scale 1). ``model``: an open_clip architecture name; ``pretrained``: a local checkpoint file."""
+    checkpoint = _require_path(pretrained, "task.reward_kwargs.clip_score.pretrained")
+    valid = _valid(completions, examples, "clip_score")
+    out: list = [None] * len(completions)
+    if not valid:
+        return out
+    clip = load_clip(model, checkpoint, _device(device))
+    images = clip.embed_images([completions[i] for i in valid], batch_size)
+    texts = clip.embed_texts([_prompt(examples[i]) for i in valid], batch_size)
+    for i, cos in zip(valid, (images * texts).sum(-1).tolist()):
+        out[i] = scale * cos
+    return out
+
+
+# -- pluggable learned scorers ---------------------------------------------------------------------
+
+def register_scorer(name: str):
+    """Decorator for a learned scorer's loader ``fn(path: str, device) -> score`` where
+    ``score(images: list[PIL.Image], prompts: list[str]) -> list[float]``; the reward
+    ``image_scorer`` (``scorer: name, path: ...``) then loads it once and calls it."""
+
+    def wrap(fn):
+        existing = _SCORERS.get(name)
+        if existing is not None and existing is not fn and existing.__qualname__ != fn.__qualname__:
+            raise ValueError(f"image scorer {name!r} is already registered by {existing!r}")
+        _SCORERS[name] = fn
+        return fn
+
+    return wrap
+
+
+def scorer_names() -> list[str]:
+    return sorted(_SCORERS)
+
+
+@register_reward("image_scorer")
+def image_scorer(completions, examples, scorer: str | None = None, path: str | None = None,
+                 device: str = "auto", scale: float = 1.0, **ctx) -> list:
+    """``scale *`` the registered scorer's value for each image and its ``ex["prompt"]``."""
+    if scorer not in _SCORERS:
+        raise ValueError(f"image_scorer: unknown scorer {scorer!r} (task.reward_kwargs.image_scorer.scorer); "
+                         f"registered: {', '.join(scorer_names()) or 'none'}")
+    where = _require_path(path, "task.reward_kwargs.image_scorer.path")
+    valid = _valid(completions, examples, "image_scorer")
+    out: list = [None] * len(completions)
+    if not valid:
+        return out
+    dev = _device(device)
+    score = _cached(("scorer", scorer, str(where), str(dev)), lambda: _SCORERS[scorer](str(where), dev))
+    values = list(score([completions[i] for i in valid], [_prompt(examples[i]) for i in valid]))
+    if len(values) != len(valid):
+        raise ValueError(f"image scorer {scorer!r} returned {len(values)} scores for {len(valid)} images")
+    for i, v in zip(valid, values):
+        out[i] = scale * float(v)
+    return out
+
+
+_ACTIVATIONS = {"none": None, "relu": "ReLU", "gelu": "GELU", "silu": "SiLU", "tanh": "Tanh"}
+
+
+def mlp_from_state_dict(state: dict, activation: str | None = None):
+    """Rebuild the ``nn.Sequential`` of Linear layers a state_dict came from, sizes read from it.
+
+    Keys are ``<prefix><index>.weight/bias`` (``layers.0.weight`` for the LAION improved aesthetic
+    predictor, ``0.weight`` for a bare Sequential) or just ``weight``/``bias`` (the LAION linear
+    head). Parameter-free slots between Linears (LAION's Dropouts) become ``activation`` (a name
+    in ``none``/``relu``/``gelu``/``silu``/``tanh``; LAION's MLP has none: it is linear)."""
+    import torch
+
+    if set(state) <= {"weight", "bias"}:
+        state = {f"0.{k}": v for k, v in state.items()}
+    pattern = re.compile(r"^(.*?)(\d+)\.(weight|bias)$")
+    parsed = {k: pattern.match(k) for k in state}
+    bad = [k for k, m in parsed.items() if m is None]
+    prefixes = {m.group(1) for m in parsed.values() if m is not None}
+    if bad or len(prefixes) != 1:
+        raise ValueError(f"not the state_dict of an nn.Sequential of Linear layers (keys {sorted(state)})")
+    prefix = prefixes.pop()
+    weights = {int(m.group(2)): state[k] for k, m in parsed.items() if m.group(3) == "weight"}
+    if not weights or any(w.dim() != 2 for w in weights.values()):
+        raise ValueError("an MLP head's state_dict needs 2-D Linear weights")
+    act = _ACTIVATIONS[(activation or "none").lower()]
+    layers: list[torch.nn.Module] = []
+    for i in range(max(weights) + 1):
+        if i in weights:
+            out_f, in_f = weights[i].shape
+            layers.append(torch.nn.Linear(in_f, out_f, bias=f"{prefix}{i}.bias" in state))
+        else:
+            layers.append(getattr(torch.nn, act)() if act else torch.nn.Identity())
+    head = torch.nn.Sequential(*layers)
+    head.load_state_dict({k[len(prefix):]: v for k, v in state.items()})
+    return head.eval()
+
+
+@register_scorer("aesthetic_mlp")
+def load_aesthetic_mlp(path: str, device):
+    """The LAION aesthetic predictor shape: an MLP over the unit-norm CLIP image embedding.
+
+    ``path`` is a directory with ``head.pt`` (the MLP's state_dict) and ``config.json``:
+    ``{"clip_model": "ViT-L-14", "clip_pretrained": "<checkpoint, absolute or relative to the
+    directory>", "activation": "none", "normalize": true}``. The prompt is not used."""
+    import torch
+
+    folder = Path(path)
+    cfg = json.loads((folder / "config.json").read_text())
+    clip_path = Path(cfg["clip_pretrained"]).expanduser()
+    clip_path = _require_path(clip_path if clip_path.is_absolute() else folder / clip_path,
+                              f"clip_pretrained in {folder / 'config.json'}")
+    clip = load_clip(cfg["clip_model"], clip_path, device)
+    head = mlp_from_state_dict(torch.load(folder / "head.pt", map_location="cpu", weights_only=True),
+                               cfg.get("activation")).to(device)
+    normalize = bool(cfg.get("normalize", True))
+
+    def score(images, prompts):
+        emb = clip.embed_images(images, normalize=normalize)  # LAION's predictor was fit on unit-norm embeddings
+        with torch.no_grad():
+            return head(emb).reshape(len(images), -1)[:, 0].tolist()
+
+    return score
+
+
+# -- VLM judge ---------------------------------------------------------------------------------------
+
+DEFAULT_QUESTION = "Does this image show {prompt}? Answer yes or no."
+
+
+def answer_token_ids(tokenizer, word: str) -> list[int]:
+    """Ids of the single-token spellings of an answer word: ``word``, ``" " + word`` and their
+    capitalised forms. The first answer token follows the chat template's "assistant\\n", so a
+    chat model usually writes "Yes"/"yes" without a space, but a BPE vocabulary may only have the
+    spaced form as one token (or the capitalised one); summing the probability of every
+    single-token spelling counts the answer however the model spells it. Multi-token spellings
+    are skipped: their first piece (e.g. "y") says nothing about yes vs no."""
+    ids = set()
+    for variant in (word, " " + word, word.capitalize(), " " + word.capitalize()):
+        tokens = tokenizer.encode(variant, add_special_tokens=False)
+        if len(tokens) == 1:
+            ids.add(int(tokens[0]))
+    if not ids:
+        raise ValueError(f"vlm_judge: the tokenizer has no single-token spelling of {word!r}")
+    return sorted(ids)
+
+
+class VLMJudge:
+    """A Qwen-VL-family model loaded with mmrl's own helpers (:func:`mmrl.vlm.policy.load_vlm`,
+    :class:`~mmrl.vlm.processing.VLMProcessor`), reading P(yes) at the first answer token."""
+
+    def __init__(self, path: Path, device, dtype: str = "float32"):
+        from mmrl.vlm.policy import load_vlm
+
+        cfg = SimpleNamespace(path=str(path), dtype=dtype, attn_implementation=None, min_pixels=None, max_pixels=None)
+        self.model, self.processor = load_vlm(cfg, device)
+        self.model.eval()
+        self.device = device
+        tok = self.processor.tokenizer
+        self.yes_ids, self.no_ids = answer_token_ids(tok, "yes"), answer_token_ids(tok, "no")
+
+    def __call__(self, images: Sequence[Image.Image], questions: Sequence[str], batch_size: int = 8) -> list[float]:
+        import torch
+
+        from mmrl.task import image_prompt
+        from mmrl.vlm.policy import VLMPolicy
+
+        scores: list[float] = []
+        for start in range(0, len(images), batch_size):
+            texts, pixels = [], []
+            for im, q in zip(images[start:start + batch_size], questions[start:start + batch_size]):
+                messages, ims = VLMPolicy.split_messages(image_prompt(im.convert("RGB"), q))
+                texts.append(self.processor.apply_chat_template(messages))
+                pixels.append(ims)
+            inputs = {k: v.to(self.device) for k, v in self.processor(texts, pixels).items()}
+            with torch.no_grad():
+                logits = self.model(**inputs, use_cache=False, logits_to_keep=1).logits[:, -1].float()
+            # Prompts are left-padded, so the last column is every prompt's next-token position.
+            # P(yes) / (P(yes) + P(no)): the full softmax's normaliser cancels, leaving a sigmoid
+            # of the log-sum-exp difference of the two answers' logits.
+            yes = torch.logsumexp(logits[:, self.yes_ids], dim=-1)
+            no = torch.logsumexp(logits[:, self.no_ids], dim=-1)
+            scores += torch.sigmoid(yes - no).tolist()
+        return scores
+
+
+@register_reward("vlm_judge")
+def vlm_judge(completions, examples, path: str | None = None, question: str = DEFAULT_QUESTION,
+              device: str = "auto", dtype: str = "float32", batch_size: int = 8, **ctx) -> list:
+    """P("yes") / (P("yes") + P("no")) of the VLM at ``path`` (a local checkpoint directory, or
+    "tiny" for mmrl's built-in tiny Qwen2.5-VL) asked ``question`` about each image, with
+    ``{prompt}`` replaced by the example's prompt. In [0, 1]."""
+    key = "task.reward_kwargs.vlm_judge.path"
+    if str(path) != "tiny":
+        _require_path(path, key)
+    from mmrl.vlm.policy import resolve_model_path
+
+    try:
+        where = resolve_model_path(str(path))
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"{key}={path!r}: {exc}") from None
+    valid = _valid(completions, examples, "vlm_judge")
+    out: list = [None] * len(completions)
+    if not valid:
+        return out
+    dev = _device(device)
+    judge = _cached(("vlm_judge", str(where.resolve()), str(dev), dtype), lambda: VLMJudge(where, dev, dtype))
+    questions = [question.replace("{prompt}", _prompt(examples[i])) for i in valid]
+    for i, s in zip(valid, judge([completions[i] for i in valid], questions, batch_size)):
+        out[i] = s
+    return out
