@@ -76,16 +76,20 @@ def register_task(name: str):
     return wrap
 
 
-def register_reward(name: str, minimum: float = 0.0):
+def register_reward(name: str, minimum: float = 0.0, check: Callable[..., None] | None = None):
     """Function decorator for a batched reward ``fn(completions, examples, **ctx) -> list``.
 
     A reward returns one float per completion, or ``None`` where the text cannot be parsed;
-    ``None`` scores ``minimum`` and is counted in the run's metrics.
+    ``None`` scores ``minimum`` and is counted in the run's metrics. ``check(**reward_kwargs)``
+    (optional) validates the reward's configuration (e.g. that a weights path exists) when the
+    run is set up, so a misconfigured reward stops the run before training instead of scoring
+    every batch at its minimum.
     """
 
     def wrap(fn):
         fn.reward_name = name
         fn.reward_minimum = minimum
+        fn.reward_check = check
         return REWARDS.register(name, fn)
 
     return wrap

@@ -126,7 +126,23 @@ def load_clip(model_name: str, checkpoint, device) -> ClipModel:
     return _cached(key, lambda: ClipModel(model_name, checkpoint, device))
 
 
-@register_reward("clip_score", minimum=-1.0)
+def _check_clip(pretrained=None, **_):
+    _require_path(pretrained, "task.reward_kwargs.clip_score.pretrained")
+
+
+def _check_scorer(scorer=None, path=None, **_):
+    if scorer not in _SCORERS:
+        raise ValueError(f"image_scorer: unknown scorer {scorer!r} (task.reward_kwargs.image_scorer.scorer); "
+                         f"registered: {', '.join(scorer_names()) or 'none'}")
+    _require_path(path, "task.reward_kwargs.image_scorer.path")
+
+
+def _check_judge(path=None, **_):
+    if str(path) != "tiny":
+        _require_path(path, "task.reward_kwargs.vlm_judge.path")
+
+
+@register_reward("clip_score", minimum=-1.0, check=_check_clip)
 def clip_score(completions, examples, model: str = "ViT-B-32", pretrained: str | None = None,
                device: str = "auto", scale: float = 1.0, batch_size: int = 32, **ctx) -> list:
     """``scale * cos(image_emb, text_emb)`` of each image and its ``ex["prompt"]`` (in [-1, 1] for
@@ -165,7 +181,7 @@ def scorer_names() -> list[str]:
     return sorted(_SCORERS)
 
 
-@register_reward("image_scorer")
+@register_reward("image_scorer", check=_check_scorer)
 def image_scorer(completions, examples, scorer: str | None = None, path: str | None = None,
                  device: str = "auto", scale: float = 1.0, **ctx) -> list:
     """``scale *`` the registered scorer's value for each image and its ``ex["prompt"]``."""
@@ -312,7 +328,7 @@ class VLMJudge:
         return scores
 
 
-@register_reward("vlm_judge")
+@register_reward("vlm_judge", check=_check_judge)
 def vlm_judge(completions, examples, path: str | None = None, question: str = DEFAULT_QUESTION,
               device: str = "auto", dtype: str = "float32", batch_size: int = 8, **ctx) -> list:
     """P("yes") / (P("yes") + P("no")) of the VLM at ``path`` (a local checkpoint directory, or

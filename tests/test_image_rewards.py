@@ -210,3 +210,15 @@ def test_vlm_judge_missing_path(tmp_path):
         judge([noise()], [{}], path=str(tmp_path / "missing"))
     with pytest.raises(FileNotFoundError, match=r"task\.reward_kwargs\.vlm_judge\.path.*config\.json"):
         judge([noise()], [{}], path=str(tmp_path))  # exists but is no checkpoint
+
+
+def test_model_reward_misconfiguration_stops_the_run_at_setup(tmp_path):
+    """A missing weights path is a config error when the RewardComputer is built, not a batch
+    scored at the minimum on every step."""
+    from mmrl.core.rewards import RewardComputer
+
+    with pytest.raises(FileNotFoundError, match="task.reward_kwargs.clip_score.pretrained"):
+        RewardComputer({"clip_score": 1.0}, {"clip_score": {"pretrained": str(tmp_path / "missing.bin")}})
+    with pytest.raises(ValueError, match="unknown scorer"):
+        RewardComputer({"image_scorer": 1.0}, {"image_scorer": {"scorer": "nope", "path": str(tmp_path)}})
+    RewardComputer({"vlm_judge": 1.0}, {"vlm_judge": {"path": "tiny"}})  # the shipped tiny VLM is fine

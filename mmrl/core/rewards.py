@@ -31,6 +31,10 @@ class RewardComputer:
         if unknown:
             raise ValueError(f"task.reward_kwargs names rewards that are not used: {sorted(unknown)}")
         self.fns = {name: REWARDS.get(name) for name in self.weights}
+        for name, fn in self.fns.items():  # configuration errors now, not as minimum scores later
+            check = getattr(fn, "reward_check", None)
+            if check is not None:
+                check(**self.kwargs.get(name, {}))
 
     def __call__(self, completions: Sequence[str], examples: Sequence[dict], **ctx: Any):
         """Returns ``(total (N,), {name: (N,)}, stats)`` where stats counts unparsable/errors.
