@@ -33,6 +33,17 @@ def test_unknown_modality_is_a_clear_error(tmp_path):
     assert r.returncode == 2 and "not available" in r.stderr
 
 
+def test_a_task_of_the_other_modality_is_a_clear_error(tmp_path):
+    r = _mmrl("train", "vlm", "diffusion/composition_tiny", cwd=tmp_path)
+    assert r.returncode == 2 and "mmrl train diffusion" in " ".join(r.stderr.split())
+
+
+def test_generator_recipe_with_a_missing_model_dir_is_a_clear_error(tmp_path):
+    r = _mmrl("train", "diffusion", "model.path=/nonexistent/sd3", cwd=tmp_path)
+    err = " ".join(r.stderr.split())
+    assert r.returncode == 2 and "/nonexistent/sd3" in err and "downloaded" in err
+
+
 def test_list_shows_builtin_plugins():
     r = _mmrl("list")
     assert r.returncode == 0, r.stderr
