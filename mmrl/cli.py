@@ -156,6 +156,20 @@ bench_app = typer.Typer(add_completion=False, no_args_is_help=True,
 app.add_typer(bench_app, name="bench")
 
 
+def _run_bench(run) -> None:
+    """Run a bench; a config or input problem is a clear one-line error and exit code 2."""
+    from .config import ConfigError
+
+    try:
+        run()
+    except ConfigError as exc:
+        console.print(f"[red]config error:[/] {exc}")
+        raise typer.Exit(2)
+    except (FileNotFoundError, FileExistsError, ValueError, KeyError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2)
+
+
 @bench_app.command(name="algos", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def bench_algos(
     args: Optional[List[str]] = typer.Argument(None, help="[CONFIG.yaml] [key=value overrides for every variant...]"),
@@ -168,7 +182,6 @@ def bench_algos(
 ):
     """Train several RL algorithm variants on the same task and seed; print a comparison table."""
     from .bench.algos import DESCRIPTIONS, UnknownVariantError, check_variants, run_algo_bench
-    from .config import ConfigError
 
     try:
         names = check_variants(variants.split(","))
@@ -178,15 +191,8 @@ def bench_algos(
             console.print(f"  {name:<13} {desc}", highlight=False)
         raise typer.Exit(2)
     path, overrides = _split_args(list(args or []))
-    try:
-        run_algo_bench(names, steps=steps, seed=seed, out_dir=out, config=path or DEFAULT_CONFIGS["vlm"],
-                       extra_overrides=overrides, threshold=threshold)
-    except ConfigError as exc:
-        console.print(f"[red]config error:[/] {exc}")
-        raise typer.Exit(2)
-    except (FileNotFoundError, FileExistsError, ValueError, KeyError) as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2)
+    _run_bench(lambda: run_algo_bench(names, steps=steps, seed=seed, out_dir=out, config=path or DEFAULT_CONFIGS["vlm"],
+                                      extra_overrides=overrides, threshold=threshold))
 
 
 @bench_app.command(name="diffusion", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -201,7 +207,6 @@ def bench_diffusion(
     seed: time per RL iteration and held-out reward, side by side."""
     from .bench.algos import UnknownVariantError, check_variants
     from .bench.diffusion import DEFAULT_CONFIG, VARIANTS, run_diffusion_bench
-    from .config import ConfigError
 
     try:
         names = check_variants(variants.split(","), VARIANTS)
@@ -209,15 +214,8 @@ def bench_diffusion(
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2)
     path, overrides = _split_args(list(args or []))
-    try:
-        run_diffusion_bench(names, steps=steps, seed=seed, out_dir=out, config=path or DEFAULT_CONFIG,
-                            extra_overrides=overrides)
-    except ConfigError as exc:
-        console.print(f"[red]config error:[/] {exc}")
-        raise typer.Exit(2)
-    except (FileNotFoundError, FileExistsError, ValueError, KeyError) as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2)
+    _run_bench(lambda: run_diffusion_bench(names, steps=steps, seed=seed, out_dir=out, config=path or DEFAULT_CONFIG,
+                                           extra_overrides=overrides))
 
 
 @app.command(name="list")

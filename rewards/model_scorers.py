@@ -45,7 +45,7 @@ def _require_path(path, key: str) -> Path:
 
 
 def _device(device):
-    from mmrl.vlm.policy import pick_device
+    from mmrl.core.policy import pick_device
 
     return pick_device(str(device))
 

@@ -459,7 +459,7 @@ class Trainer:
             records.append({
                 "image": ex.get("image"),
                 "visualization": self.task.visualize(ex, batch.completions[i]),
-                "prompt": ex.get("question", ""),
+                "prompt": ex.get("question", ex.get("prompt", "")),  # VLM question, or a generator prompt
                 "answer": str(ex.get("answer", "")),
                 "completion": batch.completions[i],
                 "rewards": {name: float(v[i]) for name, v in batch.reward_components.items()},

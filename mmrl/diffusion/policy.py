@@ -30,6 +30,7 @@ import torch
 from PIL import Image
 
 from ..core.objective import aggregate
+from ..core.policy import DTYPES, load_optimizer_state, make_optimizer, pick_device, save_optimizer_state
 from ..core.rollouts import Rollouts
 from ..core.samplers import step_seed
 from .base import FlowPipeline
@@ -37,17 +38,10 @@ from .losses import awm_log_likelihood, guard_log_ratio, noised, nft_loss
 from .plan import SDE_WINDOW_MODES, step_plan, trained_steps
 from .sde import SDE_STEPS, StepOutput, ode_step, sde_step
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DIFFUSION_LOSS_TYPES = ("clip", "awm", "nft")
 # Aggregations that are sums over actions with fixed normalisers, so the per-timestep backward
 # (one call per denoising step) adds up to exactly the loss of the whole batch.
 LINEAR_AGG_MODES = ("token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def load_generator(path: str, device: torch.device, dtype: torch.dtype) -> FlowPipeline:
@@ -144,13 +138,7 @@ class DiffusionPolicy:
 
     # -- the Policy interface -----------------------------------------------------------------------
     def configure_optimizer(self, train_cfg, total_steps: int) -> None:
-        from transformers import get_scheduler
-
-        params = self.pipe.trainable_parameters()
-        self.optimizer = torch.optim.AdamW(params, lr=train_cfg.learning_rate, weight_decay=train_cfg.weight_decay,
-                                           betas=(train_cfg.adam_beta1, train_cfg.adam_beta2))
-        self.scheduler = get_scheduler(train_cfg.lr_scheduler_type, self.optimizer,
-                                       num_warmup_steps=train_cfg.warmup_steps, num_training_steps=max(total_steps, 1))
+        self.optimizer, self.scheduler = make_optimizer(self.pipe.trainable_parameters(), train_cfg, total_steps)
 
     def begin_step(self, step: int) -> None:
         """The trainer's RL step: seeds the noise and places the SDE window."""
@@ -249,8 +237,9 @@ class DiffusionPolicy:
         if not eval_mode and algo.loss_type in ("awm", "nft"):
             payload.update(self._likelihood_free_inputs(final, sample_prompts, sigmas, action_mask, keys, call,
                                                         guidance, need_old_logps))
+            awm_old = payload.pop("awm_old_logps")
             if algo.loss_type == "awm":
-                old_logps = payload.pop("awm_old_logps")
+                old_logps = awm_old
         return Rollouts(
             group_ids=group_ids,
             action_mask=action_mask,
@@ -268,29 +257,28 @@ class DiffusionPolicy:
 
     def _likelihood_free_inputs(self, final, prompts, sigmas, mask, keys, call, guidance, need_old) -> dict:
         """AWM / DiffusionNFT train on the final sample re-noised at the trained steps' sigmas:
-        fresh noise per (sample, step), and the sampling policy's velocity there (NFT's v_old;
-        AWM's old log-likelihood)."""
+        fresh noise per (sample, step), and the sampling policy's velocity there when the loss
+        needs it (NFT's v_old; AWM's old log-likelihood, for more than one iteration)."""
         N, T = mask.shape
+        nft = self.cfg.algo.loss_type == "nft"
         noise = torch.stack([self._noise((T, *final.shape[1:]), 5, call, idx, j) for idx, j in keys])
-        out = {"fm_noise": noise}
-        need_velocity = self.cfg.algo.loss_type == "nft" or need_old
-        old_v = torch.zeros_like(noise) if self.cfg.algo.loss_type == "nft" else None
-        awm_old = torch.zeros(N, T)
-        if need_velocity:
-            for t in range(T):
-                rows = mask[:, t].nonzero().flatten()
-                if len(rows) == 0:
-                    continue
-                s = float(sigmas[t])
-                x_s = noised(final[rows], noise[rows, t], s).to(self.device)
-                v = self.pipe.velocity(x_s, torch.full((len(rows),), s, device=self.device),
-                                       [prompts[i] for i in rows.tolist()], guidance).cpu()
-                if old_v is not None:
-                    old_v[rows, t] = v
-                awm_old[rows, t] = awm_log_likelihood(v, final[rows], noise[rows, t])
-        if old_v is not None:
-            out["old_velocity"] = old_v
-        out["awm_old_logps"] = awm_old
+        out: dict[str, Any] = {"fm_noise": noise, "awm_old_logps": torch.zeros(N, T)}
+        if nft:
+            out["old_velocity"] = torch.zeros_like(noise)
+        if not (nft or need_old):
+            return out
+        for t in range(T):
+            rows = mask[:, t].nonzero().flatten()
+            if len(rows) == 0:
+                continue
+            s = float(sigmas[t])
+            x_s = noised(final[rows], noise[rows, t], s).to(self.device)
+            v = self.pipe.velocity(x_s, torch.full((len(rows),), s, device=self.device),
+                                   [prompts[i] for i in rows.tolist()], guidance).cpu()
+            if nft:
+                out["old_velocity"][rows, t] = v
+            else:
+                out["awm_old_logps"][rows, t] = awm_log_likelihood(v, final[rows], noise[rows, t])
         return out
 
     @contextlib.contextmanager
@@ -380,7 +368,6 @@ class DiffusionPolicy:
         v = self.pipe.velocity(x, s, prompts, guidance)
         out = self._step(v, x, sigmas, t, prev_sample=x_next)
         logp = out.log_prob
-        metrics_extra: dict[str, float] = {}
         if self.d.grpo_guard:
             old_lp = logp.detach() if old is None else old
             old_mean = out.mean.detach() if "old_means" not in p else p["old_means"][rows, t].to(dev)
@@ -391,10 +378,8 @@ class DiffusionPolicy:
                 ref = self._step(self.pipe.velocity(x, s, prompts, guidance), x, sigmas, t, prev_sample=x_next)
             mse = ((out.mean - ref.mean) ** 2).flatten(1).mean(1)
             kl = (mse / (2 * out.std.clamp(min=1e-12) ** 2))[:, None]
-        loss, metrics = objective(logp[:, None], None if old is None else old[:, None], adv, ones,
-                                  num_tokens=num_tokens, num_seqs=num_seqs, kl=kl)
-        metrics.update(metrics_extra)
-        return loss, metrics
+        return objective(logp[:, None], None if old is None else old[:, None], adv, ones,
+                         num_tokens=num_tokens, num_seqs=num_seqs, kl=kl)
 
     def reset_reference(self) -> None:
         """ProRL-style reference reset: the reference becomes the current policy."""
@@ -414,9 +399,7 @@ class DiffusionPolicy:
             save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(path / "adapter_model.safetensors"))
         else:
             self.transformer.save_pretrained(path / "transformer")
-        if self.optimizer is not None:
-            torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
-                       path / "optimizer.pt")
+        save_optimizer_state(path, self.optimizer, self.scheduler)
 
     def load(self, path: Path) -> None:
         path = Path(path)
@@ -429,8 +412,4 @@ class DiffusionPolicy:
             saved = type(self.transformer).from_pretrained(path / "transformer", torch_dtype=self.pipe.dtype)
             self.transformer.load_state_dict(saved.state_dict())
             del saved
-        opt = path / "optimizer.pt"
-        if opt.exists() and self.optimizer is not None:
-            state = torch.load(opt, map_location="cpu", weights_only=False)
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.scheduler.load_state_dict(state["scheduler"])
+        load_optimizer_state(path, self.optimizer, self.scheduler)

@@ -19,10 +19,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ..core.policy import DTYPES, load_optimizer_state, make_optimizer, pick_device, save_optimizer_state
 from ..core.rollouts import Rollouts
 from .processing import VLMProcessor
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_model_path(path: str) -> Path:
@@ -48,12 +48,6 @@ def resolve_model_path(path: str) -> Path:
 
 # LoRA targets when model.lora.target_modules is unset: the language model's attention and MLP.
 VLM_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def load_vlm(model_cfg, device: torch.device):
@@ -156,17 +150,8 @@ class VLMPolicy:
         self.model = get_peft_model(self.model, config)
 
     def configure_optimizer(self, train_cfg, total_steps: int) -> None:
-        from transformers import get_scheduler
-
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            params, lr=train_cfg.learning_rate, weight_decay=train_cfg.weight_decay,
-            betas=(train_cfg.adam_beta1, train_cfg.adam_beta2),
-        )
-        self.scheduler = get_scheduler(
-            train_cfg.lr_scheduler_type, self.optimizer,
-            num_warmup_steps=train_cfg.warmup_steps, num_training_steps=max(total_steps, 1),
-        )
+        self.optimizer, self.scheduler = make_optimizer(params, train_cfg, total_steps)
 
     @contextlib.contextmanager
     def _reference(self):
@@ -508,9 +493,7 @@ class VLMPolicy:
         path.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(path / "model", safe_serialization=True)
         self.processor.save_pretrained(path / "model")
-        if self.optimizer is not None:
-            torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
-                       path / "optimizer.pt")
+        save_optimizer_state(path, self.optimizer, self.scheduler)
 
     def load(self, path: Path) -> None:
         """Restore weights (through transformers'/peft's own loaders, which know the key layout
@@ -527,11 +510,7 @@ class VLMPolicy:
             saved = AutoModelForImageTextToText.from_pretrained(str(path / "model"), dtype=self.model.dtype)
             self.model.load_state_dict(saved.state_dict())
             del saved
-        opt = path / "optimizer.pt"
-        if opt.exists() and self.optimizer is not None:
-            state = torch.load(opt, map_location="cpu", weights_only=False)
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.scheduler.load_state_dict(state["scheduler"])
+        load_optimizer_state(path, self.optimizer, self.scheduler)
 
 
 def _split_patches(enc: dict, images_per_sample: list[int]) -> list[tuple[torch.Tensor | None, torch.Tensor | None]]:
