@@ -180,9 +180,30 @@ def render(spec: list[dict], rng: Any, size: int = IMAGE_SIZE) -> Image.Image:
     return image
 
 
-def example(rng_or_seed: Any, size: int = IMAGE_SIZE, **sample_kwargs) -> dict:
+def mislabel(spec: list[dict], rng: np.random.Generator, count_prob: float = 0.0,
+             position_prob: float = 0.0) -> list[dict]:
+    """A caption's spec for an image of ``spec`` that, like web alt-text, is sometimes wrong: each
+    group's count is replaced by another count with ``count_prob``, its side by another of
+    (left, right, none) with ``position_prob``. Two groups never end up claiming the same side."""
+    out = [dict(g) for g in spec]
+    for g in out:
+        if rng.random() < count_prob:
+            others = [c for c in COUNT_WORDS if c != g["count"]]
+            g["count"] = others[int(rng.integers(len(others)))]
+        if rng.random() < position_prob:
+            taken = {o["position"] for o in out if o is not g} - {None}
+            others = [p for p in (*POSITIONS, None) if p != g["position"] and p not in taken]
+            g["position"] = others[int(rng.integers(len(others)))]
+    return validate_spec(out)
+
+
+def example(rng_or_seed: Any, size: int = IMAGE_SIZE, caption_noise: float = 0.0, **sample_kwargs) -> dict:
     """``{"spec", "prompt", "image"}`` of one random scene (``sample_kwargs`` go to :func:`sample_spec`).
-    RL uses only the spec (for the reward) and the prompt; the image is for pretraining."""
+    RL uses only the spec (for the reward) and the prompt; the image is for pretraining. With
+    ``caption_noise`` > 0 the prompt misstates each group's count and side with that probability
+    (:func:`mislabel`); ``spec`` stays the truth of the image."""
     rng = _rng(rng_or_seed)
     spec = sample_spec(rng, **sample_kwargs)
-    return {"spec": spec, "prompt": spec_prompt(spec), "image": render(spec, rng, size)}
+    image = render(spec, rng, size)
+    said = mislabel(spec, rng, caption_noise, caption_noise) if caption_noise else spec
+    return {"spec": spec, "prompt": spec_prompt(said), "image": image}

@@ -23,11 +23,11 @@ from ..data.shapes_t2i import example
 from .tiny import TinyFlowPipeline, new_tiny_models, save_tiny
 
 
-def shapes_dataset(size: int, seed: int, **spec_kwargs) -> tuple[torch.Tensor, list[str]]:
-    """``size`` rendered scenes as uint8 (N, 3, 32, 32) and their prompts (deterministic by seed)."""
+def shapes_dataset(size: int, seed: int, image_size: int = 32, caption_noise: float = 0.0, **spec_kwargs) -> tuple[torch.Tensor, list[str]]:
+    """``size`` rendered scenes as uint8 (N, 3, image_size, image_size) and their prompts (deterministic by seed)."""
     images, prompts = [], []
     for i in range(size):
-        ex = example(np.random.default_rng([seed, i]), **spec_kwargs)
+        ex = example(np.random.default_rng([seed, i]), size=image_size, caption_noise=caption_noise, **spec_kwargs)
         images.append(torch.from_numpy(np.array(ex["image"], dtype=np.uint8)).permute(2, 0, 1))
         prompts.append(ex["prompt"])
     return torch.stack(images), prompts
@@ -48,21 +48,32 @@ def flow_matching_step(pipe: TinyFlowPipeline, images: torch.Tensor, prompts: li
     return torch.mean((v - (noise - x0)) ** 2)
 
 
+@torch.no_grad()
+def update_ema(ema: list[torch.Tensor], params: list[torch.Tensor], decay: float) -> None:
+    """ema <- decay * ema + (1 - decay) * params: diffusion models sample from averaged weights
+    (DDPM, DiT), which are much less noisy than the last iterate."""
+    for e, p in zip(ema, params):
+        e.mul_(decay).add_(p.detach(), alpha=1 - decay)
+
+
 DEFAULT_PRETRAIN_STEPS = 1500
 
 
 def pretrain_tiny_generator(out: str | Path, steps: int = DEFAULT_PRETRAIN_STEPS, batch_size: int = 64, lr: float = 1e-3,
                             dataset_size: int = 20000, seed: int = 0, log_every: int = 250,
-                            width: int = 96, layers: int = 3) -> Path:
+                            width: int = 96, layers: int = 3, image_size: int = 32, patch_size: int = 4,
+                            prediction: str = "velocity", caption_noise: float = 0.0, ema_decay: float = 0.0) -> Path:
     """Build and pretrain the tiny generator; save it to ``out`` (``mmrl_generator.json`` records
     the recipe). Deterministic for a given seed and thread count."""
-    transformer, text_encoder, tokenizer, scheduler = new_tiny_models(seed, width=width, layers=layers)
-    pipe = TinyFlowPipeline(transformer, text_encoder, tokenizer, scheduler)
+    transformer, text_encoder, tokenizer, scheduler = new_tiny_models(seed, width=width, layers=layers, image_size=image_size,
+                                                                      patch_size=patch_size)
+    pipe = TinyFlowPipeline(transformer, text_encoder, tokenizer, scheduler, {"prediction": prediction})
     pipe.text_encoder.requires_grad_(True).train()
     transformer.train()
-    images, prompts = shapes_dataset(dataset_size, seed)
+    images, prompts = shapes_dataset(dataset_size, seed, image_size, caption_noise)
     params = list(transformer.parameters()) + list(text_encoder.parameters())
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    ema = [p.detach().clone() for p in params] if ema_decay else None
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / 100) * max(0.05, 1 - s / steps))  # warmup, linear decay
     g = torch.Generator().manual_seed(seed)
@@ -75,15 +86,23 @@ def pretrain_tiny_generator(out: str | Path, steps: int = DEFAULT_PRETRAIN_STEPS
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         schedule.step()
+        if ema is not None:
+            update_ema(ema, params, min(ema_decay, (1 + step) / (10 + step)))
         running += float(loss.detach())
         if log_every and step % log_every == 0:
             print(f"step {step}/{steps} loss {running / log_every:.4f} ({time.perf_counter() - t0:.0f} s)", flush=True)
             running = 0.0
+    if ema is not None:
+        with torch.no_grad():
+            for p, e in zip(params, ema):
+                p.copy_(e)
     transformer.eval()
     text_encoder.eval()
     return save_tiny(out, transformer, text_encoder, tokenizer, scheduler,
-                     {"pretrain": {"steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed,
-                                   "dataset_size": dataset_size, "width": width, "layers": layers}})
+                     {"prediction": prediction, "pretrain": {"steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed,
+                                   "dataset_size": dataset_size, "width": width, "layers": layers,
+                                                "image_size": image_size, "patch_size": patch_size,
+                                                "caption_noise": caption_noise, "ema_decay": ema_decay}})
 
 
 @torch.no_grad()

@@ -24,6 +24,8 @@ from .base import FlowPipeline, PromptCache
 MARKER = "mmrl_generator.json"
 TINY_SIZE = 32
 MAX_PROMPT_TOKENS = 16
+PREDICTIONS = ("velocity", "sample")
+SIGMA_FLOOR = 0.05  # x-prediction's velocity divides by sigma; JiT clips the same way
 # Words of the synthetic prompts (mmrl.data.shapes_t2i); anything else maps to [UNK].
 VOCAB_WORDS = ["a", "one", "two", "three", "red", "green", "blue", "yellow", "circle", "circles",
                "square", "squares", "on", "the", "left", "right", "and"]
@@ -44,14 +46,17 @@ def build_tokenizer():
                                    model_max_length=MAX_PROMPT_TOKENS, padding_side="right")
 
 
-def tiny_configs(width: int = 96, layers: int = 3, text_dim: int = 32) -> dict:
+def tiny_configs(width: int = 96, layers: int = 3, text_dim: int = 32, image_size: int = TINY_SIZE,
+                 patch_size: int = 4) -> dict:
     """Configs of the tiny generator's models (sizes chosen so RL runs on a 2-core CPU)."""
+    if image_size % patch_size:
+        raise ValueError(f"image_size {image_size} is not a multiple of patch_size {patch_size}")
     from transformers import CLIPTextConfig
 
     heads = width // 32
-    transformer = dict(sample_size=TINY_SIZE, patch_size=4, in_channels=3, out_channels=3, num_layers=layers,
+    transformer = dict(sample_size=image_size, patch_size=patch_size, in_channels=3, out_channels=3, num_layers=layers,
                        attention_head_dim=32, num_attention_heads=heads, joint_attention_dim=text_dim,
-                       caption_projection_dim=width, pooled_projection_dim=text_dim, pos_embed_max_size=TINY_SIZE // 4)
+                       caption_projection_dim=width, pooled_projection_dim=text_dim, pos_embed_max_size=image_size // patch_size)
     text = CLIPTextConfig(vocab_size=len(VOCAB_WORDS) + 3, hidden_size=text_dim, intermediate_size=2 * text_dim,
                           num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=MAX_PROMPT_TOKENS,
                           projection_dim=text_dim, pad_token_id=0, bos_token_id=0, eos_token_id=2)
@@ -79,7 +84,8 @@ def save_tiny(out: Path, transformer, text_encoder, tokenizer, scheduler, info: 
     text_encoder.save_pretrained(out / "text_encoder")
     tokenizer.save_pretrained(out / "tokenizer")
     scheduler.save_pretrained(out / "scheduler")
-    (out / MARKER).write_text(json.dumps({"family": "tiny", "height": TINY_SIZE, "width": TINY_SIZE,
+    size = int(transformer.config.sample_size)
+    (out / MARKER).write_text(json.dumps({"family": "tiny", "height": size, "width": size,
                                           "guidance_scale": 1.0, **(info or {})}, indent=2))
     return out
 
@@ -99,6 +105,9 @@ class TinyFlowPipeline(FlowPipeline):
         self.default_height = int(info.get("height", TINY_SIZE))
         self.default_width = int(info.get("width", TINY_SIZE))
         self.default_guidance_scale = float(info.get("guidance_scale", 1.0))
+        self.prediction = info.get("prediction", "velocity")
+        if self.prediction not in PREDICTIONS:
+            raise ValueError(f"{MARKER}: prediction must be one of {PREDICTIONS}, got {self.prediction!r}")
         self.prompt_cache = PromptCache(self._encode_each)
 
     @classmethod
@@ -140,8 +149,13 @@ class TinyFlowPipeline(FlowPipeline):
 
     def velocity_from_embeds(self, latents: Tensor, sigma: Tensor, hidden: Tensor, pooled: Tensor) -> Tensor:
         timestep = (sigma * self.scheduler_config.get("num_train_timesteps", 1000)).to(self.dtype)
-        return self.transformer(hidden_states=latents.to(self.dtype), timestep=timestep, encoder_hidden_states=hidden,
-                                pooled_projections=pooled, return_dict=False)[0].float()
+        out = self.transformer(hidden_states=latents.to(self.dtype), timestep=timestep, encoder_hidden_states=hidden,
+                               pooled_projections=pooled, return_dict=False)[0].float()
+        if self.prediction == "velocity":
+            return out
+        # x-prediction: the network outputs the clean image x0; x = (1 - s) x0 + s e gives v = (x - x0) / s.
+        s = sigma.float().clamp_min(SIGMA_FLOOR).view(-1, *([1] * (latents.dim() - 1)))
+        return (latents.float() - out) / s
 
     def velocity(self, latents: Tensor, sigma: Tensor, prompts: Sequence[str], guidance_scale: float = 1.0) -> Tensor:
         sigma = torch.as_tensor(sigma, dtype=torch.float32, device=latents.device).expand(latents.shape[0])

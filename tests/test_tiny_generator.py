@@ -1,0 +1,92 @@
+"""The tiny generator's own pieces: x-prediction, caption noise, EMA, and a pretraining round trip."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from mmrl.data.shapes_t2i import COUNT_WORDS, example, mislabel, sample_spec
+from mmrl.diffusion.pretrain import pretrain_tiny_generator, update_ema
+from mmrl.diffusion.tiny import MARKER, SIGMA_FLOOR, TinyFlowPipeline, new_tiny_models, tiny_configs
+
+
+@pytest.fixture(scope="module")
+def x_pipe():
+    models = new_tiny_models(seed=0, width=32, layers=1, image_size=16, patch_size=2)
+    return TinyFlowPipeline(*models, {"prediction": "sample", "height": 16, "width": 16})
+
+
+def _embeds(pipe, n):
+    hidden, pooled = pipe.encode_text(["a red circle"] * n)
+    return hidden.detach(), pooled.detach()
+
+
+@torch.no_grad()
+def test_x_prediction_velocity_is_x_minus_x0_over_sigma(x_pipe):
+    x = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    sigma = torch.tensor([0.9, 0.3, 0.01])  # the last one is clipped to SIGMA_FLOOR
+    hidden, pooled = _embeds(x_pipe, 3)
+    x0 = x_pipe.transformer(hidden_states=x, timestep=sigma * 1000, encoder_hidden_states=hidden,
+                            pooled_projections=pooled, return_dict=False)[0]
+    v = x_pipe.velocity_from_embeds(x, sigma, hidden, pooled)
+    denom = torch.tensor([0.9, 0.3, SIGMA_FLOOR]).view(-1, 1, 1, 1)
+    torch.testing.assert_close(v, (x - x0) / denom)
+    # One Euler step to sigma 0 lands exactly on the predicted clean image (hand identity:
+    # x + (0 - s) (x - x0) / s = x0).
+    step = x[:2] + (0 - sigma[:2].view(-1, 1, 1, 1)) * v[:2]
+    torch.testing.assert_close(step, x0[:2])
+
+
+def test_unknown_prediction_is_refused():
+    with pytest.raises(ValueError, match="prediction"):
+        TinyFlowPipeline(*new_tiny_models(seed=0, width=32, layers=1), {"prediction": "epsilon"})
+    with pytest.raises(ValueError, match="multiple of patch_size"):
+        tiny_configs(image_size=18, patch_size=4)
+
+
+def test_mislabel_changes_exactly_the_claims_it_draws():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        spec = sample_spec(rng, max_groups=2)
+        assert mislabel(spec, rng) == spec  # no noise: the truth
+        said = mislabel(spec, rng, count_prob=1.0, position_prob=1.0)
+        for g, s in zip(spec, said):
+            assert s["count"] != g["count"] and s["count"] in COUNT_WORDS
+            assert s["color"] == g["color"] and s["shape"] == g["shape"]
+        sides = [s["position"] for s in said if s["position"] is not None]
+        assert len(sides) == len(set(sides))  # two groups never claim the same side
+        if len(spec) == 1:
+            assert said[0]["position"] != spec[0]["position"]
+
+
+def test_caption_noise_rate_and_image_truth():
+    noisy = [example(np.random.default_rng([7, i]), size=16, caption_noise=0.5) for i in range(400)]
+    clean = [example(np.random.default_rng([7, i]), size=16) for i in range(400)]
+    # the image and its true spec do not depend on the caption noise
+    assert all(n["spec"] == c["spec"] and np.array_equal(np.array(n["image"]), np.array(c["image"]))
+               for n, c in zip(noisy, clean))
+    wrong_count = np.mean([COUNT_WORDS[n["spec"][0]["count"]] not in n["prompt"].split()
+                           and not (n["spec"][0]["count"] == 1 and n["prompt"].startswith("a "))
+                           for n in noisy])
+    assert 0.4 < wrong_count < 0.6
+
+
+def test_update_ema_hand_value():
+    ema, params = [torch.tensor([1.0, 0.0])], [torch.tensor([3.0, 10.0])]
+    update_ema(ema, params, 0.9)
+    torch.testing.assert_close(ema[0], torch.tensor([1.2, 1.0]))  # 0.9 * 1 + 0.1 * 3; 0.1 * 10
+
+
+def test_pretrain_round_trip_records_the_recipe(tmp_path):
+    torch.manual_seed(0)
+    out = pretrain_tiny_generator(tmp_path / "g", steps=3, batch_size=4, dataset_size=8, log_every=0, width=32,
+                                  layers=1, image_size=16, patch_size=2, prediction="sample", caption_noise=0.5,
+                                  ema_decay=0.99)
+    info = json.loads((out / MARKER).read_text())
+    assert (info["height"], info["width"], info["prediction"]) == (16, 16, "sample")
+    assert info["pretrain"]["caption_noise"] == 0.5 and info["pretrain"]["ema_decay"] == 0.99
+    pipe = TinyFlowPipeline.from_pretrained(out)
+    assert pipe.prediction == "sample" and pipe.latent_shape(16, 16) == (3, 16, 16)
