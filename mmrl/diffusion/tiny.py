@@ -8,6 +8,12 @@ prompts' words, and diffusers' ``FlowMatchEulerDiscreteScheduler`` gives the sig
 pixel space (no VAE): a 32x32 image is already as small as a latent, and a VAE trained on CPU
 would cost more than it saves. The directory layout is diffusers-like (``transformer/``,
 ``text_encoder/``, ``tokenizer/``, ``scheduler/``) plus ``mmrl_generator.json``.
+
+``mmrl_generator.json`` may say ``"prediction": "sample"``: the transformer then outputs the clean
+image x0 and the pipeline turns it into the velocity ``(x - x0) / max(sigma, 0.05)`` ("Back to
+Basics: Let Denoising Generative Models Denoise", Li & He, 2025: in pixel space a small network
+predicts the clean image far better than the noise-laden velocity; measured here, the speckle of
+velocity-predicting models largely goes away). Everything downstream still sees a velocity.
 """
 
 from __future__ import annotations
