@@ -358,7 +358,7 @@ class DiffusionPolicy:
                                       beta=self.d.nft_beta, adv_clip_max=self.d.adv_clip_max)
                 loss = aggregate(per_sample[:, None], ones, obj_cfg.loss_agg_mode, num_tokens=num_tokens,
                                  num_seqs=num_seqs, max_completion_length=obj_cfg.max_completion_length)
-                return loss, {"loss": float(loss.detach()), "nft_loss": float(per_sample.mean())}
+                return loss, {"loss": float(loss.detach()), "nft_loss": float(per_sample.detach().mean())}
             logp = awm_log_likelihood(v, x0, noise)
             return objective(logp[:, None], None if old is None else old[:, None], adv, ones,
                              num_tokens=num_tokens, num_seqs=num_seqs)
