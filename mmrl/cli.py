@@ -125,7 +125,7 @@ def build_tiny(
     modality: str = typer.Argument("vlm", help="which tiny model: vlm | diffusion"),
     out: Optional[Path] = typer.Option(None, help="output directory (default: the shipped asset)"),
     steps: Optional[int] = typer.Option(None, help="warm-start steps (default: vlm 1600 SFT steps, "
-                                        "diffusion 1500 flow-matching steps)"),
+                                        "diffusion 4000 flow-matching steps)"),
     seed: int = typer.Option(0),
 ):
     """Rebuild a shipped tiny model from scratch (tokenizer, weights, warm start)."""
@@ -138,10 +138,11 @@ def build_tiny(
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     if modality == "diffusion":
-        from .diffusion.pretrain import DEFAULT_PRETRAIN_STEPS, pretrain_tiny_generator
+        from .diffusion.pretrain import TINY_GENERATOR_RECIPE, pretrain_tiny_generator
 
         target = out or asset_path("tiny-flow-shapes")
-        path = pretrain_tiny_generator(target, steps=steps or DEFAULT_PRETRAIN_STEPS, seed=seed)
+        recipe = {**TINY_GENERATOR_RECIPE, "steps": steps or TINY_GENERATOR_RECIPE["steps"]}
+        path = pretrain_tiny_generator(target, seed=seed, **recipe)
         console.print(f"saved tiny generator to {path}")
         return
     from .vlm.sft import build_tiny_vlm

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from mmrl.data.shapes_t2i import COUNT_WORDS, example, mislabel, sample_spec
+from mmrl.data.shapes_t2i import COUNT_WORDS, caption_noise_rates, example, mislabel, sample_spec
 from mmrl.diffusion.pretrain import pretrain_tiny_generator, update_ema
 from mmrl.diffusion.tiny import MARKER, SIGMA_FLOOR, TinyFlowPipeline, new_tiny_models, tiny_configs
 
@@ -72,6 +72,26 @@ def test_caption_noise_rate_and_image_truth():
                            and not (n["spec"][0]["count"] == 1 and n["prompt"].startswith("a "))
                            for n in noisy])
     assert 0.4 < wrong_count < 0.6
+
+
+def test_colour_mislabel_keeps_groups_distinct_and_rate():
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        spec = sample_spec(rng, max_groups=2)
+        said = mislabel(spec, rng, color_prob=1.0)
+        for g, s in zip(spec, said):
+            assert s["color"] != g["color"]
+            assert (s["count"], s["shape"], s["position"]) == (g["count"], g["shape"], g["position"])
+        assert len({s["color"] for s in said}) == len(said)  # the checker counts objects per colour
+    noisy = [example(np.random.default_rng([3, i]), size=16, caption_noise={"color": 0.5}) for i in range(400)]
+    wrong = np.mean([n["spec"][0]["color"] not in n["prompt"].split() for n in noisy])
+    assert 0.4 < wrong < 0.6
+    # a number keeps its old meaning (count and side); a mapping names attributes
+    assert caption_noise_rates(0.3) == {"count": 0.3, "position": 0.3, "color": 0.0}
+    with pytest.raises(ValueError, match="unknown attribute"):
+        caption_noise_rates({"colour": 0.5})
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        caption_noise_rates({"color": 1.5})
 
 
 def test_update_ema_hand_value():

@@ -35,7 +35,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
 }
 DEFAULT_VARIANTS = ("full_sde", "sde_window", "subsample")
 DEFAULT_CONFIG = "diffusion/composition_tiny"
-BASE_OVERRIDES: tuple[str, ...] = ()
+BASE_OVERRIDES: tuple[str, ...] = ("algo.loss_type=clip",)  # the default recipe is AWM; the step-choice variants are Flow-GRPO
 
 
 def run_diffusion_bench(variants, steps: int, seed: int, out_dir, config: str = DEFAULT_CONFIG,

@@ -181,10 +181,11 @@ def render(spec: list[dict], rng: Any, size: int = IMAGE_SIZE) -> Image.Image:
 
 
 def mislabel(spec: list[dict], rng: np.random.Generator, count_prob: float = 0.0,
-             position_prob: float = 0.0) -> list[dict]:
+             position_prob: float = 0.0, color_prob: float = 0.0) -> list[dict]:
     """A caption's spec for an image of ``spec`` that, like web alt-text, is sometimes wrong: each
     group's count is replaced by another count with ``count_prob``, its side by another of
-    (left, right, none) with ``position_prob``. Two groups never end up claiming the same side."""
+    (left, right, none) with ``position_prob``, its colour by another with ``color_prob``. Two
+    groups never end up claiming the same side or colour."""
     out = [dict(g) for g in spec]
     for g in out:
         if rng.random() < count_prob:
@@ -194,16 +195,36 @@ def mislabel(spec: list[dict], rng: np.random.Generator, count_prob: float = 0.0
             taken = {o["position"] for o in out if o is not g} - {None}
             others = [p for p in (*POSITIONS, None) if p != g["position"] and p not in taken]
             g["position"] = others[int(rng.integers(len(others)))]
+        if color_prob and rng.random() < color_prob:  # no draw at 0: float-noise datasets unchanged
+            taken = {o["color"] for o in out if o is not g}
+            others = [c for c in COLORS if c != g["color"] and c not in taken]
+            g["color"] = others[int(rng.integers(len(others)))]
     return validate_spec(out)
 
 
-def example(rng_or_seed: Any, size: int = IMAGE_SIZE, caption_noise: float = 0.0, **sample_kwargs) -> dict:
+def caption_noise_rates(caption_noise: float | dict) -> dict[str, float]:
+    """``{"count", "position", "color"}`` mislabel probabilities: a number means that rate for count
+    and position (colour stays true); a mapping gives each attribute's own (missing ones are 0)."""
+    if isinstance(caption_noise, (int, float)):
+        return {"count": float(caption_noise), "position": float(caption_noise), "color": 0.0}
+    unknown = set(caption_noise) - {"count", "position", "color"}
+    if unknown:
+        raise ValueError(f"caption_noise: unknown attribute(s) {sorted(unknown)}; known: count, position, color")
+    rates = {k: float(caption_noise.get(k, 0.0)) for k in ("count", "position", "color")}
+    if any(not 0.0 <= r <= 1.0 for r in rates.values()):
+        raise ValueError(f"caption_noise rates must lie in [0, 1], got {rates}")
+    return rates
+
+
+def example(rng_or_seed: Any, size: int = IMAGE_SIZE, caption_noise: float | dict = 0.0, **sample_kwargs) -> dict:
     """``{"spec", "prompt", "image"}`` of one random scene (``sample_kwargs`` go to :func:`sample_spec`).
     RL uses only the spec (for the reward) and the prompt; the image is for pretraining. With
-    ``caption_noise`` > 0 the prompt misstates each group's count and side with that probability
-    (:func:`mislabel`); ``spec`` stays the truth of the image."""
+    ``caption_noise`` (see :func:`caption_noise_rates`) the prompt misstates each group's
+    attributes at those rates (:func:`mislabel`); ``spec`` stays the truth of the image."""
     rng = _rng(rng_or_seed)
     spec = sample_spec(rng, **sample_kwargs)
     image = render(spec, rng, size)
-    said = mislabel(spec, rng, caption_noise, caption_noise) if caption_noise else spec
+    rates = caption_noise_rates(caption_noise)
+    said = (mislabel(spec, rng, rates["count"], rates["position"], rates["color"])
+            if any(rates.values()) else spec)
     return {"spec": spec, "prompt": spec_prompt(said), "image": image}
