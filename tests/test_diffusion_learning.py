@@ -26,13 +26,13 @@ def _run(tmp_path, name, overrides):
 
 @pytest.mark.slow
 def test_default_recipe_raises_held_out_composition(tmp_path):
-    result, rewards = _run(tmp_path, "awm", ["train.steps=15", "train.prompts_per_step=8", "eval.num_examples=32",
-                                             "log.save_rollouts_every=0"])
+    result, rewards = _run(tmp_path, "awm", ["train.steps=15", "train.prompts_per_step=8", "train.learning_rate=2e-4",
+                                             "eval.num_examples=32", "log.save_rollouts_every=0"])
     assert len(rewards) == 15
-    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.08, rewards
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.1, rewards
     before, after = result.before, result.after
-    assert after["reward"] > before["reward"] + 0.1, (before, after)
-    assert after["check/color"] > before["check/color"] + 0.2  # the gap the pretraining left
+    assert after["reward"] > before["reward"] + 0.1, (before, after)  # measured 0.275 -> 0.458
+    assert after["check/color"] > before["check/color"] + 0.2  # the gap the pretraining left; 0.375 -> 0.719
     for name in ("samples_before.png", "samples_after.png"):
         assert (result.run_dir / name).stat().st_size > 1000
 

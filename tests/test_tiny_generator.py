@@ -110,3 +110,22 @@ def test_pretrain_round_trip_records_the_recipe(tmp_path):
     assert info["pretrain"]["caption_noise"] == 0.5 and info["pretrain"]["ema_decay"] == 0.99
     pipe = TinyFlowPipeline.from_pretrained(out)
     assert pipe.prediction == "sample" and pipe.latent_shape(16, 16) == (3, 16, 16)
+
+
+def test_shipped_generator_is_what_build_tiny_makes(tmp_path, monkeypatch):
+    """The asset's recorded recipe is the one ``mmrl build-tiny diffusion`` runs, so a rebuild
+    reproduces what `mmrl train diffusion` starts from."""
+    from mmrl.assets import asset_path
+    from mmrl import cli
+    from mmrl.diffusion import pretrain
+
+    info = json.loads((asset_path("tiny-flow-shapes") / MARKER).read_text())
+    recipe = pretrain.TINY_GENERATOR_RECIPE
+    recorded = {**info["pretrain"], "prediction": info["prediction"]}  # prediction is top-level: the pipeline reads it
+    assert {k: recorded[k] for k in recipe} == recipe
+    assert info["prediction"] == recipe["prediction"] and info["height"] == recipe["image_size"]
+    calls = []
+    monkeypatch.setattr(pretrain, "pretrain_tiny_generator", lambda out, **kw: calls.append(kw) or out)
+    cli.build_tiny("diffusion", out=tmp_path, steps=None, seed=0)
+    cli.build_tiny("diffusion", out=tmp_path, steps=7, seed=1)
+    assert calls == [{**recipe, "seed": 0}, {**recipe, "steps": 7, "seed": 1}]

@@ -2,7 +2,8 @@
 
 The question a Flow-GRPO user has: how much wall time per RL iteration does each way of choosing
 the trained denoising steps save, and what does it cost in reward? Every variant is the tiny
-recipe (``diffusion/composition_tiny``: Flow-GRPO SDE, 10 steps) plus:
+recipe (``diffusion/composition_tiny``: Flow-GRPO SDE, 10 steps) with Flow-GRPO's clipped log-prob
+loss (the recipe's own default is AWM, the ``awm`` variant) plus:
 
 ==================  ================================================================================
 variant             changes
