@@ -1,11 +1,11 @@
-"""The built-in tiny generator: a rectified-flow transformer that draws 32x32 coloured shapes.
+"""The built-in tiny generator: a rectified-flow transformer that draws small images of coloured shapes.
 
 Real classes with small configs, built locally (no hub): diffusers' ``SD3Transformer2DModel``
 (the MMDiT of Stable Diffusion 3) predicts the velocity, transformers' ``CLIPTextModelWithProjection``
 encodes the prompt (its sequence output is the transformer's ``encoder_hidden_states``, its projected
 pooled output the ``pooled_projections``, as in SD3), a word-level tokenizer covers the synthetic
 prompts' words, and diffusers' ``FlowMatchEulerDiscreteScheduler`` gives the sigmas. It works in
-pixel space (no VAE): a 32x32 image is already as small as a latent, and a VAE trained on CPU
+pixel space (no VAE): a 16x16 or 32x32 image is already as small as a latent, and a VAE trained on CPU
 would cost more than it saves. The directory layout is diffusers-like (``transformer/``,
 ``text_encoder/``, ``tokenizer/``, ``scheduler/``) plus ``mmrl_generator.json``.
 
@@ -13,7 +13,8 @@ would cost more than it saves. The directory layout is diffusers-like (``transfo
 image x0 and the pipeline turns it into the velocity ``(x - x0) / max(sigma, 0.05)`` ("Back to
 Basics: Let Denoising Generative Models Denoise", Li & He, 2025: in pixel space a small network
 predicts the clean image far better than the noise-laden velocity; measured here, the speckle of
-velocity-predicting models largely goes away). Everything downstream still sees a velocity.
+velocity-predicting models largely goes away). Everything downstream still sees a velocity. The
+shipped model (16x16, 2-px patches) predicts the sample; see ``pretrain.TINY_GENERATOR_RECIPE``.
 """
 
 from __future__ import annotations
