@@ -58,19 +58,20 @@ def update_ema(ema: list[torch.Tensor], params: list[torch.Tensor], decay: float
         e.mul_(decay).add_(p.detach(), alpha=1 - decay)
 
 
-DEFAULT_PRETRAIN_STEPS = 1500
 # The shipped tiny generator (assets/tiny-flow-shapes): 16x16 pixels in 2-px patches, x-prediction,
 # EMA weights, colour words wrong in half the captions; ~12 minutes on 2 CPU cores.
 TINY_GENERATOR_RECIPE: dict = {"steps": 4000, "image_size": 16, "patch_size": 2, "prediction": "sample",
                                "ema_decay": 0.999, "caption_noise": {"color": 0.5}}
 
 
-def pretrain_tiny_generator(out: str | Path, steps: int = DEFAULT_PRETRAIN_STEPS, batch_size: int = 64, lr: float = 1e-3,
+def pretrain_tiny_generator(out: str | Path, steps: int = 1500, batch_size: int = 64, lr: float = 1e-3,
                             dataset_size: int = 20000, seed: int = 0, log_every: int = 250,
                             width: int = 96, layers: int = 3, image_size: int = 32, patch_size: int = 4,
                             prediction: str = "velocity", caption_noise: float | dict = 0.0, ema_decay: float = 0.0) -> Path:
-    """Build and pretrain the tiny generator; save it to ``out`` (``mmrl_generator.json`` records
-    the recipe). Deterministic for a given seed and thread count."""
+    """Build and pretrain a tiny generator; save it to ``out`` (``mmrl_generator.json`` records
+    the recipe). Deterministic for a given seed and thread count. The argument defaults make a
+    plain model (32x32, velocity prediction, true captions); the shipped one is
+    ``pretrain_tiny_generator(out, **TINY_GENERATOR_RECIPE)``."""
     transformer, text_encoder, tokenizer, scheduler = new_tiny_models(seed, width=width, layers=layers, image_size=image_size,
                                                                       patch_size=patch_size)
     pipe = TinyFlowPipeline(transformer, text_encoder, tokenizer, scheduler, {"prediction": prediction})
