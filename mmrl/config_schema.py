@@ -79,6 +79,7 @@ class AlgoConfig:
     clip_cov_ub: float = 5.0
     kl_cov_ratio: Optional[float] = None  # KL-Cov: fraction of top-covariance tokens KL-penalised
     kl_cov_coef: float = 1.0
+    kl_cov_clip: bool = False  # KL-Cov keeps the PPO clip too (default: the paper's unclipped -A * ratio)
     # -- length shaping (DAPO) ----------------------------------------------------------------------
     overlong_filter: bool = False  # truncated completions are left out of the loss
     soft_overlong_buffer: int = 0  # tokens before max_completion_length where the penalty ramps

@@ -95,11 +95,18 @@ def register_reward(name: str, minimum: float = 0.0, check: Callable[..., None] 
     return wrap
 
 
-def register_advantage(name: str):
-    """Function decorator for an advantage estimator (see :mod:`mmrl.core.advantages`)."""
+def register_advantage(name: str, inputs: tuple[str, ...] = ()):
+    """Function decorator for an advantage estimator (see :mod:`mmrl.core.advantages`).
+
+    ``inputs`` names the per-batch values the estimator needs beyond rewards and group ids, which
+    the trainer supplies as keyword arguments: ``lengths`` (actions per sample), ``prompt_keys``
+    (a stable id per sample's prompt), ``task_ids`` (the data source of each sample), ``r_max``
+    (the best reachable total reward), ``policy_kl`` (KL(pi_old || pi_new) of the last update).
+    """
 
     def wrap(fn):
         fn.estimator_name = name
+        fn.estimator_inputs = tuple(inputs)
         return ADVANTAGES.register(name, fn)
 
     return wrap

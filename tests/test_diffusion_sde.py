@@ -35,7 +35,7 @@ def _run(kind, v, x, noise, reduction):
     return ddim_step(v, x, 0.5, 0.6, 1.0, noise=noise, reduction=reduction)
 
 
-@pytest.mark.parametrize("kind", ["flow_sde", "cps", "dance", "ddim"])
+@pytest.mark.parametrize("kind", ["flow_sde", "dance", "ddim"])
 def test_log_prob_matches_torch_normal(kind):
     v, x, noise = _inputs()
     out = _run(kind, v, x, noise, "sum")
@@ -47,6 +47,39 @@ def test_log_prob_matches_torch_normal(kind):
     torch.testing.assert_close(out.prev_sample, out.mean + std * noise)
     mean_out = _run(kind, v, x, noise, "mean")
     torch.testing.assert_close(mean_out.log_prob, ref / D, atol=1e-5, rtol=1e-5)
+
+
+def test_cps_log_prob_is_the_authors_squared_distance():
+    """CPS's log-prob is the authors' -mean((x - mu)^2) ("remove all constants"), not the Gaussian
+    density: on random inputs it equals -sum((prev - mean)^2) (sum reduction) and its /D (mean)."""
+    v, x, noise = _inputs()
+    out = _run("cps", v, x, noise, "sum")
+    sq = ((out.prev_sample - out.mean) ** 2).sum((1, 2, 3))
+    torch.testing.assert_close(out.log_prob, -sq)
+    torch.testing.assert_close(_run("cps", v, x, noise, "mean").log_prob, -sq / D)
+
+
+def test_cps_ratio_scale_hand_worked():
+    """One 1-D CPS step: x = 1, v = 0.5, sigma = 0.5 -> 0.4, a = 0.8, noise = 0.3.
+    std = 0.4 sin(0.4 pi) = 0.38042261; x0_hat = 1 - 0.5*0.5 = 0.75; x1_hat = 1 + 0.5*0.5 = 1.25;
+    sqrt(0.4^2 - std^2) = sqrt(0.16 - 0.14472136) = 0.12360680;
+    mean = 0.75*0.6 + 1.25*0.12360680 = 0.60450850; prev = mean + 0.3 std = 0.71863528;
+    log_prob = -(0.3 std)^2 = -0.01302492.
+    The same action under v' = 0.6: mean' = 0.7*0.6 + 1.3*0.12360680 = 0.58068884, so the step's
+    log-ratio is -(prev - mean')^2 + (prev - mean)^2 = -0.00600430 -- which is 2 std^2 = 0.28944272
+    times the Gaussian log-ratio -0.02074434: CPS's ratio is the Gaussian one scaled by 2 std^2."""
+    x = torch.ones(1, 1)
+    out = cps_step(torch.full((1, 1), 0.5), x, 0.5, 0.4, 0.8, noise=torch.full((1, 1), 0.3))
+    assert abs(float(out.std) - 0.38042261) < 1e-6 and abs(float(out.mean) - 0.60450850) < 1e-6
+    assert abs(float(out.prev_sample) - 0.71863528) < 1e-6
+    assert abs(float(out.log_prob) - (-0.01302492)) < 1e-7
+    moved = cps_step(torch.full((1, 1), 0.6), x, 0.5, 0.4, 0.8, prev_sample=out.prev_sample)
+    cps_ratio = float(moved.log_prob - out.log_prob)
+    gaussian_ratio = float(gaussian_log_prob(out.prev_sample, moved.mean, moved.std)
+                           - gaussian_log_prob(out.prev_sample, out.mean, out.std))
+    assert abs(cps_ratio - (-0.00600430)) < 1e-7
+    assert abs(gaussian_ratio - (-0.02074434)) < 1e-6
+    assert abs(cps_ratio - 0.28944272 * gaussian_ratio) < 1e-7
 
 
 def test_flow_sde_hand_worked():
@@ -140,11 +173,15 @@ def test_dance_hand_worked():
     assert out.std.item() == pytest.approx(0.09486833, abs=1e-6)
 
 
-@pytest.mark.parametrize("eta", [0.0, 1.0])
-def test_ddim_matches_diffusers(eta):
+@pytest.mark.parametrize("eta,clip", [(0.0, False), (1.0, False), (1.0, True)])
+def test_ddim_matches_diffusers(eta, clip):
+    """Against DDIMScheduler.step; with ``clip_sample`` (range 1, as ddpo-pytorch's SD checkpoints
+    set it) the predicted x0 is clamped first -- the inputs here are wide enough that it binds."""
     from diffusers import DDIMScheduler
 
-    sched = DDIMScheduler(clip_sample=False, set_alpha_to_one=False)
+    sched = DDIMScheduler(clip_sample=clip, clip_sample_range=1.0, set_alpha_to_one=False)
+    clip_range = sched.config.clip_sample_range if clip else None
+    clamped = 0
     sched.set_timesteps(10)
     ac = sched.alphas_cumprod
     step = sched.config.num_train_timesteps // sched.num_inference_steps
@@ -156,11 +193,13 @@ def test_ddim_matches_diffusers(eta):
         ab_prev = ac[t - step] if t - step >= 0 else sched.final_alpha_cumprod
         kw = {"variance_noise": z} if eta > 0 else {}
         ref = sched.step(eps, t, x, eta=eta, **kw).prev_sample
-        ours = ddim_step(eps, x, ac[t], ab_prev, eta, noise=z)
+        ours = ddim_step(eps, x, ac[t], ab_prev, eta, noise=z, clip_sample_range=clip_range)
         torch.testing.assert_close(ours.prev_sample, ref, atol=1e-6, rtol=1e-6)
+        clamped += int((((x - (1 - ac[t]).sqrt() * eps) / ac[t].sqrt()).abs() > 1).sum())
         if t - step >= 0:  # last step: alpha_bar_prev == alpha_bar_t (set_alpha_to_one=False) -> variance 0
             assert bool((ours.std > 0).all()) == (eta > 0)
         x = ref
+    assert clamped > 0  # the clamp mattered in the clip case (and would have in the others)
 
 
 def test_sigma_one_needs_sigma_max():

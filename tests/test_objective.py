@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mmrl.core.objective import ObjectiveConfig, aggregate, kl_penalty, policy_loss
+from mmrl.core.objective import ObjectiveConfig, aggregate, count_sequences, kl_penalty, policy_loss
 
 D = torch.float64
 
@@ -160,14 +160,17 @@ def test_aggregation_modes_by_hand():
 
 
 def test_aggregation_empty_row_and_overrides():
-    """Add a row [7, 8, 9] with no tokens: it adds nothing to any numerator but counts as a
-    sequence. token_mean 7/3; seq_mean_token_sum 7/3; seq_mean_token_mean (1.5 + 4 + 0) / 3.
+    """Add a row [7, 8, 9] with no tokens (an overlong-filtered sample): it adds nothing to any
+    numerator and, being left out of the loss, does not count as a sequence either (as verl's
+    agg_loss). token_mean 7/3; seq_mean_token_sum 7/2 = 3.5; seq_mean_token_mean (1.5 + 4) / 2
+    = 2.75 -- the same as without the row. count_sequences gives the 2 non-empty rows.
     Overrides: num_tokens=10 -> 7/10; num_seqs=4 -> 7/4, (5.5)/4, 7/(4*3).
     """
     l, m = t(L + [[7.0, 8.0, 9.0]]), t(M + [[0.0, 0.0, 0.0]])
+    assert count_sequences(m) == 2.0
     assert close(aggregate(l, m, "token_mean"), 7 / 3)
-    assert close(aggregate(l, m, "seq_mean_token_sum"), 7 / 3)
-    assert close(aggregate(l, m, "seq_mean_token_mean"), 5.5 / 3)
+    assert close(aggregate(l, m, "seq_mean_token_sum"), 3.5)
+    assert close(aggregate(l, m, "seq_mean_token_mean"), 2.75)
     assert close(aggregate(l, m, "token_mean", num_tokens=10), 0.7)
     assert close(aggregate(l, m, "seq_mean_token_sum", num_seqs=4), 1.75)
     assert close(aggregate(l, m, "seq_mean_token_mean", num_seqs=4), 5.5 / 4)
@@ -207,7 +210,7 @@ def test_gradient_accumulation_equivalence(mode):
     full, _ = policy_loss(logps, old, adv, mask, cfg, ref_logps=ref)
     (full_grad,) = torch.autograd.grad(full, logps)
 
-    totals = dict(num_tokens=mask.sum(), num_seqs=B)
+    totals = dict(num_tokens=mask.sum(), num_seqs=count_sequences(mask))  # the non-empty rows
     parts = [slice(0, 2), slice(2, 5)]
     summed = sum(
         policy_loss(logps[s], old[s], adv[s], mask[s], cfg, ref_logps=ref[s], **totals)[0]

@@ -25,7 +25,8 @@ from torch import Tensor
 
 from mmrl.registry import register_advantage
 
-from .advantages import EstimatorState, group_stats
+from .advantages import (EstimatorState, as_float_tensor, constant_groups, finalize_advantages, group_index,
+                         group_stats)
 
 __all__ = [
     "BNPOState",
@@ -38,30 +39,23 @@ __all__ = [
 ]
 
 
-def _float(rewards) -> Tensor:
-    r = torch.as_tensor(rewards)
-    return r if r.is_floating_point() else r.float()
+def _whiten(x: Tensor, eps: float, weights: Tensor | None = None) -> Tensor:
+    """``(x - mean(x)) / (std(x) + eps)`` over the whole batch, in float64, Bessel-corrected.
 
-
-def _whiten(x: Tensor, eps: float) -> Tensor:
-    """``(x - mean(x)) / (std(x) + eps)`` over the whole batch (unbiased std; N=1 gives 0)."""
+    ``weights`` (N,) counts each value that many times (REINFORCE++'s token-level whitening:
+    a sequence's advantage weighted by its number of tokens, the Bessel correction over the token
+    count). A batch with no spread (``max - min`` within 4 ulp of its magnitude, see
+    :func:`~mmrl.core.advantages.constant_groups`) whitens to exactly 0; N = 1 gives 0.
+    """
     if x.numel() == 0:
         return x
-    centred = x - x.mean()
-    std = (centred.pow(2).sum() / max(x.numel() - 1, 1)).sqrt()
-    return centred / (std + eps)
-
-
-def _group_index(r: Tensor, group_ids) -> tuple[Tensor, int]:
-    """Validated ``(inverse, num_groups)`` for ``group_ids`` (ids need not be contiguous)."""
-    ids = torch.as_tensor(group_ids, device=r.device)
-    if r.dim() != 1 or ids.shape != r.shape:
-        raise ValueError(
-            f"rewards and group_ids must both be 1-D of the same length, got "
-            f"{tuple(r.shape)} and {tuple(ids.shape)}"
-        )
-    _, inverse = torch.unique(ids, return_inverse=True)
-    return inverse, (int(inverse.max()) + 1 if inverse.numel() else 0)
+    x64 = x.to(torch.float64)
+    w = torch.ones_like(x64) if weights is None else torch.as_tensor(weights, dtype=torch.float64, device=x.device)
+    total = w.sum()
+    centred = x64 - (w * x64).sum() / total.clamp(min=1e-300)
+    std = ((w * centred.pow(2)).sum() / (total - 1).clamp(min=1)).sqrt()
+    flat = constant_groups(x, torch.zeros(x.numel(), dtype=torch.long, device=x.device))
+    return finalize_advantages(centred / (std + eps), x, flat)
 
 
 # --------------------------------------------------------------------------------------------
@@ -69,32 +63,57 @@ def _group_index(r: Tensor, group_ids) -> tuple[Tensor, int]:
 # --------------------------------------------------------------------------------------------
 
 
-@register_advantage("reinforce_pp")
+@register_advantage("reinforce_pp", inputs=("lengths",))
 def reinforce_pp(
-    rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6, group_baseline: bool = True, **_
+    rewards: Tensor,
+    group_ids: Tensor,
+    *,
+    eps: float = 1e-6,
+    group_baseline: bool = True,
+    lengths: Tensor | None = None,
+    whiten: str = "token",
+    **_,
 ) -> Tensor:
     """REINFORCE++ outcome advantage: normalisation over the whole batch, not per group.
 
-    From "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models"
-    (Hu, 2025). No critic and no per-group std: the batch supplies the baseline and the scale.
+    From "REINFORCE++: Stabilizing Critic-Free Policy Optimization with Global Advantage
+    Normalization" (Hu et al., 2025; first titled "REINFORCE++: A Simple and Efficient Approach
+    for Aligning Large Language Models"). No critic and no per-group std: the batch supplies the
+    baseline and the scale. With outcome rewards every token of sequence i carries the same
+    advantage, and the paper normalises *token* advantages over the global batch (its eq. 10):
 
-    - ``group_baseline=False`` (the paper's REINFORCE++ with outcome rewards, gamma = 1):
-      ``A_i = (r_i - mean_B(r)) / (std_B(r) + eps)``.
-    - ``group_baseline=True`` (default; verl's ``reinforce_plus_plus_baseline``, the variant used
-      with several samples per prompt): subtract the group mean first, then whiten over the
-      batch: ``u_i = r_i - mean_g(r)``, ``A_i = (u_i - mean_B(u)) / (std_B(u) + eps)``.
-      A group of one sample has no group mean to subtract; its baseline is the batch mean
-      ``mean_B(r)`` (verl uses 0 there; both make an all-singleton batch reduce exactly to the
-      ``group_baseline=False`` result, ours also keeps singletons on the residuals' scale).
+        mean_B = sum_i L_i u_i / sum_i L_i,  var_B = sum_i L_i (u_i - mean_B)^2 / (sum_i L_i - 1)
+        A_i    = (u_i - mean_B) / (sqrt(var_B) + eps)
 
-    verl whitens over tokens (each sequence weighted by its length); this whitens over
-    sequences, like every other estimator here.
+    with L_i the number of actions (tokens) of sample i (``lengths``; the trainer passes them),
+    the Bessel correction over the token count, as OpenRLHF's and verl's ``masked_whiten`` do.
+    ``whiten="sequence"`` (or no ``lengths``) weights every sequence once instead.
+
+    - ``group_baseline=False`` (REINFORCE++, k >= 1 samples per prompt): ``u_i = r_i``.
+    - ``group_baseline=True`` (default; "REINFORCE++ w/ baseline", verl's
+      ``reinforce_plus_plus_baseline``): ``u_i = r_i - mean_g(r)``. A group of one sample has no
+      group mean to subtract; its baseline is the batch mean ``mean_B(r)`` (verl uses 0 there).
+      An all-equal group of two or more samples gets exactly 0 (its residuals are 0 and carry
+      no ranking; float64 statistics keep the rounding residue of the group mean out).
+
+    A batch with no spread whitens to exactly 0.
     """
-    r = _float(rewards)
+    if whiten not in ("token", "sequence"):
+        raise ValueError(f"reinforce_pp whiten must be 'token' or 'sequence', got {whiten!r}")
+    r = as_float_tensor(rewards)
     mean_g, _, count = group_stats(r, group_ids)
+    u = r.to(torch.float64)
+    zero = None
     if group_baseline:
-        r = r - torch.where(count > 1, mean_g, r.mean())
-    return _whiten(r, eps)
+        u = u - torch.where(count > 1, mean_g, u.mean())
+        zero = constant_groups(r, group_ids) & (count > 1)
+    weights = None
+    if whiten == "token" and lengths is not None:
+        weights = torch.as_tensor(lengths, dtype=torch.float64, device=r.device)
+        if weights.shape != r.shape:
+            raise ValueError(f"reinforce_pp: lengths must have one entry per sample, got {tuple(weights.shape)} "
+                             f"for {r.numel()} samples")
+    return finalize_advantages(_whiten(u, eps, weights).to(torch.float64), r, zero)
 
 
 # --------------------------------------------------------------------------------------------
@@ -102,7 +121,7 @@ def reinforce_pp(
 # --------------------------------------------------------------------------------------------
 
 
-@register_advantage("ngrpo")
+@register_advantage("ngrpo", inputs=("r_max",))
 def ngrpo(
     rewards: Tensor,
     group_ids: Tensor,
@@ -128,11 +147,17 @@ def ngrpo(
     which one is correct this gives +1.76 / -0.50 (GRPO: +2.47 / -0.35), the paper's numbers.
     ``scale_rewards=False`` drops the std division (``A_i = r_i - mean'_g``). The paper's other
     half, asymmetric clipping, belongs to the objective (``epsilon`` < ``epsilon_high``).
+
+    An all-equal group of n samples at r (by design the exception to "no signal"): with one
+    virtual sample, ``mean' = (n r + r_max) / (n + 1)``, ``std' = |r_max - r| / sqrt(n + 1)``, so
+    ``A = (r - r_max) / (n + 1) / (|r_max - r| / sqrt(n + 1) + eps)`` (-1/sqrt(n+1) for r < r_max,
+    exactly 0 at r = r_max); statistics in float64 give that value without a rounding residue.
     """
     if int(num_virtual) != num_virtual or num_virtual < 0:
         raise ValueError(f"num_virtual must be a non-negative integer, got {num_virtual!r}")
-    r = _float(rewards)
-    inverse, num_groups = _group_index(r, group_ids)
+    r_in = as_float_tensor(rewards)
+    r = r_in.to(torch.float64)  # float64: an all-equal group gets exactly the formula's value
+    inverse, num_groups = group_index(r, group_ids)
     k = float(num_virtual)
     count = torch.zeros(num_groups, dtype=r.dtype, device=r.device).index_add_(
         0, inverse, torch.ones_like(r)
@@ -143,7 +168,7 @@ def ngrpo(
     sq = sq + k * (r_max - mean) ** 2
     std = (sq / (count - 1).clamp(min=1)).sqrt()
     centred = r - mean[inverse]
-    return centred / (std[inverse] + eps) if scale_rewards else centred
+    return finalize_advantages(centred / (std[inverse] + eps) if scale_rewards else centred, r_in)
 
 
 # --------------------------------------------------------------------------------------------
@@ -189,7 +214,7 @@ class BNPOState(EstimatorState):
         self.updates = int(d.get("updates", 0))
 
 
-@register_advantage("bnpo")
+@register_advantage("bnpo", inputs=("r_max",))
 def bnpo(
     rewards: Tensor,
     group_ids: Tensor,
@@ -223,7 +248,8 @@ def bnpo(
     ``momentum=0`` reproduces the per-batch refit (then ``state`` may be omitted). A batch with
     fewer than two groups does not update (m, v); before any update alpha = beta = 1.
     Differences from the authors' code: a single-sample group's baseline is its own reward
-    (advantage 0; theirs uses 0), and v is floored at 1e-12. Not implemented: the paper's
+    (advantage 0; theirs uses 0), and v is floored at 1e-12. An all-equal group gets exactly 0
+    (float64 statistics, :func:`~mmrl.core.advantages.constant_groups`). Not implemented: the paper's
     advantage decomposition for multi-component rewards (BNPO per component, then averaged).
     """
     if state is None:
@@ -235,8 +261,9 @@ def bnpo(
         state = BNPOState()
     if not r_max > r_min:
         raise ValueError(f"bnpo needs r_max > r_min, got r_min={r_min}, r_max={r_max}")
-    r = _float(rewards)
-    inverse, num_groups = _group_index(r, group_ids)
+    r_in = as_float_tensor(rewards)
+    r = r_in.to(torch.float64)
+    inverse, num_groups = group_index(r, group_ids)
     s = (r - r_min) / (r_max - r_min)
     count = torch.zeros(num_groups, dtype=r.dtype, device=r.device).index_add_(
         0, inverse, torch.ones_like(r)
@@ -258,7 +285,7 @@ def bnpo(
     log_beta_fn = torch.lgamma(a) + torch.lgamma(b) - torch.lgamma(a + b)
     log_pdf = torch.xlogy(a - 1, p) + torch.xlogy(b - 1, 1 - p) - log_beta_fn
     weight = torch.exp(-log_pdf).clamp(max=max_weight)
-    return weight[inverse] * (s - p[inverse])
+    return finalize_advantages(weight[inverse] * (s - p[inverse]), r_in, constant_groups(r_in, group_ids))
 
 
 bnpo.make_state = BNPOState
@@ -269,7 +296,7 @@ bnpo.make_state = BNPOState
 # --------------------------------------------------------------------------------------------
 
 
-@register_advantage("stratified_grpo")
+@register_advantage("stratified_grpo", inputs=("task_ids",))
 def stratified_grpo(
     rewards: Tensor,
     group_ids: Tensor,
@@ -298,17 +325,19 @@ def stratified_grpo(
     are structural (e.g. the number of search calls of an agent trajectory) and it normalises
     raw rewards within strata; we subtract the group mean first so the prompt's difficulty is
     removed before pooling groups, and take any integer label as the stratum (task id, tool-call
-    count, ...).
+    count, ...). An all-equal group gets exactly 0 (its residuals are 0; the stratum and batch
+    means of residuals are 0 up to rounding, which float64 and the constant-group rule remove).
     """
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"stratified_grpo alpha must be in [0, 1], got {alpha}")
-    r = _float(rewards)
+    r = as_float_tensor(rewards)
     mean_g, _, _ = group_stats(r, group_ids)
-    u = r - mean_g
-    a_global = _whiten(u, eps)
+    u = r.to(torch.float64) - mean_g
+    zero = constant_groups(r, group_ids)
+    a_global = _whiten(u, eps).to(torch.float64)
     labels = strata if strata is not None else task_ids
     if labels is None:
-        return a_global
+        return finalize_advantages(a_global, r, zero)
     labels = torch.as_tensor(labels, device=r.device)
     if labels.shape != r.shape:
         raise ValueError(
@@ -316,9 +345,7 @@ def stratified_grpo(
         )
     mean_c, std_c, _ = group_stats(u, labels)
     a_strat = (u - mean_c) / (std_c + eps)
-    if alpha == 1.0:
-        return a_strat
-    return alpha * a_strat + (1 - alpha) * a_global
+    return finalize_advantages(alpha * a_strat + (1 - alpha) * a_global, r, zero)
 
 
 # --------------------------------------------------------------------------------------------
@@ -367,7 +394,7 @@ class SPOState(EstimatorState):
         self.cum_kl = float(d.get("cum_kl", 0.0))
 
 
-@register_advantage("spo")
+@register_advantage("spo", inputs=("prompt_keys", "policy_kl"))
 def spo(
     rewards: Tensor,
     group_ids: Tensor,
@@ -417,8 +444,8 @@ def spo(
             "spo keeps a per-prompt value tracker: pass state=make_advantage_state('spo') and "
             "save state.state_dict() with the checkpoint"
         )
-    r = _float(rewards)
-    _group_index(r, group_ids)  # shape validation only
+    r = as_float_tensor(rewards)
+    group_index(r, group_ids)  # shape validation only
     if prompt_keys is None or len(prompt_keys) != r.numel():
         got = "none" if prompt_keys is None else f"{len(prompt_keys)}"
         raise ValueError(f"spo needs prompt_keys, one stable id per sample: got {got} for {r.numel()} samples")

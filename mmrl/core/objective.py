@@ -47,6 +47,7 @@ __all__ = [
     "kl_penalty",
     "aggregate",
     "policy_loss",
+    "count_sequences",
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
     "LOSS_TYPES",
@@ -55,6 +56,8 @@ __all__ = [
 ]
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
+K3_LOG_RATIO_CLAMP = 20.0  # verl's low_var_kl bounds
+K3_VALUE_CLAMP = 10.0
 LOSS_AGG_MODES = (
     "token_mean",
     "seq_mean_token_sum",
@@ -72,7 +75,7 @@ def _check_choice(value: str, valid: tuple[str, ...], what: str) -> None:
 VARIANT_FIELDS = (
     "loss_type", "reg_scale", "clip_pos", "clip_neg", "dual_clip_c", "entropy_coef",
     "top_entropy_quantile", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio",
-    "kl_cov_coef", "off_policy_gamma",
+    "kl_cov_coef", "kl_cov_clip", "off_policy_gamma",
 )
 
 
@@ -114,6 +117,7 @@ class ObjectiveConfig:
     clip_cov_ub: float = 5.0
     kl_cov_ratio: Optional[float] = None  # KL-Cov: fraction of top-cov tokens (e.g. 2e-3)
     kl_cov_coef: float = 1.0  # KL-Cov: weight of |logp - old_logp| on those tokens
+    kl_cov_clip: bool = False  # KL-Cov keeps the PPO clip (off: the paper's unclipped -A * ratio)
     off_policy_gamma: float = 0.1  # LUFFY policy shaping f(p) = p / (p + gamma) of off-policy rows
 
     def __post_init__(self) -> None:
@@ -132,6 +136,9 @@ class ObjectiveConfig:
                 raise ValueError(f"dual_clip_c must be > 1, got {self.dual_clip_c}")
             if self.loss_type not in ("clip", "gspo"):
                 raise ValueError("dual_clip_c applies to loss_type 'clip' or 'gspo' only")
+            if self.unclipped:
+                raise ValueError("dual_clip_c caps the clipped surrogate; KL-Cov (kl_cov_ratio) drops the clip "
+                                 "unless kl_cov_clip=true")
         _fraction(self.top_entropy_quantile, "top_entropy_quantile")
         _fraction(self.clip_cov_ratio, "clip_cov_ratio")
         _fraction(self.kl_cov_ratio, "kl_cov_ratio")
@@ -142,6 +149,11 @@ class ObjectiveConfig:
                 "top_entropy_quantile / clip_cov_ratio mask token-level policy-gradient terms; "
                 "reg_grpo's loss is per sequence (use clip, gspo or cispo)"
             )
+
+    @property
+    def unclipped(self) -> bool:
+        """KL-Cov in the paper's form: ``loss_type=clip`` becomes the unclipped ``-A * ratio``."""
+        return self.loss_type == "clip" and self.kl_cov_ratio is not None and not self.kl_cov_clip
 
     @property
     def clip_high(self) -> float:
@@ -187,6 +199,9 @@ def kl_penalty(logps: Tensor, ref_logps: Tensor, estimator: str) -> Tensor:
     - ``k1 = -log_ratio``: unbiased, high variance, can be negative.
     - ``k2 = 0.5 * log_ratio**2``: biased, low variance, always >= 0.
     - ``k3 = exp(log_ratio) - 1 - log_ratio``: unbiased and always >= 0 (the GRPO paper's choice).
+      As verl's ``low_var_kl``, the log-ratio is clamped to [-20, 20] and k3 to at most 10, so
+      a token the reference finds wildly unlikely cannot blow the loss up (exp(20) ~ 5e8); the
+      clamped tokens pass no gradient.
     """
     _check_choice(estimator, KL_ESTIMATORS, "kl_estimator")
     log_ratio = ref_logps - logps
@@ -194,11 +209,18 @@ def kl_penalty(logps: Tensor, ref_logps: Tensor, estimator: str) -> Tensor:
         return -log_ratio
     if estimator == "k2":
         return 0.5 * log_ratio**2
-    return torch.exp(log_ratio) - 1 - log_ratio
+    log_ratio = log_ratio.clamp(-K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)
+    return (torch.exp(log_ratio) - 1 - log_ratio).clamp(max=K3_VALUE_CLAMP)
 
 
 def _at_least_one(n: Any, like: Tensor) -> Tensor:
     return torch.as_tensor(n, dtype=like.dtype, device=like.device).clamp(min=1)
+
+
+def count_sequences(mask: Tensor) -> float:
+    """The number of rows of a (B, T) action mask with at least one action: the ``num_seqs``
+    normaliser of the sequence-mean aggregations."""
+    return float((torch.as_tensor(mask).sum(-1) > 0).sum())
 
 
 def aggregate(
@@ -220,17 +242,23 @@ def aggregate(
     - ``seq_mean_token_sum_norm``: sum_i sum_t(l*m) / (num_seqs * max_completion_length). A
       constant normaliser removes GRPO's length bias (Dr. GRPO).
 
-    ``num_tokens`` (default: this call's sum(mask)) and ``num_seqs`` (default: B) exist for
-    gradient accumulation: when a mini-batch is split into micro-batches, pass the mini-batch
-    totals to every micro-batch call, and the sum of the micro-batch losses (and of their
-    gradients) equals the loss of the whole mini-batch. Normalisers are clamped to >= 1 so an
-    empty batch yields 0, not NaN.
+    ``num_tokens`` (default: this call's sum(mask)) and ``num_seqs`` (default: the rows with at
+    least one action) exist for gradient accumulation: when a mini-batch is split into
+    micro-batches, pass the mini-batch totals to every micro-batch call (:func:`count_sequences`),
+    and the sum of the micro-batch losses (and of their gradients) equals the loss of the whole
+    mini-batch. Normalisers are clamped to >= 1 so an empty batch yields 0, not NaN.
+
+    A fully masked row (an overlong-filtered sample, DAPO) is left out of the loss, so it is not
+    counted in ``num_seqs`` either: it must not dilute the other sequences' weight (verl's
+    ``agg_loss`` counts only non-empty rows too). verl's ``seq-mean-token-sum-norm`` divides by
+    the constant alone (no 1/B, verl issue #3741); mmrl averages over sequences as Dr. GRPO's
+    formula does.
     """
     _check_choice(mode, LOSS_AGG_MODES, "loss_agg_mode")
     mask = mask.to(per_token.dtype)
     masked = per_token * mask
     if num_seqs is None:
-        num_seqs = per_token.shape[0]
+        num_seqs = count_sequences(mask)
     if mode == "token_mean":
         if num_tokens is None:
             num_tokens = mask.sum()
@@ -284,6 +312,12 @@ def policy_loss(
     the full per-token loss is
 
         l = w * pg + kl_cov_coef * |logp - old_logp| * [t in KL-Cov] + beta * KL - entropy_coef * H
+
+    With KL-Cov (``kl_cov_ratio``) and ``loss_type=clip``, ``pg`` is the unclipped ``-A * ratio``
+    on every token, the objective of "The Entropy Mechanism of Reinforcement Learning for
+    Reasoning Language Models" (and verl's ``compute_policy_loss_kl_cov``): the penalty on the
+    selected high-covariance tokens replaces the clip, and no clip fractions are reported.
+    ``kl_cov_clip=True`` keeps the PPO clip as well.
 
     where ``w`` is 0 on tokens outside the top-entropy quantile or picked by Clip-Cov (1
     otherwise). Those tokens still count in the normaliser (``mask`` is unchanged), as in the
@@ -353,6 +387,11 @@ def policy_loss(
         low, high = clip_bounds(advantages, cfg.epsilon, cfg.clip_high, cfg.clip_pos, cfg.clip_neg)
         if cfg.loss_type == "cispo":
             pg = cispo_loss(ratio, logps, advantages, low, high)
+        elif cfg.unclipped:
+            # KL-Cov's objective: the plain importance-weighted surrogate, no clip (the KL-Cov
+            # penalty below is its trust region).
+            clip_ratio = None
+            pg = -advantages * ratio
         else:
             if cfg.loss_type == "gspo":
                 clip_ratio = gspo_ratio(logps, old_logps, mask)

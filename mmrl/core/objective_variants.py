@@ -19,7 +19,8 @@ Papers (titles, so they can be looked up):
 - Top-entropy token mask: "Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive Effective
   Reinforcement Learning for LLM Reasoning" (Wang et al., 2025).
 - Clip-Cov / KL-Cov: "The Entropy Mechanism of Reinforcement Learning for Reasoning Language
-  Models" (Cui et al., 2025), in the authors' verl implementation.
+  Models" (Cui et al., 2025): the token choices as in the authors' verl code; KL-Cov's
+  objective (unclipped surrogate plus the penalty) is in :func:`mmrl.core.objective.policy_loss`.
 - Off-policy guidance: "TempSamp-R1: Effective Temporal Sampling with Reinforcement Fine-Tuning
   for Video LLMs" (ground-truth solutions injected into each group), weighted with the policy
   shaping of "Learning to Reason under Off-Policy Guidance" (LUFFY, Yan et al., 2025).

@@ -21,14 +21,14 @@ import numpy as np
 import torch
 
 from ..config import save_config
-from ..registry import TASKS, load_plugins
+from ..registry import ADVANTAGES, TASKS, load_plugins
 from ..task import Task
 from .advantages import compute_advantages, make_advantage_state
 from .checkpoint import CheckpointManager, rng_state, set_rng_state
 from ..media.perturb import PERTURBATIONS, perturb_example, perturbation_options
 from .curriculum import augment_flat_groups, scaffold
 from .logging import RunLogger, TrainingProgress, print_before_after
-from .objective import Objective, ObjectiveConfig, kl_penalty
+from .objective import Objective, ObjectiveConfig, count_sequences, kl_penalty
 from .reward_aggregation import aggregate_rewards
 from .rewards import make_reward_computer
 from .samplers import make_sampler, step_seed
@@ -123,7 +123,7 @@ class Trainer:
         self.ckpt = CheckpointManager(self.run_dir / "checkpoints", keep=cfg.log.save_total_limit)
         self.objective_cfg = ObjectiveConfig.from_algo(cfg.algo, max_completion_length=cfg.rollout.max_completion_length)
         self.adv_state = make_advantage_state(cfg.algo.advantage)
-        self.adv_kwargs = self._advantage_kwargs(self.rewards.weights)
+        self.estimator_inputs = ADVANTAGES.get(cfg.algo.advantage).estimator_inputs
         self.train_examples = self.task.examples("train")
         sizes = dict(getattr(self.train_examples, "source_sizes", None) or {self.task.name: len(self.train_examples)})
         self.source_ids = {name: i for i, name in enumerate(sizes)}
@@ -311,29 +311,39 @@ class Trainer:
         return metrics
 
     def _advantages(self, batch: Rollouts) -> torch.Tensor:
-        """The configured estimator on the (optionally z-scored) rewards of ``batch``."""
+        """The configured estimator on the (optionally z-scored) rewards of ``batch``, with the
+        extra inputs the estimator declared at registration (``register_advantage(inputs=...)``)."""
         algo = self.cfg.algo
         signal = batch.rewards
         if algo.reward_aggregation != "weighted_sum":
             weights = {**self.rewards.weights, **({"overlong_penalty": 1.0} if "overlong_penalty" in batch.reward_components else {})}
             signal = aggregate_rewards(batch.reward_components, weights, algo.reward_aggregation, group_ids=batch.group_ids)
-        extra = dict(self.adv_kwargs)
+        extra = dict(algo.advantage_kwargs)
+        for name in self.estimator_inputs:
+            if name not in extra:
+                value = self._estimator_input(name, batch)
+                if value is not None:
+                    extra[name] = value
         if self.adv_state is not None:
             extra["state"] = self.adv_state
-        if algo.advantage == "spo":  # the per-prompt value tracker keys on the example index
-            extra["prompt_keys"] = [str(ex["_index"]) for ex in batch.examples]
-            if self.policy_kl is not None and "rho" not in extra:
-                extra["policy_kl"] = self.policy_kl
-        if algo.advantage == "stratified_grpo" and len(self.source_ids) > 1:  # real task ids
-            extra.setdefault("task_ids", torch.tensor([self.source_ids[ex["source"]] for ex in batch.examples]))
         return compute_advantages(algo.advantage, signal, batch.group_ids, scale_rewards=algo.scale_rewards, **extra)
 
-    def _advantage_kwargs(self, weights: dict[str, float]) -> dict[str, Any]:
-        """Estimator options; NGRPO/BNPO need the best reachable reward (rewards lie in [0, 1])."""
-        kwargs = dict(self.cfg.algo.advantage_kwargs)
-        if self.cfg.algo.advantage in ("ngrpo", "bnpo"):
-            kwargs.setdefault("r_max", float(sum(w for w in weights.values() if w > 0)))
-        return kwargs
+    def _estimator_input(self, name: str, batch: Rollouts) -> Any:
+        """One declared estimator input for ``batch`` (None = not available: left out)."""
+        if name == "lengths":
+            return batch.action_mask.sum(1)
+        if name == "prompt_keys":  # SPO's per-prompt value tracker keys on the example index
+            return [str(ex["_index"]) for ex in batch.examples]
+        if name == "task_ids":  # Stratified GRPO: the examples' data sources (a mixture's tasks)
+            if len(self.source_ids) < 2:
+                return None
+            return torch.tensor([self.source_ids[ex["source"]] for ex in batch.examples])
+        if name == "r_max":  # rewards lie in [0, 1]: the best total is the sum of positive weights
+            return float(sum(w for w in self.rewards.weights.values() if w > 0))
+        if name == "policy_kl":
+            return self.policy_kl
+        raise ValueError(f"advantage estimator {self.cfg.algo.advantage!r} needs input {name!r}, which the "
+                         "trainer does not provide (known: lengths, prompt_keys, task_ids, r_max, policy_kl)")
 
     def objective_at(self, step: int) -> Objective:
         """The loss for ``step``, with the KL weight of the configured schedule."""
@@ -361,7 +371,7 @@ class Trainer:
                 sub = batch.select(order[start:start + mini])
                 metrics = self.policy.train_step(
                     sub, objective,
-                    num_tokens=float(sub.action_mask.sum()), num_seqs=float(len(sub)),
+                    num_tokens=float(sub.action_mask.sum()), num_seqs=count_sequences(sub.action_mask),
                 )
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + v
@@ -376,10 +386,11 @@ class Trainer:
         return out
 
     def _tracks_policy_kl(self) -> bool:
-        """SPO's KL-adaptive forgetting needs KL(pi_old || pi_new) of each update: two extra
-        scoring passes, done only for ``advantage=spo`` without a fixed ``rho``."""
+        """An estimator that declares a ``policy_kl`` input (SPO's KL-adaptive forgetting) needs
+        KL(pi_old || pi_new) of each update: two extra scoring passes, skipped with a fixed ``rho``."""
         algo = self.cfg.algo
-        return algo.advantage == "spo" and "rho" not in algo.advantage_kwargs and hasattr(self.policy, "score")
+        return ("policy_kl" in self.estimator_inputs and "rho" not in algo.advantage_kwargs
+                and hasattr(self.policy, "score"))
 
     # -- checkpoints ------------------------------------------------------------------------------
     def save(self, step: int, before: dict[str, float]) -> None:

@@ -116,6 +116,10 @@ class DiffusionPolicy:
             raise ValueError(f"diffusion.logp_reduction must be mean or sum, got {d.logp_reduction!r}")
         if d.grpo_guard and algo.loss_type != "clip":
             raise ValueError("diffusion.grpo_guard corrects the SDE step ratio: it needs algo.loss_type=clip")
+        if d.grpo_guard and d.sampler == "cps":
+            raise ValueError("diffusion.grpo_guard re-scales a Gaussian step log-ratio; the cps sampler's log-prob is "
+                             "the authors' -mean((x - mu)^2), whose ratio is already on a per-step scale: use "
+                             "sampler flow_sde or dance with grpo_guard")
         if algo.beta > 0 and algo.loss_type != "clip":
             raise ValueError("algo.beta (KL on the step means) applies to algo.loss_type=clip")
         for name in ("entropy_coef", "top_entropy_quantile", "clip_cov_ratio", "kl_cov_ratio", "off_policy_guidance"):

@@ -110,6 +110,14 @@ def cps_step(velocity, sample, sigma, sigma_next, noise_level=0.8, *,
     ``mean = (1 - sigma_next) x0_hat + sqrt(sigma_next^2 - std^2) x1_hat``, ``prev = mean + std noise``:
     the noise coefficient of prev stays exactly sigma_next. At sigma_next = 0 std = 0 (deterministic
     last step, log_prob 0); with a = 0 it is the Euler step.
+
+    Log-probability: the authors' definition (their ``sde_step_with_logprob``, "remove all
+    constants"), ``log_prob = -mean((prev - mean)^2)`` over the latent dims (``-sum`` with
+    ``reduction="sum"``), :func:`cps_log_prob`. It drops the Gaussian's ``1 / (2 std^2)`` as well,
+    so a step's log-ratio is ``2 std^2`` times the Gaussian log-ratio (of :func:`gaussian_log_prob`):
+    e.g. 1.45 at sigma_next = 0.9 and 0.018 at sigma_next = 0.1 for a = 0.8. The clip range therefore
+    acts like Flow-GRPO's at the high-noise steps and hardly at all at the low-noise ones, where the
+    Gaussian ratio would swing hardest; the authors train with Flow-GRPO's clip range on it.
     """
     v, x = velocity.float(), sample.float()
     sig, sig_next = _per_sample(sigma, x), _per_sample(sigma_next, x)
@@ -117,7 +125,22 @@ def cps_step(velocity, sample, sigma, sigma_next, noise_level=0.8, *,
     x0_hat = x - sig * v
     x1_hat = x + (1 - sig) * v
     mean = x0_hat * (1 - sig_next) + x1_hat * torch.sqrt((sig_next**2 - std**2).clamp_min(0))
-    return _finish(mean, std, noise, prev_sample, generator, reduction)
+    out = _finish(mean, std, noise, prev_sample, generator, reduction)
+    out.log_prob = cps_log_prob(out.prev_sample.detach(), mean, std, reduction)
+    return out
+
+
+def cps_log_prob(x: Tensor, mean: Tensor, std, reduction: str = "mean") -> Tensor:
+    """The CPS authors' step log-probability, (B,): ``-mean((x - mean)^2)`` over the non-batch dims
+    (``-sum`` for ``reduction="sum"``), 0 where ``std == 0`` (a deterministic step)."""
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+    sq = -((x.float() - mean.float()) ** 2)
+    if sq.ndim > 1:
+        dims = tuple(range(1, sq.ndim))
+        sq = sq.mean(dims) if reduction == "mean" else sq.sum(dims)
+    stochastic = _flat(_per_sample(std, x) > 0, x.shape[0])
+    return torch.where(stochastic, sq, torch.zeros_like(sq))
 
 
 def dance_flow_step(velocity, sample, sigma, sigma_next, eta=0.3, *,
@@ -127,8 +150,9 @@ def dance_flow_step(velocity, sample, sigma, sigma_next, eta=0.3, *,
     ``dsigma = sigma_next - sigma``, ``x0_hat = x - sigma v``,
     ``score = -(x - (1 - sigma) x0_hat) / sigma^2``,
     ``mean = x + dsigma v - 0.5 eta^2 score dsigma``, ``std = eta sqrt(sigma - sigma_next)``,
-    ``prev = mean + std noise``. (DanceGRPO's code drops the ``-log std`` term from its log-prob; it
-    cancels in the ratio. Here the full Gaussian log-density is used.)
+    ``prev = mean + std noise``. The log-prob is the full Gaussian log-density averaged over the
+    latent dims, as DanceGRPO's ``flux_step`` computes it (with its ``-log std`` and
+    ``-log sqrt(2 pi)`` terms, which cancel in the ratio).
     """
     v, x = velocity.float(), sample.float()
     sig, sig_next = _per_sample(sigma, x), _per_sample(sigma_next, x)
@@ -140,7 +164,7 @@ def dance_flow_step(velocity, sample, sigma, sigma_next, eta=0.3, *,
     return _finish(mean, eta * torch.sqrt(-dsig), noise, prev_sample, generator, reduction)
 
 
-def ddim_step(eps, sample, alpha_bar_t, alpha_bar_prev, eta=1.0, *,
+def ddim_step(eps, sample, alpha_bar_t, alpha_bar_prev, eta=1.0, *, clip_sample_range=None,
               noise=None, prev_sample=None, generator=None, reduction="mean") -> StepOutput:
     """DDIM step with log-prob for epsilon-prediction models, as in DDPO ("Training Diffusion Models with
     Reinforcement Learning", Black et al., 2023), following DDIM (Song et al., eq. 12/16).
@@ -148,10 +172,16 @@ def ddim_step(eps, sample, alpha_bar_t, alpha_bar_prev, eta=1.0, *,
     ``x0_hat = (x - sqrt(1 - ab_t) eps) / sqrt(ab_t)``,
     ``std = eta sqrt((1 - ab_prev) / (1 - ab_t) (1 - ab_t / ab_prev))``,
     ``mean = sqrt(ab_prev) x0_hat + sqrt(1 - ab_prev - std^2) eps``, ``prev = mean + std noise``.
+    ``clip_sample_range=r`` clamps ``x0_hat`` to [-r, r] first, as diffusers' ``DDIMScheduler`` (and
+    ddpo-pytorch) do when the scheduler config sets ``clip_sample``; pass the scheduler's
+    ``clip_sample_range`` then (``None``: no clamp). The mean's eps term keeps the model's eps,
+    as both do.
     """
     e, x = eps.float(), sample.float()
     ab_t, ab_prev = _per_sample(alpha_bar_t, x), _per_sample(alpha_bar_prev, x)
     x0_hat = (x - torch.sqrt(1 - ab_t) * e) / torch.sqrt(ab_t)
+    if clip_sample_range is not None:
+        x0_hat = x0_hat.clamp(-float(clip_sample_range), float(clip_sample_range))
     variance = (1 - ab_prev) / (1 - ab_t) * (1 - ab_t / ab_prev)
     std = _per_sample(eta, x) * torch.sqrt(variance)
     mean = torch.sqrt(ab_prev) * x0_hat + torch.sqrt((1 - ab_prev - std**2).clamp_min(0)) * e
