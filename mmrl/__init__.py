@@ -6,9 +6,12 @@ Public API for plugins and scripts::
     result = mmrl.train("vlm/counting_tiny", ["train.steps=50"])   # same as `mmrl train vlm`
 """
 
+from . import plugins  # noqa: F401  (installs the registries' plugin loader)
 from .api import train
-from .core.policy import Policy
-from .registry import load_plugins, register_advantage, register_reward, register_sampler, register_task
+from .core.policy import Policy, PolicyBase
+from .registry import (load_plugins, register_advantage, register_engine, register_kl_schedule, register_loss,
+                       register_perturbation, register_reward, register_sampler, register_sde_sampler,
+                       register_selection, register_task)
 from .task import SyntheticExamples, Task, image_prompt
 
 __version__ = "0.1.0"
@@ -16,6 +19,13 @@ __version__ = "0.1.0"
 __all__ = [
     "train",
     "Policy",
+    "PolicyBase",
+    "register_loss",
+    "register_engine",
+    "register_selection",
+    "register_sde_sampler",
+    "register_kl_schedule",
+    "register_perturbation",
     "Task",
     "SyntheticExamples",
     "image_prompt",

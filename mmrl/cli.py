@@ -88,10 +88,11 @@ def eval_(
     import json
 
     from .config import ConfigError, load_config
-    from .core.checkpoint import CheckpointManager
-    from .core.rewards import make_reward_computer
     from .api import make_policy
-    from .core.trainer import build_task, evaluate
+    from .core.evaluation import evaluate
+    from .core.reward_computer import make_reward_computer
+    from .core.trainer import build_task
+    from .runs.checkpoint import CheckpointManager
 
     path = Path(target)
     ckpt = None
@@ -114,8 +115,7 @@ def eval_(
     rewards = make_reward_computer(task, cfg.task)
     if gallery is None:
         gallery = (path if path.is_dir() and (path / "config.yaml").exists() else Path(".")) / "eval_gallery"
-    grid = gallery / "samples.png" if getattr(task, "modality", "vlm") == "diffusion" else None
-    metrics = evaluate(policy, task, rewards, cfg, num_examples, gallery_dir=gallery, grid_path=grid)
+    metrics = evaluate(policy, task, rewards, cfg, num_examples, gallery_dir=gallery, grid_path=gallery / "samples.png")
     print(json.dumps({"checkpoint": str(ckpt) if ckpt else cfg.model.path, "task": cfg.task.name, **metrics}, indent=2))
     typer.echo(f"gallery: {gallery / 'index.html'} and {gallery / 'gallery.png'}", err=True)
 
@@ -221,12 +221,11 @@ def bench_diffusion(
 
 @app.command(name="list")
 def list_plugins():
-    """List registered tasks, rewards, advantage estimators and data samplers."""
-    from .core import advantages, samplers  # noqa: F401  (they register the built-ins)
-    from .registry import ADVANTAGES, REWARDS, SAMPLERS, TASKS
+    """List every named choice: tasks, rewards, advantage estimators, losses, prompt samplers, SDE
+    samplers, batch selections, KL schedules, image perturbations, rollout engines."""
+    from .registry import ALL_REGISTRIES
 
-    for title, reg in (("tasks", TASKS), ("rewards", REWARDS), ("advantage estimators", ADVANTAGES),
-                       ("data samplers", SAMPLERS)):
+    for title, reg in ALL_REGISTRIES.items():
         print(f"{title}: {', '.join(reg.names())}")
 
 

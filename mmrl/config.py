@@ -36,6 +36,7 @@ __all__ = [
     "ConfigError",
     "load_config",
     "save_config",
+    "check_unused_keys",
     "config_to_dict",
     "builtin_config_path",
     "builtin_config_names",
@@ -453,6 +454,33 @@ def load_config(
         raise ConfigError(f"cannot resolve config key '{key}' ({locations.get(key, 'config')}): {exc.msg if hasattr(exc, 'msg') else exc}") from None
     assert isinstance(out, Config)
     return out
+
+
+def check_unused_keys(cfg: Config, keys: Sequence[str], who: str) -> None:
+    """Refuse config keys that mean nothing for this run instead of silently ignoring them.
+
+    ``keys`` are dotted keys (``rollout.temperature``) or whole sections (``diffusion``); any of
+    them set to something other than its default is a :class:`ConfigError` naming each such key
+    and ``who`` (e.g. "a DiffusionPolicy") that does not read it.
+    """
+    defaults = config_to_dict(Config())
+    current = config_to_dict(cfg)
+
+    def value(tree: dict, key: str) -> Any:
+        for part in key.split("."):
+            tree = tree[part]
+        return tree
+
+    changed: list[str] = []
+    for key in keys:
+        now, default = value(current, key), value(defaults, key)
+        if isinstance(now, dict) and key in _INDEX and _INDEX[key].kind == "section":
+            changed += [f"{key}.{k}={now[k]!r}" for k in now if now[k] != default.get(k)]
+        elif now != default:
+            changed.append(f"{key}={now!r}")
+    if changed:
+        raise ConfigError(f"{', '.join(changed)}: not used by {who} (it applies to another kind of model); "
+                          "remove the key(s) or train the model kind they belong to")
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:

@@ -25,21 +25,29 @@ class LoraConfig:
 class ModelConfig:
     # "tiny" = the built-in tiny Qwen2.5-VL in mmrl/assets; otherwise a local checkpoint directory.
     path: str = "tiny"
-    dtype: str = "float32"  # float32 | bfloat16 | float16
-    freeze_vision: bool = False
+    # The compute dtype: float32 | bfloat16 | float16. Trained weights are kept in float32
+    # (master weights) and forward passes run under autocast in this dtype.
+    dtype: str = "float32"
     lora: LoraConfig = field(default_factory=LoraConfig)
+    attn_implementation: Optional[str] = None  # e.g. "sdpa", "flash_attention_2"
+
+
+@dataclass
+class VLMConfig:
+    """Vision-language policies (``mmrl train vlm``): what only a VLM reads."""
+
     # Qwen-VL image budget (pixels after resizing); None keeps the checkpoint's own.
     min_pixels: Optional[int] = None
     max_pixels: Optional[int] = None
-    attn_implementation: Optional[str] = None  # e.g. "sdpa", "flash_attention_2"
     # Coordinate space of the model's box answers: pixel | resized | rel1000 | norm; None = the
     # model family's (Qwen2.5-VL resized pixels, Qwen2-VL / Qwen3-VL 0-1000).
     box_space: Optional[str] = None
+    freeze_vision: bool = False  # the vision tower is not trained (stored in the compute dtype)
 
 
 @dataclass
 class RolloutConfig:
-    engine: str = "hf"  # hf (transformers generate)
+    engine: str = "hf"  # a registered rollout engine: hf (transformers generate)
     num_generations: int = 8  # samples per prompt (the GRPO group size)
     temperature: float = 1.0
     top_p: float = 1.0
@@ -195,6 +203,7 @@ class Config:
     task: TaskConfig = field(default_factory=TaskConfig)
     data: DataConfig = field(default_factory=DataConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    vlm: VLMConfig = field(default_factory=VLMConfig)
     diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
     log: LogConfig = field(default_factory=LogConfig)
     resume: bool = False

@@ -1,26 +1,21 @@
-"""Name -> object registries for tasks, rewards, advantage estimators and data samplers, and plugin discovery.
+"""Name -> object registries for every named choice of a config: tasks, rewards, advantage
+estimators, losses, prompt samplers, SDE samplers, batch selections, KL schedules, image
+perturbations and rollout engines.
 
-Built-in tasks and rewards are plugins exactly like a user's: they live in the ``mmrl.tasks`` and
-``mmrl.rewards`` packages (the repository's ``tasks/`` and ``rewards/`` folders) and register
-themselves on import. Other plugins come from the ``mmrl.plugins`` entry-point group of any
-installed package, or from module names / ``.py`` paths listed in the config's ``plugins`` key.
+This module is a leaf: it imports nothing of mmrl, so any module can register into it. The
+built-ins register when their modules are imported; :mod:`mmrl.plugins` imports them (and the
+installed and configured plugins) on the first lookup.
 """
 
 from __future__ import annotations
 
 import difflib
-import importlib
-import importlib.util
-import pkgutil
-import sys
-from importlib import metadata
-from pathlib import Path
 from typing import Any, Callable, Generic, Iterable, TypeVar
 
 T = TypeVar("T")
 
 
-class UnknownNameError(KeyError):
+class UnknownNameError(KeyError, ValueError):
     """A registry lookup failed; the message names the closest known names."""
 
     def __str__(self) -> str:  # KeyError quotes its message; show it plainly
@@ -41,13 +36,16 @@ class Registry(Generic[T]):
         self._items[name] = obj
         return obj
 
-    def get(self, name: str) -> T:
+    def get(self, name: str, key: str | None = None) -> T:
+        """The object registered as ``name``; an unknown name raises :class:`UnknownNameError`
+        naming the closest known name, all known names and, when given, the config ``key``."""
         load_plugins()
         if name not in self._items:
-            close = difflib.get_close_matches(name, self._items, n=1)
+            close = difflib.get_close_matches(str(name), self._items, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
+            where = f" for {key}" if key else ""
             raise UnknownNameError(
-                f"unknown {self.kind} {name!r}{hint} (known: {', '.join(sorted(self._items))})"
+                f"unknown {self.kind} {name!r}{where}{hint} (known: {', '.join(sorted(self._items))})"
             )
         return self._items[name]
 
@@ -63,7 +61,7 @@ class Registry(Generic[T]):
 TASKS: Registry[type] = Registry("task")
 REWARDS: Registry[Callable[..., Any]] = Registry("reward")
 ADVANTAGES: Registry[Callable[..., Any]] = Registry("advantage estimator")
-SAMPLERS: Registry[type] = Registry("data sampler")
+PROMPT_SAMPLERS: Registry[type] = Registry("data sampler")  # data.sampler: which prompts a step draws
 
 
 def register_task(name: str):
@@ -113,52 +111,79 @@ def register_advantage(name: str, inputs: tuple[str, ...] = ()):
 
 
 def register_sampler(name: str):
-    """Class decorator for a prompt sampler (``data.sampler``; see :mod:`mmrl.core.samplers`)."""
+    """Class decorator for a prompt sampler (``data.sampler``; see :mod:`mmrl.core.batch.prompts`)."""
 
     def wrap(cls):
         cls.name = name
-        return SAMPLERS.register(name, cls)
+        return PROMPT_SAMPLERS.register(name, cls)
 
     return wrap
 
 
-_BUILTIN_PACKAGES = ("mmrl.tasks", "mmrl.rewards")
-_loaded: set[str] = set()
+# -- the other named choices of a config: each a registry, so `mmrl list` shows them all ---------------
+
+LOSSES: Registry[Callable[..., Any]] = Registry("loss")
+SDE_SAMPLERS: Registry[Callable[..., Any]] = Registry("SDE sampler")
+SELECTIONS: Registry[Callable[..., Any]] = Registry("batch selection")
+KL_SCHEDULES: Registry[Callable[..., Any]] = Registry("KL schedule")
+PERTURBATIONS: Registry[Callable[..., Any]] = Registry("image perturbation")
+ENGINES: Registry[type] = Registry("rollout engine")
 
 
-def _import_package_modules(package: str) -> None:
-    pkg = importlib.import_module(package)
-    for info in pkgutil.iter_modules(pkg.__path__):
-        if not info.name.startswith("_"):
-            importlib.import_module(f"{package}.{info.name}")
+def register_loss(name: str, requires: tuple[str, ...] = ("logps",)):
+    """Function decorator for a policy loss (``algo.loss_type``; see :mod:`mmrl.core.losses`).
+
+    ``requires`` names what the policy must compute for it: ``logps`` (per-action log-probs) for
+    the likelihood-ratio losses, or what a likelihood-free loss needs (DiffusionNFT's velocities);
+    a policy that cannot compute one of them refuses the loss at setup.
+    """
+
+    def wrap(fn):
+        fn.loss_name = name
+        fn.loss_requires = tuple(requires)
+        return LOSSES.register(name, fn)
+
+    return wrap
 
 
-def _import_plugin(spec: str) -> None:
-    """Import a plugin given as a module name or a path to a ``.py`` file."""
-    if spec.endswith(".py") or "/" in spec:
-        path = Path(spec).expanduser().resolve()
-        if not path.exists():
-            raise FileNotFoundError(f"plugin file {spec!r} does not exist")
-        mod_name = f"mmrl_plugin_{path.stem}"
-        module_spec = importlib.util.spec_from_file_location(mod_name, path)
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[mod_name] = module
-        module_spec.loader.exec_module(module)
-    else:
-        importlib.import_module(spec)
+def _register_as(registry: Registry, attribute: str):
+    def decorator(name: str):
+        def wrap(obj):
+            setattr(obj, attribute, name)
+            return registry.register(name, obj)
+
+        return wrap
+
+    return decorator
+
+
+register_sde_sampler = _register_as(SDE_SAMPLERS, "sde_sampler_name")
+register_selection = _register_as(SELECTIONS, "selection_name")
+register_kl_schedule = _register_as(KL_SCHEDULES, "schedule_name")
+register_perturbation = _register_as(PERTURBATIONS, "perturbation_name")
+register_engine = _register_as(ENGINES, "engine_name")
+
+ALL_REGISTRIES: dict[str, Registry] = {
+    "tasks": TASKS, "rewards": REWARDS, "advantage estimators": ADVANTAGES, "losses": LOSSES,
+    "data samplers (prompts)": PROMPT_SAMPLERS, "SDE samplers": SDE_SAMPLERS, "batch selections": SELECTIONS,
+    "KL schedules": KL_SCHEDULES, "image perturbations": PERTURBATIONS, "rollout engines": ENGINES,
+}
+
+
+# -- plugin loading: installed by mmrl.plugins, so this module imports nothing of mmrl ---------------
+
+_plugin_loader: Callable[[Iterable[str]], None] | None = None
+
+
+def set_plugin_loader(loader: Callable[[Iterable[str]], None]) -> None:
+    """Install the function that imports the built-in and third-party plugins (mmrl.plugins does
+    this when the package is imported). Registries call it before every lookup."""
+    global _plugin_loader
+    _plugin_loader = loader
 
 
 def load_plugins(extra: Iterable[str] = ()) -> None:
-    """Import built-in plugins, installed ``mmrl.plugins`` entry points, then ``extra``."""
-    if "builtin" not in _loaded:
-        _loaded.add("builtin")
-        import mmrl.core.advantages  # noqa: F401  (registers the estimators)
-
-        for package in _BUILTIN_PACKAGES:
-            _import_package_modules(package)
-        for ep in metadata.entry_points(group="mmrl.plugins"):
-            ep.load()
-    for spec in extra:
-        if spec not in _loaded:
-            _import_plugin(spec)
-            _loaded.add(spec)
+    """Import built-in plugins, installed ``mmrl.plugins`` entry points, then ``extra`` (module
+    names or ``.py`` paths); see :func:`mmrl.plugins.load_plugins`."""
+    if _plugin_loader is not None:
+        _plugin_loader(extra)

@@ -118,6 +118,25 @@ class Task:
             return {**ex, "hint": hints[0]} if hints else None
         raise ValueError(f"augment: direction must be 'harder' or 'easier', got {direction!r}")
 
+    def perturb(self, ex: dict, kind: str, rng, other: dict | None = None, **options: Any) -> dict:
+        """``ex`` with a visual perturbation of "Vision Matters" applied (``data.perturbation``):
+        ``kind`` a registered perturbation, ``other`` another training example (its image is the
+        distractor / mixup partner), ``options`` ``data.perturbation_kwargs``. Default: the image
+        and its boxes (``mmrl.media.perturb``); override for other inputs."""
+        from .media.perturb import perturb_example
+
+        return perturb_example(ex, kind, rng, None if other is None else other.get("image"), **options)
+
+    def record(self, ex: dict, completion: Any) -> dict[str, Any]:
+        """What a saved rollout shows of ``ex`` besides the completion and its rewards: the input
+        image, a visualisation (:meth:`visualize`), the prompt text and the reference answer."""
+        return {
+            "image": ex.get("image"),
+            "visualization": self.visualize(ex, completion),
+            "prompt": ex.get("question", ex.get("prompt", "")),
+            "answer": str(ex.get("answer", "")),
+        }
+
     def build_prompt(self, ex: dict) -> list[dict]:
         """``prompt(ex)`` with the example's scaffolding hint (``ex["hint"]``) appended, if any."""
         messages = self.prompt(ex)

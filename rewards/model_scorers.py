@@ -294,10 +294,10 @@ class VLMJudge:
     :class:`~mmrl.vlm.processing.VLMProcessor`), reading P(yes) at the first answer token."""
 
     def __init__(self, path: Path, device, dtype: str = "float32"):
+        from mmrl.core.policy import compute_dtype
         from mmrl.vlm.policy import load_vlm
 
-        cfg = SimpleNamespace(path=str(path), dtype=dtype, attn_implementation=None, min_pixels=None, max_pixels=None)
-        self.model, self.processor = load_vlm(cfg, device)
+        self.model, self.processor = load_vlm(str(path), device, compute_dtype(dtype))
         self.model.eval()
         self.device = device
         tok = self.processor.tokenizer

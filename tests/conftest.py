@@ -57,3 +57,16 @@ def tiny_trainer(cfg):
     trainer = Trainer(cfg, VLMPolicy(cfg))
     trainer.policy.configure_optimizer(cfg.train, cfg.train.steps)
     return trainer
+
+
+def capture_gradients(policy) -> dict:
+    """The gradients the optimizer step sees, by parameter name (train_step frees them right
+    after the step, so they are snapshotted inside it)."""
+    grads, step = {}, policy.optimizer.step
+
+    def capturing_step(*args, **kwargs):
+        grads.update({n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None})
+        return step(*args, **kwargs)
+
+    policy.optimizer.step = capturing_step
+    return grads

@@ -1,4 +1,4 @@
-"""Hand-worked checks of the estimators in mmrl.core.advantage_zoo (REINFORCE++, NGRPO, BNPO,
+"""Hand-worked checks of the estimators in mmrl.core.advantages (REINFORCE++, NGRPO, BNPO,
 Stratified GRPO, SPO) and of the estimator-state plumbing."""
 
 import copy
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from mmrl.core.advantage_zoo import BNPOState, SPOState, bnpo, ngrpo, reinforce_pp, spo, stratified_grpo
+from mmrl.core.advantages import BNPOState, SPOState, bnpo, ngrpo, reinforce_pp, spo, stratified_grpo
 from mmrl.core.advantages import EstimatorState, compute_advantages, grpo, make_advantage_state
 from mmrl.registry import ADVANTAGES
 

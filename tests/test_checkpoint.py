@@ -1,4 +1,4 @@
-"""mmrl.core.checkpoint: a checkpoint is either complete or absent, and RNG state round-trips."""
+"""mmrl.runs.checkpoint: a checkpoint is either complete or absent, and RNG state round-trips."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from mmrl.core.checkpoint import CheckpointManager, rng_state, set_rng_state
+from mmrl.runs.checkpoint import CheckpointManager, rng_state, set_rng_state
 
 
 def writer(payload: str):

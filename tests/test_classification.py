@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from mmrl.config import load_config
-from mmrl.core.rewards import RewardComputer
+from mmrl.core.reward_computer import RewardComputer
 from mmrl.data.scenes import COLORS, SHAPES
 from mmrl.registry import TASKS
 from mmrl.tasks.classification import ImageFiles, find_images, image_folder

@@ -183,7 +183,7 @@ def test_switching_task_drops_the_base_recipes_task_options(tmp_path):
 
 def test_every_builtin_recipe_builds_its_task():
     from mmrl.config import builtin_config_names, builtin_config_path
-    from mmrl.core.rewards import make_reward_computer
+    from mmrl.core.reward_computer import make_reward_computer
     from mmrl.core.trainer import build_task
 
     for name in builtin_config_names():

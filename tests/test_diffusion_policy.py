@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import make_config
-from mmrl.core.objective import Objective, ObjectiveConfig
+from mmrl.core.losses import Objective, ObjectiveConfig
 from mmrl.diffusion.policy import DiffusionPolicy
 from mmrl.diffusion.tiny import TinyFlowPipeline, new_tiny_models, save_tiny
 
@@ -31,7 +31,7 @@ def policy_for(path, *overrides) -> DiffusionPolicy:
 
 
 def rollout(policy, n=3, old=True):
-    batch = policy.rollout(EXAMPLES, PROMPTS, n, policy.cfg.rollout, need_old_logps=old, need_ref_logps=False)
+    batch = policy.rollout(EXAMPLES, PROMPTS, n, "train", need_old_logps=old, need_ref_logps=False)
     batch.advantages = torch.linspace(-1, 1, len(batch))
     return batch
 
@@ -44,7 +44,8 @@ class Spy:
         self.calls = []
 
     def __call__(self, logps, old_logps, *args, **kwargs):
-        self.calls.append((logps.detach().clone(), None if old_logps is None else old_logps.clone()))
+        self.calls.append((None if logps is None else logps.detach().clone(),
+                           None if old_logps is None else old_logps.clone(), kwargs.get("inputs")))
         return Objective(self.cfg)(logps, old_logps, *args, **kwargs)
 
 
@@ -56,7 +57,7 @@ def test_recomputed_log_probs_equal_the_sampling_ones(generator_dir):
     spy = Spy(policy)
     policy.train_step(batch, spy, num_tokens=float(batch.action_mask.sum()), num_seqs=6.0)
     assert len(spy.calls) == 4  # one call per denoising step (per-timestep backward)
-    for logps, old in spy.calls:
+    for logps, old, _ in spy.calls:
         assert torch.allclose(logps, old, atol=1e-5), (logps - old).abs().max()
 
 
@@ -78,11 +79,11 @@ def test_noise_is_seeded_by_sample_identity_not_batch_position(generator_dir):
     assert torch.allclose(a.payload["latents"], b.payload["latents"], atol=1e-5)
     # A worker that gets only the second prompt draws exactly that prompt's noise.
     policy = policy_for(generator_dir)
-    alone = policy.rollout(EXAMPLES[1:], PROMPTS[1:], 3, policy.cfg.rollout, need_old_logps=False, need_ref_logps=False)
+    alone = policy.rollout(EXAMPLES[1:], PROMPTS[1:], 3, "train", need_old_logps=False, need_ref_logps=False)
     assert torch.allclose(alone.payload["latents"][:, 0], a.payload["latents"][3:, 0])
     other_step = policy_for(generator_dir)
     other_step.begin_step(2)
-    c = other_step.rollout(EXAMPLES, PROMPTS, 3, other_step.cfg.rollout, need_old_logps=False, need_ref_logps=False)
+    c = other_step.rollout(EXAMPLES, PROMPTS, 3, "train", need_old_logps=False, need_ref_logps=False)
     assert not torch.allclose(c.payload["latents"][:, 0], a.payload["latents"][:, 0])
 
 
@@ -114,9 +115,8 @@ def test_timestep_fraction_and_prefix(generator_dir):
 
 def test_eval_rollouts_are_deterministic_ode_with_more_steps(generator_dir):
     policy = policy_for(generator_dir)
-    from mmrl.core.trainer import _eval_sampling
 
-    eval_cfg = _eval_sampling(policy.cfg)
+    eval_cfg = "eval"
     a = policy.rollout(EXAMPLES, PROMPTS, 2, eval_cfg, need_old_logps=False, need_ref_logps=False)
     policy.begin_step(7)
     b = policy.rollout(EXAMPLES, PROMPTS, 2, eval_cfg, need_old_logps=False, need_ref_logps=False)
@@ -134,10 +134,12 @@ def test_each_objective_updates_the_transformer(generator_dir, loss_type):
     assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
     assert any(not torch.equal(a, p) for a, p in zip(before, policy.transformer.parameters()))
     if loss_type == "awm":  # AWM's flow-matching log-likelihood: ratio 1 at equal parameters too
-        for logps, old in spy.calls:
+        for logps, old, _ in spy.calls:
             assert torch.allclose(logps, old, atol=1e-5)
-    if loss_type == "nft":
-        assert not spy.calls and metrics["nft_loss"] > 0
+    if loss_type == "nft":  # likelihood-free, through the same objective: velocity errors, no log-probs
+        assert spy.calls and all(logps is None and set(inputs) == {"positive", "negative", "adv_max"}
+                                 for logps, _, inputs in spy.calls)
+        assert metrics["pg_loss"] > 0
 
 
 def test_kl_to_the_lora_disabled_reference_starts_at_zero_then_grows(generator_dir):

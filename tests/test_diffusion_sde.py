@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
+from mmrl.registry import SDE_SAMPLERS
 from mmrl.diffusion.sde import (
-    SDE_STEPS,
     StepOutput,
     cps_step,
     dance_flow_step,
@@ -216,7 +216,7 @@ def test_sigma_one_needs_sigma_max():
 
 def test_half_inputs_give_float32():
     v, x, noise = (t.half() for t in _inputs(9))
-    for kind in SDE_STEPS:
+    for kind in SDE_SAMPLERS.names():
         out = sde_step(kind, v, x, 0.6, 0.5, 0.5, noise=noise)
         assert out.prev_sample.dtype == out.log_prob.dtype == out.mean.dtype == out.std.dtype == torch.float32
     assert ddim_step(v, x, 0.5, 0.6, noise=noise).prev_sample.dtype == torch.float32

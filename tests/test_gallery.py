@@ -6,7 +6,7 @@ import json
 
 from PIL import Image
 
-from mmrl.core.gallery import RIGHT, WRONG, write_gallery
+from mmrl.runs.gallery import RIGHT, WRONG, write_gallery
 from mmrl.registry import TASKS
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from mmrl.core.rewards import RewardComputer
+from mmrl.core.reward_computer import RewardComputer
 from mmrl.data.shapes_t2i import COLORS, example
 from mmrl.registry import REWARDS
 from mmrl.rewards import model_scorers
@@ -215,7 +215,7 @@ def test_vlm_judge_missing_path(tmp_path):
 def test_model_reward_misconfiguration_stops_the_run_at_setup(tmp_path):
     """A missing weights path is a config error when the RewardComputer is built, not a batch
     scored at the minimum on every step."""
-    from mmrl.core.rewards import RewardComputer
+    from mmrl.core.reward_computer import RewardComputer
 
     with pytest.raises(FileNotFoundError, match="task.reward_kwargs.clip_score.pretrained"):
         RewardComputer({"clip_score": 1.0}, {"clip_score": {"pretrained": str(tmp_path / "missing.bin")}})

@@ -1,4 +1,4 @@
-"""mmrl.core.logging: run-directory outputs and the terminal progress/summary."""
+"""mmrl.runs.logging: run-directory outputs and the terminal progress/summary."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 from rich.console import Console
 
-from mmrl.core.logging import RunLogger, TrainingProgress, print_before_after
+from mmrl.runs.logging import RunLogger, TrainingProgress, print_before_after
 
 
 def read_jsonl(path):

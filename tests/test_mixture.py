@@ -5,7 +5,7 @@ import pytest
 
 from mmrl.config import load_config
 from mmrl.config_schema import TaskConfig
-from mmrl.core.rewards import PerSourceRewards, RewardComputer, make_reward_computer
+from mmrl.core.reward_computer import PerSourceRewards, RewardComputer, make_reward_computer
 from mmrl.registry import TASKS, UnknownNameError, load_plugins
 
 load_plugins([])

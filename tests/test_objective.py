@@ -1,4 +1,4 @@
-"""Hand-worked checks of the clipped policy-gradient objective in mmrl.core.objective."""
+"""Hand-worked checks of the clipped policy-gradient objective in mmrl.core.losses."""
 
 import math
 from types import SimpleNamespace
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mmrl.core.objective import ObjectiveConfig, aggregate, count_sequences, kl_penalty, policy_loss
+from mmrl.core.losses import ObjectiveConfig, aggregate, count_sequences, kl_penalty, policy_loss
 
 D = torch.float64
 
@@ -296,6 +296,12 @@ def test_closed_form_kl_replaces_the_estimator():
     assert float(loss0) == 0.0 and "kl" not in metrics0
 
 
-def test_nft_loss_type_is_refused_by_the_surrogate():
-    with pytest.raises(ValueError, match="likelihood-free"):
-        policy_loss(torch.zeros(1, 1), None, torch.ones(1), torch.ones(1, 1), ObjectiveConfig(loss_type="nft"))
+def test_nft_goes_through_the_objective():
+    """DiffusionNFT is a registered loss computed by the same objective, from the policy's
+    positive / negative velocity errors (no log-probs). A = [2.5, -5], adv_max 5 -> optimality
+    r = clip(A / 5 / 2 + 0.5) = [0.75, 0]; positive [0.4, 0.1], negative [1.2, 0.3] ->
+    per action 0.75*0.4 + 0.25*1.2 = 0.6 and 0*0.1 + 1*0.3 = 0.3; token_mean 0.45."""
+    inputs = {"positive": torch.tensor([[0.4], [0.1]]), "negative": torch.tensor([[1.2], [0.3]]), "adv_max": 5.0}
+    loss, metrics = policy_loss(None, None, torch.tensor([2.5, -5.0]), torch.ones(2, 1),
+                                ObjectiveConfig(loss_type="nft"), inputs=inputs)
+    assert abs(float(loss) - 0.45) < 1e-7 and "ratio_mean" not in metrics

@@ -1,5 +1,5 @@
 """Hand-worked checks of the policy-optimisation zoo: ObjectiveConfig options of policy_loss
-(mmrl.core.objective) and their helpers (mmrl.core.objective_variants)."""
+(mmrl.core.losses) and their helpers (mmrl.core.losses)."""
 
 import math
 from types import SimpleNamespace
@@ -9,22 +9,23 @@ import torch
 
 from conftest import close, f64
 
-from mmrl.core.objective import (
+from mmrl.registry import LOSSES
+
+from mmrl.core.losses import (
     LOSS_AGG_MODES,
-    LOSS_TYPES,
     ObjectiveConfig,
     TokenSelection,
     count_sequences,
     policy_loss,
     select_tokens,
 )
-from mmrl.core.objective_variants import token_covariance
+from mmrl.core.losses import token_covariance
 
 D = torch.float64
 t = f64
 
-# nft is computed by the diffusion policy; policy_loss refuses it (tested in test_objective.py).
-SURROGATE_LOSS_TYPES = [t for t in LOSS_TYPES if t != "nft"]
+# Every registered loss over log-probs (nft is likelihood-free: tested in test_objective.py).
+SURROGATE_LOSS_TYPES = [t for t in LOSSES.names() if t != "nft"]
 
 
 def run(logps, adv, cfg, old=0.0, mask=None, **kw):
@@ -426,7 +427,7 @@ def test_metric_keys_depend_on_config_only(loss_type):
 
 
 def test_config_validation():
-    with pytest.raises(ValueError, match="clip, gspo, reg_grpo, cispo"):
+    with pytest.raises(ValueError, match="known: awm, cispo, clip, gspo, nft, reg_grpo"):
         ObjectiveConfig(loss_type="ppo2")
     with pytest.raises(ValueError, match="top_entropy_quantile"):
         ObjectiveConfig(top_entropy_quantile=0.0)

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from conftest import make_config, close, f64
-from mmrl.core.objective import ObjectiveConfig, policy_loss
-from mmrl.core.objective_variants import off_policy_shaped_loss
+from mmrl.core.losses import Objective, ObjectiveConfig, policy_loss
+from mmrl.core.losses import off_policy_shaped_loss
 from mmrl.core.rollouts import Rollouts
 
 D = torch.float64
@@ -212,14 +212,14 @@ def test_mixed_batch_trains(random_tiny_dir):
     policy.configure_optimizer(policy.cfg.train, 10)
     exs, prompts, targets = _examples(2)
     torch.manual_seed(5)
-    on = policy.rollout(exs, prompts, 2, policy.cfg.rollout, need_old_logps=True, need_ref_logps=False)
+    on = policy.rollout(exs, prompts, 2, "train", need_old_logps=True, need_ref_logps=False)
     off = policy.rollout_given(exs, prompts, targets, need_old_logps=True, need_ref_logps=False)
     batch = Rollouts.concat([on, off])
     assert batch.group_ids.tolist() == [0, 0, 1, 1, 2, 3]
     assert batch.off_policy.tolist() == [False] * 4 + [True] * 2
     batch.advantages = torch.tensor([1.0, -1.0, -0.5, 0.5, 1.0, 1.0])
     before = policy.model.lm_head.weight.detach().clone()
-    obj = lambda *a, **k: policy_loss(*a, cfg=ObjectiveConfig(), **k)  # noqa: E731
+    obj = Objective(ObjectiveConfig())
     m = policy.train_step(batch, obj, num_tokens=float(batch.action_mask.sum()), num_seqs=float(len(batch)))
     assert math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"]) and m["grad_norm"] > 0
     assert m["off_policy_frac"] > 0

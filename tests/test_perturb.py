@@ -68,5 +68,5 @@ def test_perturb_example_moves_every_box_field():
     assert out["box"] == out["boxes"][0] == out["objects"][0]["box"]
     assert out["objects"][0]["color"] == "red" and ex["box"] == (10, 10, 30, 40)  # the input is not modified
     assert red_extent(out["image"]) == out["box"]
-    with pytest.raises(ValueError, match="valid: distractor, mixup, rotation"):
+    with pytest.raises(ValueError, match="known: distractor, mixup, rotation"):
         perturb_example(ex, "blur", rng)

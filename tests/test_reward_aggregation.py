@@ -1,11 +1,11 @@
-"""Hand-worked checks of mmrl.core.reward_aggregation.aggregate_rewards."""
+"""Hand-worked checks of mmrl.core.batch.aggregation.aggregate_rewards."""
 
 import math
 
 import pytest
 import torch
 
-from mmrl.core.reward_aggregation import aggregate_rewards
+from mmrl.core.batch.aggregation import aggregate_rewards
 
 F64 = torch.float64
 EPS = 1e-6

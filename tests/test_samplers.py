@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from mmrl.core.samplers import (
+from mmrl.core.batch.prompts import (
     DUMPSampler,
     UniformSampler,
     VarianceAwareSampler,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mmrl.core.curriculum import augment_flat_groups, scaffold
+from mmrl.core.batch.guidance import augment_flat_groups, scaffold
 from mmrl.core.rollouts import Rollouts
-from mmrl.core.selection import dynamic_sampling, group_has_variance
+from mmrl.core.batch.selection import dynamic_sampling, group_has_variance
 
 
 def batch_of(rewards: list[list[float]], names: list[str] | None = None, width: int = 3) -> Rollouts:

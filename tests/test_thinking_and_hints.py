@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmrl.core.rewards import RewardComputer
+from mmrl.core.reward_computer import RewardComputer
 from mmrl.data.scenes import position_word
 from mmrl.registry import REWARDS, TASKS
 from mmrl.rewards.format import MODES

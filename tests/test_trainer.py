@@ -7,7 +7,7 @@ import json
 import torch
 
 from conftest import make_config
-from mmrl.core.samplers import UniformSampler
+from mmrl.core.batch.prompts import UniformSampler
 from mmrl.core.trainer import Trainer
 from mmrl.vlm.policy import VLMPolicy
 

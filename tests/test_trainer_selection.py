@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from conftest import tiny_run_config, tiny_trainer
-from mmrl.core.selection import group_has_variance
+from mmrl.core.batch.selection import group_has_variance
 from mmrl.core.trainer import Trainer
 from mmrl.vlm.policy import VLMPolicy
 
@@ -99,9 +99,9 @@ def test_variance_sampler_and_spo_kl_survive_resume(random_tiny_dir, tmp_path):
     Trainer(c := _cfg(random_tiny_dir, tmp_path / "b", 2, *extra), VLMPolicy(c)).train()
     b = Trainer(c := _cfg(random_tiny_dir, tmp_path / "b", 4, *extra, "resume=true"), VLMPolicy(c))
     b.train()
-    assert a.sampler.state_dict() == b.sampler.state_dict() and a.sampler.state_dict()["scores"]
-    assert a.policy_kl is not None and a.policy_kl == b.policy_kl and a.policy_kl >= 0
-    assert a.adv_state.state_dict() == b.adv_state.state_dict()
+    assert a.batches.sampler.state_dict() == b.batches.sampler.state_dict() and a.batches.sampler.state_dict()["scores"]
+    assert a.batches.policy_kl is not None and a.batches.policy_kl == b.batches.policy_kl and a.batches.policy_kl >= 0
+    assert a.batches.adv_state.state_dict() == b.batches.adv_state.state_dict()
     for (n, p), (_, q) in zip(a.policy.model.named_parameters(), b.policy.model.named_parameters()):
         assert torch.allclose(p, q, atol=1e-6, rtol=0), n
 
@@ -132,5 +132,5 @@ def test_perturbations_reach_the_rollouts(random_tiny_dir, tmp_path):
     for ex in batch.examples:
         assert ex["image_size"] == ex["image"].size == (224, 112)
         assert ex["frame"].width == 224
-        plain = t.train_examples[ex["_index"]]["box"]
+        plain = t.batches.train_examples[ex["_index"]]["box"]
         assert tuple(ex["box"]) in (tuple(plain), (plain[0] + 112, plain[1], plain[2] + 112, plain[3]))

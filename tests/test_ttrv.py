@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmrl.core.rewards import PerSourceRewards, RewardComputer
+from mmrl.core.reward_computer import PerSourceRewards, RewardComputer
 from mmrl.registry import REWARDS
 from mmrl.rewards.ttrv import answer_key
 

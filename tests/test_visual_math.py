@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mmrl.core.rewards import RewardComputer
+from mmrl.core.reward_computer import RewardComputer
 from mmrl.registry import TASKS
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import make_config
-from mmrl.core.objective import ObjectiveConfig, policy_loss
+from mmrl.core.losses import Objective, ObjectiveConfig, policy_loss
 from mmrl.registry import TASKS
 from mmrl.vlm import tiny
 from mmrl.vlm.policy import VLMPolicy
@@ -80,7 +80,7 @@ def test_family_rollout_score_and_update(build, random_tiny_dir, tmp_path):
     assert len(batch) == 4 and torch.isfinite(batch.old_logps).all()
     policy.configure_optimizer(policy.cfg.train, 2)
     batch.advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
-    m = policy.train_step(batch, lambda *a, **k: policy_loss(*a, cfg=ObjectiveConfig(), **k),
+    m = policy.train_step(batch, Objective(ObjectiveConfig()),
                           float(batch.action_mask.sum()), 4.0)
     assert abs(m["ratio_mean"] - 1) < 1e-5 and m["grad_norm"] > 0
 
@@ -89,7 +89,7 @@ def test_family_rollout_score_and_update(build, random_tiny_dir, tmp_path):
 def test_max_pixels_sets_the_number_of_image_tokens(random_tiny_dir, max_pixels, tokens):
     """A 112x112 image is 8x8 patches -> 16 merged tokens; capped at 56*56 pixels it is 4."""
     policy = VLMPolicy(make_config(f"model.path={random_tiny_dir}", "train.device=cpu",
-                                   f"model.max_pixels={max_pixels}", "model.min_pixels=784"))
+                                   f"vlm.max_pixels={max_pixels}", "vlm.min_pixels=784"))
     task = TASKS.get("counting")()
     enc, per_sample = policy.encode_prompts([task.prompt(task.examples("train")[0])])
     image_pad = policy.tokenizer.convert_tokens_to_ids("<|image_pad|>")

@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 
 from conftest import tiny_run_config, tiny_trainer
-from mmrl.core.rewards import RewardComputer
+from mmrl.core.reward_computer import RewardComputer
 from mmrl.registry import TASKS
 
 

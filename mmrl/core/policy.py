@@ -1,39 +1,82 @@
-"""The interface every trainable policy implements; the trainer knows nothing else about it.
+"""The interface every trainable policy implements, and the base class that owns the optimizer step.
 
 A VLM's actions are generated tokens; a diffusion model's are denoising steps. Either way the
 policy samples groups, reports per-action log-probs, and takes optimizer steps on the core's loss.
+What does not depend on the modality is written once, in :class:`PolicyBase`:
+
+- precision: ``model.dtype`` is the *compute* dtype. Trainable parameters are kept in float32
+  (master weights) and forward passes run under ``torch.autocast`` in bfloat16/float16, the way
+  AMP and FSDP's mixed precision train; frozen weights (the reference copy, a frozen vision tower,
+  a LoRA base model) are stored in the compute dtype. Pure-bf16 weights lose most AdamW updates at
+  small learning rates (one step at lr 1e-6 changes ~2% of bf16 weights of std 0.02).
+- the optimizer and LR scheduler, micro-batch gradient accumulation, metric averaging, gradient
+  clipping, the optimizer step (gradients freed right after it, so they do not live through the
+  next rollout);
+- the reference model of the KL term (a frozen copy, or with LoRA the adapters disabled);
+- checkpoints: LoRA adapters through peft's state-dict helpers, full weights through the
+  subclass, optimizer and scheduler state.
+
+A modality policy supplies sampling (``rollout``), per-micro-batch loss terms (``loss_terms``),
+its full-weight save/load and its optional capabilities, declared in ``capabilities`` and checked
+once at setup by the trainer.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import torch
 
+from mmrl.registry import LOSSES
+
 from .rollouts import Rollouts
+
+# Optional capabilities a policy can declare (``Policy.capabilities``).
+CAPABILITIES = {
+    "scoring": "re-scores a batch's actions without gradient (score(batch, reference))",
+    "teacher_forcing": "turns given completions into samples (rollout_given: off-policy guidance)",
+    "coordinates": "answers in a coordinate space of its own (prepare_examples records it)",
+    "image_inputs": "reads images in its prompts (data.perturbation applies)",
+}
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class Policy(Protocol):
-    def rollout(self, examples: Sequence[dict], prompts: Sequence[Any], n: int, rollout_cfg: Any,
-                need_old_logps: bool, need_ref_logps: bool) -> Rollouts:
-        """``n`` samples per prompt (no grad); group i holds prompt i's samples."""
+    """What the trainer calls; :class:`PolicyBase` implements everything but sampling."""
 
-    def configure_optimizer(self, train_cfg: Any, total_steps: int) -> None:
-        """Create the optimizer and LR scheduler (restored by ``load``)."""
+    capabilities: frozenset[str]
+
+    @property
+    def max_actions(self) -> int:
+        """The most actions one sample can have (a VLM's ``max_completion_length``, a generator's
+        denoising steps): Dr. GRPO's constant normaliser."""
+
+    def begin_step(self, step: int) -> None:
+        """Called before each RL step's rollouts (policies that seed by step)."""
+
+    def prepare_examples(self, examples: Sequence[dict]) -> list[dict]:
+        """Copies of ``examples`` with what this policy's rewards need to read its answers."""
+
+    def rollout(self, examples: Sequence[dict], prompts: Sequence[Any], n: int, mode: str,
+                need_old_logps: bool, need_ref_logps: bool) -> Rollouts:
+        """``n`` samples per prompt (no grad); group i holds prompt i's samples. ``mode`` is
+        ``"train"`` (the rollout settings) or ``"eval"`` (the eval settings)."""
+
+    def configure_optimizer(self, train_cfg: Any, total_steps: int) -> None: ...
 
     def train_step(self, batch: Rollouts, objective: Callable[..., tuple[torch.Tensor, dict]],
                    num_tokens: float, num_seqs: float) -> dict[str, float]:
         """One optimizer step over a mini-batch; ``objective`` is the core's loss."""
 
+    def reset_reference(self) -> None: ...
+
     def save(self, path: Path) -> None: ...
 
     def load(self, path: Path) -> None: ...
-
-
-# -- what every policy's setup and checkpoints share ------------------------------------------------
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def pick_device(name: str) -> torch.device:
@@ -43,8 +86,14 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def compute_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"model.dtype must be one of {', '.join(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
+
 def make_optimizer(params, train_cfg: Any, total_steps: int):
-    """AdamW over ``params`` and the configured transformers LR scheduler (``configure_optimizer``)."""
+    """AdamW over ``params`` and the configured transformers LR scheduler."""
     from transformers import get_scheduler
 
     optimizer = torch.optim.AdamW(params, lr=train_cfg.learning_rate, weight_decay=train_cfg.weight_decay,
@@ -54,17 +103,185 @@ def make_optimizer(params, train_cfg: Any, total_steps: int):
     return optimizer, scheduler
 
 
-def save_optimizer_state(path: Path, optimizer, scheduler) -> None:
-    """``path/optimizer.pt`` with both states (nothing before ``configure_optimizer``)."""
-    if optimizer is not None:
-        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()},
-                   Path(path) / "optimizer.pt")
+class PolicyBase:
+    """The modality-free half of a policy (module docstring). Subclasses set ``self.module`` (the
+    trained network) during ``__init__`` and call :meth:`finish_setup` at its end."""
 
+    capabilities: frozenset[str] = frozenset()
+    # What this policy can compute for a loss (a loss's ``register_loss(requires=...)``).
+    loss_inputs: frozenset[str] = frozenset({"logps"})
+    # Config keys (or whole sections, "vlm") that mean nothing for this policy: set to anything but
+    # their default, the run stops at setup instead of silently ignoring them.
+    unused_config: tuple[str, ...] = ()
 
-def load_optimizer_state(path: Path, optimizer, scheduler) -> None:
-    """Restore what :func:`save_optimizer_state` wrote, when both the file and an optimizer exist."""
-    opt = Path(path) / "optimizer.pt"
-    if opt.exists() and optimizer is not None:
-        state = torch.load(opt, map_location="cpu", weights_only=False)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
+    module: torch.nn.Module
+
+    def __init__(self, cfg, device: torch.device | None = None):
+        self.cfg = cfg
+        self.device = device or pick_device(cfg.train.device)
+        self.compute_dtype = compute_dtype(cfg.model.dtype)
+        self.lora = bool(cfg.model.lora.enabled)
+        self.ref_module: torch.nn.Module | None = None
+        self.optimizer = None
+        self.scheduler = None
+        unknown = set(self.capabilities) - set(CAPABILITIES)
+        if unknown:
+            raise ValueError(f"{type(self).__name__} declares unknown capabilities {sorted(unknown)}")
+        missing = set(LOSSES.get(cfg.algo.loss_type).loss_requires) - set(self.loss_inputs)
+        if missing:
+            raise ValueError(f"algo.loss_type={cfg.algo.loss_type!r} needs {sorted(missing)}, which a "
+                             f"{type(self).__name__} does not compute; valid losses here: "
+                             f"{', '.join(self.valid_losses())}")
+        if self.lora and cfg.algo.ref_reset_every:
+            raise ValueError("algo.ref_reset_every (ProRL reference reset) is not supported with LoRA "
+                             "(the reference is the base model); use full fine-tuning or set it to 0")
+
+    @classmethod
+    def valid_losses(cls) -> list[str]:
+        return [n for n in LOSSES.names() if set(LOSSES.get(n).loss_requires) <= set(cls.loss_inputs)]
+
+    # -- precision ------------------------------------------------------------------------------
+    @property
+    def mixed_precision(self) -> bool:
+        return self.compute_dtype != torch.float32
+
+    def autocast(self):
+        """The forward-pass context: autocast to the compute dtype (a no-op in float32)."""
+        if not self.mixed_precision:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+    def finish_setup(self) -> None:
+        """After the subclass built ``self.module`` (LoRA applied, frozen parts frozen): trainable
+        parameters to float32 master weights, and the frozen reference copy when one is needed."""
+        for p in self.trainable_parameters():
+            if p.dtype != torch.float32:
+                p.data = p.data.float()
+        if self.cfg.algo.beta > 0 and not self.lora:
+            # The reference of the KL term (with LoRA the base weights, reached by disabling the
+            # adapters, play this role and no copy is made); frozen, so in the compute dtype.
+            self.ref_module = copy.deepcopy(self.module).eval().requires_grad_(False).to(self.compute_dtype)
+
+    # -- the reference model --------------------------------------------------------------------
+    @contextlib.contextmanager
+    def reference(self) -> Iterator[torch.nn.Module]:
+        """The reference network: the frozen copy, or with LoRA this module with its adapters off."""
+        if self.ref_module is not None:
+            yield self.ref_module
+        elif self.lora:
+            with self.adapters_disabled():
+                yield self.module
+        else:
+            raise RuntimeError("a reference model is needed (algo.beta > 0) but none was set up")
+
+    def adapters_disabled(self):
+        """A context in which ``self.module`` runs without its LoRA adapters (library-specific)."""
+        raise NotImplementedError(f"{type(self).__name__} does not support LoRA references")
+
+    def reset_reference(self) -> None:
+        """ProRL's reference reset: the reference becomes the current policy, optimizer state is
+        cleared (LoRA is refused at setup: its reference is the base model)."""
+        if self.ref_module is not None:
+            self.ref_module.load_state_dict(self.module.state_dict())
+        if self.optimizer is not None:
+            self.optimizer.state.clear()
+
+    # -- the optimizer step ---------------------------------------------------------------------
+    def configure_optimizer(self, train_cfg, total_steps: int) -> None:
+        self.optimizer, self.scheduler = make_optimizer(self.trainable_parameters(), train_cfg, total_steps)
+
+    def loss_terms(self, batch: Rollouts, objective, num_tokens: float, num_seqs: float
+                   ) -> Iterator[tuple[torch.Tensor, dict[str, float]]]:
+        """Yield ``(loss, metrics)`` per forward (a micro-batch, a denoising step ...): each loss
+        is scaled by the mini-batch normalisers, so their sum is the mini-batch loss. Runs under
+        autocast; the base class calls ``backward`` on each."""
+        raise NotImplementedError
+
+    def train_step(self, batch: Rollouts, objective, num_tokens: float, num_seqs: float) -> dict[str, float]:
+        """One optimizer step over ``batch`` (a mini-batch), gradients accumulated over the loss
+        terms of :meth:`loss_terms`. Metrics are averaged over the terms, except ``loss`` (summed:
+        the terms' losses add up to the mini-batch loss)."""
+        if self.optimizer is None:
+            raise RuntimeError("call configure_optimizer() before train_step()")
+        self.module.train()
+        sums: dict[str, float] = {}
+        count = 0
+        terms = self.loss_terms(batch, objective, num_tokens, num_seqs)
+        while True:
+            with self.autocast():
+                term = next(terms, None)
+            if term is None:
+                break
+            loss, metrics = term
+            loss.backward()
+            count += 1
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), self.cfg.train.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)  # no gradients held through the next rollout
+        self.after_optimizer_step()
+        self.module.eval()
+        out = {k: v / max(count, 1) for k, v in sums.items() if k != "loss"}
+        out["loss"] = sums.get("loss", 0.0)
+        out["grad_norm"] = float(grad_norm)
+        out["lr"] = float(self.scheduler.get_last_lr()[0])
+        return out
+
+    # -- hooks with defaults --------------------------------------------------------------------
+    def after_optimizer_step(self) -> None:
+        """Called after every optimizer step (e.g. a rollout engine reloads the new weights)."""
+
+    def begin_step(self, step: int) -> None:
+        """Called before each RL step's rollouts; nothing to do by default."""
+
+    def prepare_examples(self, examples: Sequence[dict]) -> list[dict]:
+        """Examples as the rewards must see them; unchanged by default."""
+        return list(examples)
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    ADAPTER_FILE = "adapter_model.safetensors"
+
+    def save_weights(self, path: Path) -> None:
+        """Write the full trained weights under ``path`` (subclass)."""
+        raise NotImplementedError
+
+    def load_weights(self, path: Path) -> None:
+        """Read what :meth:`save_weights` wrote (subclass)."""
+        raise NotImplementedError
+
+    def save(self, path: Path) -> None:
+        """Weights (LoRA: the adapters only, through peft) and optimizer + scheduler state."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        if self.lora:
+            from peft import get_peft_model_state_dict
+            from safetensors.torch import save_file
+
+            state = get_peft_model_state_dict(self.module)
+            save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(path / self.ADAPTER_FILE))
+        else:
+            self.save_weights(path)
+        if self.optimizer is not None:
+            torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
+                       path / "optimizer.pt")
+
+    def load(self, path: Path) -> None:
+        """Restore what :meth:`save` wrote (optimizer state only when an optimizer exists)."""
+        path = Path(path)
+        if self.lora:
+            from peft import set_peft_model_state_dict
+            from safetensors.torch import load_file
+
+            set_peft_model_state_dict(self.module, load_file(str(path / self.ADAPTER_FILE)))
+        else:
+            self.load_weights(path)
+        opt = path / "optimizer.pt"
+        if opt.exists() and self.optimizer is not None:
+            state = torch.load(opt, map_location="cpu", weights_only=False)
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-__all__ = ["KL_SCHEDULES", "kl_coef_at", "should_reset_reference"]
+from mmrl.registry import KL_SCHEDULES, register_kl_schedule
 
-KL_SCHEDULES = ("constant", "linear_decay", "grpo_d")
+__all__ = ["kl_coef_at", "should_reset_reference"]
 
 
 def _progress(step: int, span: Optional[float], schedule: str) -> float:
@@ -25,18 +25,9 @@ def _progress(step: int, span: Optional[float], schedule: str) -> float:
     return min(max(step / span, 0.0), 1.0)
 
 
-def kl_coef_at(
-    step: int,
-    beta: float,
-    schedule: str = "constant",
-    *,
-    total_steps: Optional[int] = None,
-    beta_end: float = 0.0,
-    beta_min: float = 0.0,
-    beta_max: Optional[float] = None,
-    ramp_frac: float = 1.0,
-) -> float:
-    """The KL weight for RL step ``step`` (0-based).
+def kl_coef_at(step: int, beta: float, schedule: str = "constant", *, total_steps: Optional[int] = None,
+               **kwargs) -> float:
+    """The KL weight for RL step ``step`` (0-based) under the registered ``schedule``.
 
     - ``constant``: ``beta``.
     - ``linear_decay``: from ``beta`` at step 0 linearly to ``beta_end`` at ``total_steps``, then
@@ -48,18 +39,28 @@ def kl_coef_at(
     ``beta`` is the peak for ``constant``/``linear_decay``/``grpo_d`` alike, so "a reference model
     is needed" stays ``beta > 0``.
     """
-    if schedule == "constant":
-        return float(beta)
-    if schedule == "linear_decay":
-        p = _progress(step, total_steps, schedule)
-        return float(beta + (beta_end - beta) * p)
-    if schedule == "grpo_d":
-        top = beta if beta_max is None else beta_max
-        if not 0 < ramp_frac <= 1:
-            raise ValueError(f"ramp_frac must be in (0, 1], got {ramp_frac}")
-        p = _progress(step, None if total_steps is None else ramp_frac * total_steps, schedule)
-        return float(beta_min + (top - beta_min) * p)
-    raise ValueError(f"unknown kl schedule {schedule!r}; valid values: {', '.join(KL_SCHEDULES)}")
+    return float(KL_SCHEDULES.get(schedule, "algo.kl_schedule")(step, beta, total_steps, **kwargs))
+
+
+@register_kl_schedule("constant")
+def constant(step: int, beta: float, total_steps: Optional[int]) -> float:
+    return beta
+
+
+@register_kl_schedule("linear_decay")
+def linear_decay(step: int, beta: float, total_steps: Optional[int], beta_end: float = 0.0) -> float:
+    p = _progress(step, total_steps, "linear_decay")
+    return beta + (beta_end - beta) * p
+
+
+@register_kl_schedule("grpo_d")
+def grpo_d(step: int, beta: float, total_steps: Optional[int], beta_min: float = 0.0,
+           beta_max: Optional[float] = None, ramp_frac: float = 1.0) -> float:
+    top = beta if beta_max is None else beta_max
+    if not 0 < ramp_frac <= 1:
+        raise ValueError(f"ramp_frac must be in (0, 1], got {ramp_frac}")
+    p = _progress(step, None if total_steps is None else ramp_frac * total_steps, "grpo_d")
+    return beta_min + (top - beta_min) * p
 
 
 def should_reset_reference(step: int, every: Optional[int]) -> bool:

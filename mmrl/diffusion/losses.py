@@ -10,7 +10,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from mmrl.diffusion.sde import _per_sample
+from mmrl.core.losses.surrogates import Surrogate, clip_loss
+from mmrl.diffusion.sde import per_sample
+from mmrl.registry import register_loss
 
 
 def _mean_latent(x: Tensor) -> Tensor:
@@ -32,7 +34,7 @@ def guard_log_ratio(log_prob: Tensor, old_log_prob: Tensor, mean: Tensor, old_me
     "mean" log-prob reduction). Gradients flow through both terms. Where ``s == 0`` returns 0.
     """
     log_ratio = (log_prob.float() - old_log_prob.float()).reshape(-1)
-    s = _per_sample(step_std, log_ratio).reshape(-1).expand_as(log_ratio)
+    s = per_sample(step_std, log_ratio).reshape(-1).expand_as(log_ratio)
     mse = _mean_latent((mean.float() - old_mean.float()) ** 2)
     stochastic = s > 0
     safe = torch.where(stochastic, s, torch.ones_like(s))
@@ -50,7 +52,7 @@ def noised(x0: Tensor, noise: Tensor, sigma) -> Tensor:
     """Forward (noising) process of rectified flow, "Flow Straight and Fast" (Liu et al., 2022):
     ``x_sigma = (1 - sigma) x0 + sigma noise``; sigma a float, 0-d or (B,) tensor."""
     x0 = x0.float()
-    s = _per_sample(sigma, x0)
+    s = per_sample(sigma, x0)
     return (1 - s) * x0 + s * noise.float()
 
 
@@ -69,15 +71,26 @@ def nft_optimality(advantages: Tensor, adv_clip_max: float = 5.0) -> Tensor:
     return (a / adv_clip_max / 2 + 0.5).clamp(0.0, 1.0)
 
 
+def nft_errors(velocity_pred: Tensor, old_velocity: Tensor, x0: Tensor, noise: Tensor,
+               beta: float = 1.0) -> tuple[Tensor, Tensor]:
+    """Per-sample (B,) squared errors of DiffusionNFT's implicit positive and negative policies
+    ("DiffusionNFT: Online Diffusion Reinforcement with Forward Process", Zheng et al., 2025), in
+    velocity space: ``target = noise - x0``, ``v+ = beta v + (1 - beta) v_old``,
+    ``v- = (1 + beta) v_old - beta v``; returns ``(mean((v+ - target)^2), mean((v- - target)^2))``.
+    ``old_velocity`` (the sampling policy's prediction at the same x_sigma) is detached."""
+    v = velocity_pred.float()
+    v_old = old_velocity.float().detach()
+    target = flow_matching_target(x0, noise)
+    v_plus = beta * v + (1 - beta) * v_old
+    v_minus = (1 + beta) * v_old - beta * v
+    return _mean_latent((v_plus - target) ** 2), _mean_latent((v_minus - target) ** 2)
+
+
 def nft_loss(velocity_pred: Tensor, old_velocity: Tensor, x0: Tensor, noise: Tensor, advantages: Tensor,
              beta: float = 1.0, adv_clip_max: float = 5.0) -> Tensor:
     """Per-sample (B,) loss of "DiffusionNFT: Online Diffusion Reinforcement with Forward Process"
-    (Zheng et al., 2025), in velocity space.
-
-    ``r = nft_optimality(A)``, ``target = noise - x0``, implicit positive and negative policies
-    ``v+ = beta v + (1 - beta) v_old``, ``v- = (1 + beta) v_old - beta v``;
-    ``loss = r mean((v+ - target)^2) + (1 - r) mean((v- - target)^2)``.
-    ``old_velocity`` (the sampling policy's prediction at the same x_sigma) is detached.
+    (Zheng et al., 2025), in velocity space: ``r = nft_optimality(A)``,
+    ``loss = r mean((v+ - target)^2) + (1 - r) mean((v- - target)^2)`` (:func:`nft_errors`).
 
     The official code writes the same losses on x0-predictions ``x0_hat = x_sigma - sigma v``; since
     ``x0_hat - x0 = -sigma (v - target)`` that is this loss times ``sigma^2`` per sample, further divided
@@ -85,12 +98,26 @@ def nft_loss(velocity_pred: Tensor, old_velocity: Tensor, x0: Tensor, noise: Ten
     ``adv_clip_max / beta``. Those are per-sample loss weights a caller can apply; the unweighted velocity
     form is kept here so that with ``r = 1, beta = 1`` it is exactly the flow-matching loss.
     """
-    v = velocity_pred.float()
-    v_old = old_velocity.float().detach()
-    target = flow_matching_target(x0, noise)
-    r = nft_optimality(advantages, adv_clip_max).to(v.device).reshape(-1)
-    v_plus = beta * v + (1 - beta) * v_old
-    v_minus = (1 + beta) * v_old - beta * v
-    positive = _mean_latent((v_plus - target) ** 2)
-    negative = _mean_latent((v_minus - target) ** 2)
+    positive, negative = nft_errors(velocity_pred, old_velocity, x0, noise, beta)
+    r = nft_optimality(advantages, adv_clip_max).to(positive.device).reshape(-1)
     return r * positive + (1 - r) * negative
+
+
+# -- the generator losses, registered like the core's and computed through the same objective ----------
+
+
+@register_loss("awm", requires=("flow_matching_logps",))
+def awm(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, cfg, **_) -> Surrogate:
+    """"Advantage Weighted Matching": the clipped surrogate over the flow-matching log-likelihood
+    :func:`awm_log_likelihood` of the final sample (the policy passes it as ``logps``)."""
+    return clip_loss(logps, old_logps, advantages, mask, cfg)
+
+
+@register_loss("nft", requires=("nft_errors",))
+def nft(logps, old_logps, advantages: Tensor, mask: Tensor, cfg, *, positive: Tensor, negative: Tensor,
+        adv_max: float, **_) -> Surrogate:
+    """DiffusionNFT, likelihood-free: ``r(A) * positive + (1 - r(A)) * negative`` per action, with
+    the positive / negative velocity errors of :func:`nft_errors` (B, T) and r = clip(A / adv_max /
+    2 + 0.5, 0, 1) (:func:`nft_optimality`)."""
+    r = nft_optimality(advantages, adv_max).to(positive.device).reshape(advantages.shape)
+    return Surrogate(r * positive + (1 - r) * negative)

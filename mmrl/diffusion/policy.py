@@ -29,16 +29,16 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..core.objective import aggregate
-from ..core.policy import DTYPES, load_optimizer_state, make_optimizer, pick_device, save_optimizer_state
-from ..core.rollouts import Rollouts
-from ..core.samplers import step_seed
-from .base import FlowPipeline
-from .losses import awm_log_likelihood, guard_log_ratio, noised, nft_loss
-from .plan import SDE_WINDOW_MODES, step_plan, trained_steps
-from .sde import SDE_STEPS, StepOutput, ode_step, sde_step
+from mmrl.registry import SDE_SAMPLERS
 
-DIFFUSION_LOSS_TYPES = ("clip", "awm", "nft")
+from ..core.policy import PolicyBase
+from ..core.rollouts import Rollouts
+from ..core.seeding import step_seed
+from .base import FlowPipeline
+from .losses import awm_log_likelihood, guard_log_ratio, nft_errors, noised
+from .plan import SDE_WINDOW_MODES, step_plan, trained_steps
+from .sde import StepOutput, ode_step, sde_step
+
 # Aggregations that are sums over actions with fixed normalisers, so the per-timestep backward
 # (one call per denoising step) adds up to exactly the loss of the whole batch.
 LINEAR_AGG_MODES = ("token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
@@ -71,42 +71,36 @@ def to_pil(pixels: torch.Tensor) -> Image.Image | list[Image.Image]:
     return Image.fromarray(array)
 
 
-class DiffusionPolicy:
-    """A :class:`~mmrl.core.policy.Policy` over a :class:`~mmrl.diffusion.base.FlowPipeline`."""
+class DiffusionPolicy(PolicyBase):
+    """The generator policy over a :class:`~mmrl.diffusion.base.FlowPipeline` (module docstring).
+    The trained module is the pipeline's transformer (LoRA goes there)."""
+
+    loss_inputs = frozenset({"logps", "flow_matching_logps", "nft_errors"})
+    unused_config = ("vlm", "rollout.engine", "rollout.temperature", "rollout.top_p", "rollout.top_k",
+                     "rollout.max_completion_length", "eval.temperature", "data.perturbation")
 
     def __init__(self, cfg, pipeline: FlowPipeline | None = None, device: torch.device | None = None):
-        self.cfg = cfg
+        super().__init__(cfg, device)
         self.d = cfg.diffusion
         self._check_config(cfg)
-        self.device = device or pick_device(cfg.train.device)
-        if cfg.model.dtype not in DTYPES:
-            raise ValueError(f"model.dtype must be one of {', '.join(DTYPES)}, got {cfg.model.dtype!r}")
-        self.pipe = pipeline or load_generator(cfg.model.path, self.device, DTYPES[cfg.model.dtype])
-        self.transformer = self.pipe.transformer
-        self.ref_transformer = None
-        self.lora = bool(cfg.model.lora.enabled)
+        self.pipe = pipeline or load_generator(cfg.model.path, self.device, self.compute_dtype)
+        self.transformer = self.module = self.pipe.transformer
         if self.lora:
-            if cfg.algo.ref_reset_every:
-                raise ValueError("algo.ref_reset_every is not supported with LoRA (the reference is the base model)")
             self._apply_lora(cfg.model.lora)
         else:
             self.transformer.requires_grad_(True)
-            if cfg.algo.beta > 0:
-                self.ref_transformer = copy.deepcopy(self.transformer).eval().requires_grad_(False)
-        self.optimizer = None
-        self.scheduler = None
+        self.finish_setup()  # trained weights to float32 master weights; the reference copy
         self.rl_step = 0
         self._calls = 0
+
+    @property
+    def max_actions(self) -> int:
+        return int(self.d.num_steps)
 
     @staticmethod
     def _check_config(cfg) -> None:
         d, algo = cfg.diffusion, cfg.algo
-        if d.sampler not in SDE_STEPS:
-            raise ValueError(f"unknown diffusion.sampler {d.sampler!r}; valid: {', '.join(SDE_STEPS)} "
-                             "(ddim is the step function for epsilon-prediction models, mmrl.diffusion.sde.ddim_step)")
-        if algo.loss_type not in DIFFUSION_LOSS_TYPES:
-            raise ValueError(f"algo.loss_type={algo.loss_type!r} is not available for generators; valid: "
-                             f"{', '.join(DIFFUSION_LOSS_TYPES)}")
+        SDE_SAMPLERS.get(d.sampler, "diffusion.sampler")  # an unknown name fails here, naming the valid ones
         if algo.loss_agg_mode not in LINEAR_AGG_MODES:
             raise ValueError(f"algo.loss_agg_mode={algo.loss_agg_mode!r}: a generator's loss is summed one "
                              f"denoising step at a time, which is exact for {', '.join(LINEAR_AGG_MODES)}")
@@ -140,10 +134,26 @@ class DiffusionPolicy:
         if not any(p.requires_grad for p in self.transformer.parameters()):
             raise ValueError(f"model.lora.target_modules={targets} matched no layer of the transformer")
 
-    # -- the Policy interface -----------------------------------------------------------------------
-    def configure_optimizer(self, train_cfg, total_steps: int) -> None:
-        self.optimizer, self.scheduler = make_optimizer(self.pipe.trainable_parameters(), train_cfg, total_steps)
+    @contextlib.contextmanager
+    def adapters_disabled(self):
+        self.transformer.disable_adapters()
+        try:
+            yield
+        finally:
+            self.transformer.enable_adapters()
 
+    @contextlib.contextmanager
+    def _reference_velocity(self):
+        """The pipeline's velocity runs the reference transformer inside this context."""
+        with self.reference() as ref:
+            live = self.pipe.transformer
+            self.pipe.transformer = ref
+            try:
+                yield
+            finally:
+                self.pipe.transformer = live
+
+    # -- the Policy interface -----------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
         """The trainer's RL step: seeds the noise and places the SDE window."""
         self.rl_step = int(step)
@@ -171,13 +181,13 @@ class DiffusionPolicy:
         return torch.randn(shape, generator=self._generator(*parts))
 
     @torch.no_grad()
-    def rollout(self, examples: Sequence[dict], prompts: Sequence[str], n: int, rollout_cfg: Any,
-                need_old_logps: bool, need_ref_logps: bool) -> Rollouts:
+    def rollout(self, examples: Sequence[dict], prompts: Sequence[str], n: int, mode: str = "train",
+                need_old_logps: bool = False, need_ref_logps: bool = False) -> Rollouts:
         """``n`` samples per prompt. All randomness (initial noise, SDE noise, trained-step
         choice) is seeded by (train.seed, RL step, example index, sample number, call number), not by
         batch position, so results do not depend on ``rollout.batch_size`` and distributed workers
         given different examples never draw the same noise."""
-        eval_mode = getattr(rollout_cfg, "mode", "train") == "eval"
+        eval_mode = mode == "eval"
         d, algo = self.d, self.cfg.algo
         call = -1 if eval_mode else self._calls
         self._calls += 0 if eval_mode else 1
@@ -206,7 +216,7 @@ class DiffusionPolicy:
         std = torch.zeros(N, T)
         old_means = torch.zeros((N, T, *shape)) if (d.grpo_guard and need_old_logps) else None
         finals = []
-        batch = max(1, int(getattr(rollout_cfg, "batch_size", N) or N))
+        batch = max(1, int(self.cfg.rollout.batch_size or N))
         for start in range(0, N, batch):
             rows = slice(start, min(start + batch, N))
             x = x0[rows].to(self.device)
@@ -215,7 +225,7 @@ class DiffusionPolicy:
                 latents[rows, 0] = x.cpu()
             for t in range(T):
                 s = torch.full((x.shape[0],), float(sigmas[t]))
-                v = self.pipe.velocity(x, s.to(self.device), sample_prompts[rows], guidance)
+                v = self.velocity(x, s.to(self.device), sample_prompts[rows], guidance)
                 if plan_sde[t]:
                     out = self._step(v, x, sigmas, t, noise=sde_noise[:, t].to(self.device))
                 else:
@@ -277,7 +287,7 @@ class DiffusionPolicy:
                 continue
             s = float(sigmas[t])
             x_s = noised(final[rows], noise[rows, t], s).to(self.device)
-            v = self.pipe.velocity(x_s, torch.full((len(rows),), s, device=self.device),
+            v = self.velocity(x_s, torch.full((len(rows),), s, device=self.device),
                                    [prompts[i] for i in rows.tolist()], guidance).cpu()
             if nft:
                 out["old_velocity"][rows, t] = v
@@ -285,66 +295,30 @@ class DiffusionPolicy:
                 out["awm_old_logps"][rows, t] = awm_log_likelihood(v, final[rows], noise[rows, t])
         return out
 
-    @contextlib.contextmanager
-    def _reference(self):
-        """The reference velocity field: LoRA disabled, or the frozen copy."""
-        if self.ref_transformer is not None:
-            live = self.pipe.transformer
-            self.pipe.transformer = self.ref_transformer
-            try:
-                yield
-            finally:
-                self.pipe.transformer = live
-        elif self.lora:
-            self.transformer.disable_adapters()
-            try:
-                yield
-            finally:
-                self.transformer.enable_adapters()
-        else:
-            raise RuntimeError("a reference model is needed (algo.beta > 0) but none was set up")
+    def velocity(self, x, sigma, prompts, guidance: float):
+        """The pipeline's velocity under the policy's autocast (float32 out, as the steps want)."""
+        with self.autocast():
+            return self.pipe.velocity(x, sigma, prompts, guidance).float()
 
-    def train_step(self, batch: Rollouts, objective: Callable[..., tuple[torch.Tensor, dict]],
-                   num_tokens: float, num_seqs: float) -> dict[str, float]:
-        """One optimizer step over ``batch``: for every micro-batch and every trained denoising step,
-        the step's loss with gradient, then ``backward`` (the losses of all calls add up to the
-        mini-batch loss because the aggregation normalisers are the mini-batch totals)."""
-        if self.optimizer is None:
-            raise RuntimeError("call configure_optimizer() before train_step()")
-        cfg, d = self.cfg, self.d
-        obj_cfg = objective.cfg
-        self.transformer.train()
-        self.optimizer.zero_grad(set_to_none=True)
+    def loss_terms(self, batch: Rollouts, objective, num_tokens: float, num_seqs: float):
+        """For every micro-batch and every trained denoising step, that step's loss with gradient
+        (per-timestep backward: activation memory of one step). The losses of all terms add up to
+        the mini-batch loss because the aggregation normalisers are the mini-batch totals."""
+        d = self.d
         guidance = self.guidance(False)
         advantages = batch.advantages.clamp(-d.adv_clip_max, d.adv_clip_max)
-        sums: dict[str, float] = {}
-        calls = 0
-        mb = max(1, cfg.train.micro_batch_size)
+        mb = max(1, self.cfg.train.micro_batch_size)
         for start in range(0, len(batch), mb):
             for t in range(batch.action_mask.shape[1]):
                 rows = torch.arange(start, min(start + mb, len(batch)))
                 rows = rows[batch.action_mask[rows, t] > 0]
-                if len(rows) == 0:
-                    continue
-                loss, metrics = self._step_loss(batch, rows, t, advantages[rows], objective, obj_cfg, guidance,
-                                                num_tokens, num_seqs)
-                loss.backward()
-                calls += 1
-                for k, v in metrics.items():
-                    sums[k] = sums.get(k, 0.0) + float(v)
-        params = self.pipe.trainable_parameters()
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.train.max_grad_norm)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.transformer.eval()
-        out = {k: v / max(calls, 1) for k, v in sums.items() if k != "loss"}
-        out["loss"] = sums.get("loss", 0.0)
-        out["grad_norm"] = float(grad_norm)
-        out["lr"] = float(self.scheduler.get_last_lr()[0])
-        return out
+                if len(rows):
+                    yield self._step_loss(batch, rows, t, advantages[rows], objective, guidance, num_tokens, num_seqs)
 
-    def _step_loss(self, batch: Rollouts, rows: torch.Tensor, t: int, adv: torch.Tensor, objective, obj_cfg,
+    def _step_loss(self, batch: Rollouts, rows: torch.Tensor, t: int, adv: torch.Tensor, objective,
                    guidance: float, num_tokens: float, num_seqs: float) -> tuple[torch.Tensor, dict]:
+        """The objective at denoising step ``t`` for samples ``rows``: one action per sample."""
+        obj_cfg = objective.cfg
         p = batch.payload
         prompts = [p["prompts"][i] for i in rows.tolist()]
         sigmas = p["sigmas"][int(rows[0])]
@@ -358,11 +332,9 @@ class DiffusionPolicy:
             s = float(sigmas[t])
             v = self.pipe.velocity(noised(x0, noise, s), torch.full((len(rows),), s, device=dev), prompts, guidance)
             if obj_cfg.loss_type == "nft":
-                per_sample = nft_loss(v, p["old_velocity"][rows, t].to(dev), x0, noise, adv,
-                                      beta=self.d.nft_beta, adv_clip_max=self.d.adv_clip_max)
-                loss = aggregate(per_sample[:, None], ones, obj_cfg.loss_agg_mode, num_tokens=num_tokens,
-                                 num_seqs=num_seqs, max_completion_length=obj_cfg.max_completion_length)
-                return loss, {"loss": float(loss.detach()), "nft_loss": float(per_sample.detach().mean())}
+                positive, negative = nft_errors(v, p["old_velocity"][rows, t].to(dev), x0, noise, beta=self.d.nft_beta)
+                inputs = {"positive": positive[:, None], "negative": negative[:, None], "adv_max": self.d.adv_clip_max}
+                return objective(None, None, adv, ones, num_tokens=num_tokens, num_seqs=num_seqs, inputs=inputs)
             logp = awm_log_likelihood(v, x0, noise)
             return objective(logp[:, None], None if old is None else old[:, None], adv, ones,
                              num_tokens=num_tokens, num_seqs=num_seqs)
@@ -378,42 +350,18 @@ class DiffusionPolicy:
             logp = old_lp + guard_log_ratio(logp, old_lp, out.mean, old_mean, out.std)
         kl = None
         if obj_cfg.beta > 0:
-            with torch.no_grad(), self._reference():
+            with torch.no_grad(), self._reference_velocity():
                 ref = self._step(self.pipe.velocity(x, s, prompts, guidance), x, sigmas, t, prev_sample=x_next)
             mse = ((out.mean - ref.mean) ** 2).flatten(1).mean(1)
             kl = (mse / (2 * out.std.clamp(min=1e-12) ** 2))[:, None]
         return objective(logp[:, None], None if old is None else old[:, None], adv, ones,
                          num_tokens=num_tokens, num_seqs=num_seqs, kl=kl)
 
-    def reset_reference(self) -> None:
-        """ProRL-style reference reset: the reference becomes the current policy."""
-        if self.ref_transformer is not None:
-            self.ref_transformer.load_state_dict(self.transformer.state_dict())
+    # -- checkpoints (full fine-tuning; LoRA adapters are saved by the policy base) ---------------
+    def save_weights(self, path: Path) -> None:
+        self.transformer.save_pretrained(Path(path) / "transformer")
 
-    # -- checkpoints --------------------------------------------------------------------------------
-    def save(self, path: Path) -> None:
-        from safetensors.torch import save_file
-
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        if self.lora:
-            from peft import get_peft_model_state_dict
-
-            state = get_peft_model_state_dict(self.transformer)
-            save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(path / "adapter_model.safetensors"))
-        else:
-            self.transformer.save_pretrained(path / "transformer")
-        save_optimizer_state(path, self.optimizer, self.scheduler)
-
-    def load(self, path: Path) -> None:
-        path = Path(path)
-        if self.lora:
-            from peft import set_peft_model_state_dict
-            from safetensors.torch import load_file
-
-            set_peft_model_state_dict(self.transformer, load_file(str(path / "adapter_model.safetensors")))
-        else:
-            saved = type(self.transformer).from_pretrained(path / "transformer", torch_dtype=self.pipe.dtype)
-            self.transformer.load_state_dict(saved.state_dict())
-            del saved
-        load_optimizer_state(path, self.optimizer, self.scheduler)
+    def load_weights(self, path: Path) -> None:
+        saved = type(self.transformer).from_pretrained(Path(path) / "transformer", torch_dtype=torch.float32)
+        self.transformer.load_state_dict(saved.state_dict())
+        del saved

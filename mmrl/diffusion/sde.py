@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from mmrl.registry import SDE_SAMPLERS, register_sde_sampler
+
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
@@ -30,7 +32,7 @@ class StepOutput:
     std: Tensor  # (B,) std of prev_sample given sample; 0 for a deterministic step
 
 
-def _per_sample(x, like: Tensor) -> Tensor:
+def per_sample(x, like: Tensor) -> Tensor:
     """A float32 tensor on ``like``'s device that broadcasts against ``like`` (B, ...): a Python
     float or 0-d tensor stays 0-d, a (B,) tensor becomes (B, 1, ..., 1)."""
     x = torch.as_tensor(x, dtype=torch.float32, device=like.device)
@@ -56,7 +58,7 @@ def gaussian_log_prob(x: Tensor, mean: Tensor, std, reduction: str = "mean") -> 
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
     x, mean = x.float(), mean.float()
-    s = _per_sample(std, x)
+    s = per_sample(std, x)
     stochastic = s > 0
     safe = torch.where(stochastic, s, torch.ones_like(s))  # no 0/0, no NaN gradients
     lp = -((x - mean) ** 2) / (2 * safe**2) - torch.log(safe) - _LOG_SQRT_2PI
@@ -79,6 +81,7 @@ def _finish(mean, std, noise, prev_sample, generator, reduction) -> StepOutput:
     return StepOutput(prev_sample, log_prob, mean, _flat(std, mean.shape[0]).clone())
 
 
+@register_sde_sampler("flow_sde")
 def flow_sde_step(velocity, sample, sigma, sigma_next, noise_level=0.7, sigma_max=None, *,
                   noise=None, prev_sample=None, generator=None, reduction="mean") -> StepOutput:
     """ODE-to-SDE step of "Flow-GRPO: Training Flow Matching Models via Online RL" (Liu et al., 2025).
@@ -89,18 +92,19 @@ def flow_sde_step(velocity, sample, sigma, sigma_next, noise_level=0.7, sigma_ma
     ``prev = mean + std_t sqrt(-dt) noise``. With ``a = 0`` this is exactly the Euler step.
     """
     v, x = velocity.float(), sample.float()
-    sig, sig_next = _per_sample(sigma, x), _per_sample(sigma_next, x)
+    sig, sig_next = per_sample(sigma, x), per_sample(sigma_next, x)
     dt = sig_next - sig
     denom = sig
     if bool((sig == 1).any()):
         if sigma_max is None:
             raise ValueError("flow_sde_step at sigma == 1 needs sigma_max (the schedule's second sigma); pass sigma_max=")
-        denom = torch.where(sig == 1, _per_sample(sigma_max, x), sig)
-    std_t = _per_sample(noise_level, x) * torch.sqrt(sig / (1 - denom))
+        denom = torch.where(sig == 1, per_sample(sigma_max, x), sig)
+    std_t = per_sample(noise_level, x) * torch.sqrt(sig / (1 - denom))
     mean = x * (1 + std_t**2 / (2 * sig) * dt) + v * (1 + std_t**2 * (1 - sig) / (2 * sig)) * dt
     return _finish(mean, std_t * torch.sqrt(-dt), noise, prev_sample, generator, reduction)
 
 
+@register_sde_sampler("cps")
 def cps_step(velocity, sample, sigma, sigma_next, noise_level=0.8, *,
              noise=None, prev_sample=None, generator=None, reduction="mean") -> StepOutput:
     """Coefficients-preserving sampling, "Coefficients-Preserving Sampling for Reinforcement Learning
@@ -120,8 +124,8 @@ def cps_step(velocity, sample, sigma, sigma_next, noise_level=0.8, *,
     Gaussian ratio would swing hardest; the authors train with Flow-GRPO's clip range on it.
     """
     v, x = velocity.float(), sample.float()
-    sig, sig_next = _per_sample(sigma, x), _per_sample(sigma_next, x)
-    std = sig_next * torch.sin(_per_sample(noise_level, x) * (math.pi / 2))
+    sig, sig_next = per_sample(sigma, x), per_sample(sigma_next, x)
+    std = sig_next * torch.sin(per_sample(noise_level, x) * (math.pi / 2))
     x0_hat = x - sig * v
     x1_hat = x + (1 - sig) * v
     mean = x0_hat * (1 - sig_next) + x1_hat * torch.sqrt((sig_next**2 - std**2).clamp_min(0))
@@ -139,10 +143,11 @@ def cps_log_prob(x: Tensor, mean: Tensor, std, reduction: str = "mean") -> Tenso
     if sq.ndim > 1:
         dims = tuple(range(1, sq.ndim))
         sq = sq.mean(dims) if reduction == "mean" else sq.sum(dims)
-    stochastic = _flat(_per_sample(std, x) > 0, x.shape[0])
+    stochastic = _flat(per_sample(std, x) > 0, x.shape[0])
     return torch.where(stochastic, sq, torch.zeros_like(sq))
 
 
+@register_sde_sampler("dance")
 def dance_flow_step(velocity, sample, sigma, sigma_next, eta=0.3, *,
                     noise=None, prev_sample=None, generator=None, reduction="mean") -> StepOutput:
     """SDE step of "DanceGRPO: Unleashing GRPO on Visual Generation" (Xue et al., 2025), its ``flux_step``.
@@ -155,8 +160,8 @@ def dance_flow_step(velocity, sample, sigma, sigma_next, eta=0.3, *,
     ``-log sqrt(2 pi)`` terms, which cancel in the ratio).
     """
     v, x = velocity.float(), sample.float()
-    sig, sig_next = _per_sample(sigma, x), _per_sample(sigma_next, x)
-    eta = _per_sample(eta, x)
+    sig, sig_next = per_sample(sigma, x), per_sample(sigma_next, x)
+    eta = per_sample(eta, x)
     dsig = sig_next - sig
     x0_hat = x - sig * v
     score = -(x - (1 - sig) * x0_hat) / sig**2
@@ -178,12 +183,12 @@ def ddim_step(eps, sample, alpha_bar_t, alpha_bar_prev, eta=1.0, *, clip_sample_
     as both do.
     """
     e, x = eps.float(), sample.float()
-    ab_t, ab_prev = _per_sample(alpha_bar_t, x), _per_sample(alpha_bar_prev, x)
+    ab_t, ab_prev = per_sample(alpha_bar_t, x), per_sample(alpha_bar_prev, x)
     x0_hat = (x - torch.sqrt(1 - ab_t) * e) / torch.sqrt(ab_t)
     if clip_sample_range is not None:
         x0_hat = x0_hat.clamp(-float(clip_sample_range), float(clip_sample_range))
     variance = (1 - ab_prev) / (1 - ab_t) * (1 - ab_t / ab_prev)
-    std = _per_sample(eta, x) * torch.sqrt(variance)
+    std = per_sample(eta, x) * torch.sqrt(variance)
     mean = torch.sqrt(ab_prev) * x0_hat + torch.sqrt((1 - ab_prev - std**2).clamp_min(0)) * e
     return _finish(mean, std, noise, prev_sample, generator, reduction)
 
@@ -193,18 +198,18 @@ def ode_step(velocity, sample, sigma, sigma_next) -> StepOutput:
     Liu et al., 2022): ``x_next = x + (sigma_next - sigma) v``; std 0, log_prob 0. Used outside the
     SDE window (MixGRPO-style mixed ODE/SDE sampling)."""
     v, x = velocity.float(), sample.float()
-    mean = x + (_per_sample(sigma_next, x) - _per_sample(sigma, x)) * v
+    mean = x + (per_sample(sigma_next, x) - per_sample(sigma, x)) * v
     zeros = torch.zeros(x.shape[0], dtype=torch.float32, device=x.device)
     return StepOutput(mean, zeros, mean, zeros.clone())
 
 
-SDE_STEPS = {"flow_sde": flow_sde_step, "cps": cps_step, "dance": dance_flow_step}
-_NOISE_PARAM = {"flow_sde": "noise_level", "cps": "noise_level", "dance": "eta"}
+# Each sampler's noise parameter: what ``diffusion.noise_level`` sets.
+flow_sde_step.noise_param = cps_step.noise_param = "noise_level"
+dance_flow_step.noise_param = "eta"
 
 
 def sde_step(kind: str, velocity, sample, sigma, sigma_next, noise_level, **kw) -> StepOutput:
-    """Dispatch to ``SDE_STEPS[kind]``; ``noise_level`` is that step's noise parameter (``noise_level``
-    for flow_sde / cps, ``eta`` for dance)."""
-    if kind not in SDE_STEPS:
-        raise ValueError(f"unknown SDE step kind {kind!r}; valid: {sorted(SDE_STEPS)}")
-    return SDE_STEPS[kind](velocity, sample, sigma, sigma_next, **{_NOISE_PARAM[kind]: noise_level}, **kw)
+    """The registered SDE sampler ``kind`` (``diffusion.sampler``); ``noise_level`` is that step's
+    noise parameter (``noise_level`` for flow_sde / cps, ``eta`` for dance)."""
+    fn = SDE_SAMPLERS.get(kind)
+    return fn(velocity, sample, sigma, sigma_next, **{fn.noise_param: noise_level}, **kw)

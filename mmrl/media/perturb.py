@@ -24,8 +24,9 @@ from typing import Any, Optional, Sequence
 import numpy as np
 from PIL import Image
 
+from mmrl.registry import PERTURBATIONS, register_perturbation
+
 Box = tuple[float, float, float, float]
-PERTURBATIONS = ("distractor", "mixup", "rotation")
 
 
 def rotate(image: Image.Image, boxes: Sequence[Box], angle: float, fill=(255, 255, 255)) -> tuple[Image.Image, list[Box]]:
@@ -96,24 +97,39 @@ def _with_boxes(ex: dict, image: Image.Image, boxes: list[Box]) -> dict:
     return out
 
 
+# -- the registered perturbations: fn(image, boxes, rng, other, max_angle, max_mix) -> (image, boxes) --
+
+
+@register_perturbation("rotation")
+def _rotation(image, boxes, rng, other, max_angle: float = 30.0, **_):
+    return rotate(image, boxes, float(rng.uniform(-max_angle, max_angle)))
+
+
+@register_perturbation("distractor")
+def _distractor(image, boxes, rng, other, **_):
+    return concat_distractor(image, boxes, other, left=bool(rng.random() < 0.5))
+
+
+@register_perturbation("mixup")
+def _mixup(image, boxes, rng, other, max_mix: float = 0.3, **_):
+    return mixup(image, other, float(rng.uniform(0.0, max_mix))), list(boxes)
+
+
+_rotation.needs_other = False
+_distractor.needs_other = _mixup.needs_other = True
+
+
 def perturb_example(ex: dict, kind: str, rng: np.random.Generator, other: Optional[Image.Image] = None,
                     max_angle: float = 30.0, max_mix: float = 0.3) -> dict:
-    """A perturbed copy of ``ex`` (``kind`` in :data:`PERTURBATIONS`); ``other`` is the image the
+    """A perturbed copy of ``ex`` (``kind`` a registered perturbation); ``other`` is the image the
     distractor / mixup perturbations use. Examples without a PIL ``image`` come back unchanged."""
-    if kind not in PERTURBATIONS:
-        raise ValueError(f"unknown perturbation {kind!r}; valid: {', '.join(PERTURBATIONS)}")
+    fn = PERTURBATIONS.get(kind)
     image = ex.get("image")
     if not isinstance(image, Image.Image):
         return ex
-    boxes = _boxes_of(ex)
-    if kind == "rotation":
-        image, boxes = rotate(image, boxes, float(rng.uniform(-max_angle, max_angle)))
-    elif other is None:
+    if fn.needs_other and other is None:
         raise ValueError(f"the {kind} perturbation needs another image")
-    elif kind == "distractor":
-        image, boxes = concat_distractor(image, boxes, other, left=bool(rng.random() < 0.5))
-    else:
-        image = mixup(image, other, float(rng.uniform(0.0, max_mix)))
+    image, boxes = fn(image, _boxes_of(ex), rng, other, max_angle=max_angle, max_mix=max_mix)
     return _with_boxes(ex, image, boxes)
 
 

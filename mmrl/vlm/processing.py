@@ -144,3 +144,22 @@ def _expand_placeholders(texts: list[str], counts: list[int]) -> list[str]:
     if next(it, None) is not None:
         raise ValueError("more images given than image placeholders in the prompts")
     return expanded
+
+
+def split_patches(enc: dict, images_per_sample: list[int]) -> list[tuple[torch.Tensor | None, torch.Tensor | None]]:
+    """Per-sample ``(pixel_values, image_grid_thw)`` out of a batch encoding.
+
+    The processor concatenates every image's patches along one axis; sample i owns the next
+    ``images_per_sample[i]`` images, each with ``t*h*w`` patches from its grid row.
+    """
+    if "pixel_values" not in enc:
+        return [(None, None)] * len(images_per_sample)
+    grid = enc["image_grid_thw"]
+    sizes = grid.prod(-1).tolist()
+    out, p, g = [], 0, 0
+    for k in images_per_sample:
+        npatch = int(sum(sizes[g:g + k]))
+        out.append((enc["pixel_values"][p:p + npatch], grid[g:g + k]) if k else (None, None))
+        p += npatch
+        g += k
+    return out

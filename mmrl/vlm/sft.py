@@ -21,6 +21,7 @@ import torch
 from ..core.rollouts import Rollouts
 from ..task import Task
 from . import tiny
+from .processing import split_patches
 
 
 _THINK_BLOCK = re.compile(r"^\s*<think>.*?</think>\s*", re.DOTALL)
@@ -39,9 +40,7 @@ def sft_batch(policy, tasks: Sequence[Task], examples: Sequence[tuple[int, dict]
     """
     prompts = [tasks[t].prompt(ex) for t, ex in examples]
     enc, images_per_sample = policy.encode_prompts(prompts)
-    from .policy import _split_patches
-
-    patches = _split_patches(enc, images_per_sample)
+    patches = split_patches(enc, images_per_sample)
     eos = policy.tokenizer.eos_token_id
     drop = drop or [False] * len(examples)
     texts = [drop_thought(tasks[t].target(ex)) if d else tasks[t].target(ex) for (t, ex), d in zip(examples, drop)]

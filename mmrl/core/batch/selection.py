@@ -1,4 +1,7 @@
-"""Group-level data selection on a scored rollout batch (``algo.selection``).
+"""Group-level data selection on a scored rollout batch (``algo.selection``, a registry).
+
+A selection is ``fn(generate, target_groups, max_num_gen_batches) -> (kept, generated, stats)``:
+``generate(round)`` rolls out and scores one round of prompts.
 
 DAPO dynamic sampling, from "DAPO: An Open-Source LLM Reinforcement Learning System at Scale"
 (Yu et al., 2025): a group whose samples all got the same reward has zero advantage under any
@@ -13,9 +16,9 @@ from typing import Callable
 
 import torch
 
-from .rollouts import Rollouts
+from mmrl.registry import register_selection
 
-SELECTIONS = ("none", "dynamic_sampling")
+from ..rollouts import Rollouts
 
 
 def group_has_variance(rewards: torch.Tensor, group_ids: torch.Tensor) -> dict[int, bool]:
@@ -34,6 +37,15 @@ def keep_groups(batch: Rollouts, groups: list[int]) -> Rollouts:
     return batch.select(rows)
 
 
+@register_selection("none")
+def no_selection(generate: Callable[[int], Rollouts], target_groups: int, max_num_gen_batches: int
+                 ) -> tuple[Rollouts, list[Rollouts], dict[str, float]]:
+    """Train on the one generated batch as it is."""
+    batch = generate(0)
+    return batch, [batch], {}
+
+
+@register_selection("dynamic_sampling")
 def dynamic_sampling(
     generate: Callable[[int], Rollouts],
     target_groups: int,

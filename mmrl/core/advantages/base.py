@@ -1,25 +1,22 @@
-"""Group-relative advantage estimators.
+"""What every advantage estimator shares: group statistics in float64, the constant-group rule,
+batch whitening, the estimator-state base class and the lookup by name.
 
 Every estimator has the signature
 
-    fn(rewards: Tensor (N,), group_ids: Tensor (N,) long, *, eps=1e-6, scale_rewards=True, **kw)
-        -> Tensor (N,)
+    fn(rewards: Tensor (N,), group_ids: Tensor (N,) long, *, eps=1e-6, **kw) -> Tensor (N,)
 
 Samples drawn for the same prompt share a group id. Groups may be interleaved in any order and
 may have different sizes (e.g. after filtering), so statistics are computed per group id with
 ``torch.unique(return_inverse=True)`` and ``index_add_``: one pass over the batch, no Python loop
-over groups. Unknown keyword arguments are accepted and ignored so that the trainer can pass the
-whole algorithm config to any estimator.
-
-New estimators register with ``@register_advantage("name")`` and are looked up by
-:func:`compute_advantages`. More estimators (REINFORCE++, NGRPO, BNPO, Stratified GRPO, SPO) live
-in :mod:`mmrl.core.advantage_zoo` and register when this module is imported.
+over groups. Unknown keyword arguments are accepted and ignored. Extra per-batch inputs an
+estimator needs (``lengths``, ``prompt_keys``, ``task_ids``, ``r_max``, ``policy_kl``) are declared
+with ``@register_advantage(name, inputs=(...))`` and supplied by the trainer.
 
 Stateful estimators (BNPO's running Beta moments, SPO's per-prompt value tracker) keep their
-state in an :class:`EstimatorState` the caller owns: create it with
-:func:`make_advantage_state`, pass it as ``state=`` on every call (the estimator updates it in
-place) and save ``state.state_dict()`` with the checkpoint. An estimator advertises a state by
-carrying a ``make_state`` attribute (a zero-argument factory).
+state in an :class:`EstimatorState` the caller owns: create it with :func:`make_advantage_state`,
+pass it as ``state=`` on every call (the estimator updates it in place) and save
+``state.state_dict()`` with the checkpoint. An estimator advertises a state by carrying a
+``make_state`` attribute (a zero-argument factory).
 """
 
 from __future__ import annotations
@@ -29,22 +26,7 @@ import abc
 import torch
 from torch import Tensor
 
-from mmrl.registry import ADVANTAGES, register_advantage
-
-__all__ = [
-    "EstimatorState",
-    "group_stats",
-    "group_index",
-    "constant_groups",
-    "finalize_advantages",
-    "as_float_tensor",
-    "grpo",
-    "dr_grpo",
-    "rloo",
-    "compute_advantages",
-    "make_advantage_state",
-]
-
+from mmrl.registry import ADVANTAGES
 
 class EstimatorState(abc.ABC):
     """Mutable state of a stateful advantage estimator, carried across training steps.
@@ -126,62 +108,23 @@ def finalize_advantages(advantages: Tensor, rewards: Tensor, zero: Tensor | None
     return advantages.to(as_float_tensor(rewards).dtype)
 
 
-@register_advantage("grpo")
-def grpo(
-    rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6, scale_rewards: bool = True, **_
-) -> Tensor:
-    """GRPO outcome advantage.
+def whiten_batch(x: Tensor, eps: float, weights: Tensor | None = None) -> Tensor:
+    """``(x - mean(x)) / (std(x) + eps)`` over the whole batch, in float64, Bessel-corrected.
 
-    From "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models"
-    (Shao et al., 2024):
-
-        A_i = (r_i - mean_g(r)) / (std_g(r) + eps)
-
-    with the unbiased sample std of the sample's group g. With ``scale_rewards=False`` the std
-    division is dropped, ``A_i = r_i - mean_g(r)`` (the Dr. GRPO fix, exposed as an option as TRL
-    does). A group whose rewards are all equal, including a group of size 1, gets exactly 0
-    (:func:`constant_groups`; statistics in float64).
+    ``weights`` (N,) counts each value that many times (REINFORCE++'s token-level whitening:
+    a sequence's advantage weighted by its number of tokens, the Bessel correction over the token
+    count). A batch with no spread (``max - min`` within 4 ulp of its magnitude, see
+    :func:`~mmrl.core.advantages.constant_groups`) whitens to exactly 0; N = 1 gives 0.
     """
-    mean, std, _ = group_stats(rewards, group_ids)
-    centred = as_float_tensor(rewards).to(mean.dtype) - mean
-    adv = centred / (std + eps) if scale_rewards else centred
-    return finalize_advantages(adv, rewards, constant_groups(rewards, group_ids))
-
-
-@register_advantage("dr_grpo")
-def dr_grpo(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6, **_) -> Tensor:
-    """Dr. GRPO advantage: the group mean baseline without std normalisation.
-
-    From "Understanding R1-Zero-Like Training: A Critical Perspective" (Liu et al., 2025), which
-    shows that dividing by the group std up-weights prompts that are too easy or too hard:
-
-        A_i = r_i - mean_g(r)
-
-    An all-equal group gets exactly 0.
-    """
-    mean, _, _ = group_stats(rewards, group_ids)
-    return finalize_advantages(as_float_tensor(rewards).to(mean.dtype) - mean, rewards, constant_groups(rewards, group_ids))
-
-
-@register_advantage("rloo")
-def rloo(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6, **_) -> Tensor:
-    """REINFORCE leave-one-out advantage.
-
-    From "Buy 4 REINFORCE Samples, Get a Baseline for Free!" (Kool et al., 2019) and "Back to
-    Basics: Revisiting REINFORCE Style Optimization for Learning from Human Feedback in LLMs"
-    (Ahmadian et al., 2024). Each sample's baseline is the mean of the *other* samples of its
-    group, which keeps the estimator unbiased:
-
-        A_i = r_i - mean_{j in g, j != i} r_j = n / (n - 1) * (r_i - mean_g(r))
-
-    A group of size 1 has no other sample and gets advantage 0 (verl's loop version gives it
-    ``r``: a lone sample has no baseline, so mmrl gives it no signal); an all-equal group gets
-    exactly 0.
-    """
-    mean, _, count = group_stats(rewards, group_ids)
-    centred = as_float_tensor(rewards).to(mean.dtype) - mean
-    # For n == 1, centred is exactly 0, so clamping the denominator gives 0 rather than inf*0.
-    return finalize_advantages(centred * count / (count - 1).clamp(min=1), rewards, constant_groups(rewards, group_ids))
+    if x.numel() == 0:
+        return x
+    x64 = x.to(torch.float64)
+    w = torch.ones_like(x64) if weights is None else torch.as_tensor(weights, dtype=torch.float64, device=x.device)
+    total = w.sum()
+    centred = x64 - (w * x64).sum() / total.clamp(min=1e-300)
+    std = ((w * centred.pow(2)).sum() / (total - 1).clamp(min=1)).sqrt()
+    flat = constant_groups(x, torch.zeros(x.numel(), dtype=torch.long, device=x.device))
+    return finalize_advantages(centred / (std + eps), x, flat)
 
 
 def compute_advantages(name: str, rewards: Tensor, group_ids: Tensor, **kwargs) -> Tensor:
@@ -194,6 +137,3 @@ def make_advantage_state(name: str) -> EstimatorState | None:
     factory = getattr(ADVANTAGES.get(name), "make_state", None)
     return factory() if factory is not None else None
 
-
-# The zoo imports group_stats/EstimatorState from here, so it is imported last.
-from . import advantage_zoo  # noqa: E402,F401  (registers reinforce_pp, ngrpo, bnpo, ...)

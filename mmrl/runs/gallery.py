@@ -29,17 +29,37 @@ def is_right(task, completion: str, ex: dict, reward: float, best: float) -> boo
     return reward >= 0.5 * best
 
 
-def _picture(task, ex: dict, completion: str) -> Optional[Image.Image]:
+def is_generated_media(completion: Any) -> bool:
+    """A generator's completion: an image, or a clip as a list of frames."""
+    if isinstance(completion, list):
+        return bool(completion) and all(isinstance(f, Image.Image) for f in completion)
+    return isinstance(completion, Image.Image)
+
+
+def _still(completion: Any) -> Image.Image:
+    """One image for a generated completion: the image, or a clip's middle frame."""
+    return completion[len(completion) // 2] if isinstance(completion, list) else completion
+
+
+def _picture(task, ex: dict, completion: Any) -> Optional[Image.Image]:
     try:
         pic = task.visualize(ex, completion)
     except Exception:
         pic = None
+    if pic is None and is_generated_media(completion):
+        pic = _still(completion)
     if pic is None and isinstance(ex.get("image"), Image.Image):
         pic = ex["image"]
     return None if pic is None else pic.convert("RGB")
 
 
-def write_gallery(out_dir: Path, task, completions: Sequence[str], examples: Sequence[dict],
+def _completion_text(completion: Any) -> str:
+    if is_generated_media(completion):
+        return "(a clip of %d frames)" % len(completion) if isinstance(completion, list) else "(the image above)"
+    return str(completion)
+
+
+def write_gallery(out_dir: Path, task, completions: Sequence[Any], examples: Sequence[dict],
                   rewards: Sequence[float], components: dict[str, Sequence[float]], best: float,
                   limit: int = 16, thumb: int = 224) -> dict[str, Any]:
     """Write the gallery of the first ``limit`` samples; returns ``{"right": k, "shown": n}``."""
@@ -64,9 +84,9 @@ def write_gallery(out_dir: Path, task, completions: Sequence[str], examples: Seq
         cards.append(
             f'<div class="card {"right" if right else "wrong"}">'
             + (f'<img src="{name}">' if name else "")
-            + f"<p><b>{html.escape(str(ex.get('question', '')))}</b></p>"
+            + f"<p><b>{html.escape(str(ex.get('question', ex.get('prompt', ''))))}</b></p>"
             + f"<p>truth: {html.escape(str(ex.get('answer', '')))}</p>"
-            + f"<pre>{html.escape(completion)}</pre>"
+            + f"<pre>{html.escape(_completion_text(completion))}</pre>"
             + f"<p>reward {reward:.2f} ({html.escape(scores)})</p></div>"
         )
     (out_dir / "index.html").write_text(
@@ -88,6 +108,24 @@ def write_gallery(out_dir: Path, task, completions: Sequence[str], examples: Seq
     return summary
 
 
+def save_samples_grid(path: Path, task, completions: Sequence[Any], examples: Sequence[dict],
+                      rewards: Sequence[float]) -> Path:
+    """The before/after look at a run: generated images (clips: their middle frame) captioned with
+    their prompts, or for text answers the task's pictures (boxes drawn) captioned with the answer."""
+    if completions and is_generated_media(completions[0]):
+        images = [_still(c) for c in completions]
+        captions = [str(task.prompt(ex)) for ex in examples]  # a generator task's prompt is its text
+        return save_image_grid(path, images, captions, rewards)
+    pictures, captions, scores = [], [], []
+    for c, ex, r in zip(completions, examples, rewards):
+        pic = _picture(task, ex, c)
+        if pic is not None:
+            pictures.append(pic)
+            captions.append(str(c).replace("\n", " ")[-34:])
+            scores.append(r)
+    return save_image_grid(path, pictures, captions, scores, columns=4, cell=192) if pictures else Path(path)
+
+
 def save_image_grid(path: Path, images: Sequence[Image.Image], captions: Sequence[str],
                     rewards: Sequence[float], columns: int = 8, cell: int = 128) -> Path:
     """A PNG contact sheet of generated images (upscaled to ``cell`` px, nearest-neighbour so
@@ -97,14 +135,17 @@ def save_image_grid(path: Path, images: Sequence[Image.Image], captions: Sequenc
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    images = [im[len(im) // 2] if isinstance(im, list) else im for im in images]  # a clip: its middle frame
+    images = [_still(im) for im in images]
     rows = max(1, math.ceil(len(images) / columns))
     label = 28
     sheet = Image.new("RGB", (columns * cell, rows * (cell + label)), (255, 255, 255))
     draw = ImageDraw.Draw(sheet)
     for i, (image, caption, reward) in enumerate(zip(images, captions, rewards)):
         x, y = (i % columns) * cell, (i // columns) * (cell + label)
-        sheet.paste(image.convert("RGB").resize((cell, cell), resample=Image.NEAREST), (x, y))
+        image = image.convert("RGB")
+        scale = cell / max(image.size)
+        size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+        sheet.paste(image.resize(size, resample=Image.NEAREST), (x, y))
         text = str(caption)
         draw.text((x + 2, y + cell + 1), text[:22], fill=(0, 0, 0))
         draw.text((x + 2, y + cell + 13), f"{text[22:34]} r={reward:.2f}", fill=(0, 0, 0))

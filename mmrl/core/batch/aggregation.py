@@ -13,7 +13,7 @@ from typing import Mapping
 import torch
 from torch import Tensor
 
-from .advantages import group_stats
+from ..advantages import constant_groups, group_stats
 
 __all__ = ["AGGREGATION_MODES", "aggregate_rewards"]
 
@@ -21,14 +21,11 @@ AGGREGATION_MODES = ("weighted_sum", "zscore", "group_zscore")
 
 
 def _standardise(x: Tensor, ids: Tensor, eps: float) -> Tensor:
-    """``(x - mean) / (std + eps)`` within each id (unbiased std); a constant set gives exactly 0."""
+    """``(x - mean) / (std + eps)`` within each id (unbiased std, float64 statistics); a constant
+    set gives exactly 0 (the advantages' constant-group rule)."""
     mean, std, _ = group_stats(x, ids)
-    _, inverse = torch.unique(ids, return_inverse=True)
-    n = int(inverse.max()) + 1 if inverse.numel() else 0
-    hi = torch.full((n,), -torch.inf, dtype=x.dtype, device=x.device).scatter_reduce(0, inverse, x, "amax")
-    lo = torch.full((n,), torch.inf, dtype=x.dtype, device=x.device).scatter_reduce(0, inverse, x, "amin")
-    constant = (hi == lo)[inverse]
-    return torch.where(constant, torch.zeros_like(x), (x - mean) / (std + eps))
+    z = (x.to(mean.dtype) - mean) / (std + eps)
+    return torch.where(constant_groups(x, ids), torch.zeros_like(z), z).to(x.dtype)
 
 
 def aggregate_rewards(

@@ -20,12 +20,9 @@ from typing import Any, Sequence
 
 import torch
 
-from ..registry import SAMPLERS, register_sampler
+from mmrl.registry import PROMPT_SAMPLERS, register_sampler
 
-
-def step_seed(seed: int, step: int, salt: int = 0) -> int:
-    """A well-mixed 63-bit seed for (run seed, step, purpose)."""
-    return (seed * 0x9E3779B97F4A7C15 + step * 0xBF58476D1CE4E5B9 + salt * 0x94D049BB133111EB) % (1 << 63)
+from ..seeding import step_seed
 
 
 class PromptSampler:
@@ -281,7 +278,7 @@ class DUMPSampler(PromptSampler):
 
 
 def make_sampler(name: str, sizes: dict[str, int], batch: int, seed: int, **kwargs: Any) -> PromptSampler:
-    cls = SAMPLERS.get(name)  # unknown names raise, listing the registered samplers
+    cls = PROMPT_SAMPLERS.get(name, "data.sampler")  # unknown names raise, listing the registered samplers
     try:
         return cls(sizes, batch, seed, **kwargs)
     except TypeError as exc:

@@ -26,7 +26,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from .rollouts import Rollouts
+from ..rollouts import Rollouts
 from .selection import group_has_variance
 
 Regenerate = Callable[[Sequence[dict], int], Rollouts]

@@ -1,0 +1,59 @@
+"""Loading a Qwen-VL-family checkpoint from a local directory (never from a hub)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .processing import VLMProcessor
+
+# LoRA targets when model.lora.target_modules is unset: the language model's attention and MLP.
+VLM_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def resolve_model_path(path: str) -> Path:
+    """``"tiny"`` is the built-in tiny Qwen2.5-VL; anything else must be a local directory."""
+    if path == "tiny":
+        from mmrl.assets import asset_path
+
+        p = asset_path("tiny-qwen2.5-vl")
+        if not (p / "config.json").exists():
+            raise FileNotFoundError(
+                f"the built-in tiny model is missing at {p}; rebuild it with `mmrl build-tiny vlm`"
+            )
+        return p
+    p = Path(path).expanduser()
+    if not (p / "config.json").exists():
+        raise FileNotFoundError(
+            f"model.path={path!r} is not a local checkpoint directory (no config.json there). "
+            "mmrl never downloads weights: download the checkpoint first and pass its directory, "
+            "or use model.path=tiny for the built-in model."
+        )
+    return p
+
+
+def load_vlm(path: str, device: torch.device, dtype: torch.dtype = torch.float32,
+             attn_implementation: str | None = None, min_pixels: int | None = None,
+             max_pixels: int | None = None):
+    """Model (weights in ``dtype``) and :class:`VLMProcessor` with the given image budget."""
+    from transformers import AutoModelForImageTextToText
+
+    where = resolve_model_path(path)
+    kwargs: dict[str, Any] = {"dtype": dtype}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    model = AutoModelForImageTextToText.from_pretrained(str(where), **kwargs).to(device)
+    processor = VLMProcessor.from_pretrained(where, min_pixels, max_pixels)
+    return model, processor
+
+
+def vision_tower(model) -> torch.nn.Module | None:
+    """The vision encoder of a Qwen-VL-family model (its attribute moved between versions)."""
+    for owner in (getattr(model, "model", None), model):
+        for name in ("visual", "vision_tower", "vision_model"):
+            module = getattr(owner, name, None) if owner is not None else None
+            if isinstance(module, torch.nn.Module):
+                return module
+    return None
