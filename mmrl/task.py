@@ -50,6 +50,14 @@ class Task:
     def option_names(self) -> list[str]:
         return list(self.default_options())
 
+    def bool_option(self, name: str) -> bool:
+        """``options[name]``, which must be a real bool: a string "false" from a hand-edited
+        config is truthy and would silently keep the default behaviour (e.g. ``thinking``)."""
+        value = self.options[name]
+        if not isinstance(value, bool):
+            raise ValueError(f"{self.name}: option {name} must be true or false, got {value!r}")
+        return value
+
     # -- data -----------------------------------------------------------------------------------
     def examples(self, split: str) -> Sequence[dict]:
         """The examples of ``split`` ("train" or "eval"): a sequence supporting len and indexing."""
@@ -132,6 +140,16 @@ class Task:
     def visualize(self, ex: dict, completion: str):
         """An image to save with a logged rollout (e.g. with boxes drawn); None for none."""
         return None
+
+
+def make_task(name: str, **options: Any) -> Task:
+    """The registered task ``name`` built with ``options`` (its ``task.options``), e.g.
+    ``make_task("counting", query="color")``: how a plugin builds another task (a mixture of
+    tasks, a wrapper) without reaching into the registry. An unknown name raises
+    :class:`mmrl.UnknownNameError` naming the closest registered ones."""
+    from .registry import TASKS
+
+    return TASKS.get(name)(**options)
 
 
 class SyntheticExamples(LazySequence):

@@ -19,11 +19,9 @@ from PIL import Image, ImageDraw
 
 from mmrl import Task, register_task
 from mmrl.data.jsonl import BadRecord
-from mmrl.rewards._parsing import extract_answer
-from mmrl.rewards.relaxed_accuracy import relaxed_correct
-from mmrl.tasks._draw import FOOTER, PRED, TRUE, VIS_SCALE, canvas, draw_box, draw_label
-from mmrl.tasks.counting import check_thinking
-from mmrl.tasks.ocr import bitmap_font
+from mmrl.measures.relaxed import relaxed_correct
+from mmrl.media.draw import FOOTER, PRED, TRUE, VIS_SCALE, bitmap_font, canvas, draw_box, draw_label
+from mmrl.parsing import extract_answer
 
 SPLIT_SEEDS = {"train": 1, "eval": 2}  # distinct seeds: eval examples are never trained on
 KINDS = ("bar", "line")
@@ -147,7 +145,7 @@ class ChartQA(Task):
             raise ValueError(f"chart_qa: need integers 2 <= min_categories <= max_categories <= 10, got {lo!r}, {hi!r}")
         if not isinstance(size, int) or size < MIN_IMAGE_SIZE:
             raise ValueError(f"chart_qa: image_size must be an integer >= {MIN_IMAGE_SIZE}, got {size!r}")
-        thinking = check_thinking("chart_qa", o["thinking"])
+        thinking = self.bool_option("thinking")
         # Instance attributes: the class defaults stay those of the thinking layout. Relaxed
         # accuracy already checks the answer; format only checks the bare layout.
         self.rewards = {"format": 0.5, "relaxed_accuracy": 1.0}

@@ -5,10 +5,10 @@ from __future__ import annotations
 import random
 
 from mmrl import Task, register_task
-from mmrl.data.scenes import COLORS, DEFAULT_GRID, PLURALS, SHAPES, position_word, scene_with_targets
 from mmrl.data.jsonl import BadRecord
-from mmrl.rewards._parsing import answer_correct, extract_answer, parse_number
-from mmrl.tasks._draw import FOOTER, PRED, TRUE, canvas, draw_box, draw_label
+from mmrl.data.scenes import COLORS, DEFAULT_GRID, SHAPES, noun_phrase, position_word, scene_with_targets
+from mmrl.media.draw import FOOTER, PRED, TRUE, canvas, draw_box, draw_label
+from mmrl.parsing import answer_correct, extract_answer, parse_number
 
 QUERIES = ("color", "shape", "color_shape")
 SPLIT_SEEDS = {"train": 1, "eval": 2}  # distinct seeds: eval examples are never trained on
@@ -18,22 +18,6 @@ FORMAT_INSTRUCTION = "Answer with <think>...</think><answer>number</answer>."
 ANSWER_ONLY_INSTRUCTION = "Answer with <answer>number</answer>."
 # position_word's names of the 3x3 regions in reading order, so hints list regions stably.
 REGIONS = ("top left", "top", "top right", "left", "center", "right", "bottom left", "bottom", "bottom right")
-
-
-def noun_phrase(color: str | None, shape: str | None, count: int) -> str:
-    """ "red circle" / "red circles" / "red shapes" / "circles", pluralised for ``count``."""
-    noun = shape if shape is not None else "shape"
-    if count != 1:
-        noun = PLURALS.get(noun, noun + "s")
-    return f"{color} {noun}" if color is not None else noun
-
-
-def check_thinking(task: str, value) -> bool:
-    """``thinking`` must be a real bool: a string "false" from a hand-edited config is truthy and
-    would silently keep the thinking prompt."""
-    if not isinstance(value, bool):
-        raise ValueError(f"{task}: option thinking must be true or false, got {value!r}")
-    return value
 
 
 def matches_query(obj: dict, query: dict) -> bool:
@@ -91,7 +75,7 @@ class Counting(Task):
                 f"counting: max_count + max_distractors must be within 0..{DEFAULT_GRID ** 2} "
                 f"(one object per grid cell), got {most}"
             )
-        if not check_thinking("counting", self.options["thinking"]):
+        if not self.bool_option("thinking"):
             # Instance attributes: the class defaults stay those of the thinking layout.
             self.rewards = {"equality": 1.0}
             self.reward_kwargs = {}

@@ -5,12 +5,12 @@ from __future__ import annotations
 import random
 
 from mmrl import Task, register_task
-from mmrl.data.scenes import position_word, random_scene
 from mmrl.data.jsonl import BadRecord
-from mmrl.media.coords import Frame, convert_box, pixels_to_prediction, prediction_to_pixels
-from mmrl.rewards._parsing import box_iou, extract_answer, parse_box
-from mmrl.tasks._draw import PRED, TRUE, canvas, draw_box
-from mmrl.tasks.counting import check_thinking
+from mmrl.data.scenes import position_word, random_scene
+from mmrl.measures.boxes import answer_box, answer_iou
+from mmrl.media.coords import Frame, convert_box, pixels_to_prediction
+from mmrl.media.draw import PRED, TRUE, canvas, draw_box
+from mmrl.parsing import parse_box
 
 SPLIT_SEEDS = {"train": 1, "eval": 2}  # distinct seeds: eval examples are never trained on
 # Kept short on purpose: the tiny model's 1k-token vocabulary is trained on these texts.
@@ -75,7 +75,7 @@ class Grounding(Task):
         lo, hi = self.options["min_objects"], self.options["max_objects"]
         if not 1 <= lo <= hi <= 12:  # 4 colours x 3 shapes distinct pairs
             raise ValueError(f"grounding: need 1 <= min_objects <= max_objects <= 12, got {lo}, {hi}")
-        if not check_thinking("grounding", self.options["thinking"]):
+        if not self.bool_option("thinking"):
             # Instance attributes: the class defaults stay those of the thinking layout. IoU is
             # already graded, so no equality reward here; format only checks the bare layout.
             self.rewards = {"format": 0.5, "iou": 1.0}
@@ -124,15 +124,9 @@ class Grounding(Task):
         what = f"Look for the {t['color']} {t['shape']}." if t else "Find what the sentence names."
         return [what, f"Look at: {where}.", f"The box is {format_box(round(v) for v in pixels_to_prediction(ex['box'], ex))}."]
 
-    @staticmethod
-    def _iou(completion: str, ex: dict):
-        answer = extract_answer(completion)
-        box = parse_box(answer) if answer is not None else None
-        return None if box is None else box_iou(prediction_to_pixels(box, ex), ex["box"])
-
     def metrics(self, completions, examples) -> dict[str, float]:
         """accuracy: IoU >= 0.5; mean_iou counts unparsable answers as 0."""
-        ious = [self._iou(c, ex) for c, ex in zip(completions, examples)]
+        ious = [answer_iou(c, ex) for c, ex in zip(completions, examples)]
         n = max(1, len(ious))
         return {
             "accuracy": sum(1.0 for v in ious if v is not None and v >= 0.5) / n,
@@ -144,9 +138,7 @@ class Grounding(Task):
         """The image upscaled, true box in green, predicted box (if parsable) in red."""
         image, draw = canvas(ex["image"])
         draw_box(draw, ex["box"], TRUE)
-        answer = extract_answer(completion)
-        pred = parse_box(answer) if answer is not None else None
-        pred = prediction_to_pixels(pred, ex) if pred is not None else None
+        pred = answer_box(completion, ex)
         if pred is not None:
             draw_box(draw, pred, PRED)
         return image

@@ -14,10 +14,9 @@ import random
 
 from mmrl import SyntheticExamples, Task, register_task
 from mmrl.data.jsonl import BadRecord, JsonlExamples
-from mmrl.data.sequence import LazySequence
 from mmrl.data.scenes import random_scene
-from mmrl.rewards._parsing import answer_correct, extract_answer
-from mmrl.tasks.counting import check_thinking
+from mmrl.data.sequence import LazySequence
+from mmrl.parsing import answer_correct, extract_answer
 
 SPLIT_SEEDS = {"train": 21, "eval": 22}
 FORMAT_INSTRUCTION = "Answer with <think>...</think><answer>answer</answer>."
@@ -58,10 +57,9 @@ class VQA(Task):
 
     def __init__(self, **options):
         super().__init__(**options)
-        if not isinstance(self.options["labels"], bool):
-            raise ValueError(f"vqa: labels must be true or false, got {self.options['labels']!r}")
-        thinking = check_thinking("vqa", self.options["thinking"])
-        if not self.options["labels"]:
+        labels = self.bool_option("labels")
+        thinking = self.bool_option("thinking")
+        if not labels:
             self.rewards = dict(LABEL_FREE_REWARDS)
         if not thinking:
             self.reward_kwargs = {"format": {"mode": "answer_only"}}

@@ -16,6 +16,7 @@ import logging
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from .images import load_image
 from .sequence import LazySequence
 
 log = logging.getLogger(__name__)
@@ -25,15 +26,6 @@ Parse = Callable[[dict], Optional[dict]]
 
 class BadRecord(ValueError):
     """Raised by a ``parse`` function for a record it cannot use; the message says why."""
-
-
-def load_image(path: Path):
-    """An RGB PIL image, fully decoded now (so a truncated file fails here, not later)."""
-    from PIL import Image
-
-    with Image.open(path) as im:
-        im.load()
-        return im.convert("RGB")
 
 
 class JsonlExamples(LazySequence):

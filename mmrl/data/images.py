@@ -1,0 +1,86 @@
+"""Image files: decoding, finding the images of a folder, and a lazy sequence of them.
+
+A pile of unlabelled or class-foldered images is the data of several tasks (classification
+folders, the self-supervised rotation / jigsaw tasks), and one unreadable file must not stop a
+run: :class:`ImageFiles` counts it, warns once, and returns the next image instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from .sequence import LazySequence
+
+log = logging.getLogger(__name__)
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp")
+
+
+def load_image(path: Path):
+    """An RGB PIL image, fully decoded now (so a truncated file fails here, not later)."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        im.load()
+        return im.convert("RGB")
+
+
+def find_images(folder: str | Path, extensions: Sequence[str] = IMAGE_EXTENSIONS) -> list[Path]:
+    """Image files under ``folder`` (recursive, by extension, case-insensitive), sorted by path;
+    hidden files and folders (a name starting with ".") are left out."""
+    folder = Path(folder).expanduser()
+    exts = {e.lower() for e in extensions}
+    found = []
+    for p in folder.rglob("*"):
+        rel = p.relative_to(folder)
+        if any(part.startswith(".") for part in rel.parts):
+            continue
+        if p.suffix.lower() in exts and p.is_file():
+            found.append(p)
+    return sorted(found, key=lambda p: p.relative_to(folder).as_posix())
+
+
+class ImageFiles(LazySequence):
+    """Images from a list of files, opened (and resized to ``size`` x ``size`` when ``size``) on
+    access. Item i is ``{"image": PIL RGB, "image_path": str, "image_size": (w, h), **meta[i]}``.
+
+    An unreadable file is counted in ``bad_images`` (path -> error, warned once) and the next file
+    is returned instead, deterministically, so indexing never raises for bad data (only when no
+    file at all can be opened)."""
+
+    def __init__(self, paths: Sequence[str | Path], meta: Optional[Sequence[dict]] = None,
+                 size: Optional[int] = None, name: str = "images"):
+        self.paths = [Path(p) for p in paths]
+        if not self.paths:
+            raise ValueError(f"{name}: no image files")
+        self.meta = list(meta) if meta is not None else [{} for _ in self.paths]
+        if len(self.meta) != len(self.paths):
+            raise ValueError(f"{name}: {len(self.meta)} meta entries for {len(self.paths)} files")
+        self.size = size
+        self.name = name
+        self.bad_images: dict[str, str] = {}
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def item(self, i: int) -> dict:
+        n = len(self)
+        for k in range(n):
+            j = (i + k) % n
+            path = self.paths[j]
+            try:
+                image = load_image(path)
+            except Exception as exc:  # PIL raises many types for corrupt files
+                if str(path) not in self.bad_images:
+                    self.bad_images[str(path)] = f"{type(exc).__name__}: {exc}"
+                    log.warning("%s: cannot open image %s (%s); using the next one", self.name, path, exc)
+                continue
+            if self.size:
+                image = image.resize((self.size, self.size))
+            return {**self.meta[j], "image": image, "image_path": str(path), "image_size": image.size}
+        raise ValueError(f"{self.name}: no image could be opened (e.g. {next(iter(self.bad_images))})")
+
+    def stats(self) -> dict[str, Any]:
+        return {"examples": len(self), "bad_images": len(self.bad_images)}
