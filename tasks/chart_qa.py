@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from PIL import Image, ImageDraw
 
 from mmrl import Task, register_task
-from mmrl.data.jsonl import BadRecord
+from mmrl.data.records import BadRecord
 from mmrl.measures.relaxed import relaxed_correct
 from mmrl.media.draw import FOOTER, PRED, TRUE, VIS_SCALE, bitmap_font, canvas, draw_box, draw_label
 from mmrl.parsing import extract_answer
@@ -85,13 +85,13 @@ def draw_chart(kind: str, labels, values, size: int, color) -> tuple[Image.Image
 
 
 def parse_record(record: dict) -> dict:
-    """A ChartQA-style JSONL record -> an example: the image path under ``imgname`` or ``image``,
-    the question under ``query`` or ``question``, the answer under ``label`` or ``answer``."""
-    image = next((record[k] for k in ("imgname", "image") if k in record), None)
-    question = next((record[k] for k in ("query", "question") if k in record), None)
-    answer = next((record[k] for k in ("label", "answer") if k in record), None)
-    if not isinstance(image, str) or not image:
-        raise BadRecord("no 'imgname' or 'image' path")
+    """A ChartQA-style record -> an example: the image under ``image`` or ``imgname``, the
+    question under ``question`` or ``query``, the answer under ``answer`` or ``label``."""
+    image = next((record[k] for k in ("image", "imgname") if record.get(k) not in (None, "", [])), None)
+    question = next((record[k] for k in ("question", "query") if k in record), None)
+    answer = next((record[k] for k in ("answer", "label") if k in record), None)
+    if image is None:
+        raise BadRecord("no 'image' or 'imgname'")
     if not isinstance(question, str) or not question.strip():
         raise BadRecord("no 'query' or 'question' string")
     if isinstance(answer, bool) or not isinstance(answer, (str, int, float)) or not str(answer).strip():

@@ -40,7 +40,7 @@ from typing import Any, Optional
 
 from mmrl import SyntheticExamples, Task, register_task
 from mmrl.data.images import IMAGE_EXTENSIONS, ImageFiles, find_images
-from mmrl.data.jsonl import BadRecord, JsonlExamples
+from mmrl.data.records import BadRecord, require_image
 from mmrl.data.scenes import COLORS, SHAPES, SceneObject, render_scene
 from mmrl.data.sequence import LazySequence
 from mmrl.measures.answers import accuracy_score, equality_score
@@ -91,7 +91,7 @@ def image_folder(root: str | Path, classes: Optional[Sequence[str]] = None, size
 
 
 def _label(record: dict) -> str:
-    label = record.get("label")
+    label = record.get("label", record.get("answer"))
     if isinstance(label, bool) or not isinstance(label, (str, int, float)):
         raise BadRecord(f"'label' must be a string or a number, got {label!r}")
     label = str(label).strip()
@@ -227,27 +227,25 @@ class Classification(Task):
             files = image_folder(o[f"{split}_dir"], o["classes"], o["image_size"])
             out = _Labelled(files, files.classes, question, None)
         elif o[f"{split}_path"]:
-            out = self._jsonl(o[f"{split}_path"], question)
+            out = self._from_file(o[f"{split}_path"], question, split)
         else:
             out = SyntheticExamples(self.make, o[f"{split}_size"], SPLIT_SEEDS[split])
         self._cache[split] = out
         return out
 
-    def _jsonl(self, path, question: str) -> _Labelled:
+    def _from_file(self, path, question: str, split: str) -> _Labelled:
         wanted = self.options["classes"]
         seen: set[str] = set()
 
         def parse(record: dict) -> dict:
-            image = record.get("image")
-            if not isinstance(image, str) or not image:
-                raise BadRecord("'image' must be a path")
+            image = require_image(record)
             label = _label(record)
             if wanted is not None and label not in wanted:
                 raise BadRecord(f"label {label!r} is not one of the classes {wanted}")
             seen.add(label)
             return {"image": image, "label": label}
 
-        data = JsonlExamples(path, parse, image_root=self.options["image_root"])
+        data = self.read_examples(path, parse, split)
         return _Labelled(data, wanted or sorted(seen), question, self.options["image_size"])
 
     # -- prompting ------------------------------------------------------------------------------

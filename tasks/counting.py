@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from mmrl import Task, register_task
-from mmrl.data.jsonl import BadRecord
+from mmrl.data.records import BadRecord, require_image
 from mmrl.data.scenes import COLORS, DEFAULT_GRID, SHAPES, noun_phrase, position_word, scene_with_targets
 from mmrl.media.draw import FOOTER, PRED, TRUE, canvas, draw_box, draw_label
 from mmrl.parsing import answer_correct, extract_answer, parse_number
@@ -28,19 +28,18 @@ def matches_query(obj: dict, query: dict) -> bool:
 
 
 def parse_count_record(record: dict) -> dict:
-    """One CLEVR-style counting line: ``image``, ``problem``/``question``, ``solution``/``answer``
+    """One CLEVR-style counting record: ``image``, ``question``/``problem``, ``answer``/``solution``
     (a whole number, possibly inside "<answer>...</answer>")."""
-    if "image" not in record:
-        raise BadRecord("no 'image' key")
-    question = record.get("problem") or record.get("question")
+    image = require_image(record)
+    question = record.get("question") or record.get("problem")
     if not question:
-        raise BadRecord("no 'problem' (or 'question') text")
-    raw = record.get("solution", record.get("answer"))
+        raise BadRecord("no 'question' (or 'problem') text")
+    raw = record.get("answer", record.get("solution"))
     text = extract_answer(str(raw)) if isinstance(raw, str) and "<answer>" in raw else raw
     value = parse_number(str(text)) if text is not None else None
     if value is None or value < 0 or value != int(value):
         raise BadRecord(f"the answer is not a count: {raw!r}")
-    return {"image": record["image"], "question": str(question).strip(), "answer": str(int(value))}
+    return {"image": image, "question": str(question).strip(), "answer": str(int(value))}
 
 
 @register_task("counting")

@@ -23,7 +23,7 @@ import random
 from collections.abc import Sequence
 
 from mmrl import Task, register_task
-from mmrl.data.jsonl import BadRecord
+from mmrl.data.records import BadRecord, require_image
 # place_in_cell: the scenes' one-object-per-28-px-cell placement, reused so detection scenes look
 # exactly like counting's (scene_with_targets cannot take a two-category query).
 from mmrl.data.scenes import (COLORS, DEFAULT_GRID, SHAPES, SceneObject, noun_phrase, place_in_cell,
@@ -31,6 +31,7 @@ from mmrl.data.scenes import (COLORS, DEFAULT_GRID, SHAPES, SceneObject, noun_ph
 from mmrl.measures.detection import answer_boxes, ap50_score, match_boxes, truth_boxes
 from mmrl.media.coords import Frame, convert_box, pixels_to_prediction
 from mmrl.media.draw import FOOTER, PRED, TRUE, canvas, draw_box, draw_label
+from mmrl.parsing import extract_answer, parse_boxes
 
 SPLIT_SEEDS = {"train": 1, "eval": 2}  # distinct seeds: eval examples are never trained on
 # Kept short on purpose: the tiny model's 1k-token vocabulary is trained on these texts.
@@ -71,13 +72,17 @@ def _where(box, image_size) -> str:
 
 
 def _parse_record(record: dict, box_space: str) -> dict:
-    """One JSONL line -> an example with boxes still in the file's space (``source_boxes``)."""
-    image, problem = record.get("image"), record.get("problem")
-    if not isinstance(image, str) or not image:
-        raise BadRecord("'image' must be a non-empty path")
+    """One record -> an example with boxes still in the file's space (``source_boxes``). The boxes
+    are ``boxes``, or read from an ``answer`` text ("[[x1, y1, x2, y2], ...]", e.g. the assistant
+    turn of a ``conversations`` record)."""
+    image = require_image(record)
+    problem = record.get("question", record.get("problem"))
     if not isinstance(problem, str) or not problem.strip():
-        raise BadRecord("'problem' must be a non-empty string")
+        raise BadRecord("'question' (or 'problem') must be a non-empty string")
     boxes = record.get("boxes")
+    if boxes is None and isinstance(record.get("answer"), str):
+        parsed = parse_boxes(extract_answer(record["answer"]) or record["answer"])
+        boxes = [list(b) for b in parsed] if parsed is not None else None
     if not isinstance(boxes, list):
         raise BadRecord("'boxes' must be a list of [x1, y1, x2, y2] boxes (possibly empty)")
     limit = _SPACE_LIMIT.get(box_space)

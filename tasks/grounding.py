@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from mmrl import Task, register_task
-from mmrl.data.jsonl import BadRecord
+from mmrl.data.records import BadRecord, require_image
 from mmrl.data.scenes import position_word, random_scene
 from mmrl.measures.boxes import answer_box, answer_iou
 from mmrl.media.coords import Frame, convert_box, pixels_to_prediction
@@ -24,18 +24,18 @@ def format_box(box) -> str:
 
 
 def parse_rec_record(record: dict) -> dict:
-    """One VLM-R1 / RefCOCO-style REC line: ``image``, ``problem`` (or ``question`` /
-    ``normal_caption``), ``solution`` (a box as a list, or text such as "<answer>[..]</answer>")."""
-    if "image" not in record:
-        raise BadRecord("no 'image' key")
-    question = record.get("problem") or record.get("question") or record.get("normal_caption")
+    """One VLM-R1 / RefCOCO-style REC record: ``image``, ``question`` (or ``problem`` /
+    ``normal_caption``), ``answer`` (or ``solution`` / ``box``: a box as a list, or text such as
+    "<answer>[..]</answer>"). VLM-R1's ``conversations`` layout gives question and answer."""
+    image = require_image(record)
+    question = record.get("question") or record.get("problem") or record.get("normal_caption")
     if not question:
-        raise BadRecord("no 'problem' (or 'question' / 'normal_caption') text")
-    solution = record.get("solution", record.get("box"))
+        raise BadRecord("no 'question' (or 'problem' / 'normal_caption') text")
+    solution = next((record[k] for k in ("answer", "solution", "box") if record.get(k) is not None), None)
     box = tuple(float(v) for v in solution) if isinstance(solution, (list, tuple)) else parse_box(str(solution))
     if box is None or len(box) != 4:
-        raise BadRecord(f"'solution' is not a box: {solution!r}")
-    return {"image": record["image"], "question": str(question).strip(), "file_box": box}
+        raise BadRecord(f"the answer is not a box: {solution!r}")
+    return {"image": image, "question": str(question).strip(), "file_box": box}
 
 
 def finish_rec_example(ex: dict, box_space: str) -> dict:

@@ -14,7 +14,7 @@ import string
 from PIL import Image, ImageDraw
 
 from mmrl import Task, register_task
-from mmrl.data.jsonl import BadRecord
+from mmrl.data.records import BadRecord, require_image
 from mmrl.measures.text import anls, similarity
 from mmrl.media.draw import FOOTER, PRED, TRUE, VIS_SCALE, bitmap_font, canvas, draw_box, draw_label
 from mmrl.parsing import extract_answer
@@ -55,12 +55,11 @@ def render_text(text: str, size: int, rng: random.Random) -> tuple[Image.Image, 
 
 
 def parse_record(record: dict) -> dict:
-    """A JSONL record ``{"image": path, "text": str, "question"?: str}`` -> an example."""
-    image, text = record.get("image"), record.get("text")
-    if not isinstance(image, str) or not image:
-        raise BadRecord("no 'image' path")
+    """A record ``{"image", "text" (or "answer"), "question"?}`` -> an example."""
+    image = require_image(record)
+    text = record.get("text", record.get("answer"))
     if not isinstance(text, str) or not text.strip():
-        raise BadRecord("no 'text' string (or it is empty)")
+        raise BadRecord("no 'text' (or 'answer') string (or it is empty)")
     question = record.get("question", QUESTION)
     if not isinstance(question, str) or not question.strip():
         raise BadRecord("'question' must be a non-empty string")

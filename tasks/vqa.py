@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 
 from mmrl import SyntheticExamples, Task, register_task
-from mmrl.data.jsonl import BadRecord, JsonlExamples
+from mmrl.data.records import BadRecord, require_image
 from mmrl.data.scenes import random_scene
 from mmrl.data.sequence import LazySequence
 from mmrl.parsing import answer_correct, extract_answer
@@ -25,12 +25,11 @@ LABEL_FREE_REWARDS = {"format": 0.5, "ttrv_agreement": 1.0, "ttrv_low_entropy": 
 
 
 def parse_vqa_record(record: dict) -> dict:
-    if "image" not in record:
-        raise BadRecord("no 'image' key")
+    image = require_image(record)
     question = record.get("question") or record.get("problem")
     if not question:
         raise BadRecord("no 'question' (or 'problem') text")
-    ex = {"image": record["image"], "question": str(question).strip()}
+    ex = {"image": image, "question": str(question).strip()}
     answer = record.get("answer", record.get("solution"))
     if answer is not None:
         ex["answer"] = str(answer).strip()
@@ -76,7 +75,7 @@ class VQA(Task):
             raise ValueError(f"vqa: unknown split {split!r}; valid splits: {sorted(SPLIT_SEEDS)}")
         path = self.options[f"{split}_path"]
         if path:
-            data = JsonlExamples(path, parse_vqa_record, self.options["image_root"])
+            data = self.read_examples(path, parse_vqa_record, split)
         else:
             data = SyntheticExamples(self.make, self.options[f"{split}_size"], SPLIT_SEEDS[split])
         return data if self.options["labels"] else _Unlabelled(data)

@@ -1,4 +1,10 @@
-"""Image files: decoding, finding the images of a folder, and a lazy sequence of them.
+"""Images as datasets give them: decoding, references in records, folders of image files.
+
+A record's image may be a path (relative to an ``image_root``), image bytes (raw, or the
+``{"bytes": ..., "path": ...}`` dict a ``datasets`` ``Image`` feature stores), a PIL image, or a
+list of those (verl / EasyR1 ``images``: single-image tasks use the first). URLs are refused:
+mmrl reads local files only. :func:`image_problem` checks a reference without decoding it (when
+a dataset is indexed), :func:`open_image` decodes it (when an example is used).
 
 A pile of unlabelled or class-foldered images is the data of several tasks (classification
 folders, the self-supervised rotation / jigsaw tasks), and one unreadable file must not stop a
@@ -7,7 +13,9 @@ run: :class:`ImageFiles` counts it, warns once, and returns the next image inste
 
 from __future__ import annotations
 
+import io
 import logging
+import re
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -16,6 +24,7 @@ from .sequence import LazySequence
 log = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp")
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def load_image(path: Path):
@@ -25,6 +34,60 @@ def load_image(path: Path):
     with Image.open(path) as im:
         im.load()
         return im.convert("RGB")
+
+
+def _first(value: Any) -> Any:
+    """The first image of a list of images (single-image tasks), else the value itself."""
+    return value[0] if isinstance(value, (list, tuple)) and value else value
+
+
+def image_problem(value: Any) -> Optional[str]:
+    """Why ``value`` is not an image reference mmrl can open, or None when it is one (nothing is
+    read or decoded here)."""
+    from PIL import Image
+
+    if isinstance(value, (list, tuple)) and not value:
+        return "the list of images is empty"
+    value = _first(value)
+    if isinstance(value, Image.Image):
+        return None
+    if isinstance(value, (bytes, bytearray)):
+        return None if value else "the image bytes are empty"
+    if isinstance(value, dict):
+        if value.get("bytes"):
+            return None
+        if value.get("path"):
+            return image_problem(value["path"])
+        return "an image dict needs 'bytes' or 'path'"
+    if isinstance(value, (str, Path)):
+        text = str(value).strip()
+        if not text:
+            return "the image path is empty"
+        if _URL.match(text):
+            return (f"image {text!r} is a URL; mmrl reads local files only (it downloads nothing): "
+                    "download the images and give their paths, relative to image_root")
+        return None
+    return (f"an image must be a path, image bytes, a {{'bytes', 'path'}} dict or a list of them, "
+            f"got {type(value).__name__}")
+
+
+def open_image(value: Any, root: Path) -> tuple[Any, Optional[Path]]:
+    """The RGB PIL image of a reference (see :func:`image_problem`) and the file it came from
+    (None for embedded bytes); relative paths start at ``root``. Raises when it cannot be read."""
+    from PIL import Image
+
+    value = _first(value)
+    if isinstance(value, Image.Image):
+        return value.convert("RGB"), None
+    if isinstance(value, dict):
+        value = value["bytes"] if value.get("bytes") else value["path"]
+    if isinstance(value, (bytes, bytearray)):
+        with Image.open(io.BytesIO(value)) as im:
+            im.load()
+            return im.convert("RGB"), None
+    path = Path(str(value).strip()).expanduser()
+    path = path if path.is_absolute() else root / path
+    return load_image(path), path
 
 
 def find_images(folder: str | Path, extensions: Sequence[str] = IMAGE_EXTENSIONS) -> list[Path]:
