@@ -9,7 +9,8 @@ name things otherwise, so one mapping, ``task.options.fields``, says where each 
         train_path: data/train.parquet
         fields: {question: problem, answer: solution, image: images}   # task key: file key
 
-A file key may be dotted to reach inside a nested value (``answer: reward_model.ground_truth``).
+A file key may be dotted to reach inside a nested value (``answer: reward_model.ground_truth``);
+a record where it is absent or null is skipped, naming the option.
 The mapping is applied first; then these layouts fill the keys that are still missing:
 
 - VLM-R1 / LLaVA ``conversations``: ``[{"from": "human", "value": "<image>Please ..."},
@@ -68,7 +69,7 @@ def normalize_record(raw: Mapping, fields: Mapping[str, str]) -> dict:
     record = dict(raw)
     for key, source in fields.items():
         value = lookup(raw, source)
-        if value is _MISSING:
+        if value is _MISSING or value is None:  # tables fill a record's absent keys with nulls
             raise FieldError(f"no '{source}' (task.options.fields.{key}); keys: {', '.join(map(str, raw))}")
         record[key] = value
     if "question" not in record or "answer" not in record:

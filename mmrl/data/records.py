@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from .fields import check_fields, normalize_record
+from .fields import FieldError, check_fields, normalize_record
 from .images import image_problem, open_image
 from .sequence import LazySequence
 from .sources import open_records
@@ -89,7 +89,7 @@ class FileExamples(LazySequence):
         """None when the record is usable, else why not."""
         try:
             ex = self._example(raw)
-        except BadRecord as exc:
+        except (BadRecord, FieldError) as exc:
             return str(exc)
         except (KeyError, TypeError, ValueError) as exc:
             return f"{type(exc).__name__}: {exc}"

@@ -303,14 +303,15 @@ def _from_files(files: list[Path], path: Path):
 
 
 def _is_jsonl(path: Path) -> bool:
-    """A ``.json`` file holding one object per line (common for conversation datasets)."""
+    """A ``.json`` file holding one object per line (common for conversation datasets): its first
+    line is a whole JSON object and more text follows."""
     with path.open("rb") as f:
         head = f.read(1 << 16).lstrip()
-    if not head.startswith(b"{"):
+    first, _, rest = head.partition(b"\n")
+    if not first.strip().startswith(b"{") or not rest.strip():
         return False
-    first = head.split(b"\n", 1)[0].strip()
     try:
-        return isinstance(json.loads(first), dict) and len(head.split(b"\n", 1)) > 1
+        return isinstance(json.loads(first), dict)
     except json.JSONDecodeError:
         return False
 
