@@ -121,6 +121,8 @@ def test_folder_of_split_named_parquet_files(tmp_path):
         datasets.Dataset.from_dict(rows, features=IMAGE_FEATURES).to_parquet(str(folder / f"{split}-00000-of-00001.parquet"))
     task = mmrl.make_task("counting", train_path=str(tmp_path / "hub"), eval_path=str(tmp_path / "hub"))
     assert len(task.examples("train")) == 2 and len(task.examples("eval")) == 1
+    glob = mmrl.make_task("counting", train_path=str(folder / "test-*.parquet"), eval_path=str(folder / "*.parquet"))
+    assert len(glob.examples("train")) == 1 and len(glob.examples("eval")) == 1  # split names pick "test"
 
 
 # -- JSON arrays ------------------------------------------------------------------------------------
