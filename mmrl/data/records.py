@@ -120,7 +120,8 @@ class FileExamples(LazySequence):
             if "image_size" not in ex:
                 ex["image_size"] = ex["image"].size
             return self.finish(ex)
-        raise ValueError(f"{self.path}: no image of any example could be opened (e.g. {next(iter(self.bad_images.values()))})")
+        example = next(iter(self.bad_images.items()))
+        raise ValueError(f"{self.path}: no image of any example could be opened (e.g. {example[0]}: {example[1]})")
 
     def stats(self) -> dict[str, Any]:
         """``skipped_lines`` counts the records left out (lines of JSON files, rows of tables)."""
