@@ -4,15 +4,30 @@ Public API for plugins and scripts::
 
     from mmrl import Task, register_task, register_reward, SyntheticExamples, image_prompt
     result = mmrl.train("vlm/counting_tiny", ["train.steps=50"])   # same as `mmrl train vlm`
+
+The modules a plugin may import besides these names are listed in :data:`PUBLIC_MODULES`
+(:mod:`mmrl.public`).
 """
 
 from . import plugins  # noqa: F401  (installs the registries' plugin loader)
 from .api import train
-from .core.policy import Policy, PolicyBase
-from .registry import (load_plugins, register_advantage, register_engine, register_kl_schedule, register_loss,
-                       register_perturbation, register_reward, register_sampler, register_sde_sampler,
-                       register_selection, register_task)
-from .task import SyntheticExamples, Task, image_prompt
+from .core.policy import Policy, PolicyBase, pick_device
+from .public import PUBLIC_MODULES
+from .registry import (
+    UnknownNameError,
+    load_plugins,
+    register_advantage,
+    register_engine,
+    register_kl_schedule,
+    register_loss,
+    register_perturbation,
+    register_reward,
+    register_sampler,
+    register_sde_sampler,
+    register_selection,
+    register_task,
+)
+from .task import SyntheticExamples, Task, image_prompt, make_task
 
 __version__ = "0.1.0"
 
@@ -34,4 +49,8 @@ __all__ = [
     "register_advantage",
     "register_sampler",
     "load_plugins",
+    "make_task",
+    "UnknownNameError",
+    "pick_device",
+    "PUBLIC_MODULES",
 ]

@@ -19,6 +19,11 @@ from typing import Any, Callable, Sequence
 
 from .data.sequence import LazySequence
 
+# Options of every task that reads files (has a ``train_path``): how the file's keys map to the
+# task's (``{question: problem, answer: solution, image: images}``; see mmrl.data.fields) and where
+# relative image paths start (default: the data file's folder).
+FILE_OPTIONS: dict[str, Any] = {"fields": None, "image_root": None}
+
 SYSTEM_FORMAT_HINT = (
     "Think briefly inside <think> </think>, then give the final answer inside <answer> </answer>."
 )
@@ -40,26 +45,49 @@ class Task:
                 f"task {self.name!r} has no option(s) {sorted(unknown)}; "
                 f"valid options: {sorted(self.option_names())}"
             )
-        self.options = {**self.default_options(), **options}
+        self.options = {**self._defaults(), **options}
 
     # -- options --------------------------------------------------------------------------------
     def default_options(self) -> dict[str, Any]:
         """Task-specific options (``task.options.*`` in the config) and their defaults."""
         return {}
 
+    def _defaults(self) -> dict[str, Any]:
+        """``default_options()``, plus :data:`FILE_OPTIONS` for a task that reads files (one with
+        a ``train_path`` option), so every file reader takes the same ``fields``/``image_root``."""
+        defaults = self.default_options()
+        return {**FILE_OPTIONS, **defaults} if "train_path" in defaults else defaults
+
     def option_names(self) -> list[str]:
-        return list(self.default_options())
+        return list(self._defaults())
+
+    def bool_option(self, name: str) -> bool:
+        """``options[name]``, which must be a real bool: a string "false" from a hand-edited
+        config is truthy and would silently keep the default behaviour (e.g. ``thinking``)."""
+        value = self.options[name]
+        if not isinstance(value, bool):
+            raise ValueError(f"{self.name}: option {name} must be true or false, got {value!r}")
+        return value
 
     # -- data -----------------------------------------------------------------------------------
     def examples(self, split: str) -> Sequence[dict]:
         """The examples of ``split`` ("train" or "eval"): a sequence supporting len and indexing."""
         raise NotImplementedError(f"task {self.name!r} must implement examples(split)")
 
+    def read_examples(self, path, parse: Callable[[dict], Any], split: str = "train", **reader_kwargs: Any):
+        """The examples of a data file or folder (JSONL, JSON, parquet, a ``datasets`` directory;
+        see :class:`mmrl.data.records.FileExamples`), read with ``parse`` after the ``fields``
+        option mapped the record's keys, images under the ``image_root`` option."""
+        from .data.records import FileExamples
+
+        return FileExamples(path, parse, self.options.get("image_root"), fields=self.options.get("fields"),
+                            split=split, **reader_kwargs)
+
     def file_or_synthetic(self, split: str, seeds: dict[str, int], parse: Callable[[dict], Any],
                           **reader_kwargs: Any):
-        """The usual ``examples(split)``: the JSONL file ``options["<split>_path"]`` read with
-        ``parse`` (indexed once, then cached; images under ``options["image_root"]``) when it is
-        set, else ``SyntheticExamples(self.make, options["<split>_size"], seeds[split])``."""
+        """The usual ``examples(split)``: the data at ``options["<split>_path"]`` read with
+        ``parse`` (:meth:`read_examples`; indexed once, then cached) when it is set, else
+        ``SyntheticExamples(self.make, options["<split>_size"], seeds[split])``."""
         if split not in seeds:
             raise ValueError(f"{self.name}: unknown split {split!r}; valid splits: {sorted(seeds)}")
         path = self.options.get(f"{split}_path")
@@ -67,9 +95,7 @@ class Task:
             return SyntheticExamples(self.make, self.options[f"{split}_size"], seeds[split])
         cache = self.__dict__.setdefault("_file_splits", {})
         if split not in cache:
-            from .data.jsonl import JsonlExamples
-
-            cache[split] = JsonlExamples(path, parse, self.options.get("image_root"), **reader_kwargs)
+            cache[split] = self.read_examples(path, parse, split, **reader_kwargs)
         return cache[split]
 
     # (with-reasoning, answer-only) instruction appended to ``ex["question"]`` by the default
@@ -151,6 +177,16 @@ class Task:
     def visualize(self, ex: dict, completion: str):
         """An image to save with a logged rollout (e.g. with boxes drawn); None for none."""
         return None
+
+
+def make_task(name: str, **options: Any) -> Task:
+    """The registered task ``name`` built with ``options`` (its ``task.options``), e.g.
+    ``make_task("counting", query="color")``: how a plugin builds another task (a mixture of
+    tasks, a wrapper) without reaching into the registry. An unknown name raises
+    :class:`mmrl.UnknownNameError` naming the closest registered ones."""
+    from .registry import TASKS
+
+    return TASKS.get(name)(**options)
 
 
 class SyntheticExamples(LazySequence):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mmrl import register_reward
-from mmrl.rewards._parsing import answer_correct, extract_answer
+from mmrl.measures.answers import accuracy_score
 
 
 @register_reward("accuracy")
@@ -11,13 +11,9 @@ def accuracy(completions, examples, **ctx) -> list:
     """Exact-answer reward; None when there is no ``<answer>`` block (or no ground truth).
 
     Numeric truths compare as numbers ("2" == "2.0" == "two" == "2 circles"), others as
-    normalised strings; see :func:`mmrl.rewards._parsing.answer_correct`.
+    normalised strings; see :func:`mmrl.measures.answers.accuracy_score`.
     """
     if len(completions) != len(examples):
         raise ValueError(f"accuracy: {len(completions)} completions for {len(examples)} examples")
-    out = []
-    for c, ex in zip(completions, examples):
-        pred = extract_answer(c)
-        truth = ex.get("answer") if isinstance(ex, dict) else None
-        out.append(None if pred is None or truth is None else answer_correct(pred, truth))
-    return out
+    return [accuracy_score(c, ex.get("answer") if isinstance(ex, dict) else None)
+            for c, ex in zip(completions, examples)]

@@ -1,7 +1,7 @@
 """Open-vocabulary detection rewards: a list of boxes in the answer against ``ex["boxes"]``.
 
 The answer is a JSON-style list of boxes inside the ``<answer>`` block (see
-:func:`mmrl.rewards._detection.parse_boxes` for the accepted styles). Predictions are converted
+:func:`mmrl.parsing.parse_boxes` for the accepted styles). Predictions are converted
 from the policy's coordinate space (``ex["pred_space"]``/``ex["frame"]``) to original-image
 pixels, the space of ``ex["boxes"]``, box by box. Examples with only a single ``box`` (grounding)
 are scored as one true box. Every reward returns None where the answer has no parsable box list
@@ -27,7 +27,7 @@ predictions vs truths  det_iou     ap50                   det_criterion
 from __future__ import annotations
 
 from mmrl import register_reward
-from mmrl.rewards._detection import answer_boxes, ap50_score, criterion_score, det_iou_score, truth_boxes
+from mmrl.measures.detection import answer_boxes, ap50_score, criterion_score, det_iou_score, truth_boxes
 
 
 def _score(name, completions, examples, score) -> list:

@@ -7,26 +7,8 @@ reasoning block, and only an exact answer scores.
 
 from __future__ import annotations
 
-import re
-
 from mmrl import register_reward
-from mmrl.rewards.format import _NO_TAG
-
-# The whole stripped completion is one answer block with no think/answer tag inside it.
-_ONE_ANSWER_RE = re.compile(rf"<answer>({_NO_TAG})</answer>", re.DOTALL)
-
-
-def _canonical(text: str) -> str:
-    """Stripped, internal whitespace collapsed to one space, case-folded."""
-    return " ".join(text.split()).casefold()
-
-
-def answer_text(completion: str) -> str:
-    """The content of the answer block when the stripped completion is exactly one such block,
-    else the whole stripped completion (so "2" answers directly, "I think 2" does not equal "2")."""
-    stripped = completion.strip()
-    m = _ONE_ANSWER_RE.fullmatch(stripped)
-    return m.group(1) if m is not None else stripped
+from mmrl.measures.answers import equality_score
 
 
 @register_reward("equality")
@@ -41,11 +23,5 @@ def equality(completions, examples, **ctx) -> list[float]:
     """
     if len(completions) != len(examples):
         raise ValueError(f"equality: {len(completions)} completions for {len(examples)} examples")
-    out = []
-    for c, ex in zip(completions, examples):
-        truth = ex.get("answer") if isinstance(ex, dict) else None
-        if not isinstance(c, str) or truth is None:
-            out.append(0.0)
-            continue
-        out.append(1.0 if _canonical(answer_text(c)) == _canonical(str(truth)) else 0.0)
-    return out
+    return [equality_score(c, ex.get("answer") if isinstance(ex, dict) else None)
+            for c, ex in zip(completions, examples)]

@@ -6,10 +6,7 @@ from __future__ import annotations
 import re
 
 from mmrl import register_reward
-
-# Block contents may not contain another think/answer tag, so "<think>a</think>b</think><answer>"
-# or two answer blocks cannot pass as strict by hiding tags inside a block.
-_NO_TAG = r"(?:(?!</?(?:think|answer)>).)*"
+from mmrl.parsing import NO_TAG as _NO_TAG  # block contents: no think/answer tag inside
 _STRICT_RE = re.compile(rf"<think>{_NO_TAG}</think>\s*<answer>{_NO_TAG}</answer>", re.DOTALL)
 _LENIENT_RE = re.compile(r"<answer>.*?</answer>", re.DOTALL)
 _ANSWER_ONLY_RE = re.compile(rf"<answer>{_NO_TAG}</answer>", re.DOTALL)

@@ -9,8 +9,7 @@ original-image pixels, the space of the example's ``box``, before comparing.
 from __future__ import annotations
 
 from mmrl import register_reward
-from mmrl.media.coords import prediction_to_pixels
-from mmrl.rewards._parsing import box_iou, extract_answer, parse_box
+from mmrl.measures.boxes import answer_iou
 
 
 @register_reward("iou")
@@ -18,10 +17,4 @@ def iou(completions, examples, **ctx) -> list:
     """IoU in [0, 1]; None when there is no answer block or no parsable box in it."""
     if len(completions) != len(examples):
         raise ValueError(f"iou: {len(completions)} completions for {len(examples)} examples")
-    out = []
-    for c, ex in zip(completions, examples):
-        answer = extract_answer(c)
-        box = parse_box(answer) if answer is not None else None
-        truth = ex.get("box") if isinstance(ex, dict) else None
-        out.append(None if box is None or truth is None else box_iou(prediction_to_pixels(box, ex), truth))
-    return out
+    return [answer_iou(c, ex) for c, ex in zip(completions, examples)]

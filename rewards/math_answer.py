@@ -6,21 +6,21 @@ Which checker runs here is fixed at import time and recorded in :data:`USES_MATH
 :data:`CHECKER` (also ``math_answer.uses_math_verify`` / ``math_answer.checker``):
 
 - numbers, fractions, percentages, thousand separators, LaTeX wrappers and multiple-choice
-  letters are always settled by the built-in rules of :mod:`mmrl.rewards._math` (fast, no
-  per-call timeouts), whether or not Math-Verify is installed;
+  letters are always settled by the built-in rules of :mod:`mmrl.measures.math_equivalence`
+  (fast, no per-call timeouts), whether or not Math-Verify is installed;
 - anything else (symbolic expressions, ...) goes to Math-Verify when ``math_verify`` is
   importable, else to the built-in sympy checker (whitelisted input only), else to string
   equality.
 
-See :mod:`mmrl.rewards._math` for the full rule list (including the percent rule and the
-"final form" rule: "3 + 8" does not answer 11).
+See :mod:`mmrl.measures.math_equivalence` for the full rule list (including the percent rule and
+the "final form" rule: "3 + 8" does not answer 11).
 """
 
 from __future__ import annotations
 
 from mmrl import register_reward
-from mmrl.rewards._math import CHECKER, MATH_VERIFY_AVAILABLE, compare
-from mmrl.rewards._parsing import extract_answer
+from mmrl.measures.math_equivalence import CHECKER, MATH_VERIFY_AVAILABLE, compare
+from mmrl.parsing import extract_answer
 
 USES_MATH_VERIFY: bool = MATH_VERIFY_AVAILABLE
 

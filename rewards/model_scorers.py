@@ -13,7 +13,7 @@ called every step, a load costs seconds to minutes.
   (images, prompts) to floats. :func:`register_scorer` adds one; "aesthetic_mlp" is built in.
 - ``vlm_judge``: a mmrl VLM answers "does this image show {prompt}?"; the score is its
   probability of "yes" (the VQAScore recipe of "Evaluating Text-to-Visual Generation with
-  Image-to-Text Generation", Lin et al., 2024).
+  Image-to-Text Generation", Lin et al., 2024), through the public :class:`mmrl.judge.VLMJudge`.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Callable, Sequence
 
 from PIL import Image
 
-from mmrl import register_reward
+from mmrl import pick_device, register_reward
+from mmrl.judge import VLMJudge, resolve_checkpoint
 
 _SCORERS: dict[str, Callable] = {}
 _CACHE: dict[tuple, object] = {}  # loaded models, per (kind, name, path, device)
@@ -45,8 +45,6 @@ def _require_path(path, key: str) -> Path:
 
 
 def _device(device):
-    from mmrl.core.policy import pick_device
-
     return pick_device(str(device))
 
 
@@ -272,62 +270,6 @@ def load_aesthetic_mlp(path: str, device):
 DEFAULT_QUESTION = "Does this image show {prompt}? Answer yes or no."
 
 
-def answer_token_ids(tokenizer, word: str) -> list[int]:
-    """Ids of the single-token spellings of an answer word: ``word``, ``" " + word`` and their
-    capitalised forms. The first answer token follows the chat template's "assistant\\n", so a
-    chat model usually writes "Yes"/"yes" without a space, but a BPE vocabulary may only have the
-    spaced form as one token (or the capitalised one); summing the probability of every
-    single-token spelling counts the answer however the model spells it. Multi-token spellings
-    are skipped: their first piece (e.g. "y") says nothing about yes vs no."""
-    ids = set()
-    for variant in (word, " " + word, word.capitalize(), " " + word.capitalize()):
-        tokens = tokenizer.encode(variant, add_special_tokens=False)
-        if len(tokens) == 1:
-            ids.add(int(tokens[0]))
-    if not ids:
-        raise ValueError(f"vlm_judge: the tokenizer has no single-token spelling of {word!r}")
-    return sorted(ids)
-
-
-class VLMJudge:
-    """A Qwen-VL-family model loaded with mmrl's own helpers (:func:`mmrl.vlm.policy.load_vlm`,
-    :class:`~mmrl.vlm.processing.VLMProcessor`), reading P(yes) at the first answer token."""
-
-    def __init__(self, path: Path, device, dtype: str = "float32"):
-        from mmrl.core.policy import compute_dtype
-        from mmrl.vlm.policy import load_vlm
-
-        self.model, self.processor = load_vlm(str(path), device, compute_dtype(dtype))
-        self.model.eval()
-        self.device = device
-        tok = self.processor.tokenizer
-        self.yes_ids, self.no_ids = answer_token_ids(tok, "yes"), answer_token_ids(tok, "no")
-
-    def __call__(self, images: Sequence[Image.Image], questions: Sequence[str], batch_size: int = 8) -> list[float]:
-        import torch
-
-        from mmrl.task import image_prompt
-        from mmrl.vlm.policy import VLMPolicy
-
-        scores: list[float] = []
-        for start in range(0, len(images), batch_size):
-            texts, pixels = [], []
-            for im, q in zip(images[start:start + batch_size], questions[start:start + batch_size]):
-                messages, ims = VLMPolicy.split_messages(image_prompt(im.convert("RGB"), q))
-                texts.append(self.processor.apply_chat_template(messages))
-                pixels.append(ims)
-            inputs = {k: v.to(self.device) for k, v in self.processor(texts, pixels).items()}
-            with torch.no_grad():
-                logits = self.model(**inputs, use_cache=False, logits_to_keep=1).logits[:, -1].float()
-            # Prompts are left-padded, so the last column is every prompt's next-token position.
-            # P(yes) / (P(yes) + P(no)): the full softmax's normaliser cancels, leaving a sigmoid
-            # of the log-sum-exp difference of the two answers' logits.
-            yes = torch.logsumexp(logits[:, self.yes_ids], dim=-1)
-            no = torch.logsumexp(logits[:, self.no_ids], dim=-1)
-            scores += torch.sigmoid(yes - no).tolist()
-        return scores
-
-
 @register_reward("vlm_judge", check=_check_judge)
 def vlm_judge(completions, examples, path: str | None = None, question: str = DEFAULT_QUESTION,
               device: str = "auto", dtype: str = "float32", batch_size: int = 8, **ctx) -> list:
@@ -337,10 +279,8 @@ def vlm_judge(completions, examples, path: str | None = None, question: str = DE
     key = "task.reward_kwargs.vlm_judge.path"
     if str(path) != "tiny":
         _require_path(path, key)
-    from mmrl.vlm.policy import resolve_model_path
-
     try:
-        where = resolve_model_path(str(path))
+        where = resolve_checkpoint(str(path))
     except FileNotFoundError as exc:
         raise FileNotFoundError(f"{key}={path!r}: {exc}") from None
     valid = _valid(completions, examples, "vlm_judge")

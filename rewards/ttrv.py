@@ -13,8 +13,8 @@ the paper, not a copy of its code:
   ``p(a) = c(a) / K`` and ``H(p) = -sum_a p(a) log p(a)``: 1.0 when all agree, 0.0 when all
   differ. A group of one scores 1.0 (0.0 if its answer is unparsable).
 
-Answers are the last ``<answer>`` block (:func:`mmrl.rewards._parsing.extract_answer`), compared
-after :func:`~mmrl.rewards._parsing.normalize`; a whole-number answer compares as a number ("2",
+Answers are the last ``<answer>`` block (:func:`mmrl.parsing.extract_answer`), compared
+after :func:`~mmrl.parsing.normalize`; a whole-number answer compares as a number ("2",
 "2.0", "two" and "2." agree). An unparsable answer (no block, or an empty one) is not a vote:
 it counts in K, adds to nobody's count, its own agreement is None (scored 0.0 by
 :class:`mmrl.core.rewards.RewardComputer` and counted as unparsable), and for the entropy it is
@@ -42,7 +42,7 @@ from collections.abc import Hashable
 from typing import Optional
 
 from mmrl import register_reward
-from mmrl.rewards._parsing import extract_answer, normalize, parse_exact_number
+from mmrl.parsing import extract_answer, normalize, parse_exact_number
 
 
 def answer_key(completion) -> Optional[Hashable]:

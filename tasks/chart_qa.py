@@ -18,12 +18,10 @@ from collections.abc import Sequence
 from PIL import Image, ImageDraw
 
 from mmrl import Task, register_task
-from mmrl.data.jsonl import BadRecord
-from mmrl.rewards._parsing import extract_answer
-from mmrl.rewards.relaxed_accuracy import relaxed_correct
-from mmrl.tasks._draw import FOOTER, PRED, TRUE, VIS_SCALE, canvas, draw_box, draw_label
-from mmrl.tasks.counting import check_thinking
-from mmrl.tasks.ocr import bitmap_font
+from mmrl.data.records import BadRecord
+from mmrl.measures.relaxed import relaxed_correct
+from mmrl.media.draw import FOOTER, PRED, TRUE, VIS_SCALE, bitmap_font, canvas, draw_box, draw_label
+from mmrl.parsing import extract_answer
 
 SPLIT_SEEDS = {"train": 1, "eval": 2}  # distinct seeds: eval examples are never trained on
 KINDS = ("bar", "line")
@@ -87,13 +85,13 @@ def draw_chart(kind: str, labels, values, size: int, color) -> tuple[Image.Image
 
 
 def parse_record(record: dict) -> dict:
-    """A ChartQA-style JSONL record -> an example: the image path under ``imgname`` or ``image``,
-    the question under ``query`` or ``question``, the answer under ``label`` or ``answer``."""
-    image = next((record[k] for k in ("imgname", "image") if k in record), None)
-    question = next((record[k] for k in ("query", "question") if k in record), None)
-    answer = next((record[k] for k in ("label", "answer") if k in record), None)
-    if not isinstance(image, str) or not image:
-        raise BadRecord("no 'imgname' or 'image' path")
+    """A ChartQA-style record -> an example: the image under ``image`` or ``imgname``, the
+    question under ``question`` or ``query``, the answer under ``answer`` or ``label``."""
+    image = next((record[k] for k in ("image", "imgname") if record.get(k) not in (None, "", [])), None)
+    question = next((record[k] for k in ("question", "query") if k in record), None)
+    answer = next((record[k] for k in ("answer", "label") if k in record), None)
+    if image is None:
+        raise BadRecord("no 'image' or 'imgname'")
     if not isinstance(question, str) or not question.strip():
         raise BadRecord("no 'query' or 'question' string")
     if isinstance(answer, bool) or not isinstance(answer, (str, int, float)) or not str(answer).strip():
@@ -147,7 +145,7 @@ class ChartQA(Task):
             raise ValueError(f"chart_qa: need integers 2 <= min_categories <= max_categories <= 10, got {lo!r}, {hi!r}")
         if not isinstance(size, int) or size < MIN_IMAGE_SIZE:
             raise ValueError(f"chart_qa: image_size must be an integer >= {MIN_IMAGE_SIZE}, got {size!r}")
-        thinking = check_thinking("chart_qa", o["thinking"])
+        thinking = self.bool_option("thinking")
         # Instance attributes: the class defaults stay those of the thinking layout. Relaxed
         # accuracy already checks the answer; format only checks the bare layout.
         self.rewards = {"format": 0.5, "relaxed_accuracy": 1.0}

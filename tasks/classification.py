@@ -18,8 +18,8 @@ Where the images come from, per split (train / eval):
 * ``train_dir`` / ``eval_dir``: an image folder with one subfolder per class (``root/cat/1.jpg``);
   the classes are the sorted subfolder names (or option ``classes``: only those, in that order).
   Images (jpg, jpeg, png, webp) are found recursively inside each class folder and opened on
-  access; an unreadable one is skipped and counted (``examples(split).stats()``), like
-  :class:`mmrl.data.jsonl.JsonlExamples` does.
+  access (:class:`mmrl.data.images.ImageFiles`); an unreadable one is skipped and counted
+  (``examples(split).stats()``).
 * ``train_path`` / ``eval_path``: JSONL, one ``{"image": "a.jpg", "label": "cat"}`` per line, image
   paths relative to ``image_root`` (default: the file's folder). Bad lines are skipped and counted.
   The classes are option ``classes`` (lines with another label are skipped) or, by default, the
@@ -33,24 +33,19 @@ pin the same list for both splits when their folders/files might differ.
 
 from __future__ import annotations
 
-import logging
 import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from mmrl.data.sequence import LazySequence
 from mmrl import SyntheticExamples, Task, register_task
-from mmrl.data.jsonl import BadRecord, JsonlExamples, load_image
+from mmrl.data.images import IMAGE_EXTENSIONS, ImageFiles, find_images
+from mmrl.data.records import BadRecord, require_image
 from mmrl.data.scenes import COLORS, SHAPES, SceneObject, render_scene
-from mmrl.rewards._parsing import extract_answer, normalize
-from mmrl.rewards.accuracy import accuracy as accuracy_reward
-from mmrl.rewards.equality import answer_text
-from mmrl.rewards.equality import equality as equality_reward
-from mmrl.tasks._draw import FOOTER, PRED, TRUE, canvas, draw_box, draw_label
-from mmrl.tasks.counting import check_thinking
-
-log = logging.getLogger(__name__)
+from mmrl.data.sequence import LazySequence
+from mmrl.measures.answers import accuracy_score, equality_score
+from mmrl.media.draw import FOOTER, PRED, TRUE, canvas, draw_box, draw_label
+from mmrl.parsing import answer_text, extract_answer, normalize
 
 LABELS = ("shape", "color")
 SYNTHETIC_CLASSES = {"shape": tuple(SHAPES), "color": tuple(sorted(COLORS))}
@@ -63,68 +58,7 @@ QUESTIONS = {"shape": "Which shape is this?", "color": "Which color is this?", "
 # Planning-tier hints for synthetic shapes: a cue that does not name the answer.
 SHAPE_CUES = {"circle": "It is round, with no corners.", "square": "It has four corners.",
               "triangle": "It has three corners."}
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp")
 OBJECT_FRACTION = (0.45, 0.8)  # side of the synthetic object, as a fraction of the image side
-
-
-# -- image files ---------------------------------------------------------------------------------
-def find_images(folder: str | Path, extensions: Sequence[str] = IMAGE_EXTENSIONS) -> list[Path]:
-    """Image files under ``folder`` (recursive, by extension, case-insensitive), sorted by path;
-    hidden files and folders (a name starting with ".") are left out."""
-    folder = Path(folder).expanduser()
-    exts = {e.lower() for e in extensions}
-    found = []
-    for p in folder.rglob("*"):
-        rel = p.relative_to(folder)
-        if any(part.startswith(".") for part in rel.parts):
-            continue
-        if p.suffix.lower() in exts and p.is_file():
-            found.append(p)
-    return sorted(found, key=lambda p: p.relative_to(folder).as_posix())
-
-
-class ImageFiles(LazySequence):
-    """Images from a list of files, opened (and resized to ``size`` x ``size`` when ``size``) on
-    access. Item i is ``{"image": PIL RGB, "image_path": str, "image_size": (w, h), **meta[i]}``.
-
-    An unreadable file is counted in ``bad_images`` (path -> error, warned once) and the next file
-    is returned instead, deterministically, so indexing never raises for bad data (only when no
-    file at all can be opened)."""
-
-    def __init__(self, paths: Sequence[str | Path], meta: Optional[Sequence[dict]] = None,
-                 size: Optional[int] = None, name: str = "images"):
-        self.paths = [Path(p) for p in paths]
-        if not self.paths:
-            raise ValueError(f"{name}: no image files")
-        self.meta = list(meta) if meta is not None else [{} for _ in self.paths]
-        if len(self.meta) != len(self.paths):
-            raise ValueError(f"{name}: {len(self.meta)} meta entries for {len(self.paths)} files")
-        self.size = size
-        self.name = name
-        self.bad_images: dict[str, str] = {}
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def item(self, i: int) -> dict:
-        n = len(self)
-        for k in range(n):
-            j = (i + k) % n
-            path = self.paths[j]
-            try:
-                image = load_image(path)
-            except Exception as exc:  # PIL raises many types for corrupt files
-                if str(path) not in self.bad_images:
-                    self.bad_images[str(path)] = f"{type(exc).__name__}: {exc}"
-                    log.warning("%s: cannot open image %s (%s); using the next one", self.name, path, exc)
-                continue
-            if self.size:
-                image = image.resize((self.size, self.size))
-            return {**self.meta[j], "image": image, "image_path": str(path), "image_size": image.size}
-        raise ValueError(f"{self.name}: no image could be opened (e.g. {next(iter(self.bad_images))})")
-
-    def stats(self) -> dict[str, Any]:
-        return {"examples": len(self), "bad_images": len(self.bad_images)}
 
 
 def image_folder(root: str | Path, classes: Optional[Sequence[str]] = None, size: Optional[int] = None) -> ImageFiles:
@@ -157,7 +91,7 @@ def image_folder(root: str | Path, classes: Optional[Sequence[str]] = None, size
 
 
 def _label(record: dict) -> str:
-    label = record.get("label")
+    label = record.get("label", record.get("answer"))
     if isinstance(label, bool) or not isinstance(label, (str, int, float)):
         raise BadRecord(f"'label' must be a string or a number, got {label!r}")
     label = str(label).strip()
@@ -246,7 +180,7 @@ class Classification(Task):
                 raise ValueError(
                     f"classification: synthetic {o['label']} classes are {SYNTHETIC_CLASSES[o['label']]}; got {unknown}"
                 )
-        if not check_thinking("classification", o["thinking"]):
+        if not self.bool_option("thinking"):
             # Instance attributes: the class defaults stay those of the thinking layout.
             self.rewards = {"equality": 1.0}
             self.reward_kwargs = {}
@@ -293,27 +227,25 @@ class Classification(Task):
             files = image_folder(o[f"{split}_dir"], o["classes"], o["image_size"])
             out = _Labelled(files, files.classes, question, None)
         elif o[f"{split}_path"]:
-            out = self._jsonl(o[f"{split}_path"], question)
+            out = self._from_file(o[f"{split}_path"], question, split)
         else:
             out = SyntheticExamples(self.make, o[f"{split}_size"], SPLIT_SEEDS[split])
         self._cache[split] = out
         return out
 
-    def _jsonl(self, path, question: str) -> _Labelled:
+    def _from_file(self, path, question: str, split: str) -> _Labelled:
         wanted = self.options["classes"]
         seen: set[str] = set()
 
         def parse(record: dict) -> dict:
-            image = record.get("image")
-            if not isinstance(image, str) or not image:
-                raise BadRecord("'image' must be a path")
+            image = require_image(record)
             label = _label(record)
             if wanted is not None and label not in wanted:
                 raise BadRecord(f"label {label!r} is not one of the classes {wanted}")
             seen.add(label)
             return {"image": image, "label": label}
 
-        data = JsonlExamples(path, parse, image_root=self.options["image_root"])
+        data = self.read_examples(path, parse, split)
         return _Labelled(data, wanted or sorted(seen), question, self.options["image_size"])
 
     # -- prompting ------------------------------------------------------------------------------
@@ -351,8 +283,8 @@ class Classification(Task):
         """Per-sample correctness, exactly as the task's answer reward grades it (accuracy with
         thinking, equality without); unparsable is wrong."""
         if self.options["thinking"]:
-            return [0.0 if s is None else float(s) for s in accuracy_reward(list(completions), list(examples))]
-        return [float(s) for s in equality_reward(list(completions), list(examples))]
+            return [accuracy_score(c, ex.get("answer")) or 0.0 for c, ex in zip(completions, examples)]
+        return [equality_score(c, ex.get("answer")) for c, ex in zip(completions, examples)]
 
     def _prediction(self, completion) -> Optional[str]:
         if not isinstance(completion, str):

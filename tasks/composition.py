@@ -14,11 +14,10 @@ from typing import Sequence
 
 import numpy as np
 
-from mmrl import Task, register_task
+from mmrl import SyntheticExamples, Task, register_task
 from mmrl.data.shapes_t2i import sample_spec, spec_prompt
-from mmrl.task import SyntheticExamples
-
-from ._draw import FOOTER, canvas, draw_label
+from mmrl.measures.composition import composition_checks
+from mmrl.media.draw import FOOTER, canvas, draw_label
 
 
 def is_held_out(prompt: str, every: int = 5) -> bool:
@@ -59,8 +58,6 @@ class Composition(Task):
 
     def metrics(self, completions: Sequence, examples: Sequence[dict]) -> dict[str, float]:
         """GenEval-style accuracy (every check passed) and the pass rate of each kind of check."""
-        from mmrl.rewards.composition import composition_checks
-
         strict, kinds = [], {}
         for image, ex in zip(completions, examples):
             checks = composition_checks(image, ex["spec"])

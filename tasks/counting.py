@@ -5,10 +5,10 @@ from __future__ import annotations
 import random
 
 from mmrl import Task, register_task
-from mmrl.data.scenes import COLORS, DEFAULT_GRID, PLURALS, SHAPES, position_word, scene_with_targets
-from mmrl.data.jsonl import BadRecord
-from mmrl.rewards._parsing import answer_correct, extract_answer, parse_number
-from mmrl.tasks._draw import FOOTER, PRED, TRUE, canvas, draw_box, draw_label
+from mmrl.data.records import BadRecord, require_image
+from mmrl.data.scenes import COLORS, DEFAULT_GRID, SHAPES, noun_phrase, position_word, scene_with_targets
+from mmrl.media.draw import FOOTER, PRED, TRUE, canvas, draw_box, draw_label
+from mmrl.parsing import answer_correct, extract_answer, parse_number
 
 QUERIES = ("color", "shape", "color_shape")
 SPLIT_SEEDS = {"train": 1, "eval": 2}  # distinct seeds: eval examples are never trained on
@@ -20,22 +20,6 @@ ANSWER_ONLY_INSTRUCTION = "Answer with <answer>number</answer>."
 REGIONS = ("top left", "top", "top right", "left", "center", "right", "bottom left", "bottom", "bottom right")
 
 
-def noun_phrase(color: str | None, shape: str | None, count: int) -> str:
-    """ "red circle" / "red circles" / "red shapes" / "circles", pluralised for ``count``."""
-    noun = shape if shape is not None else "shape"
-    if count != 1:
-        noun = PLURALS.get(noun, noun + "s")
-    return f"{color} {noun}" if color is not None else noun
-
-
-def check_thinking(task: str, value) -> bool:
-    """``thinking`` must be a real bool: a string "false" from a hand-edited config is truthy and
-    would silently keep the thinking prompt."""
-    if not isinstance(value, bool):
-        raise ValueError(f"{task}: option thinking must be true or false, got {value!r}")
-    return value
-
-
 def matches_query(obj: dict, query: dict) -> bool:
     """Does a scene object (as a dict) fit the query? None means "any" for that attribute."""
     return (query["color"] is None or obj["color"] == query["color"]) and (
@@ -44,19 +28,18 @@ def matches_query(obj: dict, query: dict) -> bool:
 
 
 def parse_count_record(record: dict) -> dict:
-    """One CLEVR-style counting line: ``image``, ``problem``/``question``, ``solution``/``answer``
+    """One CLEVR-style counting record: ``image``, ``question``/``problem``, ``answer``/``solution``
     (a whole number, possibly inside "<answer>...</answer>")."""
-    if "image" not in record:
-        raise BadRecord("no 'image' key")
-    question = record.get("problem") or record.get("question")
+    image = require_image(record)
+    question = record.get("question") or record.get("problem")
     if not question:
-        raise BadRecord("no 'problem' (or 'question') text")
-    raw = record.get("solution", record.get("answer"))
+        raise BadRecord("no 'question' (or 'problem') text")
+    raw = record.get("answer", record.get("solution"))
     text = extract_answer(str(raw)) if isinstance(raw, str) and "<answer>" in raw else raw
     value = parse_number(str(text)) if text is not None else None
     if value is None or value < 0 or value != int(value):
         raise BadRecord(f"the answer is not a count: {raw!r}")
-    return {"image": record["image"], "question": str(question).strip(), "answer": str(int(value))}
+    return {"image": image, "question": str(question).strip(), "answer": str(int(value))}
 
 
 @register_task("counting")
@@ -91,7 +74,7 @@ class Counting(Task):
                 f"counting: max_count + max_distractors must be within 0..{DEFAULT_GRID ** 2} "
                 f"(one object per grid cell), got {most}"
             )
-        if not check_thinking("counting", self.options["thinking"]):
+        if not self.bool_option("thinking"):
             # Instance attributes: the class defaults stay those of the thinking layout.
             self.rewards = {"equality": 1.0}
             self.reward_kwargs = {}

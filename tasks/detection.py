@@ -23,14 +23,15 @@ import random
 from collections.abc import Sequence
 
 from mmrl import Task, register_task
-from mmrl.data.jsonl import BadRecord
-# _place: the scenes' one-object-per-28-px-cell placement, reused so detection scenes look exactly
-# like counting's (scene_with_targets cannot take a two-category query).
-from mmrl.data.scenes import COLORS, DEFAULT_GRID, SHAPES, SceneObject, _place, position_word, render_scene
+from mmrl.data.records import BadRecord, require_image
+# place_in_cell: the scenes' one-object-per-28-px-cell placement, reused so detection scenes look
+# exactly like counting's (scene_with_targets cannot take a two-category query).
+from mmrl.data.scenes import (COLORS, DEFAULT_GRID, SHAPES, SceneObject, noun_phrase, place_in_cell,
+                              position_word, render_scene)
+from mmrl.measures.detection import answer_boxes, ap50_score, match_boxes, truth_boxes
 from mmrl.media.coords import Frame, convert_box, pixels_to_prediction
-from mmrl.rewards._detection import answer_boxes, ap50_score, match_boxes, truth_boxes
-from mmrl.tasks._draw import FOOTER, PRED, TRUE, canvas, draw_box, draw_label
-from mmrl.tasks.counting import check_thinking, noun_phrase
+from mmrl.media.draw import FOOTER, PRED, TRUE, canvas, draw_box, draw_label
+from mmrl.parsing import extract_answer, parse_boxes
 
 SPLIT_SEEDS = {"train": 1, "eval": 2}  # distinct seeds: eval examples are never trained on
 # Kept short on purpose: the tiny model's 1k-token vocabulary is trained on these texts.
@@ -71,13 +72,17 @@ def _where(box, image_size) -> str:
 
 
 def _parse_record(record: dict, box_space: str) -> dict:
-    """One JSONL line -> an example with boxes still in the file's space (``source_boxes``)."""
-    image, problem = record.get("image"), record.get("problem")
-    if not isinstance(image, str) or not image:
-        raise BadRecord("'image' must be a non-empty path")
+    """One record -> an example with boxes still in the file's space (``source_boxes``). The boxes
+    are ``boxes``, or read from an ``answer`` text ("[[x1, y1, x2, y2], ...]", e.g. the assistant
+    turn of a ``conversations`` record)."""
+    image = require_image(record)
+    problem = record.get("question", record.get("problem"))
     if not isinstance(problem, str) or not problem.strip():
-        raise BadRecord("'problem' must be a non-empty string")
+        raise BadRecord("'question' (or 'problem') must be a non-empty string")
     boxes = record.get("boxes")
+    if boxes is None and isinstance(record.get("answer"), str):
+        parsed = parse_boxes(extract_answer(record["answer"]) or record["answer"])
+        boxes = [list(b) for b in parsed] if parsed is not None else None
     if not isinstance(boxes, list):
         raise BadRecord("'boxes' must be a list of [x1, y1, x2, y2] boxes (possibly empty)")
     limit = _SPACE_LIMIT.get(box_space)
@@ -143,7 +148,7 @@ class Detection(Task):
             )
         if o["box_space"] not in BOX_SPACES:
             raise ValueError(f"detection: box_space must be one of {BOX_SPACES}, got {o['box_space']!r}")
-        if not check_thinking("detection", o["thinking"]):
+        if not self.bool_option("thinking"):
             # Instance attributes: the class defaults stay those of the thinking layout.
             self.rewards = {"format": 0.5, "det_iou": 1.0}
             self.reward_kwargs = {"format": {"mode": "answer_only"}}
@@ -169,7 +174,7 @@ class Detection(Task):
             chosen.append(rng.choice([p for p in pairs if _matches(p, category)]))
         chosen += [rng.choice(others) for _ in range(n - k)]
         cells = rng.sample(range(DEFAULT_GRID**2), n)
-        objects = [SceneObject(p["shape"], p["color"], _place(rng, cell, o["image_size"], DEFAULT_GRID))
+        objects = [SceneObject(p["shape"], p["color"], place_in_cell(rng, cell, o["image_size"], DEFAULT_GRID))
                    for p, cell in zip(chosen, cells)]
         cell = o["image_size"] // DEFAULT_GRID
         objects.sort(key=lambda ob: (ob.box[1] // cell, ob.box[0]))  # reading order, not target-first

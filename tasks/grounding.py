@@ -5,12 +5,12 @@ from __future__ import annotations
 import random
 
 from mmrl import Task, register_task
+from mmrl.data.records import BadRecord, require_image
 from mmrl.data.scenes import position_word, random_scene
-from mmrl.data.jsonl import BadRecord
-from mmrl.media.coords import Frame, convert_box, pixels_to_prediction, prediction_to_pixels
-from mmrl.rewards._parsing import box_iou, extract_answer, parse_box
-from mmrl.tasks._draw import PRED, TRUE, canvas, draw_box
-from mmrl.tasks.counting import check_thinking
+from mmrl.measures.boxes import answer_box, answer_iou
+from mmrl.media.coords import Frame, convert_box, pixels_to_prediction
+from mmrl.media.draw import PRED, TRUE, canvas, draw_box
+from mmrl.parsing import parse_box
 
 SPLIT_SEEDS = {"train": 1, "eval": 2}  # distinct seeds: eval examples are never trained on
 # Kept short on purpose: the tiny model's 1k-token vocabulary is trained on these texts.
@@ -24,18 +24,18 @@ def format_box(box) -> str:
 
 
 def parse_rec_record(record: dict) -> dict:
-    """One VLM-R1 / RefCOCO-style REC line: ``image``, ``problem`` (or ``question`` /
-    ``normal_caption``), ``solution`` (a box as a list, or text such as "<answer>[..]</answer>")."""
-    if "image" not in record:
-        raise BadRecord("no 'image' key")
-    question = record.get("problem") or record.get("question") or record.get("normal_caption")
+    """One VLM-R1 / RefCOCO-style REC record: ``image``, ``question`` (or ``problem`` /
+    ``normal_caption``), ``answer`` (or ``solution`` / ``box``: a box as a list, or text such as
+    "<answer>[..]</answer>"). VLM-R1's ``conversations`` layout gives question and answer."""
+    image = require_image(record)
+    question = record.get("question") or record.get("problem") or record.get("normal_caption")
     if not question:
-        raise BadRecord("no 'problem' (or 'question' / 'normal_caption') text")
-    solution = record.get("solution", record.get("box"))
+        raise BadRecord("no 'question' (or 'problem' / 'normal_caption') text")
+    solution = next((record[k] for k in ("answer", "solution", "box") if record.get(k) is not None), None)
     box = tuple(float(v) for v in solution) if isinstance(solution, (list, tuple)) else parse_box(str(solution))
     if box is None or len(box) != 4:
-        raise BadRecord(f"'solution' is not a box: {solution!r}")
-    return {"image": record["image"], "question": str(question).strip(), "file_box": box}
+        raise BadRecord(f"the answer is not a box: {solution!r}")
+    return {"image": image, "question": str(question).strip(), "file_box": box}
 
 
 def finish_rec_example(ex: dict, box_space: str) -> dict:
@@ -75,7 +75,7 @@ class Grounding(Task):
         lo, hi = self.options["min_objects"], self.options["max_objects"]
         if not 1 <= lo <= hi <= 12:  # 4 colours x 3 shapes distinct pairs
             raise ValueError(f"grounding: need 1 <= min_objects <= max_objects <= 12, got {lo}, {hi}")
-        if not check_thinking("grounding", self.options["thinking"]):
+        if not self.bool_option("thinking"):
             # Instance attributes: the class defaults stay those of the thinking layout. IoU is
             # already graded, so no equality reward here; format only checks the bare layout.
             self.rewards = {"format": 0.5, "iou": 1.0}
@@ -124,15 +124,9 @@ class Grounding(Task):
         what = f"Look for the {t['color']} {t['shape']}." if t else "Find what the sentence names."
         return [what, f"Look at: {where}.", f"The box is {format_box(round(v) for v in pixels_to_prediction(ex['box'], ex))}."]
 
-    @staticmethod
-    def _iou(completion: str, ex: dict):
-        answer = extract_answer(completion)
-        box = parse_box(answer) if answer is not None else None
-        return None if box is None else box_iou(prediction_to_pixels(box, ex), ex["box"])
-
     def metrics(self, completions, examples) -> dict[str, float]:
         """accuracy: IoU >= 0.5; mean_iou counts unparsable answers as 0."""
-        ious = [self._iou(c, ex) for c, ex in zip(completions, examples)]
+        ious = [answer_iou(c, ex) for c, ex in zip(completions, examples)]
         n = max(1, len(ious))
         return {
             "accuracy": sum(1.0 for v in ious if v is not None and v >= 0.5) / n,
@@ -144,9 +138,7 @@ class Grounding(Task):
         """The image upscaled, true box in green, predicted box (if parsable) in red."""
         image, draw = canvas(ex["image"])
         draw_box(draw, ex["box"], TRUE)
-        answer = extract_answer(completion)
-        pred = parse_box(answer) if answer is not None else None
-        pred = prediction_to_pixels(pred, ex) if pred is not None else None
+        pred = answer_box(completion, ex)
         if pred is not None:
             draw_box(draw, pred, PRED)
         return image

@@ -22,9 +22,8 @@ import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from mmrl import Task, UnknownNameError, make_task, register_task
 from mmrl.data.sequence import LazySequence
-from mmrl import Task, register_task
-from mmrl.registry import TASKS, UnknownNameError
 
 
 class SourceConcat(LazySequence):
@@ -156,11 +155,11 @@ class Mixture(Task):
         for name, opts in specs.items():
             if name == self.name:
                 raise ValueError("mixture: a mixture cannot contain a mixture; list its tasks directly")
+            sub_options = _mapping(opts, f"the options of task {name!r}")
             try:
-                cls = TASKS.get(name)
+                self.sub_tasks[name] = make_task(name, **sub_options)
             except UnknownNameError as exc:
                 raise UnknownNameError(f"mixture option tasks: {exc}") from None
-            self.sub_tasks[name] = cls(**_mapping(opts, f"the options of task {name!r}"))
         modalities = {n: t.modality for n, t in self.sub_tasks.items()}
         if len(set(modalities.values())) > 1:
             raise ValueError(f"mixture: all tasks must share one modality (one policy trains on all), got {modalities}")

@@ -8,18 +8,16 @@ little per example. Real data comes from JSONL files (``train_path`` / ``eval_pa
 
 from __future__ import annotations
 
-import functools
 import random
 import string
 
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image, ImageDraw
 
 from mmrl import Task, register_task
-from mmrl.data.jsonl import BadRecord
-from mmrl.rewards._parsing import extract_answer
-from mmrl.rewards.edit_distance import anls, similarity
-from mmrl.tasks._draw import FOOTER, PRED, TRUE, VIS_SCALE, canvas, draw_box, draw_label
-from mmrl.tasks.counting import check_thinking
+from mmrl.data.records import BadRecord, require_image
+from mmrl.measures.text import anls, similarity
+from mmrl.media.draw import FOOTER, PRED, TRUE, VIS_SCALE, bitmap_font, canvas, draw_box, draw_label
+from mmrl.parsing import extract_answer
 
 SPLIT_SEEDS = {"train": 1, "eval": 2}  # distinct seeds: eval examples are never trained on
 QUESTION = "What text is shown?"
@@ -30,14 +28,6 @@ ANSWER_ONLY_INSTRUCTION = "Answer with <answer>text</answer>."
 DEFAULT_ALPHABET = string.ascii_uppercase + string.digits
 GLYPH_W, GLYPH_H = 6, 11  # the bitmap font's advance and line height, in canvas pixels
 MAX_SCALE = 3  # 6 px glyphs -> 18 px at 112 px: big, but 6 characters still fit
-
-
-@functools.lru_cache(maxsize=1)
-def bitmap_font():
-    """PIL's built-in bitmap font. ``load_default()`` returns a FreeType font when FreeType is
-    available (Pillow >= 10.1), whose rendering can differ between builds; the bitmap one cannot."""
-    loader = getattr(ImageFont, "load_default_imagefont", None)
-    return loader() if loader is not None else ImageFont.load_default()
 
 
 def text_scale(length: int, size: int) -> int:
@@ -65,12 +55,11 @@ def render_text(text: str, size: int, rng: random.Random) -> tuple[Image.Image, 
 
 
 def parse_record(record: dict) -> dict:
-    """A JSONL record ``{"image": path, "text": str, "question"?: str}`` -> an example."""
-    image, text = record.get("image"), record.get("text")
-    if not isinstance(image, str) or not image:
-        raise BadRecord("no 'image' path")
+    """A record ``{"image", "text" (or "answer"), "question"?}`` -> an example."""
+    image = require_image(record)
+    text = record.get("text", record.get("answer"))
     if not isinstance(text, str) or not text.strip():
-        raise BadRecord("no 'text' string (or it is empty)")
+        raise BadRecord("no 'text' (or 'answer') string (or it is empty)")
     question = record.get("question", QUESTION)
     if not isinstance(question, str) or not question.strip():
         raise BadRecord("'question' must be a non-empty string")
@@ -128,13 +117,12 @@ class Ocr(Task):
                 f"ocr: alphabet must be a non-empty string of printable ASCII without spaces or '<', '>' "
                 f"(the bitmap font draws only ASCII; tags would break the answer block), got {alphabet!r}"
             )
-        if not isinstance(o["case_sensitive"], bool):
-            raise ValueError(f"ocr: option case_sensitive must be true or false, got {o['case_sensitive']!r}")
-        thinking = check_thinking("ocr", o["thinking"])
+        case_sensitive = self.bool_option("case_sensitive")
+        thinking = self.bool_option("thinking")
         # Instance attributes: the class defaults stay those of the thinking, case-sensitive layout.
         self.rewards = {"format": 0.5, "edit_similarity": 1.0}
         self.reward_kwargs = {} if thinking else {"format": {"mode": "answer_only"}}
-        if not o["case_sensitive"]:
+        if not case_sensitive:
             self.reward_kwargs = {**self.reward_kwargs, "edit_similarity": {"case_sensitive": False}}
 
     def make(self, seed: int) -> dict:

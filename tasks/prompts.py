@@ -1,8 +1,9 @@
 """Text-to-image (or -video) RL on your own prompts: a prompt file and any image rewards.
 
 ``train_path`` / ``eval_path``: a ``.txt`` file (one prompt per line; blank lines and lines
-starting with ``#`` skipped) or a JSONL file of objects with a ``prompt`` key (other keys are kept
-on the example for rewards, e.g. ``target_color``). Rewards come from the config
+starting with ``#`` skipped), or records with a ``prompt`` key in any data format mmrl reads
+(JSONL, JSON, parquet, a ``datasets`` directory; ``fields: {prompt: caption}`` maps another key);
+other keys are kept on the example for rewards, e.g. ``target_color``. Rewards come from the config
 (``task.rewards``), e.g. ``{jpeg_compressibility: 1.0}`` (weight-free) or ``{clip_score: 1.0}``
 with ``task.reward_kwargs.clip_score.pretrained`` pointing at local weights.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mmrl import Task, register_task
-from mmrl.data.jsonl import BadRecord, JsonlExamples
+from mmrl.data.records import BadRecord
 
 
 def _parse(record: dict) -> dict:
@@ -22,14 +23,8 @@ def _parse(record: dict) -> dict:
     return {**record, "prompt": prompt.strip()}
 
 
-def read_prompt_file(path: str | Path):
-    """A sequence of ``{"prompt": ...}`` examples from a .txt or .jsonl prompt file."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"prompt file not found: {path} (task.options.train_path / eval_path: a .txt "
-                                "file with one prompt per line, or a .jsonl file with a 'prompt' key)")
-    if path.suffix in (".jsonl", ".json"):
-        return JsonlExamples(path, _parse)
+def read_prompt_lines(path: Path) -> list[dict]:
+    """``{"prompt": ...}`` examples from a .txt file: one prompt a line, ``#`` lines are comments."""
     lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()]
     prompts = [{"prompt": ln} for ln in lines if ln and not ln.startswith("#")]
     if not prompts:
@@ -54,7 +49,13 @@ class PromptFile(Task):
                              "defaults to it)")
         cache = self.__dict__.setdefault("_splits", {})
         if path not in cache:
-            cache[path] = read_prompt_file(path)
+            file = Path(str(path)).expanduser()
+            if file.suffix == ".txt":
+                if not file.is_file():
+                    raise FileNotFoundError(f"prompt file not found: {file} (task.options.{split}_path)")
+                cache[path] = read_prompt_lines(file)
+            else:
+                cache[path] = self.read_examples(path, _parse, split)
         return cache[path]
 
     def prompt(self, ex: dict) -> str:

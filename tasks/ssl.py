@@ -11,7 +11,7 @@ on any pile of unlabelled images.
   a permutation drawn from the seed. Places are numbered in reading order from 0 at the top left;
   the answer gives, for each tile of the shown image in reading order, the place it came from,
   e.g. "2 0 3 1" (the top-left tile was at the bottom left). Reward ``jigsaw_position``: the
-  fraction of tiles placed right (see :mod:`mmrl.rewards.jigsaw`).
+  fraction of tiles placed right (see :mod:`mmrl.measures.jigsaw`).
 
 Images: option ``image_dir`` (any folder of unlabelled images, searched recursively for jpg, jpeg,
 png and webp; unreadable files are skipped and counted, ``examples(split).stats()``), each resized
@@ -39,17 +39,14 @@ from typing import Any, Optional
 import numpy as np
 from PIL import Image, ImageDraw
 
-from mmrl.data.sequence import LazySequence
 from mmrl import SyntheticExamples, Task, image_prompt, register_task
+from mmrl.data.images import ImageFiles, find_images
 from mmrl.data.scenes import draw_object, scene_with_targets
-from mmrl.rewards._parsing import extract_answer
-from mmrl.rewards.accuracy import accuracy as accuracy_reward
-from mmrl.rewards.equality import answer_text
-from mmrl.rewards.equality import equality as equality_reward
-from mmrl.rewards.jigsaw import jigsaw_position, parse_positions
-from mmrl.tasks._draw import FOOTER, PRED, TRUE, canvas, draw_box, draw_label
-from mmrl.tasks.classification import ImageFiles, find_images
-from mmrl.tasks.counting import check_thinking
+from mmrl.data.sequence import LazySequence
+from mmrl.measures.answers import accuracy_score, equality_score
+from mmrl.measures.jigsaw import parse_positions, tile_score
+from mmrl.media.draw import FOOTER, PRED, TRUE, canvas, draw_box, draw_label
+from mmrl.parsing import answer_text, extract_answer
 
 SPLIT_SEEDS = {"train": 1, "eval": 2}  # distinct seeds: eval examples are never trained on
 ANGLES = (0, 90, 180, 270)
@@ -176,7 +173,7 @@ class _SelfSupervised(Task):
             raise ValueError(f"{self.name}: eval_fraction must be in (0, 1), got {o['eval_fraction']!r}")
         if o["eval_image_dir"] and not o["image_dir"]:
             raise ValueError(f"{self.name}: eval_image_dir needs image_dir (the training images)")
-        self.thinking = check_thinking(self.name, o["thinking"])
+        self.thinking = self.bool_option("thinking")
         self._cache: dict[str, Sequence[dict]] = {}
 
     def transform(self, image: Image.Image, rng: random.Random) -> dict:
@@ -268,8 +265,8 @@ class Rotation(_SelfSupervised):
 
     def _scores(self, completions, examples) -> list[float]:
         if self.thinking:
-            return [0.0 if s is None else float(s) for s in accuracy_reward(list(completions), list(examples))]
-        return [float(s) for s in equality_reward(list(completions), list(examples))]
+            return [accuracy_score(c, ex.get("answer")) or 0.0 for c, ex in zip(completions, examples)]
+        return [equality_score(c, ex.get("answer")) for c, ex in zip(completions, examples)]
 
     def metrics(self, completions, examples) -> dict[str, float]:
         """accuracy: graded like the answer reward (unparsable is wrong); parsed: an answer was
@@ -338,7 +335,7 @@ class Jigsaw(_SelfSupervised):
     def metrics(self, completions, examples) -> dict[str, float]:
         """accuracy: every tile right; tile_accuracy: mean fraction of tiles right (the
         jigsaw_position reward, unparsable = 0); parsed: the answer had one number per tile."""
-        raw = jigsaw_position(list(completions), list(examples))
+        raw = [tile_score(c, ex) for c, ex in zip(completions, examples)]
         n = max(1, len(raw))
         scores = [0.0 if s is None else s for s in raw]
         return {

@@ -17,9 +17,9 @@ Real data: MathVista / MathVerse-style JSONL (``train_path`` / ``eval_path``, im
 
 ``problem`` may stand for ``question``, ``options`` for ``choices``; choices are a list (read as
 A, B, C, ...) or a letter -> text object. An answer given as an option's text becomes its letter.
-Bad lines are skipped and counted (:class:`mmrl.data.jsonl.JsonlExamples`).
+Bad records are skipped and counted (:class:`mmrl.data.records.FileExamples`).
 
-Scored by ``math_answer`` (Math-Verify-style equivalence, :mod:`mmrl.rewards.math_answer`).
+Scored by ``math_answer`` (Math-Verify-style equivalence, :mod:`mmrl.measures.math_equivalence`).
 """
 
 from __future__ import annotations
@@ -30,12 +30,11 @@ from functools import lru_cache
 from PIL import Image, ImageDraw, ImageFont
 
 from mmrl import Task, image_prompt, register_task
-from mmrl.data.jsonl import BadRecord
-from mmrl.data.scenes import BACKGROUND, scene_with_targets
-from mmrl.rewards._math import clean, compare, normalize_options, truth_letter
-from mmrl.rewards._parsing import extract_answer, normalize
-from mmrl.tasks._draw import FOOTER, PRED, TRUE, canvas, draw_box, draw_label
-from mmrl.tasks.counting import check_thinking, noun_phrase
+from mmrl.data.records import BadRecord, require_image
+from mmrl.data.scenes import BACKGROUND, noun_phrase, scene_with_targets
+from mmrl.measures.math_equivalence import clean, compare, normalize_options, truth_letter
+from mmrl.media.draw import FOOTER, PRED, TRUE, canvas, draw_box, draw_label
+from mmrl.parsing import extract_answer, normalize
 
 KINDS = ("arith", "count_sum", "choice")
 BASE_KINDS = ("arith", "count_sum")  # what a "choice" question wraps
@@ -125,7 +124,7 @@ class VisualMath(Task):
             raise ValueError(f"visual_math: max_group must be within 1..8, got {o['max_group']}")
         if not 2 <= o["num_choices"] <= 10:
             raise ValueError(f"visual_math: num_choices must be within 2..10, got {o['num_choices']}")
-        if not check_thinking("visual_math", o["thinking"]):
+        if not self.bool_option("thinking"):
             # Instance attributes: the class defaults stay those of the thinking layout.
             self.rewards = {"format": 0.5, "math_answer": 1.0}
             self.reward_kwargs = {"format": {"mode": "answer_only"}}
@@ -217,9 +216,7 @@ class VisualMath(Task):
         answer = record.get("answer")
         if answer is None or isinstance(answer, (bool, dict, list)) or not str(answer).strip():
             raise BadRecord("no usable 'answer' (a string or a number)")
-        image = record.get("image")
-        if not isinstance(image, str) or not image.strip():
-            raise BadRecord("no 'image' path")
+        image = require_image(record)
         raw = record.get("choices")
         if raw is None:
             raw = record.get("options")
@@ -229,7 +226,7 @@ class VisualMath(Task):
             if options is None:
                 raise BadRecord("'choices'/'options' must be a list or an object of letter -> text")
         answer = str(answer).strip()
-        ex = {"image": image.strip(), "question": question.strip(), "answer": answer, "options": options,
+        ex = {"image": image.strip() if isinstance(image, str) else image, "question": question.strip(), "answer": answer, "options": options,
               "kind": "choice" if options else "open", "id": record.get("id", record.get("pid"))}
         if options:
             letter = truth_letter(answer)

@@ -13,11 +13,10 @@ from __future__ import annotations
 import random
 
 from mmrl import SyntheticExamples, Task, register_task
-from mmrl.data.jsonl import BadRecord, JsonlExamples
-from mmrl.data.sequence import LazySequence
+from mmrl.data.records import BadRecord, require_image
 from mmrl.data.scenes import random_scene
-from mmrl.rewards._parsing import answer_correct, extract_answer
-from mmrl.tasks.counting import check_thinking
+from mmrl.data.sequence import LazySequence
+from mmrl.parsing import answer_correct, extract_answer
 
 SPLIT_SEEDS = {"train": 21, "eval": 22}
 FORMAT_INSTRUCTION = "Answer with <think>...</think><answer>answer</answer>."
@@ -26,12 +25,11 @@ LABEL_FREE_REWARDS = {"format": 0.5, "ttrv_agreement": 1.0, "ttrv_low_entropy": 
 
 
 def parse_vqa_record(record: dict) -> dict:
-    if "image" not in record:
-        raise BadRecord("no 'image' key")
+    image = require_image(record)
     question = record.get("question") or record.get("problem")
     if not question:
         raise BadRecord("no 'question' (or 'problem') text")
-    ex = {"image": record["image"], "question": str(question).strip()}
+    ex = {"image": image, "question": str(question).strip()}
     answer = record.get("answer", record.get("solution"))
     if answer is not None:
         ex["answer"] = str(answer).strip()
@@ -58,10 +56,9 @@ class VQA(Task):
 
     def __init__(self, **options):
         super().__init__(**options)
-        if not isinstance(self.options["labels"], bool):
-            raise ValueError(f"vqa: labels must be true or false, got {self.options['labels']!r}")
-        thinking = check_thinking("vqa", self.options["thinking"])
-        if not self.options["labels"]:
+        labels = self.bool_option("labels")
+        thinking = self.bool_option("thinking")
+        if not labels:
             self.rewards = dict(LABEL_FREE_REWARDS)
         if not thinking:
             self.reward_kwargs = {"format": {"mode": "answer_only"}}
@@ -78,7 +75,7 @@ class VQA(Task):
             raise ValueError(f"vqa: unknown split {split!r}; valid splits: {sorted(SPLIT_SEEDS)}")
         path = self.options[f"{split}_path"]
         if path:
-            data = JsonlExamples(path, parse_vqa_record, self.options["image_root"])
+            data = self.read_examples(path, parse_vqa_record, split)
         else:
             data = SyntheticExamples(self.make, self.options[f"{split}_size"], SPLIT_SEEDS[split])
         return data if self.options["labels"] else _Unlabelled(data)

@@ -39,14 +39,19 @@ def close(a, b, tol=1e-6):
     return torch.allclose(a, b, atol=tol, rtol=0)
 
 
-def tiny_run_config(path, out, steps, *extra, micro_batch_size=3):
-    """A few-step run of the random tiny model on CPU: 3 prompts x 2 samples, 8 tokens."""
-    return make_config(
+def tiny_run_overrides(path, out, steps, *extra, micro_batch_size=3) -> list[str]:
+    """The dotted overrides of :func:`tiny_run_config` (for ``mmrl.train`` in another process)."""
+    return [
         f"model.path={path}", "train.device=cpu", f"train.steps={steps}", "train.prompts_per_step=3",
         "rollout.num_generations=2", "rollout.max_completion_length=8", f"train.micro_batch_size={micro_batch_size}",
         "train.learning_rate=1e-3", "eval.num_examples=2", "eval.before=false", f"log.output_dir={out}",
         "log.run_name=run", "log.save_every=2", "log.save_rollouts_every=0", "log.progress=false", *extra,
-    )
+    ]
+
+
+def tiny_run_config(path, out, steps, *extra, micro_batch_size=3):
+    """A few-step run of the random tiny model on CPU: 3 prompts x 2 samples, 8 tokens."""
+    return make_config(*tiny_run_overrides(path, out, steps, *extra, micro_batch_size=micro_batch_size))
 
 
 def tiny_trainer(cfg):

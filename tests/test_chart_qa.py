@@ -13,7 +13,7 @@ from PIL import Image
 from mmrl.config import load_config
 from mmrl.core.reward_computer import RewardComputer
 from mmrl.registry import REWARDS, TASKS
-from mmrl.rewards.relaxed_accuracy import relaxed_correct, to_number
+from mmrl.measures.relaxed import relaxed_correct, to_number
 from mmrl.tasks.chart_qa import layout
 
 

@@ -12,7 +12,8 @@ from mmrl.config import load_config
 from mmrl.core.reward_computer import RewardComputer
 from mmrl.data.scenes import COLORS, SHAPES
 from mmrl.registry import TASKS
-from mmrl.tasks.classification import ImageFiles, find_images, image_folder
+from mmrl.data.images import ImageFiles, find_images
+from mmrl.tasks.classification import image_folder
 
 
 def task(**options):

@@ -13,7 +13,7 @@ from PIL import Image
 
 from mmrl.media.coords import Frame
 from mmrl.registry import REWARDS, TASKS
-from mmrl.rewards._detection import parse_boxes
+from mmrl.parsing import parse_boxes
 
 REWARD_NAMES = ("det_iou", "ap50", "det_criterion")
 A, B = [0, 0, 10, 10], [20, 20, 30, 30]

@@ -1,4 +1,4 @@
-"""JsonlExamples: lazy, skips and counts bad lines and images, names the file."""
+"""FileExamples on JSONL: lazy, skips and counts bad lines and images, names the file."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 from PIL import Image
 
-from mmrl.data.jsonl import BadRecord, JsonlExamples
+from mmrl.data.records import BadRecord, FileExamples
 
 
 def parse(record):
@@ -34,7 +34,7 @@ def test_bad_lines_are_skipped_with_line_numbers(tmp_path, caplog):
         json.dumps({"image": "b.png"}),                        # 5 rejected by the reader
         json.dumps({"image": "b.png", "box": [0, 0, 5, 5]}),   # 6 ok
     ])
-    ds = JsonlExamples(p, parse)
+    ds = FileExamples(p, parse)
     assert len(ds) == 2
     assert [n for n, _ in ds.skipped] == [2, 4, 5]
     assert "not valid JSON" in ds.skipped[0][1] and "no 'box' key" in ds.skipped[2][1]
@@ -50,7 +50,7 @@ def test_corrupt_or_missing_images_fall_through_to_the_next_example(tmp_path):
         json.dumps({"image": "missing.png", "box": [1, 1, 2, 2]}),
         json.dumps({"image": "a.png", "box": [3, 3, 4, 4]}),
     ])
-    ds = JsonlExamples(p, parse)
+    ds = FileExamples(p, parse)
     assert len(ds) == 3
     assert ds[0]["box"] == (3, 3, 4, 4) and ds[1]["box"] == (3, 3, 4, 4)
     assert ds.stats() == {"examples": 3, "skipped_lines": 0, "bad_images": 2}
@@ -58,7 +58,7 @@ def test_corrupt_or_missing_images_fall_through_to_the_next_example(tmp_path):
 
 def test_errors_name_the_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
-        JsonlExamples(tmp_path / "nope.jsonl", parse)
+        FileExamples(tmp_path / "nope.jsonl", parse)
     p = write(tmp_path, [json.dumps({"image": "a.png"})])
     with pytest.raises(ValueError, match=r"data.jsonl has no usable example; first problem: line 1: no 'box' key"):
-        JsonlExamples(p, parse)
+        FileExamples(p, parse)

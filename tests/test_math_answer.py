@@ -1,4 +1,4 @@
-"""math_answer and its checker (mmrl.rewards._math): hand cases, choices, never-raise property."""
+"""math_answer and its checker (mmrl.measures.math_equivalence): hand cases, choices, never-raise property."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mmrl.registry import REWARDS
-from mmrl.rewards import _math
-from mmrl.rewards._math import clean, compare, math_equal, normalize_options
+from mmrl.measures import math_equivalence as _math
+from mmrl.measures.math_equivalence import clean, compare, math_equal, normalize_options
 
 needs_sympy = pytest.mark.skipif(not _math.SYMPY_AVAILABLE and not _math.MATH_VERIFY_AVAILABLE,
                                  reason="symbolic equality needs sympy or math_verify")

@@ -13,7 +13,7 @@ from PIL import Image
 from mmrl.config import load_config
 from mmrl.core.reward_computer import RewardComputer
 from mmrl.registry import REWARDS, TASKS
-from mmrl.rewards.edit_distance import anls, levenshtein, similarity
+from mmrl.measures.text import anls, levenshtein, similarity
 
 
 def task(**options):

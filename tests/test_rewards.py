@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mmrl.registry import REWARDS
-from mmrl.rewards._parsing import box_iou, extract_answer, parse_box, parse_exact_number, parse_number
+from mmrl.measures.boxes import box_iou
+from mmrl.parsing import extract_answer, parse_box, parse_exact_number, parse_number
 
 
 def reward(name):

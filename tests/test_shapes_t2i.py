@@ -9,7 +9,7 @@ from PIL import Image
 from mmrl.data.shapes_t2i import (BACKGROUND, COLORS, IMAGE_SIZE, example, place_objects, render, sample_spec,
                                   spec_prompt)
 from mmrl.registry import REWARDS
-from mmrl.rewards.composition import composition_checks, detect_objects
+from mmrl.measures.composition import composition_checks, detect_objects
 
 
 def g(count, color, shape, position=None):

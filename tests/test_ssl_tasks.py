@@ -13,7 +13,7 @@ from PIL import Image
 from mmrl.config import load_config
 from mmrl.core.reward_computer import RewardComputer
 from mmrl.registry import REWARDS, TASKS
-from mmrl.rewards.jigsaw import parse_positions
+from mmrl.measures.jigsaw import parse_positions
 from mmrl.tasks.ssl import ANGLES, rotate_clockwise, shaded_background, shuffle_tiles, split_files
 
 jigsaw_position = REWARDS.get("jigsaw_position")

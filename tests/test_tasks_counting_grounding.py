@@ -7,7 +7,7 @@ import pytest
 
 from mmrl.data.scenes import COLORS
 from mmrl.registry import REWARDS, TASKS
-from mmrl.rewards._parsing import box_iou
+from mmrl.measures.boxes import box_iou
 
 
 @pytest.fixture(params=["counting", "grounding"])

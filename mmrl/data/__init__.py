@@ -1,1 +1,11 @@
-"""Dataset readers and deterministic synthetic generators."""
+"""Dataset readers and deterministic synthetic generators (public: plugins may import them).
+
+- :mod:`~mmrl.data.records`: :class:`~mmrl.data.records.FileExamples`, the lazy reader of real
+  data every task uses (bad records skipped and counted), ``BadRecord``, ``require_image``;
+- :mod:`~mmrl.data.sources`: JSONL, JSON, parquet and ``datasets`` directories as raw records;
+- :mod:`~mmrl.data.fields`: the ``task.options.fields`` mapping and the common layouts
+  (VLM-R1 ``conversations``, verl / EasyR1 columns);
+- :mod:`~mmrl.data.images`: image references (paths, bytes, lists), folders of image files;
+- :mod:`~mmrl.data.scenes`, :mod:`~mmrl.data.shapes_t2i`: synthetic scenes;
+- :mod:`~mmrl.data.sequence`: ``LazySequence``, the base of every dataset here.
+"""

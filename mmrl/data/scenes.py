@@ -102,6 +102,15 @@ def position_word(box: Sequence[float], size: int | Sequence[int] = DEFAULT_SIZE
     return " ".join(w for w in (vertical, horizontal) if w) or "center"
 
 
+def noun_phrase(color: Optional[str], shape: Optional[str], count: int) -> str:
+    """ "red circle" / "red circles" / "red shapes" / "circles", pluralised for ``count``; None
+    means "any" for that attribute (the words of the task questions about these scenes)."""
+    noun = shape if shape is not None else "shape"
+    if count != 1:
+        noun = PLURALS.get(noun, noun + "s")
+    return f"{color} {noun}" if color is not None else noun
+
+
 def _cell_size(size: int, grid: int) -> int:
     cell = size // grid
     if cell < MIN_OBJECT:
@@ -109,8 +118,11 @@ def _cell_size(size: int, grid: int) -> int:
     return cell
 
 
-def _place(rng: random.Random, cell_index: int, size: int, grid: int) -> tuple[int, int, int, int]:
-    """A random box of side MIN_OBJECT..MAX_OBJECT (capped by the cell), jittered inside the cell."""
+def place_in_cell(rng: random.Random, cell_index: int, size: int = DEFAULT_SIZE,
+                  grid: int = DEFAULT_GRID) -> tuple[int, int, int, int]:
+    """A random box of side MIN_OBJECT..MAX_OBJECT (capped by the cell), jittered inside cell
+    ``cell_index`` (reading order) of a ``grid`` x ``grid`` split of a ``size``-px image: the
+    one-object-per-cell placement of every scene here, for tasks that build their own scenes."""
     cell = _cell_size(size, grid)
     side = rng.randint(MIN_OBJECT, min(MAX_OBJECT, cell))
     col, row = cell_index % grid, cell_index // grid
@@ -143,7 +155,7 @@ def random_scene(
     else:
         chosen = [rng.choice(pairs) for _ in range(num_objects)]
     cells = rng.sample(range(grid * grid), num_objects)
-    objects = [SceneObject(s, c, _place(rng, cell, size, grid)) for (c, s), cell in zip(chosen, cells)]
+    objects = [SceneObject(s, c, place_in_cell(rng, cell, size, grid)) for (c, s), cell in zip(chosen, cells)]
     return render_scene(objects, size)
 
 
@@ -175,6 +187,6 @@ def scene_with_targets(
     chosen = [rng.choice(matching) for _ in range(num_targets)]
     chosen += [rng.choice(others) for _ in range(num_distractors)]
     cells = rng.sample(range(grid * grid), len(chosen))
-    objects = [SceneObject(s, c, _place(rng, cell, size, grid)) for (c, s), cell in zip(chosen, cells)]
+    objects = [SceneObject(s, c, place_in_cell(rng, cell, size, grid)) for (c, s), cell in zip(chosen, cells)]
     objects.sort(key=lambda o: (o.box[1] // (size // grid), o.box[0]))  # reading order, not target-first
     return render_scene(objects, size)

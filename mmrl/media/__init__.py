@@ -1,1 +1,3 @@
-"""Image-side helpers shared by tasks, rewards and policies (coordinates, resizing)."""
+"""Image-side helpers shared by tasks, rewards and policies (public: plugins may import them):
+coordinate spaces (:mod:`~mmrl.media.coords`), gallery drawing (:mod:`~mmrl.media.draw`) and
+image perturbations (:mod:`~mmrl.media.perturb`)."""

@@ -1,4 +1,5 @@
-"""Mathematical answer equivalence: the checker behind the ``math_answer`` reward.
+"""Mathematical answer equivalence: the checker behind the ``math_answer`` reward and the
+``visual_math`` task's metrics.
 
 Two checkers, one interface (:func:`compare`, :func:`math_equal`):
 
@@ -57,7 +58,7 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import NamedTuple, Optional
 
-from mmrl.rewards._parsing import parse_exact_number
+from mmrl.parsing import parse_exact_number
 
 MATH_VERIFY_AVAILABLE: bool = importlib.util.find_spec("math_verify") is not None
 SYMPY_AVAILABLE: bool = importlib.util.find_spec("sympy") is not None

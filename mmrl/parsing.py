@@ -1,7 +1,10 @@
-"""Tolerant parsing of model answers, shared by the reward plugins and the tasks' metrics.
+"""Tolerant parsing of model answers: the answer block, numbers, boxes, normalised strings.
 
-Every function here returns ``None`` (or 0.0 for :func:`box_iou`) instead of raising, whatever
-the text: rewards run on raw model output and must never crash a training run.
+Public (a plugin may import it, see :mod:`mmrl.public`): reward plugins and task metrics read
+completions the same way through this one module. Every function here returns ``None`` instead
+of raising, whatever the text: rewards run on raw model output and must never crash a training
+run. Scores computed from the parsed values (IoU, AP50, edit similarity, ...) are in
+:mod:`mmrl.measures`.
 """
 
 from __future__ import annotations
@@ -11,6 +14,11 @@ import re
 from typing import Optional, Sequence
 
 _OPEN, _CLOSE = "<answer>", "</answer>"
+# The content of a think or answer block: text holding no think/answer tag, so that
+# "<think>a</think>b</think><answer>" or two answer blocks cannot pass as one block.
+NO_TAG = r"(?:(?!</?(?:think|answer)>).)*"
+# The whole stripped completion is one answer block with no think/answer tag inside it.
+_ONE_ANSWER_RE = re.compile(rf"<answer>({NO_TAG})</answer>", re.DOTALL)
 
 # A decimal number not glued to a word or a preceding digit/dot: "x1" or "v2.0" give no number,
 # so labels like "x1=10" or "object 2" inside a box answer do not shift the coordinates.
@@ -29,6 +37,21 @@ _PAIRS_RE = re.compile(
     rf"[\[(]\s*({_NUM}){_SEP}({_NUM})\s*[\])]\s*(?:,|-|to|and)?\s*[\[(]\s*({_NUM}){_SEP}({_NUM})\s*[\])]",
     re.ASCII,
 )
+
+# parse_boxes: the same box styles, with separators written so that a run of whitespace can be
+# matched one way only ("\s*(?:,\s*)?" rather than "\s*,?\s*"): the ambiguous form backtracks
+# quadratically on long whitespace runs, and a completion may hold thousands.
+_BOX4 = rf"[\[(]\s*({_NUM}){_SEP}({_NUM}){_SEP}({_NUM}){_SEP}({_NUM})\s*[\])]"
+_PAIRS = (rf"[\[(]\s*({_NUM}){_SEP}({_NUM})\s*[\])]\s*(?:(?:,|-|to|and)\s*)?"
+          rf"[\[(]\s*({_NUM}){_SEP}({_NUM})\s*[\])]")
+# One scan, left to right, non-overlapping: at each position a 4-number box is tried before a
+# corner pair, so "[[1, 2], [3, 4]]" reads as one box and "[[1, 2, 3, 4], [5, 6, 7, 8]]" as two.
+_ANY_BOX_RE = re.compile(f"(?:{_BOX4})|(?:{_PAIRS})", re.ASCII)
+_FENCE_RE = re.compile(r"```[A-Za-z0-9_-]*")
+_EMPTY_LIST_RE = re.compile(r"\[\s*\]")
+_NONE_WORDS = ("none", "no objects", "nothing")
+
+Box = tuple[float, float, float, float]
 
 
 def extract_answer(text: str) -> Optional[str]:
@@ -105,25 +128,56 @@ def parse_box(text: str) -> Optional[tuple[float, float, float, float]]:
     return (min(x1, x2), min(y1, y2), max(x1, x2), max(y1, y2))
 
 
-def box_iou(a: Sequence[float], b: Sequence[float]) -> float:
-    """Intersection over union of two ``(x1, y1, x2, y2)`` boxes; 0.0 when the union is empty."""
+def parse_boxes(text: str) -> Optional[list[Box]]:
+    """All boxes ``(x1, y1, x2, y2)`` of an answer, in answer order, corners ordered; ``[]`` for an
+    explicit empty answer; None when the text cannot be read as a list of boxes.
+
+    Accepts ``[[x1, y1, x2, y2], ...]``, ``[{"bbox_2d": [...], "label": "..."}, ...]`` (any keys:
+    the bracketed numbers are what count), ``(x1, y1), (x2, y2)`` corner pairs, a single box, any of
+    them inside code fences, and as a last resort text with exactly four numbers (one box). Empty
+    answers are ``[]`` (or "none" / "no objects" / "nothing") with no number in the text. A box
+    with a non-finite coordinate makes the whole answer unparsable.
+    """
+    if not isinstance(text, str):
+        return None
+    text = _FENCE_RE.sub(" ", text)
+    boxes: list[Box] = []
+    for m in _ANY_BOX_RE.finditer(text):
+        groups = m.groups()
+        values = groups[:4] if groups[0] is not None else groups[4:]
+        box = _ordered(values)
+        if box is None:
+            return None
+        boxes.append(box)
+    if boxes:
+        return boxes
+    numbers = _NUM_RE.findall(text)
+    if len(numbers) == 4:
+        box = _ordered(numbers)
+        return None if box is None else [box]
+    if not numbers:
+        if _EMPTY_LIST_RE.search(text) or text.strip().rstrip(".").strip().casefold() in _NONE_WORDS:
+            return []
+    return None
+
+
+def _ordered(values: Sequence[str]) -> Optional[Box]:
     try:
-        ax1, ay1, ax2, ay2 = (float(v) for v in a)
-        bx1, by1, bx2, by2 = (float(v) for v in b)
-    except (TypeError, ValueError):
-        return 0.0
-    ax1, ax2 = sorted((ax1, ax2))
-    ay1, ay2 = sorted((ay1, ay2))
-    bx1, bx2 = sorted((bx1, bx2))
-    by1, by2 = sorted((by1, by2))
-    iw = max(0.0, min(ax2, bx2) - max(ax1, bx1))
-    ih = max(0.0, min(ay2, by2) - max(ay1, by1))
-    inter = iw * ih
-    union = (ax2 - ax1) * (ay2 - ay1) + (bx2 - bx1) * (by2 - by1) - inter
-    if not (union > 0) or not math.isfinite(union):
-        return 0.0
-    iou = inter / union
-    return min(1.0, max(0.0, iou)) if math.isfinite(iou) else 0.0
+        x1, y1, x2, y2 = (float(v) for v in values)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if not all(math.isfinite(v) for v in (x1, y1, x2, y2)):
+        return None
+    return (min(x1, x2), min(y1, y2), max(x1, x2), max(y1, y2))
+
+
+def answer_text(completion: str) -> str:
+    """What an answer-only (No-Thinking) completion answers: the content of the answer block when
+    the stripped completion is exactly one such block, else the whole stripped completion (so "2"
+    answers directly, "I think 2" does not equal "2")."""
+    stripped = completion.strip()
+    m = _ONE_ANSWER_RE.fullmatch(stripped)
+    return m.group(1) if m is not None else stripped
 
 
 def normalize(text: str) -> str:

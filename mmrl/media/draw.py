@@ -1,8 +1,15 @@
-"""Drawing helpers for task visualisations (rollout galleries): upscale, then draw boxes/labels."""
+"""Drawing for task visualisations (rollout samples, eval galleries): upscale, then draw boxes
+and labels, and a font that renders the same on every machine.
+
+Public (:mod:`mmrl.public`): every task's ``visualize`` draws with these, so galleries of different
+tasks share colours (green = truth, red = prediction) and layout.
+"""
 
 from __future__ import annotations
 
-from PIL import Image, ImageDraw
+import functools
+
+from PIL import Image, ImageDraw, ImageFont
 
 VIS_SCALE = 4  # 112 px -> 448 px so boxes and labels are easy to see
 TRUE = (0, 200, 0)
@@ -31,3 +38,12 @@ def draw_label(draw: ImageDraw.ImageDraw, text: str, color=(0, 0, 0)) -> None:
     """Write ``text`` in the footer strip made by ``canvas(..., footer=FOOTER)``."""
     height = draw.im.size[1]
     draw.text((4, height - FOOTER + 3), text, fill=color)
+
+
+@functools.lru_cache(maxsize=1)
+def bitmap_font():
+    """PIL's built-in bitmap font (6 px a character). ``load_default()`` returns a FreeType font
+    when FreeType is available (Pillow >= 10.1), whose rendering can differ between builds; the
+    bitmap one cannot, so images drawn with it (OCR codes, chart labels) are identical everywhere."""
+    loader = getattr(ImageFont, "load_default_imagefont", None)
+    return loader() if loader is not None else ImageFont.load_default()

@@ -1,77 +1,17 @@
-"""Parsing and matching for multi-box answers (open-vocabulary detection), shared by the
-detection rewards and the ``detection`` task's metrics.
+"""Matching and scoring of multi-box answers (open-vocabulary detection), shared by the
+detection rewards (``det_iou``, ``ap50``, ``det_criterion``) and the ``detection`` task's metrics.
 
-Like :mod:`mmrl.rewards._parsing`, nothing here raises on model output: unparsable text gives
-``None``, and every score is a float in [0, 1].
+Answers are read with :func:`mmrl.parsing.parse_boxes`. Nothing here raises on model output:
+unparsable text gives ``None``, and every score is a float in [0, 1].
 """
 
 from __future__ import annotations
 
-import math
-import re
 from typing import Optional, Sequence
 
+from mmrl.measures.boxes import box_iou
 from mmrl.media.coords import prediction_to_pixels
-from mmrl.rewards._parsing import _NUM, _NUM_RE, box_iou, extract_answer
-
-Box = tuple[float, float, float, float]
-
-# The box styles of ``parse_box`` (same number pattern), with separators written so that a run of
-# whitespace can be matched one way only ("\s*(?:,\s*)?" rather than "\s*,?\s*"): the ambiguous
-# form backtracks quadratically on long whitespace runs, and a completion may hold thousands.
-_SEP = r"\s*(?:,\s*)?"
-_BOX4 = rf"[\[(]\s*({_NUM}){_SEP}({_NUM}){_SEP}({_NUM}){_SEP}({_NUM})\s*[\])]"
-_PAIRS = (rf"[\[(]\s*({_NUM}){_SEP}({_NUM})\s*[\])]\s*(?:(?:,|-|to|and)\s*)?"
-          rf"[\[(]\s*({_NUM}){_SEP}({_NUM})\s*[\])]")
-# One scan, left to right, non-overlapping: at each position a 4-number box is tried before a
-# corner pair, so "[[1, 2], [3, 4]]" reads as one box and "[[1, 2, 3, 4], [5, 6, 7, 8]]" as two.
-_ANY_BOX_RE = re.compile(f"(?:{_BOX4})|(?:{_PAIRS})", re.ASCII)
-_FENCE_RE = re.compile(r"```[A-Za-z0-9_-]*")
-_EMPTY_LIST_RE = re.compile(r"\[\s*\]")
-_NONE_WORDS = ("none", "no objects", "nothing")
-
-
-def parse_boxes(text: str) -> Optional[list[Box]]:
-    """All boxes ``(x1, y1, x2, y2)`` of an answer, in answer order, corners ordered; ``[]`` for an
-    explicit empty answer; None when the text cannot be read as a list of boxes.
-
-    Accepts ``[[x1, y1, x2, y2], ...]``, ``[{"bbox_2d": [...], "label": "..."}, ...]`` (any keys:
-    the bracketed numbers are what count), ``(x1, y1), (x2, y2)`` corner pairs, a single box, any of
-    them inside code fences, and as a last resort text with exactly four numbers (one box). Empty
-    answers are ``[]`` (or "none" / "no objects" / "nothing") with no number in the text. A box
-    with a non-finite coordinate makes the whole answer unparsable.
-    """
-    if not isinstance(text, str):
-        return None
-    text = _FENCE_RE.sub(" ", text)
-    boxes: list[Box] = []
-    for m in _ANY_BOX_RE.finditer(text):
-        groups = m.groups()
-        values = groups[:4] if groups[0] is not None else groups[4:]
-        box = _ordered(values)
-        if box is None:
-            return None
-        boxes.append(box)
-    if boxes:
-        return boxes
-    numbers = _NUM_RE.findall(text)
-    if len(numbers) == 4:
-        box = _ordered(numbers)
-        return None if box is None else [box]
-    if not numbers:
-        if _EMPTY_LIST_RE.search(text) or text.strip().rstrip(".").strip().casefold() in _NONE_WORDS:
-            return []
-    return None
-
-
-def _ordered(values: Sequence[str]) -> Optional[Box]:
-    try:
-        x1, y1, x2, y2 = (float(v) for v in values)
-    except (TypeError, ValueError, OverflowError):
-        return None
-    if not all(math.isfinite(v) for v in (x1, y1, x2, y2)):
-        return None
-    return (min(x1, x2), min(y1, y2), max(x1, x2), max(y1, y2))
+from mmrl.parsing import Box, extract_answer, parse_boxes
 
 
 def answer_boxes(completion, ex) -> Optional[list[Box]]:

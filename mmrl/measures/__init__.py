@@ -1,0 +1,17 @@
+"""Scoring primitives shared by reward plugins and task metrics, one topic per module.
+
+A reward and the metric of the task it scores must agree to the digit (a gallery that marks an
+answer right that the reward scored 0 is a bug report waiting to happen), so both call these
+functions instead of each keeping its own copy. Public: plugins may import them (:mod:`mmrl.public`).
+
+- :mod:`~mmrl.measures.boxes`: box IoU, the IoU of a completion's box with the example's;
+- :mod:`~mmrl.measures.detection`: multi-box answers, greedy matching, det_iou, AP50, criterion;
+- :mod:`~mmrl.measures.answers`: exact answers (numeric-aware accuracy, No-Thinking equality);
+- :mod:`~mmrl.measures.text`: Levenshtein, edit similarity, ANLS;
+- :mod:`~mmrl.measures.relaxed`: ChartQA's relaxed accuracy;
+- :mod:`~mmrl.measures.math_equivalence`: mathematical answer equivalence (Math-Verify-style);
+- :mod:`~mmrl.measures.jigsaw`: tile-position answers;
+- :mod:`~mmrl.measures.composition`: the GenEval-style checker of generated shape scenes.
+
+Like :mod:`mmrl.parsing`, nothing here raises on model output.
+"""

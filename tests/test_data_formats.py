@@ -1,0 +1,220 @@
+"""The data users have: JSON arrays, parquet, ``datasets`` directories, VLM-R1 conversations and
+verl / EasyR1 layouts, through one ``task.options.fields`` mapping, read by the built-in tasks.
+
+Every file here is written by the test itself (no downloads)."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import datasets
+import mmrl
+import pytest
+from PIL import Image
+
+from conftest import tiny_run_config
+from mmrl.media.coords import Frame, convert_box, qwen_frame
+from mmrl.registry import REWARDS
+
+SIZES = {"a.jpg": (640, 427), "b.jpg": (333, 500)}  # odd sizes: resizing changes the aspect a little
+
+
+def png(size, color="red") -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", size, color).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def write_images(folder):
+    for name, size in SIZES.items():
+        Image.new("RGB", size, "white").save(folder / name)
+
+
+# -- parquet and datasets directories, images embedded --------------------------------------------
+
+def counting_rows():
+    """CLEVR-style counting rows with embedded image bytes; row 2 has no count (a bad record)."""
+    return {"image": [{"bytes": png((30, 20)), "path": None}, {"bytes": png((40, 10), "blue"), "path": None},
+                      {"bytes": png((8, 8)), "path": None}],
+            "problem": ["<image>How many red circles are there?", "How many blue squares are there?", "How many?"],
+            "solution": ["<answer>3</answer>", "2", "many"]}
+
+
+IMAGE_FEATURES = datasets.Features({"image": datasets.Image(), "problem": datasets.Value("string"),
+                                    "solution": datasets.Value("string")})
+
+
+def test_parquet_with_embedded_images(tmp_path, caplog):
+    path = tmp_path / "train.parquet"
+    datasets.Dataset.from_dict(counting_rows(), features=IMAGE_FEATURES).to_parquet(str(path))
+    task = mmrl.make_task("counting", train_path=str(path), eval_path=str(path))
+    data = task.examples("train")
+    assert len(data) == 2 and data.skipped == [(2, "the answer is not a count: 'many'")]
+    assert f"{path} row 2 skipped" in caplog.text
+    ex = data[1]
+    assert ex["image"].size == (40, 10) and ex["answer"] == "2" and "image_path" not in ex
+    assert data[0]["question"] == "How many red circles are there?"  # the <image> marker is gone
+    assert data.stats() == {"examples": 2, "skipped_lines": 1, "bad_images": 0}
+
+
+def test_raw_bytes_column_and_a_corrupt_image(tmp_path):
+    """A plain binary column (no Image feature) holds the bytes themselves; a corrupt one is
+    counted and the next example used."""
+    path = tmp_path / "raw.parquet"
+    datasets.Dataset.from_dict({"image": [b"not an image", png((12, 7))], "question": ["How many?", "How many?"],
+                                "answer": ["1", "4"]}).to_parquet(str(path))
+    data = mmrl.make_task("counting", train_path=str(path), eval_path=str(path)).examples("train")
+    assert data[0]["image"].size == (12, 7) and data[0]["answer"] == "4"
+    assert data.stats()["bad_images"] == 1
+
+
+def verl_rows():
+    """verl / EasyR1 layout: a chat-list prompt with an <image> marker, an images list, the truth
+    in reward_model.ground_truth."""
+    def row(n, size):
+        return {"prompt": [{"role": "system", "content": "Be brief."},
+                           {"role": "user", "content": "<image>How many shapes are there?"}],
+                "images": [{"bytes": png(size), "path": None}],
+                "reward_model": {"ground_truth": str(n), "style": "rule"}, "data_source": "synthetic"}
+    return [row(3, (21, 13)), row(5, (17, 9))]
+
+
+def test_datasets_directory_with_splits_in_verl_layout(tmp_path):
+    rows = verl_rows()
+    features = datasets.Features({
+        "prompt": datasets.List({"role": datasets.Value("string"), "content": datasets.Value("string")}),
+        "images": datasets.List(datasets.Image()),
+        "reward_model": {"ground_truth": datasets.Value("string"), "style": datasets.Value("string")},
+        "data_source": datasets.Value("string")})
+    splits = {name: datasets.Dataset.from_list(part, features=features)
+              for name, part in (("train", rows[:1]), ("test", rows[1:]))}
+    datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "ds"))
+    task = mmrl.make_task("vqa", train_path=str(tmp_path / "ds"), eval_path=str(tmp_path / "ds"))
+    train, held_out = task.examples("train")[0], task.examples("eval")[0]
+    assert train["question"] == "How many shapes are there?" and train["answer"] == "3"
+    assert train["image"].size == (21, 13)  # the first (only) image of the list
+    assert held_out["answer"] == "5" and held_out["image"].size == (17, 9)  # eval = the "test" split
+
+
+def test_saved_dataset_and_the_field_mapping(tmp_path, caplog):
+    """``fields`` maps the task's keys to the file's (dotted into nested values); a record without
+    a mapped key is skipped, naming the option."""
+    rows = {"pics": [[{"bytes": png((9, 5)), "path": None}], [{"bytes": png((9, 5)), "path": None}]],
+            "q": ["How many?", "How many?"], "meta": [{"count": "7"}, {"other": "x"}]}
+    datasets.Dataset.from_dict(rows).save_to_disk(str(tmp_path / "saved"))
+    fields = {"question": "q", "answer": "meta.count", "image": "pics"}
+    task = mmrl.make_task("counting", train_path=str(tmp_path / "saved"), eval_path=str(tmp_path / "saved"),
+                          fields=fields)
+    data = task.examples("train")
+    assert len(data) == 1 and data[0]["answer"] == "7" and data[0]["image"].size == (9, 5)
+    assert data.skipped == [(1, "no 'meta.count' (task.options.fields.answer); keys: pics, q, meta")]
+    with pytest.raises(ValueError, match="task.options.fields must map"):
+        mmrl.make_task("counting", train_path=str(tmp_path / "saved"), fields={"question": 3}).examples("train")
+
+
+def test_folder_of_split_named_parquet_files(tmp_path):
+    folder = tmp_path / "hub" / "data"
+    folder.mkdir(parents=True)
+    for split, n in (("train", 2), ("test", 1)):
+        rows = {k: v[:n] for k, v in counting_rows().items()}
+        datasets.Dataset.from_dict(rows, features=IMAGE_FEATURES).to_parquet(str(folder / f"{split}-00000-of-00001.parquet"))
+    task = mmrl.make_task("counting", train_path=str(tmp_path / "hub"), eval_path=str(tmp_path / "hub"))
+    assert len(task.examples("train")) == 2 and len(task.examples("eval")) == 1
+    glob = mmrl.make_task("counting", train_path=str(folder / "test-*.parquet"), eval_path=str(folder / "*.parquet"))
+    assert len(glob.examples("train")) == 1 and len(glob.examples("eval")) == 1  # split names pick "test"
+
+
+# -- JSON arrays ------------------------------------------------------------------------------------
+
+def test_json_array_chartqa_style(tmp_path, caplog):
+    write_images(tmp_path)
+    records = [{"imgname": "a.jpg", "query": "What is the value of B?", "label": "7"},
+               {"imgname": "b.jpg", "query": "Which is the highest?"},  # no answer: skipped
+               {"imgname": "b.jpg", "query": "Is A higher than C?", "label": "yes"}]
+    path = tmp_path / "test_augmented.json"
+    path.write_text(json.dumps(records, indent=2))
+    data = mmrl.make_task("chart_qa", train_path=str(path), eval_path=str(path)).examples("train")
+    assert len(data) == 2
+    assert [n for n, _ in data.skipped] == [7]  # the line the second record starts on
+    assert f"{path}:7 skipped" in caplog.text
+    assert data[1]["answer"] == "yes" and data[1]["image"].size == (333, 500)
+    assert data[1]["image_path"] == str(tmp_path / "b.jpg")
+
+
+def test_json_object_holding_the_record_list(tmp_path):
+    write_images(tmp_path)
+    path = tmp_path / "mathvista.json"
+    path.write_text(json.dumps({"version": 1, "data": [
+        {"image": "a.jpg", "question": "What is x?", "answer": "12", "choices": ["3", "12"]}]}))
+    ex = mmrl.make_task("visual_math", train_path=str(path), eval_path=str(path)).examples("train")[0]
+    assert ex["answer"] == "B" and ex["image"].size == (640, 427)
+
+
+def test_unreadable_json_and_urls_name_the_file(tmp_path):
+    broken = tmp_path / "broken.json"
+    broken.write_text('[{"image": "a.jpg",\n "question": }]')
+    with pytest.raises(ValueError, match=r"broken\.json:2: not valid JSON"):
+        mmrl.make_task("vqa", train_path=str(broken)).examples("train")
+    urls = tmp_path / "urls.jsonl"
+    urls.write_text(json.dumps({"image": "https://example.com/a.jpg", "question": "q", "answer": "1"}) + "\n")
+    with pytest.raises(ValueError, match=r"urls\.jsonl has no usable example; first problem: line 1: .*is a URL; "
+                                         r"mmrl reads local files only"):
+        mmrl.make_task("vqa", train_path=str(urls)).examples("train")
+
+
+# -- VLM-R1 conversations, end to end ---------------------------------------------------------------
+
+BOXES = {"a.jpg": (101.0, 57.0, 402.0, 300.0), "b.jpg": (20.0, 250.0, 160.0, 480.0)}
+
+
+def write_rec_conversations(folder):
+    """VLM-R1's REC layout as it is: the question in the human turn after an <image> marker, the
+    box (original pixels) in the gpt turn; one record's box is unreadable."""
+    write_images(folder)
+    lines = [{"image": name, "conversations": [
+        {"from": "human", "value": f"<image>Please provide the bounding box coordinate of the region this "
+                                   f"sentence describes: the thing in {name}."},
+        {"from": "gpt", "value": json.dumps(list(box))}]} for name, box in BOXES.items()]
+    lines.insert(1, {"image": "a.jpg", "conversations": [{"from": "human", "value": "<image>Where?"},
+                                                         {"from": "gpt", "value": "no box"}]})
+    path = folder / "rec.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return path
+
+
+def _qwen25_processor():
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil(min_pixels=3136, max_pixels=12845056)  # Qwen's default budget
+
+
+def test_vlm_r1_conversations_read_by_grounding_and_scored_in_each_family_space(tmp_path):
+    path = write_rec_conversations(tmp_path)
+    data = mmrl.make_task("grounding", train_path=str(path), eval_path=str(path)).examples("train")
+    assert len(data) == 2 and [n for n, _ in data.skipped] == [2]
+    iou = REWARDS.get("iou")
+    processor = _qwen25_processor()
+    for ex, name in zip(data, BOXES):
+        assert ex["image_size"] == SIZES[name] and ex["box"] == BOXES[name]
+        assert ex["question"].startswith("Please provide the bounding box") and "<image>" not in ex["question"]
+        # What the trainer records on each example (core.trainer.with_coordinates), per family:
+        qwen25 = {**ex, "pred_space": "resized", "frame": qwen_frame(ex["image_size"], processor)}
+        qwen2 = {**ex, "pred_space": "rel1000", "frame": Frame(*ex["image_size"])}
+        assert qwen25["frame"].resized_width != ex["image_size"][0]  # the resize is not the identity
+        for example in (qwen25, qwen2):
+            perfect = convert_box(ex["box"], "pixel", example["pred_space"], example["frame"])
+            answer = "[" + ", ".join(str(round(v)) for v in perfect) + "]"  # what the model writes: integers
+            (score,) = iou([f"<think>There.</think><answer>{answer}</answer>"], [example])
+            assert score >= 0.98, (name, example["pred_space"], answer, score)
+
+
+def test_grounding_trains_a_step_on_vlm_r1_conversations(random_tiny_dir, tmp_path):
+    path = write_rec_conversations(tmp_path)
+    cfg = tiny_run_config(random_tiny_dir, tmp_path / "runs", 1, "task.name=grounding",
+                          f"task.options.train_path={path}", f"task.options.eval_path={path}",
+                          "model.max_pixels=50176")
+    result = mmrl.train(cfg)
+    assert result.steps == 1
+    lines = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert any("reward/iou" in x for x in lines)
