@@ -16,7 +16,6 @@ such as ``vlm/counting_tiny``); the base is applied first, the recipe's own keys
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import os
 import re
@@ -30,6 +29,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from mmrl.config_keys import INDEX, classify, expected_type, suggest
 from mmrl.config_schema import Config
 
 __all__ = [
@@ -100,125 +100,6 @@ def _is_null(node: Optional[yaml.Node]) -> bool:
 
 
 # --------------------------------------------------------------------------------------------
-# The schema as a flat index of dotted keys
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Field:
-    key: str  # dotted path, e.g. "algo.epsilon"
-    type: Any  # the annotation
-    kind: str  # "section" (a nested dataclass) | "dict" (free-form below) | "value"
-
-
-def _schema_index(cls: type, prefix: str = "", out: Optional[dict[str, _Field]] = None) -> dict[str, _Field]:
-    out = {} if out is None else out
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        key = f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(tp):
-            out[key] = _Field(key, tp, "section")
-            _schema_index(tp, key + ".", out)
-        elif typing.get_origin(tp) is dict or tp is dict:
-            out[key] = _Field(key, tp, "dict")
-        else:
-            out[key] = _Field(key, tp, "value")
-    return out
-
-
-_INDEX = _schema_index(Config)
-_ROOT = _Field("", Config, "section")
-
-# Names people carry over from other trainers; checked before fuzzy matching.
-_ALIASES = {
-    "lr": "train.learning_rate",
-    "max_steps": "train.steps",
-    "seed": "train.seed",
-    "clip_range": "algo.epsilon",
-    "epsilon_low": "algo.epsilon",
-    "clip_ratio_low": "algo.epsilon",
-    "clip_ratio_high": "algo.epsilon_high",
-    "kl_coef": "algo.beta",
-    "group_size": "rollout.num_generations",
-    "n": "rollout.num_generations",
-    "max_new_tokens": "rollout.max_completion_length",
-    "model_name_or_path": "model.path",
-    "output_dir": "log.output_dir",
-}
-
-
-def _classify(key: str) -> Optional[_Field]:
-    """The schema field that owns ``key``: itself, or the dict field it lies below; else None."""
-    if key == "":
-        return _ROOT
-    if key in _INDEX:
-        return _INDEX[key]
-    parts = key.split(".")
-    for i in range(len(parts) - 1, 0, -1):
-        owner = _INDEX.get(".".join(parts[:i]))
-        if owner is not None:
-            return owner if owner.kind == "dict" else None
-    return None
-
-
-def _suggest(key: str) -> list[str]:
-    """Closest valid keys: same leaf name elsewhere (nesting mistake), alias, then fuzzy match."""
-    leaf = key.rsplit(".", 1)[-1]
-    valid = [k for k in _INDEX if k != key]
-
-    def closeness(k: str) -> float:
-        return difflib.SequenceMatcher(None, key, k).ratio()
-
-    same_leaf = [k for k in valid if k.rsplit(".", 1)[-1] == leaf]
-    if same_leaf:  # e.g. num_generations lives in both rollout and eval: offer both
-        return sorted(same_leaf, key=closeness, reverse=True)[:3]
-    if leaf in _ALIASES:
-        return [_ALIASES[leaf]]
-    parent = key.rpartition(".")[0]
-    siblings = [k for k in valid if k.rpartition(".")[0] == parent]
-    for pool in (siblings, valid):
-        close = difflib.get_close_matches(key, pool, n=1, cutoff=0.6)
-        if close:
-            return close
-    leaves: dict[str, list[str]] = {}
-    for k in valid:
-        leaves.setdefault(k.rsplit(".", 1)[-1], []).append(k)
-    close = difflib.get_close_matches(leaf, list(leaves), n=1, cutoff=0.75)
-    if close:
-        return [max(leaves[close[0]], key=closeness)]
-    return []
-
-
-def _type_name(tp: Any) -> str:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is Union:
-        names = [_type_name(a) for a in args if a is not type(None)]
-        return " or ".join(names) + (" or null" if type(None) in args else "")
-    if origin is list:
-        return f"list of {_type_name(args[0])}" if args else "list"
-    if origin is dict:
-        return f"mapping of {_type_name(args[0])} to {_type_name(args[1])}" if args else "mapping"
-    if tp is Any:
-        return "any value"
-    if dataclasses.is_dataclass(tp):
-        return "section (a mapping of its keys)"
-    return getattr(tp, "__name__", str(tp))
-
-
-def _expected_type(key: str) -> str:
-    field = _classify(key)
-    if field is None:
-        return "?"
-    if field.key == key or field.kind != "dict":
-        return _type_name(field.type)
-    args = typing.get_args(field.type)
-    # One level below a dict field the value type applies; deeper down it is free-form.
-    depth = key.count(".") - field.key.count(".")
-    return _type_name(args[1]) if args and depth == 1 else "any value"
-
-
-# --------------------------------------------------------------------------------------------
 # Collecting (key, value, origin) items from YAML files and overrides
 # --------------------------------------------------------------------------------------------
 
@@ -232,11 +113,11 @@ class _Item:
 
 def _unknown(key: str, where: str) -> ConfigError:
     msg = f"unknown config key '{key}' ({where})"
-    suggestions = _suggest(key)
+    suggestions = suggest(key)
     if suggestions:
         msg += "; did you mean " + " or ".join(f"'{k}'" for k in suggestions) + "?"
     else:
-        msg += "; valid top-level keys: " + ", ".join(k for k in _INDEX if "." not in k)
+        msg += "; valid top-level keys: " + ", ".join(k for k in INDEX if "." not in k)
     return ConfigError(msg)
 
 
@@ -259,7 +140,7 @@ def _collect(
         return  # "model:" with everything below commented out
     if not isinstance(node, yaml.MappingNode):
         value = loader.construct_object(node, deep=True)
-        example = next(k for k in _INDEX if k.startswith(prefix + ".")) if prefix else "train.steps"
+        example = next(k for k in INDEX if k.startswith(prefix + ".")) if prefix else "train.steps"
         raise ConfigError(
             f"config key '{prefix or '<root>'}' ({where(node)}) is a section and must be a mapping of "
             f"its keys, got {value!r}; set a key inside it, e.g. '{example}'"
@@ -272,7 +153,7 @@ def _collect(
         if not prefix and key in skip_root:
             continue
         path = f"{prefix}.{key}" if prefix else key
-        field = _classify(path)
+        field = classify(path)
         if field is None:
             raise _unknown(path, where(k_node))
         locations.setdefault(path, where(k_node))
@@ -359,7 +240,7 @@ def _override_items(override: str, items: list[_Item], locations: dict[str, str]
     if not key:
         raise ConfigError(f"malformed override {override!r}: expected the form key=value (the key is empty)")
     where_str = f"on the command line: {override}"
-    field = _classify(key)
+    field = classify(key)
     if field is None:
         raise _unknown(key, where_str)
     loader, node = _compose(text, f"the value of override {override!r}")
@@ -385,11 +266,11 @@ def _apply(cfg: Any, item: _Item, locations: dict[str, str]) -> None:
         value = getattr(exc, "value", item.value) if key != item.key else item.value
         where = locations.get(key, item.where)
         hint = ""
-        if typing.get_origin(_classify(key).type if _classify(key) else None) is list:
+        if typing.get_origin(classify(key).type if classify(key) else None) is list:
             example = value if isinstance(value, (str, int, float)) else "a, b"
             hint = f" (write a list, e.g. {key}=[{example}])"
         raise ConfigError(
-            f"invalid value {value!r} for config key '{key}' ({where}): expected {_expected_type(key)}{hint}"
+            f"invalid value {value!r} for config key '{key}' ({where}): expected {expected_type(key)}{hint}"
         ) from None
 
 
@@ -474,7 +355,7 @@ def check_unused_keys(cfg: Config, keys: Sequence[str], who: str) -> None:
     changed: list[str] = []
     for key in keys:
         now, default = value(current, key), value(defaults, key)
-        if isinstance(now, dict) and key in _INDEX and _INDEX[key].kind == "section":
+        if isinstance(now, dict) and key in INDEX and INDEX[key].kind == "section":
             changed += [f"{key}.{k}={now[k]!r}" for k in now if now[k] != default.get(k)]
         elif now != default:
             changed.append(f"{key}={now!r}")

@@ -17,7 +17,7 @@ Answers are the last ``<answer>`` block (:func:`mmrl.parsing.extract_answer`), c
 after :func:`~mmrl.parsing.normalize`; a whole-number answer compares as a number ("2",
 "2.0", "two" and "2." agree). An unparsable answer (no block, or an empty one) is not a vote:
 it counts in K, adds to nobody's count, its own agreement is None (scored 0.0 by
-:class:`mmrl.core.rewards.RewardComputer` and counted as unparsable), and for the entropy it is
+:class:`mmrl.core.reward_computer.RewardComputer` and counted as unparsable), and for the entropy it is
 its own singleton answer (many unparsable answers are maximal diversity, not agreement).
 
 Groups come from ``ctx["group_ids"]`` (N,), which the trainer passes: sample i belongs to prompt

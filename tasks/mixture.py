@@ -4,7 +4,7 @@ Why a task and not a trainer feature: the trainer already knows how to sample in
 sequence, prompt, score and log; a mixture only has to present several tasks as one sequence and
 route each example back to its own task. The label (``ex["source"]``, plus ``ex["source_id"]``,
 its position in ``tasks``) is what data-source bandits (DUMP) and per-task normalisation
-(Stratified GRPO) need, and what :class:`mmrl.core.rewards.PerSourceRewards` scores by::
+(Stratified GRPO) need, and what :class:`mmrl.core.reward_computer.PerSourceRewards` scores by::
 
     task:
       name: mixture
@@ -130,8 +130,8 @@ class Mixture(Task):
     """Examples, prompts, targets, hints and metrics of several registered tasks, by source.
 
     Rewards are not summed over the sources: each source keeps its own reward set (its defaults,
-    or ``rewards.<source>``), scored by :func:`mmrl.core.rewards.make_reward_computer`, which
-    builds a :class:`~mmrl.core.rewards.PerSourceRewards` for a mixture. The class-level
+    or ``rewards.<source>``), scored by :func:`mmrl.core.reward_computer.make_reward_computer`, which
+    builds a :class:`~mmrl.core.reward_computer.PerSourceRewards` for a mixture. The class-level
     ``rewards`` stays empty on purpose, so code that would score every sample with one reward set
     fails loudly instead of scoring counting answers with an IoU reward.
     """

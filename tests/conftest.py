@@ -67,11 +67,10 @@ def tiny_trainer(cfg):
 def capture_gradients(policy) -> dict:
     """The gradients the optimizer step sees, by parameter name (train_step frees them right
     after the step, so they are snapshotted inside it)."""
-    grads, step = {}, policy.optimizer.step
+    grads = {}
 
-    def capturing_step(*args, **kwargs):
+    def snapshot(optimizer, args, kwargs):
         grads.update({n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None})
-        return step(*args, **kwargs)
 
-    policy.optimizer.step = capturing_step
+    policy.optimizer.register_step_pre_hook(snapshot)
     return grads

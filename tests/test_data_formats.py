@@ -213,7 +213,7 @@ def test_grounding_trains_a_step_on_vlm_r1_conversations(random_tiny_dir, tmp_pa
     path = write_rec_conversations(tmp_path)
     cfg = tiny_run_config(random_tiny_dir, tmp_path / "runs", 1, "task.name=grounding",
                           f"task.options.train_path={path}", f"task.options.eval_path={path}",
-                          "model.max_pixels=50176")
+                          "vlm.max_pixels=50176")
     result = mmrl.train(cfg)
     assert result.steps == 1
     lines = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]

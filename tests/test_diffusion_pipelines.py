@@ -11,7 +11,7 @@ import torch
 
 from diffusion_fixtures import build_tiny_flux, build_tiny_sd3, build_tiny_wan
 from mmrl.diffusion.base import FlowPipeline
-from mmrl.diffusion.pipelines import ADAPTERS, FluxAdapter, SD3Adapter, WanAdapter, load_pipeline
+from mmrl.diffusion.adapters import ADAPTERS, FluxAdapter, SD3Adapter, WanAdapter, load_pipeline
 
 PROMPTS = ["a red cat", "two dogs on grass"]
 

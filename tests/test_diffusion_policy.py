@@ -9,7 +9,7 @@ import torch
 from conftest import make_config
 from mmrl.core.losses import Objective, ObjectiveConfig
 from mmrl.diffusion.policy import DiffusionPolicy
-from mmrl.diffusion.tiny import TinyFlowPipeline, new_tiny_models, save_tiny
+from mmrl.diffusion.tiny import new_tiny_models, save_tiny
 
 PROMPTS = ["a red circle", "two blue squares on the left"]
 EXAMPLES = [{"prompt": p, "_index": i} for i, p in enumerate(PROMPTS)]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import make_config
-from mmrl.core.losses import Objective, ObjectiveConfig, policy_loss
+from mmrl.core.losses import Objective, ObjectiveConfig
 from mmrl.registry import TASKS
 from mmrl.vlm import tiny
 from mmrl.vlm.policy import VLMPolicy

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import capture_gradients, make_config
-from mmrl.core.losses import Objective, ObjectiveConfig, policy_loss
+from mmrl.core.losses import Objective, ObjectiveConfig
 from mmrl.registry import TASKS
 from mmrl.vlm.policy import VLMPolicy
 from mmrl.vlm.processing import _expand_placeholders

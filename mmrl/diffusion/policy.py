@@ -21,9 +21,8 @@ Objectives (``algo.loss_type``):
 from __future__ import annotations
 
 import contextlib
-import copy
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -58,7 +57,7 @@ def load_generator(path: str, device: torch.device, dtype: torch.dtype) -> FlowP
                                     "`mmrl build-tiny diffusion`")
     if is_tiny_dir(path):
         return TinyFlowPipeline.from_pretrained(path, device, dtype)
-    from .pipelines import load_pipeline
+    from .adapters import load_pipeline
 
     return load_pipeline(path, device, dtype)
 

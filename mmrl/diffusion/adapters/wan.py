@@ -1,0 +1,82 @@
+"""Wan 2.1 / single-transformer Wan 2.2 text-to-video (``WanPipeline``) as a FlowPipeline."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from .diffusers_base import DiffusersAdapter
+
+
+class WanAdapter(DiffusersAdapter):
+    """Wan 2.1 text-to-video (``WanPipeline``): latents ``(C, F_lat, H/8, W/8)`` with
+    ``F_lat = (num_frames - 1) // 4 + 1``, timestep ``sigma * num_train_timesteps``, CFG with the empty prompt.
+    ``decode`` gives ``(B, F, 3, H, W)`` in [0, 1]."""
+
+    family = "wan"
+    pipeline_class_name = "WanPipeline"
+    is_video = True
+    # WanAttention (self-attention attn1 and cross-attention attn2 of every block)
+    lora_targets = ["to_q", "to_k", "to_v", "to_out.0"]
+    default_guidance_scale = 5.0
+    default_height = 480
+    default_width = 832
+    default_num_frames = 81
+    max_sequence_length = 512  # WanPipeline.__call__'s default
+
+    def __init__(self, pipe, device=None, max_sequence_length: int | None = None):
+        if getattr(pipe, "transformer_2", None) is not None or pipe.config.get("boundary_ratio") is not None:
+            raise NotImplementedError(
+                "Wan 2.2 two-expert pipelines (transformer_2 / boundary_ratio) are not supported; use a Wan 2.1 or "
+                "Wan 2.2 TI2V-5B (single transformer) checkpoint"
+            )
+        super().__init__(pipe, device, max_sequence_length)
+        self.expand_timesteps = bool(pipe.config.get("expand_timesteps", False))
+        self.vae_scale_factor_temporal = int(pipe.vae_scale_factor_temporal)
+        self.vae_scale_factor_spatial = int(pipe.vae_scale_factor_spatial)
+
+    def latent_shape(self, height: int, width: int, num_frames: int | None = None) -> tuple[int, ...]:
+        frames = self.default_num_frames if num_frames is None else int(num_frames)
+        s = self.vae_scale_factor_spatial
+        return (
+            int(self.transformer_config.in_channels), (frames - 1) // self.vae_scale_factor_temporal + 1,
+            int(height) // s, int(width) // s,
+        )
+
+    def sigmas(self, num_steps: int, latent_shape: tuple[int, ...]) -> Tensor:
+        return self._schedule(num_steps)  # WanPipeline: scheduler.set_timesteps(num_inference_steps)
+
+    def _encode_prompts(self, prompts: list[str]) -> list[dict[str, Tensor]]:
+        embeds, _ = self.pipe.encode_prompt(
+            prompt=prompts, negative_prompt=None, do_classifier_free_guidance=False,
+            max_sequence_length=self.max_sequence_length, device=self.device,
+        )
+        return self._split({"prompt_embeds": embeds}, len(prompts))
+
+    def velocity(self, latents: Tensor, sigma, prompts: Sequence[str], guidance_scale: float = 1.0) -> Tensor:
+        batch = latents.shape[0]
+        cfg = guidance_scale > 1.0
+        timestep = self._sigma(sigma, batch) * self.num_train_timesteps
+        if self.expand_timesteps:  # Wan 2.2 TI2V: one timestep per (2x2-patched) token, all equal for text-to-video
+            _, _, frames, height, width = latents.shape
+            tokens = frames * ((height + 1) // 2) * ((width + 1) // 2)
+            timestep = timestep[:, None].expand(batch, tokens)
+        emb = self._embeddings(prompts, batch, cfg)
+        x = latents.to(self.device, self.dtype)
+        if cfg:
+            x, timestep = torch.cat([x, x]), torch.cat([timestep, timestep])
+        out = self.transformer(
+            hidden_states=x, timestep=timestep, encoder_hidden_states=emb["prompt_embeds"], return_dict=False,
+        )[0].float()
+        return self._guide(out, guidance_scale) if cfg else out
+
+    def decode(self, latents: Tensor) -> Tensor:
+        cfg = self.vae.config
+        x = latents.to(self.vae.device, self.vae.dtype)
+        mean = torch.tensor(cfg.latents_mean).view(1, cfg.z_dim, 1, 1, 1).to(x.device, x.dtype)
+        std = torch.tensor(cfg.latents_std).view(1, cfg.z_dim, 1, 1, 1).to(x.device, x.dtype)
+        x = x / (1.0 / std) + mean  # as WanPipeline (which divides by the reciprocal std)
+        video = self.vae.decode(x, return_dict=False)[0]  # (B, 3, F, H, W) in [-1, 1]
+        return (video.float() * 0.5 + 0.5).clamp(0, 1).permute(0, 2, 1, 3, 4).contiguous()
