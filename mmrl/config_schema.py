@@ -48,6 +48,9 @@ class VLMConfig:
 @dataclass
 class RolloutConfig:
     engine: str = "hf"  # a registered rollout engine: hf (transformers generate)
+    # Old log-probs from the engine's own sampling log-probs instead of a trainer forward (no
+    # importance-sampling correction then): faster, slightly off-policy.
+    use_engine_logprobs: bool = False
     num_generations: int = 8  # samples per prompt (the GRPO group size)
     temperature: float = 1.0
     top_p: float = 1.0
@@ -101,6 +104,14 @@ class AlgoConfig:
     difficulty_augmentation_kwargs: dict[str, Any] = field(default_factory=dict)  # noise_std, solved_reward
     off_policy_guidance: int = 0  # TempSamp-R1: reference completions injected per group (of num_generations)
     off_policy_gamma: float = 0.1  # LUFFY policy shaping f(p) = p / (p + gamma) on off-policy tokens
+    # -- rollout-engine mismatch (TRL's names) -------------------------------------------------------
+    # Truncated importance sampling ("Your Efficient RL Framework Secretly Brings You Off-Policy RL
+    # Training"): weight each token's loss by min(pi_train_old / pi_engine, clip_max) when the rollout
+    # engine reports its own log-probs.
+    vllm_importance_sampling_correction: bool = True
+    vllm_importance_sampling_mode: str = "token_truncate"  # token_truncate | token_mask | sequence_truncate | sequence_mask
+    vllm_importance_sampling_clip_max: float = 2.0
+    vllm_importance_sampling_clip_min: Optional[float] = None
 
 
 @dataclass

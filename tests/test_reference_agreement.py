@@ -152,3 +152,38 @@ def test_kl_cov_objective_is_unclipped_with_the_penalty():
     loss, metrics, grad = _kl_cov_case(clip=True)
     assert float(loss.detach()) == pytest.approx(-0.2317209, abs=1e-6)
     assert float(grad[0, 0]) == 0.0 and metrics["clip_frac_high"] == pytest.approx(1 / 3)
+
+
+def test_rollout_importance_weight_modes():
+    """old - rollout log-probs per token [0.1, 1.0, -3.0] (mask all ones), clip [0.5, 2]:
+    token_truncate: [e^0.1, e^1 -> 2, e^-3 -> 0.5] = [1.1052, 2.0, 0.5];
+    token_mask: [1.1052, 0 (2.718 > 2), 0 (0.0498 < 0.5)];
+    sequence_*: one ratio exp(0.1 + 1 - 3) = e^-1.9 = 0.1496 -> truncate 0.5, mask 0 (TRL's modes)."""
+    from mmrl.core.losses import rollout_is_weight
+
+    old = torch.tensor([[0.0, 0.0, 0.0]])
+    rollout = torch.tensor([[-0.1, -1.0, 3.0]])
+    mask = torch.ones(1, 3)
+
+    def weight(mode):
+        cfg = ObjectiveConfig(vllm_importance_sampling_mode=mode, vllm_importance_sampling_clip_min=0.5,
+                              vllm_importance_sampling_clip_max=2.0)
+        return rollout_is_weight(old, rollout, mask, cfg)
+
+    torch.testing.assert_close(weight("token_truncate"), torch.tensor([[1.1051709, 2.0, 0.5]]))
+    torch.testing.assert_close(weight("token_mask"), torch.tensor([[1.1051709, 0.0, 0.0]]))
+    torch.testing.assert_close(weight("sequence_truncate"), torch.tensor([[0.5]]))
+    torch.testing.assert_close(weight("sequence_mask"), torch.tensor([[0.0]]))
+
+
+def test_rollout_importance_weight_scales_the_policy_gradient():
+    """With engine log-probs the pg term is weighted (not the KL term): A = 1, one token, ratio 1,
+    old - rollout = log 1.5 -> loss -1.5 (token_truncate, clip 2) and the metric reports 1.5."""
+    logp = torch.zeros(1, 1, requires_grad=True)
+    cfg = ObjectiveConfig()
+    loss, m = policy_loss(logp, None, torch.ones(1), torch.ones(1, 1), cfg,
+                          rollout_logps=torch.full((1, 1), -math.log(1.5)))
+    assert float(loss.detach()) == pytest.approx(-1.5) and m["rollout_is_ratio"] == pytest.approx(1.5)
+    off = ObjectiveConfig(vllm_importance_sampling_correction=False)
+    loss, m = policy_loss(logp, None, torch.ones(1), torch.ones(1, 1), off, rollout_logps=torch.full((1, 1), -5.0))
+    assert float(loss.detach()) == pytest.approx(-1.0) and "rollout_is_ratio" not in m

@@ -20,6 +20,9 @@ class Rollouts:
       a trained denoising step), 0.0 for padding.
     - ``old_logps`` / ``ref_logps`` (N, T): log-probs of the taken actions under the sampling
       policy and the reference policy; ``None`` when not needed (one iteration / ``beta=0``).
+    - ``rollout_logps`` (N, T): the rollout engine's own log-probs of the taken actions (vLLM),
+      when it reports them; they differ slightly from the trainer's forward, which the objective
+      corrects with truncated importance sampling.
     - ``rewards`` (N,): the weighted total; ``reward_components`` each reward's raw score.
     - ``advantages`` (N,) or (N, T): filled by the core after the rewards.
     """
@@ -28,6 +31,7 @@ class Rollouts:
     action_mask: torch.Tensor
     old_logps: torch.Tensor | None = None
     ref_logps: torch.Tensor | None = None
+    rollout_logps: torch.Tensor | None = None
     rewards: torch.Tensor | None = None
     reward_components: dict[str, torch.Tensor] = field(default_factory=dict)
     advantages: torch.Tensor | None = None
@@ -63,6 +67,7 @@ class Rollouts:
             action_mask=take(self.action_mask),
             old_logps=take(self.old_logps),
             ref_logps=take(self.ref_logps),
+            rollout_logps=take(self.rollout_logps),
             rewards=take(self.rewards),
             reward_components={k: take(v) for k, v in self.reward_components.items()},
             advantages=take(self.advantages),
@@ -126,6 +131,7 @@ class Rollouts:
             action_mask=cat("action_mask"),
             old_logps=cat("old_logps"),
             ref_logps=cat("ref_logps"),
+            rollout_logps=cat("rollout_logps"),
             rewards=cat("rewards"),
             reward_components={k: torch.cat([p.reward_components[k] for p in parts]) for k in names},
             advantages=cat("advantages"),

@@ -31,8 +31,11 @@ class Sampling:
 class RolloutEngine:
     """Generates for a :class:`~mmrl.vlm.policy.VLMPolicy`. ``generate`` returns one dict per
     prompt with ``prompt_ids``, ``completion_ids`` (up to and including the first stop token),
-    ``truncated``, ``pixel_values`` and ``image_grid_thw``; ``sync_weights`` is called after every
-    optimizer step (an engine that holds its own copy of the weights reloads them there)."""
+    ``truncated``, ``pixel_values`` and ``image_grid_thw``, and optionally ``logprobs`` (the engine's
+    own log-probs of the completion tokens, float32, one per completion id: the policy then
+    corrects for the engine/trainer mismatch, or uses them as old log-probs with
+    ``rollout.use_engine_logprobs``); ``sync_weights`` is called after every optimizer step (an
+    engine that holds its own copy of the weights reloads them there)."""
 
     def __init__(self, policy):
         self.policy = policy

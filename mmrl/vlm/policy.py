@@ -186,6 +186,19 @@ class VLMPolicy(PolicyBase):
             off_policy=off_policy,
             payload={k: [s[k] for s in samples] for k in PAYLOAD_KEYS},
         )
+        if samples and all(s.get("logprobs") is not None for s in samples):
+            # The engine reported its own sampling log-probs (vLLM): either they are the old
+            # log-probs (rollout.use_engine_logprobs), or the trainer's forward gives the old
+            # log-probs and the objective corrects for the mismatch (truncated IS).
+            engine = torch.zeros_like(mask)
+            for i, s in enumerate(samples):
+                engine[i, :len(s["logprobs"])] = torch.as_tensor(s["logprobs"], dtype=engine.dtype)
+            if self.cfg.rollout.use_engine_logprobs:
+                batch.old_logps = engine
+                need_old_logps = False
+            else:
+                batch.rollout_logps = engine
+                need_old_logps = need_old_logps or self.cfg.algo.vllm_importance_sampling_correction
         empty = torch.zeros(0, 0)
         if need_old_logps:
             batch.old_logps = self.score(batch, reference=False) if samples else empty
@@ -350,6 +363,7 @@ class VLMPolicy(PolicyBase):
                 sub.advantages.to(dev),
                 sub.action_mask.to(dev),
                 ref_logps=None if sub.ref_logps is None else sub.ref_logps.to(dev),
+                rollout_logps=None if sub.rollout_logps is None else sub.rollout_logps.to(dev),
                 num_tokens=num_tokens, num_seqs=num_seqs, **extra,
             )
 

@@ -7,12 +7,12 @@
 """
 
 from .config import KL_ESTIMATORS, LOSS_AGG_MODES, ObjectiveConfig
-from .objective import Objective, aggregate, count_sequences, kl_penalty, policy_loss
+from .objective import Objective, aggregate, count_sequences, kl_penalty, policy_loss, rollout_is_weight
 from .selection import TokenSelection, select_tokens, token_covariance
 from .surrogates import Surrogate, off_policy_shaped_loss
 
 __all__ = [
     "KL_ESTIMATORS", "LOSS_AGG_MODES", "Objective", "ObjectiveConfig", "Surrogate", "TokenSelection",
-    "aggregate", "count_sequences", "kl_penalty", "off_policy_shaped_loss", "policy_loss", "select_tokens",
+    "aggregate", "count_sequences", "rollout_is_weight", "kl_penalty", "off_policy_shaped_loss", "policy_loss", "select_tokens",
     "token_covariance",
 ]

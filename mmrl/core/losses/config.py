@@ -8,6 +8,7 @@ from typing import Any, Optional
 from mmrl.registry import LOSSES
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
+IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 LOSS_AGG_MODES = (
     "token_mean",
     "seq_mean_token_sum",
@@ -25,7 +26,8 @@ def check_choice(value: str, valid: tuple[str, ...], what: str) -> None:
 VARIANT_FIELDS = (
     "loss_type", "reg_scale", "clip_pos", "clip_neg", "dual_clip_c", "entropy_coef",
     "top_entropy_quantile", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio",
-    "kl_cov_coef", "kl_cov_clip", "off_policy_gamma",
+    "kl_cov_coef", "kl_cov_clip", "off_policy_gamma", "vllm_importance_sampling_correction",
+    "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min",
 )
 
 
@@ -68,12 +70,18 @@ class ObjectiveConfig:
     kl_cov_ratio: Optional[float] = None  # KL-Cov: fraction of top-cov tokens (e.g. 2e-3)
     kl_cov_coef: float = 1.0  # KL-Cov: weight of |logp - old_logp| on those tokens
     kl_cov_clip: bool = False  # KL-Cov keeps the PPO clip (off: the paper's unclipped -A * ratio)
+    # ---- rollout-engine mismatch: truncated importance sampling (see rollout_is_weight) ----
+    vllm_importance_sampling_correction: bool = True
+    vllm_importance_sampling_mode: str = "token_truncate"
+    vllm_importance_sampling_clip_max: Optional[float] = 2.0
+    vllm_importance_sampling_clip_min: Optional[float] = None
     off_policy_gamma: float = 0.1  # LUFFY policy shaping f(p) = p / (p + gamma) of off-policy rows
 
     def __post_init__(self) -> None:
         # Fail when the config is built, not on the first training step.
         check_choice(self.kl_estimator, KL_ESTIMATORS, "kl_estimator")
         check_choice(self.loss_agg_mode, LOSS_AGG_MODES, "loss_agg_mode")
+        check_choice(self.vllm_importance_sampling_mode, IS_MODES, "vllm_importance_sampling_mode")
         LOSSES.get(self.loss_type, "algo.loss_type")  # an unknown name fails here, naming the valid ones
         self.clip_pos = _pair(self.clip_pos, "clip_pos")
         self.clip_neg = _pair(self.clip_neg, "clip_neg")

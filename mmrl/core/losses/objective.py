@@ -31,7 +31,7 @@ from .config import KL_ESTIMATORS, LOSS_AGG_MODES, ObjectiveConfig, check_choice
 from .selection import TokenSelection, select_tokens
 from .surrogates import off_policy_shaped_loss
 
-__all__ = ["Objective", "policy_loss", "aggregate", "count_sequences", "kl_penalty"]
+__all__ = ["Objective", "policy_loss", "aggregate", "count_sequences", "kl_penalty", "rollout_is_weight"]
 
 K3_LOG_RATIO_CLAMP = 20.0  # verl's low_var_kl bounds
 K3_VALUE_CLAMP = 10.0
@@ -137,6 +137,7 @@ def policy_loss(
     off_policy: Optional[Tensor] = None,
     kl: Optional[Tensor] = None,
     inputs: Optional[dict[str, Any]] = None,
+    rollout_logps: Optional[Tensor] = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Clipped surrogate loss (PPO / GRPO / DAPO) plus an optional KL penalty.
 
@@ -189,6 +190,12 @@ def policy_loss(
     ``requires``; e.g. DiffusionNFT's positive/negative velocity errors). ``logps`` may then be
     None: the ratio metrics are left out.
 
+    ``rollout_logps`` (B, T): the rollout engine's own log-probs of the sampled tokens (vLLM). With
+    ``cfg.vllm_importance_sampling_correction`` the policy-gradient term is weighted by
+    :func:`rollout_is_weight` (truncated importance sampling of "Your Efficient RL Framework
+    Secretly Brings You Off-Policy RL Training"), correcting for the engine sampling from a slightly
+    different distribution than the trainer's forward computes; ``rollout_is_ratio`` is logged.
+
     ``kl`` (B, T): a per-action KL to the reference that the policy computed in closed form (a
     diffusion policy's KL between the Gaussian step distributions of policy and reference, Flow-GRPO's
     ``||mu - mu_ref||^2 / (2 sigma^2)``); when given it replaces the estimator on ``ref_logps``.
@@ -239,6 +246,11 @@ def policy_loss(
     if weight is not None:
         pg = pg * weight
         per_token = pg
+    is_weight = None
+    if rollout_logps is not None and cfg.vllm_importance_sampling_correction:
+        is_weight = rollout_is_weight(old_logps, rollout_logps, mask, cfg)
+        pg = pg * is_weight
+        per_token = pg
     if selection is not None and selection.kl_cov is not None:
         kl_cov = selection.kl_cov.to(pg.dtype) * (logps - old_logps).abs()
         per_token = per_token + cfg.kl_cov_coef * kl_cov
@@ -265,7 +277,32 @@ def policy_loss(
         num_seqs=num_seqs,
         max_completion_length=cfg.max_completion_length,
     )
-    return loss, _metrics(cfg, sur, logps, old_logps, advantages, mask, pg, loss, kl, entropies, selection, off_rows)
+    metrics = _metrics(cfg, sur, logps, old_logps, advantages, mask, pg, loss, kl, entropies, selection, off_rows)
+    if is_weight is not None:
+        with torch.no_grad():
+            metrics["rollout_is_ratio"] = float((is_weight.expand_as(mask) * mask).sum() / mask.sum().clamp(min=1))
+    return loss, metrics
+
+
+@torch.no_grad()
+def rollout_is_weight(old_logps: Tensor, rollout_logps: Tensor, mask: Tensor, cfg: ObjectiveConfig) -> Tensor:
+    """Importance weight of the rollout engine's samples, "Your Efficient RL Framework Secretly
+    Brings You Off-Policy RL Training" (Yao et al., 2025), in TRL's four modes:
+    ``rho = exp(old_logps - rollout_logps)`` per token (``token_*``) or per sequence
+    (``sequence_*``: the sum over the sequence's tokens), then ``*_truncate`` clamps it to
+    ``[clip_min, clip_max]`` and ``*_mask`` zeroes it outside that range. E.g. token_truncate with
+    clip_max 2: log-ratios [0.1, 1.0] -> weights [e^0.1, 2.0] = [1.1052, 2.0]. A NaN engine log-prob
+    (not reported) counts as no mismatch (weight 1)."""
+    diff = torch.nan_to_num((old_logps - rollout_logps.to(old_logps.dtype)) * mask, nan=0.0)
+    mode = cfg.vllm_importance_sampling_mode
+    if mode.startswith("sequence"):
+        diff = diff.sum(-1, keepdim=True)
+    rho = torch.exp(diff)
+    lo = -float("inf") if cfg.vllm_importance_sampling_clip_min is None else cfg.vllm_importance_sampling_clip_min
+    hi = float("inf") if cfg.vllm_importance_sampling_clip_max is None else cfg.vllm_importance_sampling_clip_max
+    if mode.endswith("truncate"):
+        return rho.clamp(min=lo, max=hi)
+    return rho.masked_fill((rho < lo) | (rho > hi), 0.0)
 
 
 @torch.no_grad()
