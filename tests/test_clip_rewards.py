@@ -29,10 +29,13 @@ SEEN: list[dict] = []
 
 @register_reward("test_clip_spy", media="image")
 def spy(completions, examples, **ctx):
-    """Records what the reward itself received; scores a frame by its group id (None for a 1-px frame)."""
-    ids = ctx["group_ids"].tolist()
-    SEEN.append({"n": len(completions), "group_ids": ids, "prompts": [ex["prompt"] for ex in examples]})
-    return [None if im.size == (1, 1) else float(g) for im, g in zip(completions, ids)]
+    """Records what the reward itself received; scores a frame by its group id (None for a 1-px
+    frame, or anything but an image: rewards are called on arbitrary input elsewhere)."""
+    ids = ctx["group_ids"].tolist() if ctx.get("group_ids") is not None else [0] * len(completions)
+    SEEN.append({"n": len(completions), "group_ids": ids,
+                 "prompts": [ex.get("prompt") if isinstance(ex, dict) else None for ex in examples]})
+    return [float(g) if isinstance(im, Image.Image) and im.size != (1, 1) else None
+            for im, g in zip(completions, ids)]
 
 
 def test_hand_computed_mean_and_min():
