@@ -8,6 +8,17 @@ import torch
 torch.set_num_threads(2)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` run where torch sees a CUDA device and are skipped, with the reason,
+    everywhere else (never faked on CPU)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def random_tiny_dir(tmp_path_factory):
     """An untrained tiny Qwen2.5-VL checkpoint directory (tokenizer trained on task text)."""

@@ -15,6 +15,7 @@ import math
 
 import pytest
 import torch
+from PIL import Image
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
@@ -65,7 +66,7 @@ def rows(run_dir) -> list[dict]:
 def test_lora_step_through_the_cli(family, request, prompt_file, tmp_path):
     model_dir = request.getfixturevalue(f"{family}_dir")
     cli("train", "diffusion", *t2i_overrides(model_dir, prompt_file, tmp_path, family, 1, "model.lora.enabled=true",
-                                             "model.lora.r=4"))
+                                             "model.lora.r=4", "log.save_rollouts_every=1", "log.num_rollouts_to_save=2"))
     run = tmp_path / family
     train = [r for r in rows(run) if "reward" in r]
     assert [r["step"] for r in train] == [1]
@@ -91,6 +92,12 @@ def test_lora_step_through_the_cli(family, request, prompt_file, tmp_path):
     assert (ckpt / "optimizer.pt").exists() and not (ckpt / "transformer").exists()
     for grid in ("samples_before.png", "samples_after.png"):
         assert (run / grid).stat().st_size > 200
+    # the step's rollouts: an image as a PNG, a clip as a GIF of its frames
+    saved = [json.loads(line) for line in (run / "rollouts" / "step_000001" / "rollouts.jsonl").read_text().splitlines()]
+    assert [r["completion"] for r in saved] == ([f"{i}_completion.gif" for i in range(2)] if family == "wan"
+                                                else [f"{i}_completion.png" for i in range(2)])
+    with Image.open(run / "rollouts" / "step_000001" / saved[0]["completion"]) as im:
+        assert im.size == (16, 16) and getattr(im, "n_frames", 1) == (FRAMES if family == "wan" else 1)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 1 and set(summary["before"]) >= {"reward/brightness", "reward/jpeg_compressibility"}
 
