@@ -7,6 +7,9 @@ import torch
 
 torch.set_num_threads(2)
 
+# The tiny generators (sd3_dir, flux_dir, wan_dir, tiny_flow_dir ...), each built once a session.
+pytest_plugins = ["diffusion_fixtures"]
+
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` run where torch sees a CUDA device and are skipped, with the reason,

@@ -5,8 +5,9 @@ The configs follow diffusers' own ``get_dummy_components`` in its pipeline tests
 tokenizers are built here from a few-dozen-token vocabulary instead of being fetched from the hub,
 and the VAEs downsample (scale factor 2 for the image VAEs) so that the adapters' scale-factor
 arithmetic is exercised. Each ``build_tiny_*`` saves the pipeline with ``save_pretrained(dir)``
-and returns ``dir``. The fixtures at the end build each once per test module that imports them
-(``from diffusion_fixtures import sd3_dir``), so a module pays only for the generators it uses.
+and returns ``dir``. The fixtures at the end (``sd3_dir``, ``wan_dir``, ``tiny_flow_dir`` ...) are
+registered for every test by ``tests/conftest.py`` (``pytest_plugins``); each generator is built once
+a session, and only when a test asks for it.
 """
 
 from __future__ import annotations
@@ -168,7 +169,7 @@ def build_tiny_flow(path, prediction: str = "sample") -> Path:
     return save_tiny(Path(path), *models, info={"prediction": prediction})
 
 
-# -- fixtures: a test module imports the ones it uses ---------------------------------------------
+# -- fixtures (registered by tests/conftest.py) ----------------------------------------------------
 
 @pytest.fixture(scope="module")
 def one_thread():

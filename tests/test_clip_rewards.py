@@ -9,7 +9,6 @@ import torch
 from PIL import Image
 
 from conftest import make_config
-from diffusion_fixtures import one_thread, wan_dir  # noqa: F401  (fixtures)
 from mmrl import register_reward
 from mmrl.core.reward_computer import RewardComputer
 from mmrl.registry import REWARDS

@@ -9,7 +9,6 @@ import json
 import pytest
 import torch
 
-from diffusion_fixtures import flux_dir, one_thread, schnell_dir, sd3_dir, wan_dir  # noqa: F401  (fixtures)
 from mmrl.diffusion.base import FlowPipeline
 from mmrl.diffusion.adapters import ADAPTERS, FluxAdapter, SD3Adapter, WanAdapter, load_pipeline
 

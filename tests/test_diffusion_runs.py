@@ -20,7 +20,6 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 import mmrl
-from diffusion_fixtures import flux_dir, one_thread, sd3_dir, tiny_flow_dir, wan_dir  # noqa: F401  (fixtures)
 from mmrl.cli import app
 from mmrl.runs.checkpoint import CheckpointManager
 

@@ -9,7 +9,6 @@ import math
 import pytest
 
 import mmrl
-from diffusion_fixtures import tiny_flow_dir  # noqa: F401  (fixture)
 from precision_checks import check_generator_bf16_step, check_master_weights_contrast, check_vlm_bf16_step
 
 pytestmark = pytest.mark.gpu

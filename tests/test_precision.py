@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from diffusion_fixtures import one_thread, sd3_dir, tiny_flow_dir  # noqa: F401  (fixtures)
 from precision_checks import check_generator_bf16_step, check_master_weights_contrast, check_vlm_bf16_step
 
 

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from diffusion_fixtures import one_thread  # noqa: F401  (fixture)
 from mmrl.data.shapes_t2i import COUNT_WORDS, caption_noise_rates, example, mislabel, sample_spec
 from mmrl.diffusion.pretrain import pretrain_tiny_generator, update_ema
 from mmrl.diffusion.tiny import MARKER, SIGMA_FLOOR, TinyFlowPipeline, new_tiny_models, tiny_configs
