@@ -27,6 +27,7 @@ from ..core.rollouts import Rollouts
 from .engines import Sampling
 from .loading import VLM_LORA_TARGETS, load_vlm, resolve_model_path, vision_tower
 from .logprobs import split_head, token_logprobs
+from .vision_once import share_image_encoding
 from .processing import split_patches
 
 __all__ = ["VLMPolicy", "load_vlm", "resolve_model_path", "vision_tower"]
@@ -68,6 +69,12 @@ class VLMPolicy(PolicyBase):
         if self.lora:
             self._apply_lora(cfg.model.lora)
         self.finish_setup()
+        # Each distinct image through the vision tower once per forward (after finish_setup: the
+        # reference copy gets its own); kept for the whole RL step when the tower cannot change.
+        tower = vision_tower(self.module)
+        frozen = tower is not None and not any(p.requires_grad for p in tower.parameters())
+        self.image_encoders = [e for m in (self.module, self.ref_module) if m is not None
+                               if (e := share_image_encoding(m, cache=frozen)) is not None]
         self.engine = ENGINES.get(cfg.rollout.engine, "rollout.engine")(self)
 
     @property
@@ -130,6 +137,11 @@ class VLMPolicy(PolicyBase):
 
     def after_optimizer_step(self) -> None:
         self.engine.sync_weights()
+
+    def begin_step(self, step: int) -> None:
+        """A new RL step: forget the image features kept for the last one."""
+        for encoder in self.image_encoders:
+            encoder.clear()
 
     # -- encoding -------------------------------------------------------------------------------
     @staticmethod
