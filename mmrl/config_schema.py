@@ -43,6 +43,9 @@ class VLMConfig:
     # model family's (Qwen2.5-VL resized pixels, Qwen2-VL / Qwen3-VL 0-1000).
     box_space: Optional[str] = None
     freeze_vision: bool = False  # the vision tower is not trained (stored in the compute dtype)
+    # transformers' image-processor backend: auto (torchvision on a GPU training device, else pil) |
+    # pil | torchvision (resize / normalise / patchify on the training device, from uint8 tensors)
+    image_processor_backend: str = "auto"
 
 
 @dataclass

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .processing import VLMProcessor
+from .processing import VLMProcessor, choose_image_backend
 
 # LoRA targets when model.lora.target_modules is unset: the language model's attention and MLP.
 VLM_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -36,8 +36,9 @@ def resolve_model_path(path: str) -> Path:
 
 def load_vlm(path: str, device: torch.device, dtype: torch.dtype = torch.float32,
              attn_implementation: str | None = None, min_pixels: int | None = None,
-             max_pixels: int | None = None):
-    """Model (weights in ``dtype``) and :class:`VLMProcessor` with the given image budget."""
+             max_pixels: int | None = None, image_backend: str = "auto"):
+    """Model (weights in ``dtype``) and :class:`VLMProcessor` with the given image budget and
+    image-processor backend (``vlm.image_processor_backend``, see ``choose_image_backend``)."""
     from transformers import AutoModelForImageTextToText
 
     where = resolve_model_path(path)
@@ -45,7 +46,8 @@ def load_vlm(path: str, device: torch.device, dtype: torch.dtype = torch.float32
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     model = AutoModelForImageTextToText.from_pretrained(str(where), **kwargs).to(device)
-    processor = VLMProcessor.from_pretrained(where, min_pixels, max_pixels)
+    backend, image_device = choose_image_backend(image_backend, torch.device(device))
+    processor = VLMProcessor.from_pretrained(where, min_pixels, max_pixels, backend, image_device)
     return model, processor
 
 

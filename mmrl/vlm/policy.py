@@ -49,7 +49,8 @@ class VLMPolicy(PolicyBase):
         # stored in the compute dtype (the adapters become float32 in finish_setup).
         self.module, self.processor = load_vlm(cfg.model.path, self.device,
                                                self.compute_dtype if self.lora else torch.float32,
-                                               cfg.model.attn_implementation, v.min_pixels, v.max_pixels)
+                                               cfg.model.attn_implementation, v.min_pixels, v.max_pixels,
+                                               v.image_processor_backend)
         self.module.config.use_cache = True
         self.tokenizer = self.processor.tokenizer
         eos = self.module.generation_config.eos_token_id

@@ -7,6 +7,10 @@ chat template, all real transformers objects loaded from the checkpoint director
 does the one thing the processor adds on top: expanding each ``<|image_pad|>`` placeholder into
 one token per merged vision patch. A parity test compares the result with the HF processor
 wherever torchvision is installed.
+
+Two image-processor backends, both transformers' own: ``pil`` (portable, CPU) and
+``torchvision``, which resizes, normalises and patchifies uint8 tensors on a ``device`` (the
+training GPU), so preprocessing does not bound a step (see :func:`choose_image_backend`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any, Sequence
 
 import torch
 
+IMAGE_BACKENDS = ("auto", "pil", "torchvision")
 IMAGE_PAD = "<|image_pad|>"
 VIDEO_PAD = "<|video_pad|>"
 
@@ -32,13 +37,40 @@ def mm_token_type_ids(input_ids: torch.Tensor, image_token_id: int, video_token_
     return types
 
 
+def torchvision_available() -> bool:
+    try:
+        import torchvision  # noqa: F401
+    except Exception:  # not installed, or a build that does not match torch
+        return False
+    return True
+
+
+def choose_image_backend(backend: str, device: torch.device) -> tuple[str, torch.device | None]:
+    """``(backend, device)`` for ``vlm.image_processor_backend``: ``auto`` is torchvision on the
+    training device when that is a GPU and torchvision imports (PIL on a CPU: the same numbers as
+    ever, and no faster there), else pil; ``torchvision`` runs on the training device."""
+    if backend not in IMAGE_BACKENDS:
+        raise ValueError(f"vlm.image_processor_backend={backend!r}: one of {', '.join(IMAGE_BACKENDS)}")
+    if backend == "auto":
+        backend = "torchvision" if device.type != "cpu" and torchvision_available() else "pil"
+    if backend == "torchvision" and not torchvision_available():
+        raise ValueError("vlm.image_processor_backend=torchvision needs torchvision: pip install -e \".[video]\" "
+                         "(or set vlm.image_processor_backend=pil)")
+    return backend, (device if backend == "torchvision" else None)
+
+
 class VLMProcessor:
-    """Tokenizer + image processor + chat template of a Qwen2-VL/2.5-VL/3-VL checkpoint."""
+    """Tokenizer + image processor + chat template of a Qwen2-VL/2.5-VL/3-VL checkpoint.
+
+    ``device``: where a torchvision-backed image processor works (None: its default, the CPU);
+    images then go to it as uint8 tensors and ``pixel_values`` come back on it."""
 
     def __init__(self, tokenizer, image_processor, chat_template: str | None = None,
-                 min_pixels: int | None = None, max_pixels: int | None = None):
+                 min_pixels: int | None = None, max_pixels: int | None = None,
+                 device: torch.device | None = None):
         self.tokenizer = tokenizer
         self.image_processor = image_processor
+        self.device = device
         self.chat_template = chat_template or getattr(tokenizer, "chat_template", None)
         if self.chat_template is None:
             raise ValueError("the checkpoint has no chat template (chat_template.jinja / tokenizer_config.json)")
@@ -53,17 +85,20 @@ class VLMProcessor:
         return mm_token_type_ids(input_ids, self.image_token_id, self.video_token_id)
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, min_pixels: int | None = None, max_pixels: int | None = None):
+    def from_pretrained(cls, path: str | Path, min_pixels: int | None = None, max_pixels: int | None = None,
+                        backend: str = "pil", device: torch.device | None = None):
+        """``backend``: ``pil`` or ``torchvision`` (transformers' two image-processor backends);
+        ``device`` only with torchvision."""
         from transformers import AutoImageProcessor, AutoTokenizer
 
         path = str(path)
         tokenizer = AutoTokenizer.from_pretrained(path)
-        image_processor = AutoImageProcessor.from_pretrained(path)
+        image_processor = AutoImageProcessor.from_pretrained(path, backend=backend)
         template = getattr(tokenizer, "chat_template", None)
         jinja = Path(path) / "chat_template.jinja"
         if template is None and jinja.exists():
             template = jinja.read_text()
-        return cls(tokenizer, image_processor, template, min_pixels, max_pixels)
+        return cls(tokenizer, image_processor, template, min_pixels, max_pixels, device)
 
     # -- configuration ----------------------------------------------------------------------
     @property
@@ -107,9 +142,9 @@ class VLMProcessor:
         flat = [im for ims in (images or []) for im in ims]
         out: dict[str, torch.Tensor] = {}
         if flat:
-            vision = self.image_processor(images=flat, return_tensors="pt")
+            vision = self._encode_images(flat)
             out["pixel_values"] = vision["pixel_values"]
-            out["image_grid_thw"] = vision["image_grid_thw"]
+            out["image_grid_thw"] = vision["image_grid_thw"].cpu()
             counts = (vision["image_grid_thw"].prod(-1) // (self.merge_size**2)).tolist()
             texts = _expand_placeholders(texts, counts)
         enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -117,6 +152,15 @@ class VLMProcessor:
         out["attention_mask"] = enc["attention_mask"]
         out["mm_token_type_ids"] = self.token_types(enc["input_ids"])
         return out
+
+    def _encode_images(self, images: list) -> dict:
+        if self.device is None:
+            return self.image_processor(images=images, return_tensors="pt")
+        from torchvision.transforms.functional import pil_to_tensor
+
+        # uint8 tensors on the device: the resize and normalisation run there, not in PIL
+        tensors = [pil_to_tensor(im.convert("RGB")).to(self.device, non_blocking=True) for im in images]
+        return self.image_processor(images=tensors, return_tensors="pt", device=self.device)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
