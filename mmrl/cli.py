@@ -7,6 +7,7 @@
     mmrl eval runs/exp1                             # score the run's final checkpoint on the eval split
     mmrl build-tiny vlm                             # rebuild the shipped tiny model
     mmrl bench algos --variants grpo,dapo --steps 40  # compare RL algorithms on the same task and seed
+    mmrl bench speed --prompts 2 --generations 4 --tokens 16  # mmrl vs TRL's GRPOTrainer, same work
 """
 
 from __future__ import annotations
@@ -217,6 +218,39 @@ def bench_diffusion(
     path, overrides = _split_args(list(args or []))
     _run_bench(lambda: run_diffusion_bench(names, steps=steps, seed=seed, out_dir=out, config=path or DEFAULT_CONFIG,
                                            extra_overrides=overrides))
+
+
+@bench_app.command(name="speed", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def bench_speed(
+    args: Optional[List[str]] = typer.Argument(None, help="[CONFIG.yaml] [key=value overrides for the mmrl side...]"),
+    shape: str = typer.Option("tiny", help="tiny (the shipped tiny Qwen2.5-VL) | 3b (a random Qwen2.5-VL-3B-shaped "
+                              "model built under --out, no downloads)"),
+    lora: bool = typer.Option(False, "--lora", help="LoRA on both sides (model.lora.* settings)"),
+    prompts: int = typer.Option(4, help="prompts per step"),
+    generations: int = typer.Option(8, help="samples per prompt (group size)"),
+    tokens: int = typer.Option(256, help="completion tokens per sample (forced: min = max new tokens)"),
+    steps: int = typer.Option(3, help="measured steps per side"),
+    warmup: int = typer.Option(1, help="warm-up steps per side, left out of the table"),
+    micro_batch: int = typer.Option(0, help="samples per forward/backward on both sides (0: min(16, samples))"),
+    device: str = typer.Option("cpu", help="cpu | cuda"),
+    dtype: str = typer.Option("auto", help="compute dtype: auto (bfloat16 on cuda, float32 on cpu) | float32 | bfloat16"),
+    engine: str = typer.Option("hf", help="mmrl's rollout engine (rollout.engine): hf | vllm"),
+    seed: int = typer.Option(0),
+    out: Path = typer.Option(Path("runs/bench-speed"), help="output directory (speed.json, speed.md)"),
+):
+    """mmrl against TRL's GRPOTrainer on the same model, prompts, group size and forced completion
+    lengths, in one process: samples/s, tokens/s, rollout vs update time, peak memory, mmrl/TRL."""
+    from .bench.speed import DEFAULT_CONFIG, SpeedOptions, check_trl, run_speed_bench
+
+    try:
+        check_trl()
+    except ImportError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2)
+    opts = SpeedOptions(shape=shape, lora=lora, prompts=prompts, generations=generations, tokens=tokens, steps=steps,
+                        warmup=warmup, micro_batch=micro_batch, device=device, dtype=dtype, engine=engine, seed=seed)
+    path, overrides = _split_args(list(args or []))
+    _run_bench(lambda: run_speed_bench(opts, out_dir=out, config=path or DEFAULT_CONFIG, extra_overrides=overrides))
 
 
 @app.command(name="list")
