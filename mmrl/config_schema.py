@@ -165,6 +165,10 @@ class TrainConfig:
     prompts_per_step: int = 8
     mini_batch_size: int = 0  # samples per optimizer step; 0 = the whole rollout batch
     micro_batch_size: int = 16  # samples per forward/backward (gradient accumulation)
+    # VLM: each distinct prompt of a micro-batch runs once, its samples' completions attend to its
+    # cached keys/values (Prefix Grouper); exact. Shares most with micro_batch_size a multiple of
+    # rollout.num_generations.
+    shared_prefix: bool = False
     learning_rate: float = 1e-5
     weight_decay: float = 0.0
     adam_beta1: float = 0.9

@@ -27,8 +27,9 @@ from ..core.rollouts import Rollouts
 from .engines import Sampling
 from .loading import VLM_LORA_TARGETS, load_vlm, resolve_model_path, vision_tower
 from .logprobs import split_head, token_logprobs
-from .vision_once import share_image_encoding
 from .processing import split_patches
+from .shared_prefix import check_supported, prompt_groups, shared_prefix_hidden
+from .vision_once import share_image_encoding
 
 __all__ = ["VLMPolicy", "load_vlm", "resolve_model_path", "vision_tower"]
 
@@ -76,6 +77,8 @@ class VLMPolicy(PolicyBase):
         frozen = tower is not None and not any(p.requires_grad for p in tower.parameters())
         self.image_encoders = [e for m in (self.module, self.ref_module) if m is not None
                                if (e := share_image_encoding(m, cache=frozen)) is not None]
+        if cfg.train.shared_prefix:
+            check_supported(split_head(self.module)[0])
         self.engine = ENGINES.get(cfg.rollout.engine, "rollout.engine")(self)
 
     @property
@@ -310,11 +313,20 @@ class VLMPolicy(PolicyBase):
         """Per-token log-probs (N, T) of the completions under ``model`` (temperature-scaled);
         with ``with_entropy`` also the per-token entropy of the full next-token distribution.
         The LM head runs chunk by chunk (:mod:`mmrl.vlm.logprobs`): no (N, T, V) float32 copy.
+        With ``train.shared_prefix`` each distinct prompt of the batch runs once and its samples'
+        completions attend to its cached keys/values (:mod:`mmrl.vlm.shared_prefix`, exact).
         Call it under :meth:`autocast` (``train_step`` and :meth:`score` do)."""
         inputs, targets, P = self._collate(batch)
         T = targets.shape[1]
         backbone, head = split_head(model)
-        hidden = backbone(**inputs, use_cache=False).last_hidden_state[:, P - 1:P - 1 + T]
+        payload = batch.payload
+        groups = prompt_groups(payload["prompt_ids"], payload["pixel_values"], payload["image_grid_thw"]) \
+            if self.cfg.train.shared_prefix else None
+        if groups is None:
+            hidden = backbone(**inputs, use_cache=False).last_hidden_state[:, P - 1:P - 1 + T]
+        else:
+            hidden = shared_prefix_hidden(backbone, inputs, P, T, groups, payload["pixel_values"],
+                                          payload["image_grid_thw"])
         out = token_logprobs(hidden, head, targets, self.cfg.rollout.temperature, self.suppressed_ids, with_entropy)
         mask = batch.action_mask.to(hidden.device)
         if not with_entropy:

@@ -1,0 +1,132 @@
+"""The shared prompt of a group runs through the language model once, not once per sample.
+
+A GRPO group is G completions of one prompt (one image). The plain forward runs prompt plus
+completion for each of the G samples, so the prompt (image tokens included, often most of the
+sequence) is computed G times. "Prefix Grouper: Efficient GRPO Training through Shared-Prefix
+Forward" (2025) computes the prompt once per group and lets the G completions attend to it.
+
+Here that is done with transformers' own key/value cache, under autograd:
+
+1. the distinct prompts of the micro-batch (equal ``prompt_ids``, pixels and image grid) run
+   once each, left-padded to the batch's prompt width P, with ``use_cache=True``;
+2. the cache rows are repeated to the samples (``Cache.reorder_cache`` with each sample's
+   prompt index): the same key/value tensors, so autograd sums the G uses of each prompt's
+   keys and values and the gradients are those of the per-sample forward;
+3. the completions run on that cache with the per-sample attention mask (prompt columns, then
+   the completion's own) and the position ids the plain forward would use: for the mRoPE
+   families they come from the model's ``get_rope_index`` on the whole plain batch, so the
+   completion's text positions continue after the vision block exactly as there.
+
+The hidden state that predicts completion token 0 is the prompt's last one; token t > 0 is
+predicted from completion position t - 1, so the last completion token is never fed. Equal to
+the plain forward to float rounding, log-probs, entropies and gradients (tests/test_shared_prefix.py,
+Qwen2-VL, Qwen2.5-VL and Qwen3-VL).
+
+What is not shared: the completion forward still reads the repeated prompt keys/values of every
+sample (memory of one (N, heads, P + T, head_dim) pair per layer, as in the plain forward); the
+prompt's MLP, projections and their stored activations are computed once per distinct prompt.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+
+def prompt_groups(prompt_ids: Sequence[Tensor], pixel_values: Sequence[Tensor | None],
+                  grids: Sequence[Tensor | None]) -> tuple[list[int], Tensor] | None:
+    """``(representatives, index)``: the first row of each distinct prompt, and for each row the
+    position of its prompt in ``representatives``. Prompts are equal when their token ids, pixels
+    and image grids are (two examples may share a text but not an image). None when no two rows
+    share a prompt: then there is nothing to save and the plain forward runs."""
+    reps: list[int] = []
+    index: list[int] = []
+    buckets: dict[tuple, list[int]] = {}
+    for i, ids in enumerate(prompt_ids):
+        key = (len(ids), int(ids.sum()), None if grids[i] is None else tuple(grids[i].flatten().tolist()))
+        match = next((g for g in buckets.get(key, ()) if _same(i, reps[g], prompt_ids, pixel_values)), None)
+        if match is None:
+            match = len(reps)
+            reps.append(i)
+            buckets.setdefault(key, []).append(match)
+        index.append(match)
+    if len(reps) == len(prompt_ids):
+        return None
+    return reps, torch.tensor(index, dtype=torch.long)
+
+
+def _same(i: int, j: int, prompt_ids, pixel_values) -> bool:
+    if not torch.equal(prompt_ids[i], prompt_ids[j]):
+        return False
+    a, b = pixel_values[i], pixel_values[j]
+    return (a is None and b is None) or (a is not None and b is not None and a.shape == b.shape and torch.equal(a, b))
+
+
+def check_supported(backbone) -> None:
+    """Refuse models whose cache would not hold the whole prompt (sliding-window layers keep
+    only the window, so completions would see less than in the plain forward)."""
+    config = getattr(backbone.config, "text_config", backbone.config)
+    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
+    if getattr(config, "use_sliding_window", False) or any(t != "full_attention" for t in layer_types):
+        raise ValueError("train.shared_prefix=true needs full-attention layers in every decoder layer; this "
+                         f"model ({backbone.config.model_type}) has sliding-window layers {sorted(set(layer_types))}. "
+                         "Set train.shared_prefix=false")
+
+
+def plain_positions(backbone, inputs: dict[str, Tensor]) -> Tensor:
+    """The (3, N, L) position ids the plain forward of ``inputs`` uses: the model's
+    ``get_rope_index`` (mRoPE: 3D positions in the vision block, text after it) when there are
+    images, else ``arange(L)`` on every row (the text model's own default)."""
+    ids = inputs["input_ids"]
+    grid = inputs.get("image_grid_thw")
+    if grid is not None:
+        positions, _ = backbone.get_rope_index(ids, mm_token_type_ids=inputs["mm_token_type_ids"],
+                                               image_grid_thw=grid, attention_mask=inputs["attention_mask"])
+        return positions
+    return torch.arange(ids.shape[1], device=ids.device).view(1, 1, -1).expand(3, ids.shape[0], -1)
+
+
+def shared_prefix_hidden(backbone, inputs: dict[str, Tensor], prompt_len: int, num_targets: int,
+                         groups: tuple[list[int], Tensor], pixel_values: Sequence[Tensor | None],
+                         grids: Sequence[Tensor | None]) -> Tensor:
+    """The (N, T) hidden states that predict the completion tokens, as
+    ``backbone(**inputs).last_hidden_state[:, P - 1:P - 1 + T]`` of the plain forward, with each
+    distinct prompt run once (module docstring).
+
+    ``inputs`` is the plain batch (prompts left-padded to width ``prompt_len`` = P, completions
+    right-padded after them); ``groups`` is :func:`prompt_groups`'s answer; ``pixel_values`` and
+    ``grids`` are each row's image patches and grid (None without an image)."""
+    check_supported(backbone)
+    P, T = prompt_len, num_targets
+    representatives, index = groups
+    device = inputs["input_ids"].device
+    positions = plain_positions(backbone, inputs)
+    reps = torch.tensor(representatives, dtype=torch.long, device=device)
+    index = index.to(device)
+    prompt_images = {}  # only the distinct prompts' images: each is encoded once here
+    if rows := [r for r in representatives if pixel_values[r] is not None]:
+        prompt_images = {"pixel_values": torch.cat([pixel_values[r] for r in rows]).to(device),
+                         "image_grid_thw": torch.cat([grids[r] for r in rows]).to(device)}
+    prompt = backbone(
+        input_ids=inputs["input_ids"][reps, :P],
+        attention_mask=inputs["attention_mask"][reps, :P],
+        position_ids=positions[:, reps, :P],
+        mm_token_type_ids=inputs["mm_token_type_ids"][reps, :P],
+        use_cache=True,
+        **prompt_images,
+    )
+    first = prompt.last_hidden_state[index, P - 1:P]  # predicts completion token 0
+    if T <= 1:
+        return first[:, :T]  # T = 0: no completion tokens, as the plain slice
+    cache = prompt.past_key_values
+    cache.reorder_cache(index)  # the same keys/values for every sample of a prompt (autograd sums)
+    rest = backbone(
+        input_ids=inputs["input_ids"][:, P:P + T - 1],
+        attention_mask=inputs["attention_mask"][:, :P + T - 1],
+        position_ids=positions[:, :, P:P + T - 1],
+        past_key_values=cache,
+        use_cache=True,
+    ).last_hidden_state
+    return torch.cat((first, rest), dim=1)
