@@ -24,6 +24,7 @@ def _tiny(random_tiny_dir):
             "log.tensorboard=false", "log.save_rollouts_every=0"]
 
 
+@pytest.mark.slow
 def test_two_variants_write_table_json_and_plot(random_tiny_dir, tmp_path):
     from PIL import Image
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import subprocess
 import sys
 
@@ -50,6 +52,7 @@ def test_list_shows_builtin_plugins():
     assert "counting" in r.stdout and "grounding" in r.stdout and "iou" in r.stdout and "grpo" in r.stdout
 
 
+@pytest.mark.slow
 def test_train_resume_and_eval_from_the_command_line(random_tiny_dir, tmp_path):
     """Train 1 step, resume to 2 with --resume, then `mmrl eval` the run directory."""
     import json

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import subprocess
@@ -93,6 +95,7 @@ print("RESULT " + json.dumps({"steps": result.steps, "run_dir": str(result.run_d
 """
 
 
+@pytest.mark.slow
 def test_entry_point_plugin_loads_and_trains(random_tiny_dir, tmp_path):
     site = tmp_path / "site"
     write_installed_package(site)

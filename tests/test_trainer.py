@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 
 import torch
@@ -32,6 +34,7 @@ def _metrics(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_run_directory_outputs(random_tiny_dir, tmp_path):
     _, result = _train(_cfg(random_tiny_dir, tmp_path, 2))
     run = result.run_dir
@@ -50,6 +53,7 @@ def test_run_directory_outputs(random_tiny_dir, tmp_path):
     assert set(result.before) >= {"reward", "accuracy"} and set(result.after) >= {"reward", "accuracy"}
 
 
+@pytest.mark.slow
 def test_resume_continues_exactly(random_tiny_dir, tmp_path):
     """4 steps straight == 2 steps, stop, resume to 4: identical weights and step metrics."""
     straight, _ = _train(_cfg(random_tiny_dir, tmp_path / "a", 4))

@@ -118,6 +118,7 @@ def test_off_policy_guidance_injects_reference_completions(random_tiny_dir, tmp_
     assert out["off_policy_frac"] > 0
 
 
+@pytest.mark.slow
 def test_variance_sampler_and_spo_kl_survive_resume(random_tiny_dir, tmp_path):
     """Sampler scores and SPO's last policy KL go into checkpoints: 4 steps == 2 + resume 2."""
     extra = ("data.sampler=variance", "algo.advantage=spo", "rollout.max_completion_length=4",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 
 import torch
@@ -20,6 +22,7 @@ def _cfg(path, out, steps, *extra):
 _trainer = tiny_trainer
 
 
+@pytest.mark.slow
 def test_spo_state_survives_resume_exactly(random_tiny_dir, tmp_path):
     """SPO's per-prompt value tracker is saved in checkpoints: 4 steps straight == 2 + resume 2."""
     spo = ("algo.advantage=spo", "rollout.num_generations=1", "train.prompts_per_step=4")
@@ -57,6 +60,7 @@ def test_overlong_filter_and_soft_penalty(random_tiny_dir, tmp_path):
     assert metrics["reward/overlong_penalty"] == -0.5
 
 
+@pytest.mark.slow
 def test_kl_schedule_changes_the_weight_per_step(random_tiny_dir, tmp_path):
     cfg = _cfg(random_tiny_dir, tmp_path, 3, "algo.beta=0.1", "algo.kl_schedule=linear_decay",
                "algo.kl_schedule_kwargs={beta_end: 0.0}", "log.save_every=0")
@@ -103,6 +107,7 @@ def _update_with(path, micro, obj_cfg):
     return grads, m
 
 
+@pytest.mark.slow
 def test_entropy_selection_is_exact_under_gradient_accumulation(random_tiny_dir):
     """Top-entropy token selection is computed on the whole mini-batch, so micro-batches of 2
     give the same gradient as one micro-batch of 8."""

@@ -187,6 +187,7 @@ def test_missing_model_dir_names_the_path(tmp_path):
         _policy(tmp_path / "nope")
 
 
+@pytest.mark.slow
 def test_build_tiny_is_reproducible(tmp_path):
     """`mmrl build-tiny vlm` is deterministic: two builds (shortened SFT) are byte-identical."""
     from mmrl.vlm.sft import build_tiny_vlm
