@@ -66,10 +66,10 @@ def train(
         if getattr(task, "modality", "vlm") != modality:
             raise ValueError(f"task {task.name!r} is a {task.modality} task; run it with `mmrl train {task.modality}`")
         policy = make_policy(cfg, task)
+        trainer = Trainer(cfg, policy, task)  # checks the config against the policy: its errors are the user's
     except (FileNotFoundError, ValueError, KeyError) as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2)
-    trainer = Trainer(cfg, policy, task)
     console.print(f"run directory: [bold]{trainer.run_dir}[/]")
     result = trainer.train()
     if result.before:

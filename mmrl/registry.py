@@ -62,6 +62,7 @@ TASKS: Registry[type] = Registry("task")
 REWARDS: Registry[Callable[..., Any]] = Registry("reward")
 ADVANTAGES: Registry[Callable[..., Any]] = Registry("advantage estimator")
 PROMPT_SAMPLERS: Registry[type] = Registry("data sampler")  # data.sampler: which prompts a step draws
+REWARD_MEDIA = ("any", "image")  # register_reward(media=...): what a reward scores
 
 
 def register_task(name: str):
@@ -74,7 +75,8 @@ def register_task(name: str):
     return wrap
 
 
-def register_reward(name: str, minimum: float = 0.0, check: Callable[..., None] | None = None):
+def register_reward(name: str, minimum: float = 0.0, check: Callable[..., None] | None = None,
+                    media: str = "any"):
     """Function decorator for a batched reward ``fn(completions, examples, **ctx) -> list``.
 
     A reward returns one float per completion, or ``None`` where the text cannot be parsed;
@@ -82,12 +84,25 @@ def register_reward(name: str, minimum: float = 0.0, check: Callable[..., None] 
     (optional) validates the reward's configuration (e.g. that a weights path exists) when the
     run is set up, so a misconfigured reward stops the run before training instead of scoring
     every batch at its minimum.
+
+    ``media="image"`` declares a reward that scores images: a video completion (a list of
+    frames) is then scored frame by frame and reduced per clip by the reward kwarg ``frames``
+    (``mean`` | ``min``), see :mod:`mmrl.media.clips`. ``"any"``: completions as they come.
     """
+    if media not in REWARD_MEDIA:
+        raise ValueError(f"register_reward({name!r}): media must be one of {', '.join(REWARD_MEDIA)}, got {media!r}")
 
     def wrap(fn):
+        if media == "image":  # imported here: this module imports nothing of mmrl at load time
+            from mmrl.media.clips import per_frame
+
+            fn, checked = per_frame(fn, name, check)
+        else:
+            checked = check
         fn.reward_name = name
         fn.reward_minimum = minimum
-        fn.reward_check = check
+        fn.reward_check = checked
+        fn.reward_media = media
         return REWARDS.register(name, fn)
 
     return wrap

@@ -4,6 +4,7 @@ The checks (colour, count, shape, position, no extra colour) are
 :func:`mmrl.measures.composition.composition_checks`. ``composition`` is the fraction of checks
 passed (a dense signal for RL: fixing one count is rewarded before the whole prompt is right);
 ``composition_strict`` is 1 only when all pass, GenEval's binary score, the one to report.
+Both are image rewards (``media="image"``): a clip is checked frame by frame (:mod:`mmrl.media.clips`).
 """
 
 from __future__ import annotations
@@ -27,14 +28,14 @@ def _scores(completions, examples, min_area, reduce) -> list:
     return out
 
 
-@register_reward("composition")
+@register_reward("composition", media="image")
 def composition(completions, examples, min_area: float | None = None, **ctx) -> list:
     """Fraction of :func:`composition_checks` passed, in [0, 1]; None without ``ex["spec"]`` or
     for a completion that is not a PIL image."""
     return _scores(completions, examples, min_area, lambda c: sum(c) / len(c))
 
 
-@register_reward("composition_strict")
+@register_reward("composition_strict", media="image")
 def composition_strict(completions, examples, min_area: float | None = None, **ctx) -> list:
     """1.0 iff every check passes (GenEval's binary per-prompt score), else 0.0."""
     return _scores(completions, examples, min_area, lambda c: float(all(c)))

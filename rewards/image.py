@@ -2,7 +2,9 @@
 
 They need no checkpoint, so they are the smoke tests of an image-generator RL setup: a reward
 that any policy can move quickly, to check the loop learns before paying for a learned scorer.
-Each returns None for a completion that is not a PIL image.
+Each returns None for a completion that is not a PIL image. All are declared ``media="image"``, so a
+video generator's clips are scored frame by frame and reduced by ``task.reward_kwargs.<name>.frames``
+(``mean`` or ``min``; :mod:`mmrl.media.clips`).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def jpeg_size_kb(image: Image.Image, quality: int = 95) -> float:
     return buffer.tell() / 1000
 
 
-@register_reward("jpeg_compressibility")
+@register_reward("jpeg_compressibility", media="image")
 def jpeg_compressibility(completions, examples, scale: float = 1.0, quality: int = 95, **ctx) -> list:
     """``-scale * size_kb`` of the JPEG (quality 95): the compressibility reward of "Training
     Diffusion Models with Reinforcement Learning" (Black et al., 2023). ``scale`` brings the value
@@ -45,14 +47,14 @@ def jpeg_compressibility(completions, examples, scale: float = 1.0, quality: int
     return [-scale * jpeg_size_kb(im, quality) if isinstance(im, Image.Image) else None for im in completions]
 
 
-@register_reward("jpeg_incompressibility")
+@register_reward("jpeg_incompressibility", media="image")
 def jpeg_incompressibility(completions, examples, scale: float = 1.0, quality: int = 95, **ctx) -> list:
     """``+scale * size_kb`` of the JPEG (quality 95), DDPO's incompressibility reward."""
     _check(completions, examples, "jpeg_incompressibility")
     return [scale * jpeg_size_kb(im, quality) if isinstance(im, Image.Image) else None for im in completions]
 
 
-@register_reward("brightness")
+@register_reward("brightness", media="image")
 def brightness(completions, examples, target: float | None = None, **ctx) -> list:
     """Mean of all RGB values / 255, in [0, 1]; with ``target``, ``1 - |mean - target|`` instead
     (a reward that peaks at a brightness rather than growing without end)."""
@@ -79,7 +81,7 @@ def parse_color(color) -> np.ndarray:
     return rgb
 
 
-@register_reward("color_target")
+@register_reward("color_target", media="image")
 def color_target(completions, examples, color=None, **ctx) -> list:
     """``1 - mean_pixels(||rgb - color||) / (255 * sqrt(3))``, in [0, 1] (1: every pixel is the
     colour). The colour is the example's ``target_color`` when it has one (per-prompt targets),

@@ -14,6 +14,9 @@ called every step, a load costs seconds to minutes.
 - ``vlm_judge``: a mmrl VLM answers "does this image show {prompt}?"; the score is its
   probability of "yes" (the VQAScore recipe of "Evaluating Text-to-Visual Generation with
   Image-to-Text Generation", Lin et al., 2024), through the public :class:`mmrl.judge.VLMJudge`.
+
+All three are image rewards (``media="image"``): a clip's frames are scored in the same batch as
+the images and reduced per clip by ``frames`` (``mean`` | ``min``; :mod:`mmrl.media.clips`).
 """
 
 from __future__ import annotations
@@ -140,7 +143,7 @@ def _check_judge(path=None, **_):
         _require_path(path, "task.reward_kwargs.vlm_judge.path")
 
 
-@register_reward("clip_score", minimum=-1.0, check=_check_clip)
+@register_reward("clip_score", minimum=-1.0, check=_check_clip, media="image")
 def clip_score(completions, examples, model: str = "ViT-B-32", pretrained: str | None = None,
                device: str = "auto", scale: float = 1.0, batch_size: int = 32, **ctx) -> list:
     """``scale * cos(image_emb, text_emb)`` of each image and its ``ex["prompt"]`` (in [-1, 1] for
@@ -179,7 +182,7 @@ def scorer_names() -> list[str]:
     return sorted(_SCORERS)
 
 
-@register_reward("image_scorer", check=_check_scorer)
+@register_reward("image_scorer", check=_check_scorer, media="image")
 def image_scorer(completions, examples, scorer: str | None = None, path: str | None = None,
                  device: str = "auto", scale: float = 1.0, **ctx) -> list:
     """``scale *`` the registered scorer's value for each image and its ``ex["prompt"]``."""
@@ -270,7 +273,7 @@ def load_aesthetic_mlp(path: str, device):
 DEFAULT_QUESTION = "Does this image show {prompt}? Answer yes or no."
 
 
-@register_reward("vlm_judge", check=_check_judge)
+@register_reward("vlm_judge", check=_check_judge, media="image")
 def vlm_judge(completions, examples, path: str | None = None, question: str = DEFAULT_QUESTION,
               device: str = "auto", dtype: str = "float32", batch_size: int = 8, **ctx) -> list:
     """P("yes") / (P("yes") + P("no")) of the VLM at ``path`` (a local checkpoint directory, or

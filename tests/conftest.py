@@ -7,6 +7,20 @@ import torch
 
 torch.set_num_threads(2)
 
+# The tiny generators (sd3_dir, flux_dir, wan_dir, tiny_flow_dir ...), each built once a session.
+pytest_plugins = ["diffusion_fixtures"]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` run where torch sees a CUDA device and are skipped, with the reason,
+    everywhere else (never faked on CPU)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
+
 
 @pytest.fixture(scope="session")
 def random_tiny_dir(tmp_path_factory):

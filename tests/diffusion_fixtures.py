@@ -1,16 +1,20 @@
-"""Tiny randomly initialised diffusers pipelines (SD3, FLUX, Wan) built locally, no downloads.
+"""Tiny randomly initialised generators built locally, no downloads: diffusers pipelines (SD3, FLUX,
+Wan) and mmrl's own tiny flow generator (``build_tiny_flow``).
 
 The configs follow diffusers' own ``get_dummy_components`` in its pipeline tests, except that the
 tokenizers are built here from a few-dozen-token vocabulary instead of being fetched from the hub,
 and the VAEs downsample (scale factor 2 for the image VAEs) so that the adapters' scale-factor
 arithmetic is exercised. Each ``build_tiny_*`` saves the pipeline with ``save_pretrained(dir)``
-and returns ``dir``.
+and returns ``dir``. The fixtures at the end (``sd3_dir``, ``wan_dir``, ``tiny_flow_dir`` ...) are
+registered for every test by ``tests/conftest.py`` (``pytest_plugins``); each generator is built once
+a session, and only when a test asks for it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 _CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789")
@@ -153,3 +157,49 @@ def build_tiny_wan(path) -> Path:
                        scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0), transformer=transformer)
     pipe.save_pretrained(path)
     return Path(path)
+
+
+def build_tiny_flow(path, prediction: str = "sample") -> Path:
+    """mmrl's tiny generator architecture (``model.path=tiny``'s), randomly initialised and smaller:
+    SD3 transformer of width 32, one layer, 16x16 pixels in 2-px patches; a directory that
+    ``load_generator`` reads like the shipped one."""
+    from mmrl.diffusion.tiny import new_tiny_models, save_tiny
+
+    models = new_tiny_models(seed=0, width=32, layers=1, image_size=16, patch_size=2)
+    return save_tiny(Path(path), *models, info={"prediction": prediction})
+
+
+# -- fixtures (registered by tests/conftest.py) ----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """These models are tiny: a second (shared, contended) thread only adds synchronisation cost."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def sd3_dir(tmp_path_factory):
+    return build_tiny_sd3(tmp_path_factory.mktemp("tiny-sd3"))
+
+
+@pytest.fixture(scope="session")
+def flux_dir(tmp_path_factory):
+    return build_tiny_flux(tmp_path_factory.mktemp("tiny-flux-dev"))
+
+
+@pytest.fixture(scope="session")
+def schnell_dir(tmp_path_factory):
+    return build_tiny_flux(tmp_path_factory.mktemp("tiny-flux-schnell"), schnell=True)
+
+
+@pytest.fixture(scope="session")
+def wan_dir(tmp_path_factory):
+    return build_tiny_wan(tmp_path_factory.mktemp("tiny-wan"))
+
+
+@pytest.fixture(scope="session")
+def tiny_flow_dir(tmp_path_factory):
+    return build_tiny_flow(tmp_path_factory.mktemp("tiny-flow"))

@@ -6,6 +6,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from mmrl.config import ConfigError, builtin_config_path, config_to_dict, load_config, save_config
 from mmrl.config_schema import Config
@@ -182,16 +183,39 @@ def test_switching_task_drops_the_base_recipes_task_options(tmp_path):
 
 
 def test_every_builtin_recipe_builds_its_task():
+    """Every shipped recipe builds its task and rewards, and they agree: the recipe sits in the folder
+    of the policy that trains its task (``mmrl train vlm|diffusion`` refuses the other), and the
+    best answer scores the best total reward under the recipe's rewards (every positive weight at 1):
+    a VLM task's reference completions, a generator task's true rendered scenes. A reward that
+    cannot read the task's answers (wrong reward, wrong format, wrong options) fails here."""
+    import numpy as np
+
     from mmrl.config import builtin_config_names, builtin_config_path
     from mmrl.core.reward_computer import make_reward_computer
     from mmrl.core.trainer import build_task
+    from mmrl.data.shapes_t2i import render
 
+    label_free = {"vlm/vqa_ttrv_tiny"}  # test-time RL: no reference answers to score
     for name in builtin_config_names():
         cfg = load_config(builtin_config_path(name))
         task = build_task(cfg)
-        make_reward_computer(task, cfg.task)
+        rewards = make_reward_computer(task, cfg.task)
+        assert task.name == cfg.task.name and task.modality == name.split("/")[0], name
         if cfg.task.name == "t2i_prompts":  # real-model recipes: the prompt file is the user's
             with pytest.raises(FileNotFoundError, match=str(cfg.task.options["train_path"])):
                 task.examples("train")
             continue
-        assert len(task.examples("train")) > 0, name
+        examples = [task.examples("train")[i] for i in range(4)]
+        if name in label_free:
+            with pytest.raises(ValueError, match="no reference completion"):
+                task.target(examples[0])
+            continue
+        if task.modality == "diffusion":
+            answers = [render(ex["spec"], np.random.default_rng(i), 16) for i, ex in enumerate(examples)]
+        else:
+            answers = [task.target(ex) for ex in examples]
+        total, _, _ = rewards(answers, examples, group_ids=torch.arange(4))
+        computers = getattr(rewards, "computers", None)  # a mixture: each source's own rewards
+        best = [sum(w for w in (computers[ex["source"]] if computers else rewards).weights.values() if w > 0)
+                for ex in examples]
+        assert total.tolist() == pytest.approx(best), name

@@ -9,7 +9,6 @@ import json
 import pytest
 import torch
 
-from diffusion_fixtures import build_tiny_flux, build_tiny_sd3, build_tiny_wan
 from mmrl.diffusion.base import FlowPipeline
 from mmrl.diffusion.adapters import ADAPTERS, FluxAdapter, SD3Adapter, WanAdapter, load_pipeline
 
@@ -17,32 +16,8 @@ PROMPTS = ["a red cat", "two dogs on grass"]
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """These models are tiny: a second (shared, contended) thread only adds synchronisation cost."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="session")
-def sd3_dir(tmp_path_factory):
-    return build_tiny_sd3(tmp_path_factory.mktemp("tiny-sd3"))
-
-
-@pytest.fixture(scope="session")
-def flux_dir(tmp_path_factory):
-    return build_tiny_flux(tmp_path_factory.mktemp("tiny-flux-dev"))
-
-
-@pytest.fixture(scope="session")
-def schnell_dir(tmp_path_factory):
-    return build_tiny_flux(tmp_path_factory.mktemp("tiny-flux-schnell"), schnell=True)
-
-
-@pytest.fixture(scope="session")
-def wan_dir(tmp_path_factory):
-    return build_tiny_wan(tmp_path_factory.mktemp("tiny-wan"))
+def _one_thread(one_thread):
+    """The tiny pipelines run on one thread (see ``diffusion_fixtures.one_thread``)."""
 
 
 @pytest.fixture(scope="module")

@@ -69,10 +69,16 @@ def test_progress_disabled_and_enabled_under_capture(capsys):
     with TrainingProgress(5, enabled=False) as p:
         for s in range(1, 6):
             p.update(s, reward=0.5, step_time=0.1)
+    assert capsys.readouterr() == ("", "")  # disabled: not a character
     with TrainingProgress(5, start_step=2) as p:  # pytest's capture: not a terminal
         for s in range(3, 6):
             p.update(s, reward=torch.tensor(0.25), step_time=0.01, kl=np.float32(0.1))
-    capsys.readouterr()
+    out, err = capsys.readouterr()
+    # Not a terminal: no live redraws, the final state printed once, on one line; tensor and NumPy
+    # values formatted like floats.
+    assert err == "" and out.count("\n") == 1 and "step 3/5" not in out and "step 4/5" not in out
+    assert out.startswith("train ") and "step 5/5" in out
+    assert "reward 0.250" in out and "step time 0.01s" in out and "kl 0.100" in out
 
 
 def test_progress_columns_and_resume_start():

@@ -13,6 +13,11 @@ from mmrl.diffusion.pretrain import pretrain_tiny_generator, update_ema
 from mmrl.diffusion.tiny import MARKER, SIGMA_FLOOR, TinyFlowPipeline, new_tiny_models, tiny_configs
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread(one_thread):
+    """Tiny models: one thread (see ``diffusion_fixtures.one_thread``)."""
+
+
 @pytest.fixture(scope="module")
 def x_pipe():
     models = new_tiny_models(seed=0, width=32, layers=1, image_size=16, patch_size=2)
@@ -112,20 +117,38 @@ def test_pretrain_round_trip_records_the_recipe(tmp_path):
     assert pipe.prediction == "sample" and pipe.latent_shape(16, 16) == (3, 16, 16)
 
 
+def _json(path):
+    data = json.loads(path.read_text())
+    return {k: v for k, v in data.items() if k not in ("_diffusers_version", "transformers_version", "_name_or_path")}
+
+
 def test_shipped_generator_is_what_build_tiny_makes(tmp_path, monkeypatch):
-    """The asset's recorded recipe is the one ``mmrl build-tiny diffusion`` runs, so a rebuild
-    reproduces what `mmrl train diffusion` starts from."""
+    """``mmrl build-tiny diffusion`` builds what the shipped asset is: the same recorded recipe, the
+    same model configs, tokenizer and scheduler, and weights of the same names and shapes. So a
+    rebuild reproduces what `mmrl train diffusion` starts from (and TINY_GENERATOR_RECIPE is the
+    recipe the asset was built with). The real builder runs, shrunk to 2 steps of 4 images drawn
+    from 16 (the asset: 4,000 steps of 64 from 20,000); everything else comes from the command."""
+    from safetensors.torch import load_file
+    from typer.testing import CliRunner
+
     from mmrl.assets import asset_path
-    from mmrl import cli
+    from mmrl.cli import app
     from mmrl.diffusion import pretrain
 
-    info = json.loads((asset_path("tiny-flow-shapes") / MARKER).read_text())
-    recipe = pretrain.TINY_GENERATOR_RECIPE
+    real = pretrain.pretrain_tiny_generator
+    small = {"batch_size": 4, "dataset_size": 16}
+    monkeypatch.setattr(pretrain, "pretrain_tiny_generator", lambda out, **kw: real(out, **{**kw, **small}))
+    shipped = asset_path("tiny-flow-shapes")
+    result = CliRunner().invoke(app, ["build-tiny", "diffusion", "--out", str(tmp_path), "--steps", "2"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    info, built = json.loads((shipped / MARKER).read_text()), json.loads((tmp_path / MARKER).read_text())
     recorded = {**info["pretrain"], "prediction": info["prediction"]}  # prediction is top-level: the pipeline reads it
-    assert {k: recorded[k] for k in recipe} == recipe
-    assert info["prediction"] == recipe["prediction"] and info["height"] == recipe["image_size"]
-    calls = []
-    monkeypatch.setattr(pretrain, "pretrain_tiny_generator", lambda out, **kw: calls.append(kw) or out)
-    cli.build_tiny("diffusion", out=tmp_path, steps=None, seed=0)
-    cli.build_tiny("diffusion", out=tmp_path, steps=7, seed=1)
-    assert calls == [{**recipe, "seed": 0}, {**recipe, "steps": 7, "seed": 1}]
+    assert {k: recorded[k] for k in pretrain.TINY_GENERATOR_RECIPE} == pretrain.TINY_GENERATOR_RECIPE
+    assert built["pretrain"] == {**info["pretrain"], "steps": 2, **small}
+    assert {k: v for k, v in built.items() if k != "pretrain"} == {k: v for k, v in info.items() if k != "pretrain"}
+    for part in ("transformer/config.json", "text_encoder/config.json", "tokenizer/tokenizer.json",
+                 "scheduler/scheduler_config.json"):
+        assert _json(tmp_path / part) == _json(shipped / part), part
+    for weights in ("transformer/diffusion_pytorch_model.safetensors", "text_encoder/model.safetensors"):
+        a, b = load_file(str(tmp_path / weights)), load_file(str(shipped / weights))
+        assert {k: v.shape for k, v in a.items()} == {k: v.shape for k, v in b.items()}, weights

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from conftest import tiny_run_config, tiny_trainer
-from mmrl.core.batch.selection import group_has_variance
+from mmrl import register_reward
 from mmrl.core.trainer import Trainer
 from mmrl.vlm.policy import VLMPolicy
 
@@ -17,31 +18,58 @@ def _cfg(path, out, steps, *extra):
 _trainer = tiny_trainer
 
 
-def test_dynamic_sampling_keeps_only_groups_with_variance(random_tiny_dir, tmp_path):
-    """Random-model rewards are all 0, so every group is flat: all rounds are spent, every group
-    dropped and counted, and the step falls back to the first round's batch."""
-    t = _trainer(_cfg(random_tiny_dir, tmp_path, 1, "algo.selection=dynamic_sampling", "algo.max_num_gen_batches=2"))
-    batch, m = t.rollout_step(1)
-    assert m["selection/gen_batches"] == 2
-    assert m["selection/dropped_groups"] + m["selection/kept_groups"] >= 3
-    if m["selection/fallback"]:
-        assert len(batch) == 6 and torch.equal(batch.advantages, torch.zeros(6))
-    else:
-        assert all(group_has_variance(batch.rewards, batch.group_ids).values())
-    t.update(batch, 1)  # trains on whatever was kept
+@register_reward("test_flat")
+def flat_reward(completions, examples, **ctx):
+    """The same score for every sample: every group is flat (zero variance)."""
+    return [0.5] * len(completions)
 
 
-def test_dynamic_sampling_with_rewards_that_vary(random_tiny_dir, tmp_path):
-    """With the overlong penalty on a 2-token budget every sample scores -0.5 (flat); a
-    4-token budget with buffer 4 gives length-dependent penalties, so groups vary and are kept."""
-    t = _trainer(_cfg(random_tiny_dir, tmp_path, 1, "algo.selection=dynamic_sampling", "algo.max_num_gen_batches=3",
-                      "rollout.max_completion_length=4", "algo.soft_overlong_buffer=4", "rollout.num_generations=4"))
+@register_reward("test_even_spread")
+def even_spread(completions, examples, group_ids=None, **ctx):
+    """A sample's position in its group (0, 1, ...) when its example index is even, else 0: groups
+    of even examples vary, groups of odd examples are flat."""
+    ids = group_ids.tolist() if group_ids is not None else [0] * len(completions)
+    seen: dict[int, int] = {}
+    out = []
+    for ex, g in zip(examples, ids):  # never raises (rewards are called on arbitrary input elsewhere)
+        j = seen[g] = seen.get(g, -1) + 1
+        even = isinstance(ex, dict) and isinstance(ex.get("_index"), int) and ex["_index"] % 2 == 0
+        out.append(float(j) if even else 0.0)
+    return out
+
+
+def test_dynamic_sampling_drops_flat_groups_and_falls_back(random_tiny_dir, tmp_path):
+    """Every group flat: both rounds are spent, all 2 x 3 groups dropped and counted, and the step
+    falls back to round 0's batch (its prompts, in order) with zero advantages."""
+    t = _trainer(_cfg(random_tiny_dir, tmp_path, 1, "algo.selection=dynamic_sampling", "algo.max_num_gen_batches=2",
+                      "task.rewards={test_flat: 1.0}"))
     batch, m = t.rollout_step(1)
-    kept = int(m["selection/kept_groups"])
-    assert kept == batch.num_groups or m["selection/fallback"] == 1
-    if not m["selection/fallback"]:
-        assert all(group_has_variance(batch.rewards, batch.group_ids).values())
-        assert len(batch) == 4 * kept
+    assert (m["selection/gen_batches"], m["selection/dropped_groups"], m["selection/kept_groups"],
+            m["selection/fallback"]) == (2, 6, 0, 1)
+    assert [ex["_index"] for ex in batch.examples] == [i for i in t.batches.sampler.indices(1, 0) for _ in range(2)]
+    assert torch.equal(batch.advantages, torch.zeros(6))
+    t.update(batch, 1)  # trains on the fallback batch
+
+
+def test_dynamic_sampling_keeps_the_groups_that_vary(random_tiny_dir, tmp_path):
+    """Groups of even examples score [0, 1], of odd ones [0, 0]: the kept batch is the first 3 even
+    examples of the rounds, in the order drawn, every odd group before them dropped, and the
+    rounds stop as soon as 3 are kept. GRPO advantages of [0, 1]: -+0.5 / std 0.7071 = -+0.7071."""
+    t = _trainer(_cfg(random_tiny_dir, tmp_path, 1, "algo.selection=dynamic_sampling", "algo.max_num_gen_batches=5",
+                      "task.rewards={test_even_spread: 1.0}"))
+    rounds = [t.batches.sampler.indices(1, r) for r in range(5)]
+    drawn = [i for r in rounds for i in r]
+    evens = [i for i in drawn if i % 2 == 0][:3]
+    used = next(r + 1 for r in range(5) if sum(i % 2 == 0 for rr in rounds[:r + 1] for i in rr) >= 3)
+    dropped = sum(i % 2 for rr in rounds[:used] for i in rr)
+    assert len(evens) == 3 and dropped > 0  # the seed gives the selection something to do
+    batch, m = t.rollout_step(1)
+    assert [ex["_index"] for ex in batch.examples] == [i for i in evens for _ in range(2)]
+    assert batch.group_ids.tolist() == [0, 0, 1, 1, 2, 2]
+    assert (m["selection/gen_batches"], m["selection/kept_groups"], m["selection/fallback"]) == (used, 3, 0)
+    assert m["selection/dropped_groups"] == dropped
+    assert batch.rewards.tolist() == [0.0, 1.0] * 3
+    assert batch.advantages.tolist() == pytest.approx([-0.70710, 0.70710] * 3, abs=1e-4)
 
 
 def test_scaffold_and_augmentation_keep_the_batch_shape(random_tiny_dir, tmp_path):

@@ -1,3 +1,4 @@
 """Image-side helpers shared by tasks, rewards and policies (public: plugins may import them):
-coordinate spaces (:mod:`~mmrl.media.coords`), gallery drawing (:mod:`~mmrl.media.draw`) and
-image perturbations (:mod:`~mmrl.media.perturb`)."""
+coordinate spaces (:mod:`~mmrl.media.coords`), gallery drawing (:mod:`~mmrl.media.draw`),
+image perturbations (:mod:`~mmrl.media.perturb`) and per-frame scoring of clips by image rewards
+(:mod:`~mmrl.media.clips`)."""

@@ -66,6 +66,10 @@ def _is_pil(value: Any) -> bool:
     return hasattr(value, "save") and hasattr(value, "mode") and hasattr(value, "size")
 
 
+def _is_clip(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and bool(value) and all(_is_pil(v) for v in value)
+
+
 class RunLogger:
     """Appends metrics to ``metrics.jsonl`` and TensorBoard, and saves sampled rollouts."""
 
@@ -143,7 +147,8 @@ class RunLogger:
         """Save images as PNGs and everything else as ``rollouts.jsonl`` in ``rollouts/step_XXXXXX``.
 
         ``image`` -> ``{i}.png``, ``visualization`` -> ``{i}_vis.png``, any other PIL value under
-        key ``k`` -> ``{i}_{k}.png``; the record keeps the file name in place of the image.
+        key ``k`` -> ``{i}_{k}.png``, a clip (a list of PIL frames, a video generator's completion)
+        -> ``{i}_{k}.gif`` at 8 frames per second; the record keeps the file name in its place.
         """
         out_dir = self.run_dir / "rollouts" / f"step_{int(step):06d}"
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -154,6 +159,10 @@ class RunLogger:
                 if _is_pil(value):
                     name = {"image": f"{i}.png", "visualization": f"{i}_vis.png"}.get(key, f"{i}_{key}.png")
                     value.save(out_dir / name)
+                    row[key] = name
+                elif _is_clip(value):
+                    name = f"{i}_{key}.gif"
+                    value[0].save(out_dir / name, save_all=True, append_images=list(value[1:]), duration=125, loop=0)
                     row[key] = name
                 else:
                     row[key] = to_jsonable(value)

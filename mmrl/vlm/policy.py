@@ -26,6 +26,7 @@ from ..core.policy import PolicyBase
 from ..core.rollouts import Rollouts
 from .engines import Sampling
 from .loading import VLM_LORA_TARGETS, load_vlm, resolve_model_path, vision_tower
+from .logprobs import split_head, token_logprobs
 from .processing import split_patches
 
 __all__ = ["VLMPolicy", "load_vlm", "resolve_model_path", "vision_tower"]
@@ -295,25 +296,18 @@ class VLMPolicy(PolicyBase):
     def completion_logps(self, model, batch: Rollouts, with_entropy: bool = False):
         """Per-token log-probs (N, T) of the completions under ``model`` (temperature-scaled);
         with ``with_entropy`` also the per-token entropy of the full next-token distribution.
+        The LM head runs chunk by chunk (:mod:`mmrl.vlm.logprobs`): no (N, T, V) float32 copy.
         Call it under :meth:`autocast` (``train_step`` and :meth:`score` do)."""
         inputs, targets, P = self._collate(batch)
         T = targets.shape[1]
-        out = model(**inputs, use_cache=False, logits_to_keep=T + 1)
-        logits = out.logits[:, :-1, :].float()
-        if self.suppressed_ids:
-            logits[..., self.suppressed_ids] = float("-inf")
-        temperature = self.cfg.rollout.temperature
-        if temperature > 0 and temperature != 1.0:
-            logits = logits / temperature
-        all_logps = torch.log_softmax(logits, dim=-1)
-        mask = batch.action_mask.to(all_logps.device)
-        logps = all_logps.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * mask
+        backbone, head = split_head(model)
+        hidden = backbone(**inputs, use_cache=False).last_hidden_state[:, P - 1:P - 1 + T]
+        out = token_logprobs(hidden, head, targets, self.cfg.rollout.temperature, self.suppressed_ids, with_entropy)
+        mask = batch.action_mask.to(hidden.device)
         if not with_entropy:
-            return logps
-        # Suppressed tokens have -inf log-prob: clamp so 0 * -inf does not make NaN.
-        finite = all_logps.clamp(min=torch.finfo(all_logps.dtype).min)
-        entropy = -(all_logps.exp() * finite).sum(-1)
-        return logps, torch.where(mask > 0, entropy, torch.zeros_like(entropy))
+            return out * mask
+        logps, entropy = out
+        return logps * mask, entropy * mask
 
     def _micro_batches(self, batch: Rollouts):
         mb = max(1, self.cfg.train.micro_batch_size)
