@@ -17,6 +17,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape  # error texts may hold brackets (`pip install mmrl[vllm]`)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Reinforcement learning for multimodal models.")
@@ -45,7 +46,7 @@ def _load(modality: str, args: list[str], extra: list[str] = ()):
         config_path = builtin_config_path(path or DEFAULT_CONFIGS[modality])
         return load_config(config_path, [*overrides, *extra])
     except ConfigError as exc:
-        console.print(f"[red]config error:[/] {exc}")
+        console.print(f"[red]config error:[/] {escape(str(exc))}")
         raise typer.Exit(2)
 
 
@@ -67,8 +68,8 @@ def train(
             raise ValueError(f"task {task.name!r} is a {task.modality} task; run it with `mmrl train {task.modality}`")
         policy = make_policy(cfg, task)
         trainer = Trainer(cfg, policy, task)  # checks the config against the policy: its errors are the user's
-    except (FileNotFoundError, ValueError, KeyError) as exc:
-        console.print(f"[red]error:[/] {exc}")
+    except (FileNotFoundError, ValueError, KeyError, ImportError) as exc:  # ImportError: an optional engine
+        console.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2)
     console.print(f"run directory: [bold]{trainer.run_dir}[/]")
     result = trainer.train()
@@ -105,7 +106,7 @@ def eval_(
     try:
         cfg = load_config(cfg_path, list(args or []) + ["resume=false"])
     except ConfigError as exc:
-        console.print(f"[red]config error:[/] {exc}")
+        console.print(f"[red]config error:[/] {escape(str(exc))}")
         raise typer.Exit(2)
     _configure_threads(cfg)
     task = build_task(cfg)
@@ -164,10 +165,10 @@ def _run_bench(run) -> None:
     try:
         run()
     except ConfigError as exc:
-        console.print(f"[red]config error:[/] {exc}")
+        console.print(f"[red]config error:[/] {escape(str(exc))}")
         raise typer.Exit(2)
-    except (FileNotFoundError, FileExistsError, ValueError, KeyError) as exc:
-        console.print(f"[red]error:[/] {exc}")
+    except (FileNotFoundError, FileExistsError, ValueError, KeyError, ImportError) as exc:
+        console.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2)
 
 
@@ -187,7 +188,7 @@ def bench_algos(
     try:
         names = check_variants(variants.split(","))
     except UnknownVariantError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {escape(str(exc))}")
         for name, desc in DESCRIPTIONS.items():
             console.print(f"  {name:<13} {desc}", highlight=False)
         raise typer.Exit(2)
@@ -212,7 +213,7 @@ def bench_diffusion(
     try:
         names = check_variants(variants.split(","), VARIANTS)
     except UnknownVariantError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2)
     path, overrides = _split_args(list(args or []))
     _run_bench(lambda: run_diffusion_bench(names, steps=steps, seed=seed, out_dir=out, config=path or DEFAULT_CONFIG,

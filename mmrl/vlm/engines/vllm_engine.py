@@ -149,6 +149,18 @@ class VLLMEngine(RolloutEngine):
             self.llm = self.vllm.LLM(**kwargs)
         return self.llm
 
+    def shutdown(self) -> None:
+        """Stop the engine and free its memory (KV cache, weights copy, distributed state); the
+        next rollout builds a new one. Two in-process engines cannot share the process's
+        distributed group, so one must be shut down before another is built."""
+        if self.llm is None:
+            return
+        self.llm.llm_engine.engine_core.shutdown()
+        self.llm, self.stale, self.sleeping = None, True, False
+        import gc
+
+        gc.collect()
+
     def sync_weights(self) -> None:
         """After an optimizer step: the next rollout pushes the new weights first (one push per
         rollout however many optimizer steps came between)."""
