@@ -7,6 +7,7 @@
     mmrl eval runs/exp1                             # score the run's final checkpoint on the eval split
     mmrl build-tiny vlm                             # rebuild the shipped tiny model
     mmrl bench algos --variants grpo,dapo --steps 40  # compare RL algorithms on the same task and seed
+    mmrl bench rollout                                # HF generate vs vLLM samples/s (needs vLLM)
 """
 
 from __future__ import annotations
@@ -218,6 +219,23 @@ def bench_diffusion(
     path, overrides = _split_args(list(args or []))
     _run_bench(lambda: run_diffusion_bench(names, steps=steps, seed=seed, out_dir=out, config=path or DEFAULT_CONFIG,
                                            extra_overrides=overrides))
+
+
+@bench_app.command(name="rollout", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def bench_rollout(
+    args: Optional[List[str]] = typer.Argument(None, help="[CONFIG.yaml] [key=value overrides]"),
+    prompts: int = typer.Option(4, help="training prompts of the config's task"),
+    n: int = typer.Option(8, help="samples per prompt"),
+    tokens: int = typer.Option(24, help="new tokens at most per sample"),
+    repeats: int = typer.Option(3, help="timed calls per engine (after one warm-up call)"),
+    seed: int = typer.Option(0, help="sampling seed of the first timed call"),
+):
+    """HF generate vs vLLM on the same policy, prompts and budget: samples/s side by side (needs vLLM)."""
+    from .bench.rollout import DEFAULT_CONFIG, run_rollout_bench
+
+    path, overrides = _split_args(list(args or []))
+    _run_bench(lambda: run_rollout_bench(path or DEFAULT_CONFIG, overrides, prompts=prompts, n=n, tokens=tokens,
+                                         repeats=repeats, seed=seed, echo=lambda s: print(s, flush=True)))
 
 
 @app.command(name="list")

@@ -140,6 +140,18 @@ def test_lora_pushes_merged_weights(policy):
 
 
 @pytest.mark.vllm
+def test_rollout_bench_times_both_engines():
+    """`mmrl bench rollout`'s function on a tiny batch: both engines, the same sample count."""
+    from mmrl.bench.rollout import run_rollout_bench
+
+    lines = []
+    out = run_rollout_bench(prompts=1, n=2, tokens=4, repeats=1, echo=lines.append)
+    assert out["hf"]["samples_per_s"] > 0 and out["vllm"]["samples_per_s"] > 0 and out["ratio"] > 0
+    assert 1 <= out["hf"]["mean_tokens"] <= 4 and 1 <= out["vllm"]["mean_tokens"] <= 4
+    assert lines[0].startswith("rollout bench:") and any(line.startswith("vllm / hf:") for line in lines)
+
+
+@pytest.mark.vllm
 def test_cli_train_with_the_vllm_engine(tmp_path):
     """`mmrl train vlm rollout.engine=vllm train.steps=2` on the tiny default, through the CLI."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
@@ -170,3 +182,5 @@ def test_without_vllm_the_error_says_how_to_install(monkeypatch, tmp_path):
     assert "rollout.engine=vllm needs vLLM" in text
     assert "pip install mmrl[vllm]" in text and ".ci/vllm_env.sh" in text and "rollout.engine=hf" in text
     assert not list(Path(tmp_path).glob("*/metrics.jsonl"))
+    bench = CliRunner().invoke(app, ["bench", "rollout"])
+    assert bench.exit_code == 2 and "pip install mmrl[vllm]" in " ".join(bench.output.split()), bench.output
