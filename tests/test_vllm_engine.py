@@ -100,6 +100,18 @@ def test_seeded_rollouts_are_reproducible(policy):
 
 
 @pytest.mark.vllm
+def test_use_engine_logprobs_makes_them_the_old_logprobs(policy):
+    policy.cfg.rollout.use_engine_logprobs = True
+    try:
+        batch = _rollout(policy, seed=5)
+    finally:
+        policy.cfg.rollout.use_engine_logprobs = False
+    assert batch.rollout_logps is None and (batch.old_logps[batch.action_mask == 1] < 0).all()
+    gap = ((batch.old_logps - policy.score(batch, reference=False)).abs() * batch.action_mask).max().item()
+    assert gap < TOL, gap
+
+
+@pytest.mark.vllm
 def test_engine_follows_the_weights_after_an_optimizer_step(policy):
     """After a step the engine samples from the new weights: its log-probs equal the updated
     policy's and differ from what the old weights give the same tokens."""
@@ -166,6 +178,15 @@ def test_cli_train_with_the_vllm_engine(tmp_path):
     assert [r["step"] for r in train] == [1, 2]
     assert any(k.startswith("eval/") for r in rows for k in r)  # held-out eval ran on the engine too
     assert "held-out reward: before" in proc.stderr  # the CLI's console is stderr
+
+
+@pytest.mark.parametrize("key", ["rollout.vllm_max_model_length=512", "rollout.use_engine_logprobs=true"])
+def test_the_hf_engine_refuses_vllm_keys(key):
+    """Runs everywhere: a key only the vLLM engine reads is an error with rollout.engine=hf."""
+    from mmrl.config import ConfigError
+
+    with pytest.raises(ConfigError, match=key.split("=")[0] + ".*read only by rollout.engine=vllm"):
+        _policy(key, "rollout.engine=hf")
 
 
 def test_without_vllm_the_error_says_how_to_install(monkeypatch, tmp_path):

@@ -27,8 +27,8 @@ class HFGenerate(RolloutEngine):
 
         r, default = policy.cfg.rollout, RolloutConfig()
         changed = [f"rollout.{k}={getattr(r, k)!r}" for k in vars(default)
-                   if k.startswith("vllm_") and getattr(r, k) != getattr(default, k)]
-        if changed:
+                   if (k.startswith("vllm_") or k == "use_engine_logprobs") and getattr(r, k) != getattr(default, k)]
+        if changed:  # unused keys are refused, not ignored: this engine reports no log-probs of its own
             raise ConfigError(f"{', '.join(changed)}: read only by rollout.engine=vllm (this run uses "
                               "rollout.engine=hf); remove the key(s) or set rollout.engine=vllm")
 
