@@ -136,13 +136,16 @@ def test_engine_follows_the_weights_after_an_optimizer_step(policy):
 @pytest.mark.vllm
 def test_lora_pushes_merged_weights(policy):
     """LoRA: the engine gets ``W + B A * scale`` (never merged into the policy in place) and its
-    log-probs equal the adapted policy's; the adapters-disabled base model differs."""
+    log-probs equal the adapted policy's; the adapters-disabled base model differs. With a smaller
+    image budget (vlm.max_pixels), which vLLM's processor must apply too (else the engine stops on
+    the prompt-token mismatch)."""
     policy.engine.shutdown()  # one in-process engine at a time; the fixture's rebuilds if used again
-    lora = _policy("model.lora.enabled=true", "model.lora.r=4", "train.learning_rate=5e-2")
+    lora = _policy("model.lora.enabled=true", "model.lora.r=4", "train.learning_rate=5e-2", "vlm.max_pixels=6272")
     lora.configure_optimizer(lora.cfg.train, 10)
     base_before = {k: v.clone() for k, v in lora.module.state_dict().items() if "lora_" not in k}
     _step(lora, _rollout(lora, seed=3))
     after = _rollout(lora, seed=4)
+    assert int(after.payload["image_grid_thw"][0].prod()) <= 6272 // 14**2  # default budget: 12544 pixels
     _assert_engine_matches_policy(after)
     with lora.adapters_disabled():
         base = lora.score(after, reference=False)
