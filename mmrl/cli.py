@@ -8,6 +8,7 @@
     mmrl build-tiny vlm                             # rebuild the shipped tiny model
     mmrl bench algos --variants grpo,dapo --steps 40  # compare RL algorithms on the same task and seed
     mmrl bench speed --prompts 2 --generations 4 --tokens 16  # mmrl vs TRL's GRPOTrainer, same work
+    mmrl bench rollout                                # HF generate vs vLLM samples/s (needs vLLM)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape  # error texts may hold brackets (`pip install mmrl[vllm]`)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Reinforcement learning for multimodal models.")
@@ -46,7 +48,7 @@ def _load(modality: str, args: list[str], extra: list[str] = ()):
         config_path = builtin_config_path(path or DEFAULT_CONFIGS[modality])
         return load_config(config_path, [*overrides, *extra])
     except ConfigError as exc:
-        console.print(f"[red]config error:[/] {exc}")
+        console.print(f"[red]config error:[/] {escape(str(exc))}")
         raise typer.Exit(2)
 
 
@@ -68,8 +70,8 @@ def train(
             raise ValueError(f"task {task.name!r} is a {task.modality} task; run it with `mmrl train {task.modality}`")
         policy = make_policy(cfg, task)
         trainer = Trainer(cfg, policy, task)  # checks the config against the policy: its errors are the user's
-    except (FileNotFoundError, ValueError, KeyError) as exc:
-        console.print(f"[red]error:[/] {exc}")
+    except (FileNotFoundError, ValueError, KeyError, ImportError) as exc:  # ImportError: an optional engine
+        console.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2)
     console.print(f"run directory: [bold]{trainer.run_dir}[/]")
     result = trainer.train()
@@ -106,7 +108,7 @@ def eval_(
     try:
         cfg = load_config(cfg_path, list(args or []) + ["resume=false"])
     except ConfigError as exc:
-        console.print(f"[red]config error:[/] {exc}")
+        console.print(f"[red]config error:[/] {escape(str(exc))}")
         raise typer.Exit(2)
     _configure_threads(cfg)
     task = build_task(cfg)
@@ -165,10 +167,10 @@ def _run_bench(run) -> None:
     try:
         run()
     except ConfigError as exc:
-        console.print(f"[red]config error:[/] {exc}")
+        console.print(f"[red]config error:[/] {escape(str(exc))}")
         raise typer.Exit(2)
-    except (FileNotFoundError, FileExistsError, ValueError, KeyError) as exc:
-        console.print(f"[red]error:[/] {exc}")
+    except (FileNotFoundError, FileExistsError, ValueError, KeyError, ImportError) as exc:
+        console.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2)
 
 
@@ -188,7 +190,7 @@ def bench_algos(
     try:
         names = check_variants(variants.split(","))
     except UnknownVariantError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {escape(str(exc))}")
         for name, desc in DESCRIPTIONS.items():
             console.print(f"  {name:<13} {desc}", highlight=False)
         raise typer.Exit(2)
@@ -213,7 +215,7 @@ def bench_diffusion(
     try:
         names = check_variants(variants.split(","), VARIANTS)
     except UnknownVariantError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2)
     path, overrides = _split_args(list(args or []))
     _run_bench(lambda: run_diffusion_bench(names, steps=steps, seed=seed, out_dir=out, config=path or DEFAULT_CONFIG,
@@ -251,6 +253,23 @@ def bench_speed(
                         warmup=warmup, micro_batch=micro_batch, device=device, dtype=dtype, engine=engine, seed=seed)
     path, overrides = _split_args(list(args or []))
     _run_bench(lambda: run_speed_bench(opts, out_dir=out, config=path or DEFAULT_CONFIG, extra_overrides=overrides))
+
+
+@bench_app.command(name="rollout", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def bench_rollout(
+    args: Optional[List[str]] = typer.Argument(None, help="[CONFIG.yaml] [key=value overrides]"),
+    prompts: int = typer.Option(4, help="training prompts of the config's task"),
+    n: int = typer.Option(8, help="samples per prompt"),
+    tokens: int = typer.Option(24, help="new tokens at most per sample"),
+    repeats: int = typer.Option(3, help="timed calls per engine (after one warm-up call)"),
+    seed: int = typer.Option(0, help="sampling seed of the first timed call"),
+):
+    """HF generate vs vLLM on the same policy, prompts and budget: samples/s side by side (needs vLLM)."""
+    from .bench.rollout import DEFAULT_CONFIG, run_rollout_bench
+
+    path, overrides = _split_args(list(args or []))
+    _run_bench(lambda: run_rollout_bench(path or DEFAULT_CONFIG, overrides, prompts=prompts, n=n, tokens=tokens,
+                                         repeats=repeats, seed=seed, echo=lambda s: print(s, flush=True)))
 
 
 @app.command(name="list")

