@@ -22,7 +22,11 @@ def evaluate(policy, task: Task, rewards, cfg, num_examples: int | None = None,
     task's pictures of text answers)."""
     examples_all = task.examples("eval")
     n = min(num_examples or cfg.eval.num_examples, len(examples_all))
-    examples = policy.prepare_examples([examples_all[i] for i in range(*dist.shard_bounds(n))])
+    shard = range(*dist.shard_bounds(n))
+    examples = [examples_all[i] for i in shard]
+    if dist.world_size() > 1:  # seeds keyed by example index: those of one process, not of the share
+        examples = [{"_index": i, **ex} if isinstance(ex, dict) else ex for i, ex in zip(shard, examples)]
+    examples = policy.prepare_examples(examples)
     prompts = [task.prompt(ex) for ex in examples]
     batch = policy.rollout(examples, prompts, cfg.eval.num_generations, "eval",
                            need_old_logps=False, need_ref_logps=False)
