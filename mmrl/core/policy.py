@@ -240,6 +240,12 @@ class PolicyBase:
         ours: accelerate's would step once per process per optimizer step."""
         optimizer, self.scheduler = make_optimizer(self.trainable_parameters(), train_cfg, total_steps)
         self.accelerator = self.accelerator or make_accelerator()
+        backend = str(self.accelerator.distributed_type).rsplit(".", 1)[-1]
+        if backend in ("FSDP", "DEEPSPEED"):
+            raise NotImplementedError(
+                f"the accelerate config asks for {backend}; mmrl trains with DDP only so far (its synchronising "
+                "backward and checkpoints assume replicated weights, and sharded rollouts need generation in "
+                "lockstep): launch with configs/accelerate/ddp.yaml")
         self.train_module, self.optimizer = self.accelerator.prepare(TrainForward(self.module), optimizer)
 
     def forward(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -328,9 +334,6 @@ class PolicyBase:
     def save(self, path: Path) -> None:
         """Weights (LoRA: the adapters only, through peft) and optimizer + scheduler state.
         Called on every rank (a sharding backend gathers here); rank 0 writes."""
-        if self.accelerator is not None and self.accelerator.is_fsdp2:
-            raise NotImplementedError("checkpoints of FSDP2-sharded policies are not written yet: "
-                                      "train with the DDP accelerate config")
         if not dist.is_main():
             return
         path = Path(path)
