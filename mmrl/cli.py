@@ -73,9 +73,10 @@ def train(
     except (FileNotFoundError, ValueError, KeyError, ImportError) as exc:  # ImportError: an optional engine
         console.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2)
-    console.print(f"run directory: [bold]{trainer.run_dir}[/]")
+    if trainer.main:  # one voice for several processes
+        console.print(f"run directory: [bold]{trainer.run_dir}[/]")
     result = trainer.train()
-    if result.before:
+    if result.before and trainer.main:
         console.print(f"held-out reward: before {result.before['reward']:.3f} -> after {result.after['reward']:.3f}")
 
 
@@ -304,6 +305,14 @@ def _quiet_libraries() -> None:
 
 
 def main() -> None:
+    """The entry point. Under a launcher a failing rank's traceback is recorded for the launcher,
+    which stops the other ranks and reports that rank's error (torch.distributed.elastic)."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    record(_main)()
+
+
+def _main() -> None:
     _quiet_libraries()
     try:
         app()

@@ -184,6 +184,9 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:1 ...
     threads: int = 0  # torch CPU threads; 0 = torch's default
+    # Several processes (accelerate launch / torchrun): seconds a collective may wait for the
+    # other ranks before the run stops with a timeout error naming it.
+    distributed_timeout: float = 1800.0
 
 
 @dataclass

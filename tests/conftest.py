@@ -89,5 +89,6 @@ def capture_gradients(policy) -> dict:
     def snapshot(optimizer, args, kwargs):
         grads.update({n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None})
 
-    policy.optimizer.register_step_pre_hook(snapshot)
+    # accelerate wraps the optimizer; the torch optimizer inside runs the step hooks
+    getattr(policy.optimizer, "optimizer", policy.optimizer).register_step_pre_hook(snapshot)
     return grads

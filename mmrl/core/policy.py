@@ -14,7 +14,12 @@ What does not depend on the modality is written once, in :class:`PolicyBase`:
   next rollout);
 - the reference model of the KL term (a frozen copy, or with LoRA the adapters disabled);
 - checkpoints: LoRA adapters through peft's state-dict helpers, full weights through the
-  subclass, optimizer and scheduler state.
+  subclass, optimizer and scheduler state;
+- several processes: an ``accelerate.Accelerator`` prepares the trained module and the optimizer
+  (DDP, FSDP2 or DeepSpeed, chosen by the accelerate config of the launch). Training forwards run
+  through :meth:`PolicyBase.forward`, so the backend's hooks see them whatever submodules the
+  policy calls; gradients of all loss terms accumulate locally (``no_sync``) and one
+  synchronising backward averages them (see :meth:`PolicyBase.train_step`).
 
 A modality policy supplies sampling (``rollout``), per-micro-batch loss terms (``loss_terms``),
 its full-weight save/load and its optional capabilities, declared in ``capabilities`` and checked
@@ -32,6 +37,7 @@ import torch
 
 from mmrl.registry import LOSSES
 
+from . import distributed as dist
 from .rollouts import Rollouts
 
 # Optional capabilities a policy can declare (``Policy.capabilities``).
@@ -86,6 +92,14 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def policy_device(cfg) -> torch.device:
+    """``train.device``, except that a launched run puts each rank on its own accelerator."""
+    dist.init(cfg.train.device, cfg.train.distributed_timeout)
+    if dist.active() and cfg.train.device in ("auto", "cuda"):
+        return dist.device()
+    return pick_device(cfg.train.device)
+
+
 def compute_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"model.dtype must be one of {', '.join(DTYPES)}, got {name!r}")
@@ -103,6 +117,35 @@ def make_optimizer(params, train_cfg: Any, total_steps: int):
     return optimizer, scheduler
 
 
+class TrainForward(torch.nn.Module):
+    """The module handed to ``accelerator.prepare``: its forward runs ``fn(*args)``, so a policy
+    that calls submodules of its model (a VLM's backbone then its LM head in chunks; a
+    generator's pipeline) still goes through DDP's / FSDP2's forward once per loss term."""
+
+    def __init__(self, module: torch.nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+
+def make_accelerator():
+    """One ``Accelerator`` per process. Outside a launch it is forced to plain full precision
+    with no device moves, so a single-process run computes exactly what it did without it; in a
+    launch the accelerate config (DDP / FSDP2 / DeepSpeed, mixed precision) applies."""
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    # Buffers (rotary tables) are equal on every rank; broadcasting them at each forward would be
+    # a collective per loss term, and ranks may run different numbers of terms.
+    kwargs = {"kwargs_handlers": [DistributedDataParallelKwargs(broadcast_buffers=False)],
+              "device_placement": False}
+    if not dist.active():
+        kwargs["mixed_precision"] = "no"
+    return Accelerator(cpu=dist.use_cpu(), **kwargs)
+
+
 class PolicyBase:
     """The modality-free half of a policy (module docstring). Subclasses set ``self.module`` (the
     trained network) during ``__init__`` and call :meth:`finish_setup` at its end."""
@@ -118,12 +161,14 @@ class PolicyBase:
 
     def __init__(self, cfg, device: torch.device | None = None):
         self.cfg = cfg
-        self.device = device or pick_device(cfg.train.device)
+        self.device = device or policy_device(cfg)
         self.compute_dtype = compute_dtype(cfg.model.dtype)
         self.lora = bool(cfg.model.lora.enabled)
         self.ref_module: torch.nn.Module | None = None
         self.optimizer = None
         self.scheduler = None
+        self.accelerator = None
+        self.train_module: torch.nn.Module | None = None  # the prepared TrainForward
         unknown = set(self.capabilities) - set(CAPABILITIES)
         if unknown:
             raise ValueError(f"{type(self).__name__} declares unknown capabilities {sorted(unknown)}")
@@ -191,7 +236,32 @@ class PolicyBase:
 
     # -- the optimizer step ---------------------------------------------------------------------
     def configure_optimizer(self, train_cfg, total_steps: int) -> None:
-        self.optimizer, self.scheduler = make_optimizer(self.trainable_parameters(), train_cfg, total_steps)
+        """AdamW + scheduler; the module and optimizer prepared by accelerate. The scheduler stays
+        ours: accelerate's would step once per process per optimizer step."""
+        optimizer, self.scheduler = make_optimizer(self.trainable_parameters(), train_cfg, total_steps)
+        self.accelerator = self.accelerator or make_accelerator()
+        backend = str(self.accelerator.distributed_type).rsplit(".", 1)[-1]
+        if backend in ("FSDP", "DEEPSPEED"):
+            raise NotImplementedError(
+                f"the accelerate config asks for {backend}; mmrl trains with DDP only so far (its synchronising "
+                "backward and checkpoints assume replicated weights, and sharded rollouts need generation in "
+                "lockstep): launch with configs/accelerate/ddp.yaml")
+        self.train_module, self.optimizer = self.accelerator.prepare(TrainForward(self.module), optimizer)
+
+    def forward(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run a training forward ``fn(*args, **kwargs)`` through the prepared module (a plain
+        call before :meth:`configure_optimizer`)."""
+        if self.train_module is None:
+            return fn(*args, **kwargs)
+        return self.train_module(fn, *args, **kwargs)
+
+    def _synchronise_gradients(self) -> None:
+        """The one backward that leaves ``no_sync``: a zero loss over every trained parameter.
+        DDP then all-reduces the locally accumulated gradients (their sum is unchanged), whatever
+        number of loss terms each rank ran, an empty share included."""
+        params = self.trainable_parameters()
+        zero = self.forward(lambda: sum(p.sum() for p in params) * 0.0)
+        self.accelerator.backward(zero)
 
     def loss_terms(self, batch: Rollouts, objective, num_tokens: float, num_seqs: float
                    ) -> Iterator[tuple[torch.Tensor, dict[str, float]]]:
@@ -209,18 +279,25 @@ class PolicyBase:
         self.module.train()
         sums: dict[str, float] = {}
         count = 0
-        terms = self.loss_terms(batch, objective, num_tokens, num_seqs)
-        while True:
-            with self.autocast():
-                term = next(terms, None)
-            if term is None:
-                break
-            loss, metrics = term
-            loss.backward()
-            count += 1
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + float(v)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), self.cfg.train.max_grad_norm)
+        # Several processes: ``num_tokens`` / ``num_seqs`` are the global normalisers, and the
+        # backend averages gradients over ranks, so each rank's loss is scaled by the world size.
+        world = dist.world_size()
+        terms = self.loss_terms(batch, objective, num_tokens, num_seqs) if len(batch) else iter(())
+        with self.accelerator.no_sync(self.train_module) if world > 1 else contextlib.nullcontext():
+            while True:
+                with self.autocast():
+                    term = next(terms, None)
+                if term is None:
+                    break
+                loss, metrics = term
+                self.accelerator.backward(loss * world if world > 1 else loss)
+                count += 1
+                for k, v in metrics.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+        if world > 1:
+            self._synchronise_gradients()
+            sums, count = _reduce_metrics(sums, count)
+        grad_norm = self.accelerator.clip_grad_norm_(self.trainable_parameters(), self.cfg.train.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)  # no gradients held through the next rollout
@@ -255,7 +332,10 @@ class PolicyBase:
         raise NotImplementedError
 
     def save(self, path: Path) -> None:
-        """Weights (LoRA: the adapters only, through peft) and optimizer + scheduler state."""
+        """Weights (LoRA: the adapters only, through peft) and optimizer + scheduler state.
+        Called on every rank (a sharding backend gathers here); rank 0 writes."""
+        if not dist.is_main():
+            return
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         if self.lora:
@@ -271,7 +351,8 @@ class PolicyBase:
                        path / "optimizer.pt")
 
     def load(self, path: Path) -> None:
-        """Restore what :meth:`save` wrote (optimizer state only when an optimizer exists)."""
+        """Restore what :meth:`save` wrote (optimizer state only when an optimizer exists); every
+        rank reads the same consolidated files, whatever number of processes wrote them."""
         path = Path(path)
         if self.lora:
             from peft import set_peft_model_state_dict
@@ -285,3 +366,15 @@ class PolicyBase:
             state = torch.load(opt, map_location="cpu", weights_only=False)
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
+
+
+def _reduce_metrics(sums: dict[str, float], count: int) -> tuple[dict[str, float], int]:
+    """Every rank's metric sums and term counts added up: the means of ``train_step`` are then
+    over all ranks' loss terms (and ``loss``, a sum, is the global mini-batch loss)."""
+    total: dict[str, float] = {}
+    n = 0
+    for s, c in dist.gather((sums, count)):
+        n += c
+        for k, v in s.items():
+            total[k] = total.get(k, 0.0) + v
+    return total, n

@@ -5,6 +5,11 @@ declared and checked once, at setup), to a task through the plugin API, and buil
 batch with :class:`~mmrl.core.batch.BatchBuilder`. Determinism: every step reseeds from
 ``(train.seed, step)`` and the data order is a pure function of the step, so a run resumed from a
 checkpoint continues exactly as the uninterrupted run would have.
+
+Several processes (``accelerate launch`` / ``torchrun``, :mod:`~mmrl.core.distributed`): each rank
+rolls out whole groups of the step's prompts with seeds of its own, the batch builder gathers what
+estimators and metrics need of the whole batch, gradients are averaged by the backend (the policy
+base), and rank 0 alone logs, shows progress and writes checkpoints (every rank's RNG included).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from ..registry import TASKS, load_plugins
 from ..runs.checkpoint import CheckpointManager, rng_state, set_rng_state
 from ..runs.logging import RunLogger, TrainingProgress, print_before_after
 from ..task import Task
+from . import distributed as dist
 from .batch import BatchBuilder
 from .evaluation import evaluate
 from .losses import Objective, ObjectiveConfig, count_sequences, kl_penalty
@@ -53,6 +59,7 @@ class Trainer:
     """Runs the loop of the module docstring for one policy."""
 
     def __init__(self, cfg, policy, task: Task | None = None, run_dir: Path | None = None):
+        dist.init(cfg.train.device, cfg.train.distributed_timeout)
         self.cfg = cfg
         self.policy = policy
         self.task = task or build_task(cfg)
@@ -64,14 +71,18 @@ class Trainer:
             raise ValueError(f"algo.advantage={cfg.algo.advantage!r} measures each update's policy KL by "
                              f"re-scoring the batch, which a {type(policy).__name__} cannot; set "
                              "algo.advantage_kwargs.rho to a fixed forgetting factor")
-        self.run_dir = Path(run_dir or Path(cfg.log.output_dir) / run_name(cfg))
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        _check_world(cfg)
+        # Rank 0 names the run (a timestamp): every rank must agree on it.
+        self.run_dir = Path(dist.broadcast(str(run_dir or Path(cfg.log.output_dir) / run_name(cfg))))
+        self.main = dist.is_main()
+        if self.main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
         self.ckpt = CheckpointManager(self.run_dir / "checkpoints", keep=cfg.log.save_total_limit)
 
     # -- one RL step ------------------------------------------------------------------------------
     def rollout_step(self, step: int) -> tuple[Rollouts, dict[str, float]]:
         """The trained batch of ``step`` (rollouts, rewards, advantages) and its metrics."""
-        seed_everything(step_seed(self.cfg.train.seed, step))
+        seed_everything(step_seed(self.cfg.train.seed, step, salt=dist.rank_salt()))  # rank 0: salt 0
         self.policy.begin_step(step)
         return self.batches.build(step)
 
@@ -91,16 +102,17 @@ class Trainer:
         if track_kl:
             before = batch.old_logps if batch.old_logps is not None else self.policy.score(batch, reference=False)
         n = len(batch)
-        mini = cfg.train.mini_batch_size or n
+        mini, chunks = self._mini_batches(n)
         sums: dict[str, float] = {}
         count = 0
         for it in range(cfg.algo.num_iterations):
             g = torch.Generator().manual_seed(step_seed(cfg.train.seed, step, salt=11 + it))
             order = torch.randperm(n, generator=g) if mini < n else torch.arange(n)
-            for start in range(0, n, mini):
-                sub = batch.select(order[start:start + mini])
-                metrics = self.policy.train_step(sub, objective, num_tokens=float(sub.action_mask.sum()),
-                                                 num_seqs=count_sequences(sub.action_mask))
+            for c in range(chunks):
+                sub = batch.select(order[c * mini:(c + 1) * mini])
+                # Global normalisers: every rank's loss is a share of the whole mini-batch's.
+                metrics = self.policy.train_step(sub, objective, num_tokens=dist.all_sum(sub.action_mask.sum()),
+                                                 num_seqs=dist.all_sum(count_sequences(sub.action_mask)))
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + v
                 count += 1
@@ -110,26 +122,53 @@ class Trainer:
         if track_kl:
             after = self.policy.score(batch, reference=False)
             kl = kl_penalty(before, after, "k3") * batch.action_mask
-            self.batches.policy_kl = float(kl.sum() / batch.action_mask.sum().clamp(min=1))
+            self.batches.policy_kl = dist.all_sum(kl.sum()) / max(dist.all_sum(batch.action_mask.sum()), 1.0)
             out["policy_kl"] = self.batches.policy_kl
         return out
 
+    def _mini_batches(self, n: int) -> tuple[int, int]:
+        """(samples per mini-batch on this rank, mini-batches per iteration). One process:
+        ``train.mini_batch_size`` of the batch. Several: each rank takes its share of it, and all
+        ranks run as many optimizer steps as the rank with the most samples needs (a rank with
+        fewer trains on empty shares, which still join the gradient average)."""
+        mini = self.cfg.train.mini_batch_size or n
+        if dist.world_size() > 1:
+            mini = max(1, self.cfg.train.mini_batch_size // dist.world_size()) if self.cfg.train.mini_batch_size \
+                else max(1, int(dist.all_max(n)))
+            return mini, int(dist.all_max(-(-n // mini)))
+        return mini, -(-n // mini) if n else 0
+
     # -- checkpoints ------------------------------------------------------------------------------
     def save(self, step: int, before: dict[str, float]) -> None:
-        def write(d: Path) -> None:
-            self.policy.save(d / "policy")
-            torch.save({"step": step, "rng": rng_state(), "before": before, **self.batches.state_dict()},
-                       d / "trainer.pt")
-
-        self.ckpt.save(step, write)
+        """Every rank takes part (a sharding backend gathers the weights; each rank's RNG state
+        is gathered); rank 0 writes into the temp directory and publishes it atomically."""
+        tmp = Path(dist.broadcast(str(self.ckpt.begin(step)) if self.main else None))
+        try:
+            self.policy.save(tmp / "policy")
+            rngs = dist.gather(rng_state())
+            if self.main:
+                torch.save({"step": step, "rng": rngs[0], "rank_rngs": rngs, "world_size": dist.world_size(),
+                            "before": before, **self.batches.state_dict()}, tmp / "trainer.pt")
+        except BaseException:
+            if self.main:
+                self.ckpt.abort(tmp)
+            raise
+        if self.main:
+            self.ckpt.commit(step, tmp)
+        dist.barrier()
 
     def _resume(self) -> tuple[int, dict[str, float]]:
+        """Every rank reads the same checkpoint (a shared run directory); each restores its own
+        RNG state when the process count is unchanged (the per-step reseeding makes the draws of
+        later steps exact either way)."""
         latest = self.ckpt.latest()
         if latest is None:
             return 0, {}
         self.policy.load(latest / "policy")
         state = torch.load(latest / "trainer.pt", map_location="cpu", weights_only=False)
-        set_rng_state(state["rng"])
+        rngs = state.get("rank_rngs") or [state["rng"]]
+        if dist.rank() < len(rngs):
+            set_rng_state(rngs[dist.rank()])
         self.batches.load_state_dict(state)
         return int(state["step"]), dict(state.get("before") or {})
 
@@ -138,18 +177,20 @@ class Trainer:
 
     # -- the loop ---------------------------------------------------------------------------------
     def train(self) -> TrainResult:
-        cfg = self.cfg
-        save_config(cfg, self.run_dir / "config.yaml")
+        cfg, main = self.cfg, self.main
+        if main:
+            save_config(cfg, self.run_dir / "config.yaml")
         self.policy.configure_optimizer(cfg.train, cfg.train.steps)
-        logger = RunLogger(self.run_dir, tensorboard=cfg.log.tensorboard)
+        logger = RunLogger(self.run_dir, tensorboard=cfg.log.tensorboard) if main else None
+        log = logger.log if main else (lambda step, metrics: None)
         start, before = (self._resume() if cfg.resume else (0, {}))
-        if start:
+        if start and main:
             logger.truncate_after(start)
-        elif cfg.eval.before:
+        elif not start and cfg.eval.before:
             before = self.evaluate(grid_path=self.run_dir / "samples_before.png")
-            logger.log(0, {f"eval/{k}": v for k, v in before.items()})
+            log(0, {f"eval/{k}": v for k, v in before.items()})
         try:
-            with TrainingProgress(cfg.train.steps, start_step=start, enabled=cfg.log.progress,
+            with TrainingProgress(cfg.train.steps, start_step=start, enabled=cfg.log.progress and main,
                                   description=f"mmrl {self.task.name}") as progress:
                 for step in range(start + 1, cfg.train.steps + 1):
                     t0 = time.perf_counter()
@@ -162,22 +203,24 @@ class Trainer:
                     if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.train.steps:
                         metrics.update({f"eval/{k}": v for k, v in self.evaluate().items()})
                     if step % max(cfg.log.log_every, 1) == 0 or step == cfg.train.steps:
-                        logger.log(step, metrics)
-                    if cfg.log.save_rollouts_every and step % cfg.log.save_rollouts_every == 0:
+                        log(step, metrics)
+                    if main and cfg.log.save_rollouts_every and step % cfg.log.save_rollouts_every == 0:
                         logger.save_rollouts(step, self._rollout_records(batch))
                     progress.update(step, reward=metrics["reward"], step_time=metrics["step_time"])
                     if cfg.log.save_every and step % cfg.log.save_every == 0 and step < cfg.train.steps:
                         self.save(step, before)
             self.save(cfg.train.steps, before)
             after = self.evaluate(grid_path=self.run_dir / "samples_after.png")
-            logger.log(cfg.train.steps, {f"eval/{k}": v for k, v in after.items()})
+            log(cfg.train.steps, {f"eval/{k}": v for k, v in after.items()})
         finally:
-            logger.close()
+            if logger is not None:
+                logger.close()
         result = TrainResult(self.run_dir, before, after, cfg.train.steps)
-        (self.run_dir / "summary.json").write_text(json.dumps(
-            {"before": before, "after": after, "steps": cfg.train.steps}, indent=2))
-        if before:
-            print_before_after(before, after, title=f"held-out eval ({self.task.name}, {cfg.eval.num_examples} examples)")
+        if main:
+            (self.run_dir / "summary.json").write_text(json.dumps(
+                {"before": before, "after": after, "steps": cfg.train.steps}, indent=2))
+            if before:
+                print_before_after(before, after, title=f"held-out eval ({self.task.name}, {cfg.eval.num_examples} examples)")
         return result
 
     def _rollout_records(self, batch: Rollouts) -> list[dict[str, Any]]:
@@ -192,3 +235,16 @@ class Trainer:
                 "advantage": float(batch.advantages[i]),
             })
         return records
+
+
+def _check_world(cfg) -> None:
+    """Setup-time checks of a launch against the config: whole groups per rank."""
+    world = dist.world_size()
+    if world == 1:
+        return
+    if cfg.train.prompts_per_step < world:
+        raise ValueError(f"train.prompts_per_step={cfg.train.prompts_per_step} prompts cannot give each of "
+                         f"{world} processes a group; use at least {world} (ideally a multiple)")
+    if cfg.train.mini_batch_size % world:
+        raise ValueError(f"train.mini_batch_size={cfg.train.mini_batch_size} must be a multiple of the "
+                         f"{world} processes (each rank trains its share of every mini-batch)")

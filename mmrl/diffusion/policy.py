@@ -330,7 +330,8 @@ class DiffusionPolicy(PolicyBase):
             x0 = p["latents"][rows, -1].to(dev)
             noise = p["fm_noise"][rows, t].to(dev)
             s = float(sigmas[t])
-            v = self.pipe.velocity(noised(x0, noise, s), torch.full((len(rows),), s, device=dev), prompts, guidance)
+            v = self.forward(self.pipe.velocity, noised(x0, noise, s), torch.full((len(rows),), s, device=dev),
+                             prompts, guidance)
             if obj_cfg.loss_type == "nft":
                 positive, negative = nft_errors(v, p["old_velocity"][rows, t].to(dev), x0, noise, beta=self.d.nft_beta)
                 inputs = {"positive": positive[:, None], "negative": negative[:, None], "adv_max": self.d.adv_clip_max}
@@ -341,7 +342,7 @@ class DiffusionPolicy(PolicyBase):
         x = p["latents"][rows, t].to(dev)
         x_next = p["latents"][rows, t + 1].to(dev)
         s = torch.full((len(rows),), float(sigmas[t]), device=dev)
-        v = self.pipe.velocity(x, s, prompts, guidance)
+        v = self.forward(self.pipe.velocity, x, s, prompts, guidance)  # through the prepared module
         out = self._step(v, x, sigmas, t, prev_sample=x_next)
         logp = out.log_prob
         if self.d.grpo_guard:

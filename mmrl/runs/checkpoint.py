@@ -116,18 +116,35 @@ class CheckpointManager:
         If ``write`` raises, its temp directory is removed, nothing else changes, and the
         exception propagates. Returns the final checkpoint directory.
         """
+        tmp = self.begin(step)
+        try:
+            write(tmp)
+        except BaseException:
+            self.abort(tmp)
+            raise
+        return self.commit(step, tmp)
+
+    def begin(self, step: int) -> Path:
+        """A fresh temp directory for the checkpoint of ``step`` (the first half of :meth:`save`,
+        for writers that fill it from several processes before rank 0 commits it)."""
         self.root.mkdir(parents=True, exist_ok=True)
         self._clean_stale_tmp()
-        final = self.step_dir(step)
-        tmp = self.root / f"{_TMP_PREFIX}{final.name}-{os.getpid()}"
+        tmp = self.root / f"{_TMP_PREFIX}{self.step_dir(step).name}-{os.getpid()}"
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
+        return tmp
+
+    def abort(self, tmp: Path) -> None:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    def commit(self, step: int, tmp: Path) -> Path:
+        """fsync ``tmp`` and publish it as the checkpoint of ``step`` (the second half of :meth:`save`)."""
+        final = self.step_dir(step)
         try:
-            write(tmp)
             _fsync_tree(tmp)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            self.abort(tmp)
             raise
 
         # os.replace cannot overwrite a non-empty directory on POSIX, so move an existing

@@ -363,11 +363,11 @@ class VLMPolicy(PolicyBase):
         for rows, sub in self._micro_batches(batch):
             entropies = None
             if obj_cfg.needs_entropy:
-                logps, entropies = self.completion_logps(self.module, sub, with_entropy=True)
+                logps, entropies = self.forward(self.completion_logps, self.module, sub, with_entropy=True)
                 if not obj_cfg.entropy_coef:
                     entropies = entropies.detach()
             else:
-                logps = self.completion_logps(self.module, sub)
+                logps = self.forward(self.completion_logps, self.module, sub)
             dev = logps.device
             extra: dict[str, Any] = {}
             if entropies is not None:

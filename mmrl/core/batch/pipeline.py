@@ -14,6 +14,10 @@
     10. overlong filter truncated samples leave the loss (algo.overlong_filter)
     11. observe         the prompt sampler learns from every generated group
 
+With several processes each rank runs stages 1-8 on its contiguous share of the step's prompts
+(whole groups; its own seeds; dynamic sampling fills the rank's share of the kept groups), and
+stages 9-11 run on the whole batch gathered by :mod:`.whole`, identically on every rank.
+
 The stage functions live in the sibling modules (prompts, guidance, selection, aggregation,
 shaping); this module only orders them and collects their metrics.
 """
@@ -27,6 +31,7 @@ import torch
 
 from mmrl.registry import ADVANTAGES, PERTURBATIONS, SELECTIONS
 
+from .. import distributed as dist
 from ..advantages import compute_advantages, make_advantage_state
 from ..rollouts import Rollouts
 from ..seeding import step_seed
@@ -35,6 +40,7 @@ from .guidance import augment_flat_groups, scaffold
 from .prompts import make_sampler
 from .selection import group_has_variance
 from .shaping import overlong_mask, soft_overlong_penalty
+from .whole import gather_whole
 
 PERTURBATION_OPTIONS = ("max_angle", "max_mix")
 
@@ -105,19 +111,24 @@ class BatchBuilder:
                 extra[k] = extra.get(k, 0.0) + v
             return batch
 
-        batch, _, stats = self.select(generate, cfg.train.prompts_per_step, cfg.algo.max_num_gen_batches)
+        share = len(range(*dist.shard_bounds(cfg.train.prompts_per_step)))  # this rank's groups
+        batch, _, stats = self.select(generate, share, cfg.algo.max_num_gen_batches)
         extra.update(stats)
-        batch.advantages = self._advantages(batch)
+        whole = gather_whole(batch, rounds, extra, self._reward_stats, self._reward_calls)
+        advantages = self._advantages(whole.trained)
+        whole.trained.advantages = advantages
+        batch.advantages = advantages if whole.trained is batch else advantages[whole.start:whole.stop]
         if cfg.algo.overlong_filter and batch.truncated is not None:
             batch.action_mask = batch.action_mask * overlong_mask(batch.truncated, len(batch))[:, None]
-        metrics = self._rollout_metrics(rounds[0][0], extra)
-        metrics.update(self._observe(rounds, batch))
+        self._reward_stats, self._reward_calls = whole.reward_stats, whole.reward_calls
+        metrics = self._rollout_metrics(whole.rounds[0][0], whole.extra)
+        metrics.update(self._observe(whole.rounds, whole.trained))
         return batch, metrics
 
     def _generate(self, step: int, round: int) -> tuple[Rollouts, list[int], dict[str, float]]:
         """Stages 1-7 for one generation round."""
         cfg, algo = self.cfg, self.cfg.algo
-        indices = self.sampler.indices(step, round)
+        indices = dist.shard(self.sampler.indices(step, round))  # whole groups: this rank's prompts
         examples = [{**self.train_examples[i], "_index": i} for i in indices]
         if cfg.data.perturbation:
             examples = self._perturb(examples, step, round)
@@ -132,7 +143,7 @@ class BatchBuilder:
             metrics.update(stats)
         if algo.difficulty_augmentation:
             kw = algo.difficulty_augmentation_kwargs
-            rng = np.random.default_rng(step_seed(cfg.train.seed, step, salt=200 + round))
+            rng = np.random.default_rng(step_seed(cfg.train.seed, step, salt=200 + round + dist.rank_salt()))
             options = {"noise_std": kw["noise_std"]} if "noise_std" in kw else {}
             augment = lambda ex, d: self.task.augment(ex, d, rng, **options)  # noqa: E731
             batch, stats = augment_flat_groups(batch, self._solved(kw), augment, regenerate, n_on)
@@ -178,7 +189,7 @@ class BatchBuilder:
         another training example."""
         data = self.cfg.data
         kinds = PERTURBATIONS.names()
-        rng = np.random.default_rng(step_seed(self.cfg.train.seed, step, salt=300 + round))
+        rng = np.random.default_rng(step_seed(self.cfg.train.seed, step, salt=300 + round + dist.rank_salt()))
         out = []
         for ex in examples:
             if rng.random() >= data.perturbation_prob:

@@ -1,0 +1,85 @@
+"""The whole step's batch, seen from every rank: what estimators, metrics and prompt samplers
+need of all ranks' samples, gathered once per step.
+
+Each rank rolls out whole groups, so group statistics are already exact locally; but batch-level
+estimators (REINFORCE++ / SPO whitening, BNPO's Beta fit, SPO's tracker), the reward metrics and
+the samplers' feedback read the whole batch. Only light per-sample values travel (rewards and
+their components, action masks, group ids, example ids, text completions), never media or
+log-probs; every rank then computes the same advantages and keeps the rows of its own samples.
+Concatenating the ranks' parts in rank order gives the order one process would have had, since
+each rank holds a contiguous block of the step's prompts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .. import distributed as dist
+from ..rollouts import Rollouts
+
+# Example fields the estimators and samplers read (SPO's keys, a mixture's sources).
+EXAMPLE_KEYS = ("_index", "source")
+# Generation stats that are counts over the whole batch (summed over ranks); the others are
+# averaged, ``selection/gen_batches`` takes the most rounds any rank needed.
+SUMMED = ("selection/dropped_groups", "selection/kept_groups")
+MAXED = ("selection/gen_batches",)
+
+
+@dataclass
+class WholeBatch:
+    trained: Rollouts  # every rank's trained batch (light), in rank order
+    rounds: list[tuple[Rollouts, list[int]]]  # generation round r of every rank, with its prompt indices
+    extra: dict[str, float]
+    reward_stats: dict[str, float]
+    reward_calls: int
+    start: int = 0  # this rank's rows of ``trained``
+    stop: int = 0
+
+
+def light(batch: Rollouts) -> Rollouts:
+    """What the estimators, metrics and samplers read of ``batch``; no media, payload or log-probs."""
+    return Rollouts(
+        group_ids=batch.group_ids, action_mask=batch.action_mask, rewards=batch.rewards,
+        reward_components=dict(batch.reward_components),
+        completions=[c if isinstance(c, str) else None for c in batch.completions],
+        examples=[{k: ex[k] for k in EXAMPLE_KEYS if k in ex} for ex in batch.examples],
+        truncated=batch.truncated, off_policy=batch.off_policy,
+    )
+
+
+def gather_whole(trained: Rollouts, rounds: list[tuple[Rollouts, list[int]]], extra: dict[str, float],
+                 reward_stats: dict[str, float], reward_calls: int) -> WholeBatch:
+    """The :class:`WholeBatch` of this step; in one process, the local objects themselves."""
+    if dist.world_size() == 1:
+        return WholeBatch(trained, rounds, extra, reward_stats, reward_calls, 0, len(trained))
+    parts = dist.gather((light(trained), [(light(b), list(i)) for b, i in rounds], dict(extra),
+                         dict(reward_stats), reward_calls))
+    sizes = [len(p[0]) for p in parts]
+    start = sum(sizes[:dist.rank()])
+    whole_rounds = []
+    for r in range(max(len(p[1]) for p in parts)):
+        here = [p[1][r] for p in parts if r < len(p[1])]  # ranks may need different refill rounds
+        whole_rounds.append((Rollouts.concat([b for b, _ in here]), [i for _, ix in here for i in ix]))
+    return WholeBatch(
+        trained=Rollouts.concat([p[0] for p in parts]),
+        rounds=whole_rounds,
+        extra=_reduce([p[2] for p in parts]),
+        reward_stats=_reduce([p[3] for p in parts], mean=False),
+        reward_calls=sum(p[4] for p in parts),
+        start=start, stop=start + sizes[dist.rank()],
+    )
+
+
+def _reduce(dicts: list[dict[str, float]], mean: bool = True) -> dict[str, Any]:
+    keys = list(dict.fromkeys(k for d in dicts for k in d))
+    out = {}
+    for k in keys:
+        values = [d[k] for d in dicts if k in d]
+        if k in MAXED:
+            out[k] = max(values)
+        elif k in SUMMED or not mean:
+            out[k] = sum(values)
+        else:
+            out[k] = sum(values) / len(values)
+    return out

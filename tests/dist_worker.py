@@ -1,0 +1,132 @@
+"""One process of the multi-process tests (tests/test_distributed.py): run as a plain script (one
+process) or under ``torchrun --nproc_per_node 2`` (gloo on CPU); rank 0 writes what it measured.
+
+    python dist_worker.py step   VLM_DIR OUT.pt     one train_step on a fixed global batch
+    python dist_worker.py run    FLOW_DIR RUN_DIR STEPS [overrides...]   a tiny generator run
+                                 (DIE_AT_STEP=k: rank 1 exits abruptly at step k)
+    python dist_worker.py error                    rank 1 raises while rank 0 waits in a barrier
+    python dist_worker.py hang                     rank 1 never joins rank 0's barrier (5 s timeout)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import torch
+from torch.distributed.elastic.multiprocessing.errors import record
+
+torch.set_num_threads(1)
+
+
+def step(vlm_dir: str, out: str) -> None:
+    """The same global batch (4 prompts x 2 samples, rolled out identically on every rank), each
+    rank training on its whole groups; loss, gradients and updated weights as rank 0 sees them."""
+    from mmrl.config import load_config
+    from mmrl.core import distributed as dist
+    from mmrl.core.advantages import grpo
+    from mmrl.core.losses import Objective, ObjectiveConfig, count_sequences
+    from mmrl.core.seeding import seed_everything, step_seed
+    from mmrl.registry import TASKS, load_plugins
+    from mmrl.vlm.policy import VLMPolicy
+
+    cfg = load_config(None, [f"model.path={vlm_dir}", "train.device=cpu", "rollout.num_generations=2",
+                             "rollout.max_completion_length=8", "train.micro_batch_size=1",
+                             "train.learning_rate=1e-3", "rollout.temperature=1.0"])
+    load_plugins()
+    task = TASKS.get("counting")()
+    policy = VLMPolicy(cfg)
+    policy.configure_optimizer(cfg.train, 10)
+    examples = policy.prepare_examples([{**task.examples("train")[i], "_index": i} for i in range(4)])
+    seed_everything(123)  # the same global batch on every rank
+    batch = policy.rollout(examples, [task.build_prompt(ex) for ex in examples], 2, "train",
+                           need_old_logps=True, need_ref_logps=False)
+    batch.rewards = torch.tensor([1.0, 0.0, 0.5, 0.0, 0.0, 1.0, 0.2, 0.9])
+    batch.advantages = grpo(batch.rewards, batch.group_ids)
+    num_tokens, num_seqs = float(batch.action_mask.sum()), count_sequences(batch.action_mask)
+    start, stop = dist.shard_bounds(4)  # this rank's groups, each of 2 samples
+    local = batch.select(list(range(2 * start, 2 * stop)))
+    grads = {}
+    inner = getattr(policy.optimizer, "optimizer", policy.optimizer)
+    inner.register_step_pre_hook(lambda *a: grads.update(
+        {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None}))
+    objective = Objective(ObjectiveConfig.from_algo(cfg.algo, max_completion_length=8))
+    metrics = policy.train_step(local, objective, num_tokens=num_tokens, num_seqs=num_seqs)
+    # Per-rank seeds: the same prompts sampled on each rank under the trainer's seeding differ.
+    seed_everything(step_seed(cfg.train.seed, 1, salt=dist.rank_salt()))
+    again = policy.rollout(examples[:1], [task.build_prompt(examples[0])], 4, "train", False, False)
+    samples = dist.gather([c.tolist() for c in again.payload["completion_ids"]])
+    if dist.is_main():
+        torch.save({"metrics": metrics, "grads": grads, "samples": samples, "world": dist.world_size(),
+                    "weights": {n: p.detach().clone() for n, p in policy.model.named_parameters()}}, out)
+
+
+def run(flow_dir: str, run_dir: str, steps: str, *extra: str) -> None:
+    """A tiny generator run; rank 0 also records each rank's step-1 prompts and initial noise."""
+    from pathlib import Path
+
+    import mmrl
+    from mmrl.core import distributed as dist
+    from mmrl.core.trainer import Trainer
+
+    seen = {}
+    original = Trainer.rollout_step
+
+    die_at = int(os.environ.get("DIE_AT_STEP", "0"))  # rank 1 dies abruptly there: a killed run
+
+    def spy(self, step):
+        if step == die_at and dist.rank() == 1:
+            os._exit(9)
+        batch, metrics = original(self, step)
+        if step == 1:
+            seen["mine"] = ([ex["_index"] for ex in batch.examples], batch.payload["latents"][:, 0].clone())
+        return batch, metrics
+
+    Trainer.rollout_step = spy
+    path = Path(run_dir)
+    prompts = path.parent / "prompts.txt"
+    if dist.is_main():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        prompts.write_text("a red cat\ntwo dogs on grass\nblue sky at night\na green cube\na yellow sun\n"
+                           "three stars\na white boat\na dark forest\n")
+    dist.init("cpu")
+    dist.barrier()
+    mmrl.train("diffusion/composition_tiny", [
+        f"model.path={flow_dir}", "task.name=t2i_prompts", f"task.options.train_path={prompts}",
+        "task.rewards.brightness=1.0", "task.rewards.jpeg_compressibility=0.1", "algo.loss_type=clip", f"train.steps={steps}", "train.prompts_per_step=4",
+        "rollout.num_generations=2", "train.micro_batch_size=2", "algo.num_iterations=2", "diffusion.num_steps=3",
+        "diffusion.eval_num_steps=2", "eval.num_examples=2", "eval.every=0", "train.learning_rate=1e-3",
+        f"log.output_dir={path.parent}", f"log.run_name={path.name}", "log.save_every=2",
+        "log.save_rollouts_every=0", "log.progress=false", "log.tensorboard=false", *extra])
+    ranks = dist.gather(seen.get("mine"))
+    if dist.is_main() and ranks[0] is not None:
+        torch.save(ranks, path / "step1_samples.pt")
+
+
+def error() -> None:
+    from mmrl.core import distributed as dist
+
+    dist.init("cpu", timeout_s=60)
+    if dist.rank() == 1:
+        raise RuntimeError("boom from rank 1")
+    dist.barrier()  # rank 0 would wait here for ever, were the launcher not to stop it
+
+
+def hang() -> None:
+    from mmrl.core import distributed as dist
+
+    dist.init("cpu", timeout_s=5)
+    if dist.rank() == 1:
+        time.sleep(120)  # never joins: rank 0's collective must time out, not wait for ever
+    dist.barrier()
+
+
+@record
+def main() -> None:
+    mode, *args = sys.argv[1:]
+    {"step": step, "run": run, "error": error, "hang": hang}[mode](*args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""Two processes on this CPU (torchrun, gloo, accelerate's DDP) against one, through
+tests/dist_worker.py:
+
+- one optimizer step on the same global batch (a VLM, whole groups per rank, two loss terms per
+  rank under ``no_sync``): the same loss, gradients and updated weights;
+- a generator run (its noise is keyed by example index, so the 2-process run samples exactly what
+  one process does): the same step metrics, eval metrics and weights; the ranks' prompts and noise
+  differ; per-rank seeds make the same prompt sample differently on each rank;
+- a 2-process run killed (rank 1 exits abruptly at step 3) and resumed continues exactly;
+- a rank raising an error ends both processes with its message; a hung collective times out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+WORKER = Path(__file__).with_name("dist_worker.py")
+pytestmark = pytest.mark.slow
+
+
+def launch(nproc: int, *args, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """``dist_worker.py args`` in ``nproc`` processes (1: a plain process, no launcher)."""
+    cmd = [sys.executable, str(WORKER), *map(str, args)]
+    if nproc > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *cmd[1:]]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
+    if check:
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+    return out
+
+
+def train_rows(run: Path) -> dict[int, dict]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r for r in rows if "reward" in r}
+
+
+def eval_rows(run: Path) -> list[dict]:
+    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "eval/reward" in r]
+
+
+def weights(run: Path, name: str = "latest") -> dict[str, torch.Tensor]:
+    root = run / "checkpoints"
+    name = (root / "latest").read_text().strip() if name == "latest" else name
+    return load_file(str(next((root / name / "policy" / "transformer").glob("*.safetensors"))))
+
+
+def assert_rows_close(a: dict, b: dict, tol: float) -> None:
+    for key, value in a.items():
+        if "time" in key or not isinstance(value, float):
+            continue
+        assert abs(value - b[key]) <= tol * max(1.0, abs(value)), (key, value, b[key])
+
+
+def test_ddp_step_equals_one_process(random_tiny_dir, tmp_path):
+    launch(1, "step", random_tiny_dir, tmp_path / "one.pt")
+    launch(2, "step", random_tiny_dir, tmp_path / "two.pt")
+    one = torch.load(tmp_path / "one.pt", weights_only=False)
+    two = torch.load(tmp_path / "two.pt", weights_only=False)
+    assert (one["world"], two["world"]) == (1, 2)
+    for key in ("loss", "pg_loss", "grad_norm", "ratio_mean"):
+        assert abs(one["metrics"][key] - two["metrics"][key]) < 1e-6, key
+    assert one["grads"].keys() == two["grads"].keys() and one["grads"]
+    for name, g in one["grads"].items():
+        assert torch.allclose(g, two["grads"][name], atol=1e-7, rtol=1e-5), name
+    for name, w in one["weights"].items():
+        assert torch.allclose(w, two["weights"][name], atol=1e-5, rtol=0), name
+    # per-rank seeds: the same prompt, sampled under each rank's seed, gives different completions
+    rank0, rank1 = two["samples"]
+    assert rank0 != rank1
+
+
+@pytest.fixture(scope="module")
+def flow_dir(tmp_path_factory):
+    from diffusion_fixtures import build_tiny_flow
+
+    return build_tiny_flow(tmp_path_factory.mktemp("dist-flow"))
+
+
+@pytest.fixture(scope="module")
+def two_process_run(flow_dir, tmp_path_factory):
+    """A 4-step generator run on 2 processes (reused by the equality and the resume tests)."""
+    run = tmp_path_factory.mktemp("dist-runs") / "two"
+    launch(2, "run", flow_dir, run, 4)
+    return run
+
+
+def test_generator_run_on_two_processes_equals_one(flow_dir, two_process_run, tmp_path):
+    one = tmp_path / "one"
+    launch(1, "run", flow_dir, one, 4)
+    a, b = train_rows(one), train_rows(two_process_run)
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4]
+    for step in a:  # rewards, reward std, advantages' effect (loss), grad norm, group stats
+        assert_rows_close(a[step], b[step], 1e-4)
+    for ra, rb in zip(eval_rows(one), eval_rows(two_process_run), strict=True):
+        assert_rows_close(ra, rb, 1e-5)
+    # Weights: equal up to Adam's normalisation of near-zero gradients (float-order noise in a
+    # 1e-9 gradient can flip its step), so at most a few learning-rate units apart (lr 1e-3),
+    # while training moved them by far more.
+    wa, wb, w0 = weights(one), weights(two_process_run), weights(one, "step_00000002")
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-3
+    assert max((wa[k] - w0[k]).abs().max().item() for k in wa) > 1e-3
+    # each rank rolled out its own prompts, with its own noise
+    (idx0, noise0), (idx1, noise1) = torch.load(two_process_run / "step1_samples.pt", weights_only=False)
+    assert not set(idx0) & set(idx1)
+    assert (noise0[:, None] - noise1[None]).abs().flatten(2).amax(-1).min() > 0.1
+
+
+def test_killed_two_process_run_resumes_exactly(flow_dir, two_process_run, tmp_path):
+    run = tmp_path / "killed"
+    out = launch(2, "run", flow_dir, run, 4, env={"DIE_AT_STEP": "3"}, check=False)
+    assert out.returncode != 0
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_00000002"
+    launch(2, "run", flow_dir, run, 4, "resume=true")
+    a, b = train_rows(two_process_run), train_rows(run)
+    assert [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+            if "reward" in r] == [1, 2, 3, 4]
+    for step in (3, 4):
+        assert_rows_close(a[step], b[step], 1e-6)
+    wa, wb = weights(two_process_run), weights(run)
+    for name, w in wa.items():
+        assert torch.allclose(w, wb[name], atol=1e-6, rtol=0), name
+
+
+def test_a_rank_error_ends_every_process_with_its_message():
+    t0 = time.monotonic()
+    out = launch(2, "error", check=False)
+    assert out.returncode != 0
+    # the launcher's report names the failing rank and shows its traceback
+    report = (out.stdout + out.stderr).split("Root Cause")[-1]
+    assert "rank      : 1" in report and "RuntimeError: boom from rank 1" in report
+    assert time.monotonic() - t0 < 120  # rank 0, waiting in a barrier, was stopped by the launcher
+
+
+def test_a_hung_collective_times_out():
+    """Rank 1 never joins; rank 0's barrier (distributed_timeout 5 s here) fails with a timeout."""
+    out = launch(2, "hang", check=False)
+    assert out.returncode != 0
+    report = (out.stdout + out.stderr).split("Root Cause")[-1]
+    assert "rank      : 0" in report and "Timed out" in report
