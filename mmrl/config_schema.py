@@ -64,7 +64,8 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = 0
     max_completion_length: int = 32
-    batch_size: int = 64  # sequences generated at once
+    batch_size: int = 64  # sequences generated at once; 0 = as many as fit (all, unless out of memory)
+    merge_lora_for_generation: bool = True  # hf engine + LoRA: adapters folded into weight copies to generate
 
 
 @dataclass

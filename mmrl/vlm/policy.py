@@ -185,7 +185,7 @@ class VLMPolicy(PolicyBase):
         at ``eval.temperature``."""
         r = self.cfg.rollout
         temperature = self.cfg.eval.temperature if mode == "eval" else r.temperature
-        return Sampling(temperature, r.top_p, r.top_k, r.max_completion_length, max(1, r.batch_size))
+        return Sampling(temperature, r.top_p, r.top_k, r.max_completion_length, max(0, r.batch_size))
 
     def _batch(self, samples: list[dict], examples: list[dict], group_ids: torch.Tensor,
                off_policy: torch.Tensor | None, need_old_logps: bool, need_ref_logps: bool) -> Rollouts:
@@ -259,7 +259,7 @@ class VLMPolicy(PolicyBase):
                              f"{len(completions)} completions; one of each per sample")
         max_len = self.cfg.rollout.max_completion_length
         stop = self._end_of_turn_id()
-        bs = max(1, self.cfg.rollout.batch_size)
+        bs = self.cfg.rollout.batch_size if self.cfg.rollout.batch_size > 0 else max(1, len(prompts))
         samples: list[dict] = []
         for start in range(0, len(prompts), bs):
             chunk = prompts[start:start + bs]

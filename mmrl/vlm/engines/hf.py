@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Sequence
 
 import torch
 
 from mmrl.registry import register_engine
 
+from ..lora_merge import merged_for_generation
 from ..processing import split_patches
 from .base import RolloutEngine, Sampling
 
@@ -15,6 +17,15 @@ from .base import RolloutEngine, Sampling
 @register_engine("hf")
 class HFGenerate(RolloutEngine):
     """transformers' ``generate`` on the policy's module, in batches of ``sampling.batch_size``.
+
+    ``rollout.batch_size=0``: as many sequences at once as fit, all of them if they do: the first
+    call tries the whole rollout and, on out-of-memory, accelerate's ``find_executable_batch_size``
+    retries with a smaller batch; the size that worked is kept for later steps. (An overhead-bound
+    decode loop takes as long for 8 sequences as for 32, so fewer, larger calls are faster.)
+
+    With LoRA and ``rollout.merge_lora_for_generation`` (default) the adapters are folded into
+    copies of the base weights for the rollout (:mod:`mmrl.vlm.lora_merge`): plain matmuls per
+    token instead of two extra per adapted layer, the base weights restored bit for bit after.
 
     Vision placeholder tokens are suppressed (one in a completion would make re-scoring fail with
     "image features and image tokens do not match"), and scoring masks them identically, so
@@ -31,15 +42,32 @@ class HFGenerate(RolloutEngine):
         if changed:  # unused keys are refused, not ignored: this engine reports no log-probs of its own
             raise ConfigError(f"{', '.join(changed)}: read only by rollout.engine=vllm (this run uses "
                               "rollout.engine=hf); remove the key(s) or set rollout.engine=vllm")
+        self.fitted_batch_size: int | None = None  # rollout.batch_size=0: the size that fit last
+
+    def generate(self, prompts: Sequence[list[dict]], sampling: Sampling) -> list[dict]:
+        policy = self.policy
+        merge = policy.lora and policy.cfg.rollout.merge_lora_for_generation
+        with merged_for_generation(policy.module) if merge else contextlib.nullcontext():
+            if sampling.batch_size > 0:
+                return self.generate_in_batches(prompts, sampling, sampling.batch_size)
+            from accelerate.utils import find_executable_batch_size
+
+            @find_executable_batch_size(starting_batch_size=min(len(prompts), self.fitted_batch_size or len(prompts)))
+            def fitting(batch_size: int) -> list[dict]:
+                results = self.generate_in_batches(prompts, sampling, batch_size)
+                self.fitted_batch_size = batch_size
+                return results
+
+            return fitting()
 
     @torch.no_grad()
-    def generate(self, prompts: Sequence[list[dict]], sampling: Sampling) -> list[dict]:
+    def generate_in_batches(self, prompts: Sequence[list[dict]], sampling: Sampling, batch_size: int) -> list[dict]:
         policy = self.policy
         model = policy.module
         model.eval()
         results: list[dict] = []
-        for start in range(0, len(prompts), sampling.batch_size):
-            chunk = prompts[start:start + sampling.batch_size]
+        for start in range(0, len(prompts), batch_size):
+            chunk = prompts[start:start + batch_size]
             enc, images_per_sample = policy.encode_prompts(chunk)
             inputs = {k: v.to(policy.device) for k, v in enc.items()}
             gen_kwargs: dict[str, Any] = dict(max_new_tokens=sampling.max_new_tokens, pad_token_id=policy.pad_id,

@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -39,6 +39,7 @@ import torch
 from mmrl.registry import register_engine
 
 from ..loading import resolve_model_path, vision_tower
+from ..lora_merge import merged_lora_weights
 from ..processing import split_patches
 from .base import RolloutEngine, Sampling
 
@@ -76,30 +77,6 @@ def preserved_rng_and_threads():
         torch.set_num_threads = set_threads
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
-
-
-def merged_lora_weights(peft_model) -> Iterator[tuple[str, torch.Tensor]]:
-    """The base model's state dict with every active LoRA adapter folded in: ``W + delta`` where
-    ``delta = B A * scaling`` (peft's ``get_delta_weight``), computed in float32 and returned in the
-    base weight's dtype; adapter tensors left out and ``.base_layer`` removed from names, so the
-    names are those of the plain checkpoint."""
-    from peft.tuners.lora import LoraLayer
-
-    base = peft_model.get_base_model()
-    deltas: dict[str, torch.Tensor] = {}
-    for name, module in base.named_modules():
-        if isinstance(module, LoraLayer):
-            for adapter in module.active_adapters:
-                if adapter in module.lora_A:
-                    d = module.get_delta_weight(adapter).float()
-                    deltas[f"{name}.weight"] = deltas[f"{name}.weight"] + d if f"{name}.weight" in deltas else d
-    for name, tensor in base.state_dict().items():
-        if "lora_" in name:
-            continue
-        name = name.replace(".base_layer.", ".")
-        if name in deltas:
-            tensor = (tensor.float() + deltas[name].to(tensor.device)).to(tensor.dtype)
-        yield name, tensor
 
 
 @register_engine("vllm")
@@ -237,7 +214,7 @@ class VLLMEngine(RolloutEngine):
             self.sleeping = False
         if self.stale:
             self.push_weights()
-        encoded = self.encode([p for p, _ in groups], max(1, sampling.batch_size))
+        encoded = self.encode([p for p, _ in groups], sampling.batch_size or len(groups))
         # Seeds from the step-seeded global RNG: reproducible, and a request with n samples uses
         # seeds s..s+n-1 (vLLM's parallel sampling), so requests take disjoint ranges.
         base = int(torch.randint(0, 2**62, (1,)))

@@ -1,0 +1,98 @@
+"""The HF engine's speed settings: LoRA folded into weight copies for generation (the base restored
+bit for bit) and rollout.batch_size=0 (as many as fit, smaller on out-of-memory, remembered)."""
+
+from __future__ import annotations
+
+import torch
+
+from conftest import make_config
+from mmrl.registry import TASKS
+from mmrl.vlm.lora_merge import lora_deltas, merged_for_generation, merged_lora_weights
+from mmrl.vlm.policy import VLMPolicy
+
+
+def _lora_policy(*overrides):
+    policy = VLMPolicy(make_config("train.device=cpu", "model.lora.enabled=true", "model.dtype=bfloat16",
+                                   "rollout.max_completion_length=4", *overrides))
+    torch.manual_seed(0)
+    for name, p in policy.module.named_parameters():
+        if "lora_B" in name:  # peft starts B at 0 (a no-op adapter): make the adapters matter
+            p.data.normal_(0, 0.05)
+    return policy
+
+
+def _prompts(n=2):
+    task = TASKS.get("counting")()
+    exs = [task.examples("train")[i] for i in range(n)]
+    return exs, [task.prompt(e) for e in exs]
+
+
+def _logits(policy, enc):
+    with torch.no_grad(), policy.autocast():
+        return policy.module(**enc).logits.float()
+
+
+def test_merged_generation_weights_compute_the_adapted_model_and_are_restored_exactly():
+    policy = _lora_policy()
+    _, prompts = _prompts()
+    enc, _ = policy.encode_prompts(prompts)
+    base = {n: p.detach().clone() for n, p in policy.module.named_parameters()}
+    adapted = _logits(policy, enc)
+    with policy.adapters_disabled():
+        plain = _logits(policy, enc)
+    assert (adapted - plain).abs().max() > 1e-2  # the adapters change the outputs
+
+    layers = lora_deltas(policy.module)
+    assert layers and all(d.dtype == torch.float32 for _, d in layers.values())
+    with merged_for_generation(policy.module):
+        merged = _logits(policy, enc)
+        some_layer, delta = next(iter(layers.values()))
+        assert some_layer.weight.dtype == torch.bfloat16
+    # the same function as the adapted model, to bf16 rounding of W + BA
+    assert (merged - adapted).abs().max() < 0.05 * adapted.abs().max()
+    for n, p in policy.module.named_parameters():  # base and adapters bit for bit as before
+        assert torch.equal(p, base[n]), n
+    assert torch.equal(_logits(policy, enc), adapted)  # adapters on again
+
+
+def test_merged_weights_for_an_engine_are_w_plus_b_a_times_scaling():
+    policy = _lora_policy()
+    weights = dict(merged_lora_weights(policy.module))
+    assert not any("lora_" in n or "base_layer" in n for n in weights)
+    name, (layer, _) = next(iter(lora_deltas(policy.module).items()))
+    lora_layer = policy.module.get_base_model().get_submodule(name)
+    a, b = lora_layer.lora_A["default"].weight.float(), lora_layer.lora_B["default"].weight.float()
+    expected = (layer.weight.float() + b @ a * lora_layer.scaling["default"]).to(layer.weight.dtype)
+    assert torch.equal(weights[f"{name}.weight"], expected)
+
+
+def test_batch_size_zero_generates_everything_at_once_on_a_cpu():
+    policy = VLMPolicy(make_config("train.device=cpu", "rollout.max_completion_length=3", "rollout.batch_size=0"))
+    calls = []
+    generate = policy.module.generate
+    policy.module.generate = lambda **kw: calls.append(kw["input_ids"].shape[0]) or generate(**kw)
+    exs, prompts = _prompts(3)
+    batch = policy.rollout(exs, prompts, 4, "train")
+    assert len(batch) == 12 and calls == [12]
+
+
+def test_batch_size_zero_shrinks_on_out_of_memory_and_remembers_the_size():
+    policy = VLMPolicy(make_config("train.device=cpu", "rollout.max_completion_length=3", "rollout.batch_size=0"))
+    calls = []
+    generate = policy.module.generate
+
+    def limited(**kw):  # a device that holds 3 sequences
+        calls.append(kw["input_ids"].shape[0])
+        if kw["input_ids"].shape[0] > 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return generate(**kw)
+
+    policy.module.generate = limited
+    exs, prompts = _prompts(2)
+    batch = policy.rollout(exs, prompts, 4, "train")
+    assert len(batch) == 8 and batch.action_mask.shape[0] == 8
+    assert calls[0] == 8 and calls[-3:] == [3, 3, 2] and all(c > 3 for c in calls[:-3])
+    assert policy.engine.fitted_batch_size == 3
+    calls.clear()
+    policy.rollout(exs, prompts, 4, "train")
+    assert calls == [3, 3, 2]  # the next step starts at the size that fit
