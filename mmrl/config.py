@@ -385,11 +385,17 @@ def save_config(cfg: Config, path: Union[str, Path]) -> Path:
 
 
 def builtin_config_names() -> list[str]:
-    """Names of the recipes shipped in ``mmrl.configs`` (``vlm/counting_tiny``, ...)."""
+    """Names of the recipes shipped in ``mmrl.configs`` (``vlm/counting_tiny``, ...).
+
+    ``configs/accelerate/`` sits beside them but holds ``accelerate launch --config_file`` files,
+    which are accelerate's format, not mmrl recipes, so it is left out.
+    """
     from mmrl.configs import CONFIGS_DIR
 
     names = []
     for p in sorted(CONFIGS_DIR.rglob("*")):
+        if p.relative_to(CONFIGS_DIR).parts[0] == "accelerate":
+            continue
         if p.suffix in (".yaml", ".yml") and p.is_file():
             names.append(p.relative_to(CONFIGS_DIR).with_suffix("").as_posix())
     return names
