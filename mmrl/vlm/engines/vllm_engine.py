@@ -85,6 +85,12 @@ class VLLMEngine(RolloutEngine):
 
     def __init__(self, policy):
         super().__init__(policy)
+        if not policy.cfg.rollout.merge_lora_for_generation:  # refused, not ignored, like hf's vllm_* keys
+            from mmrl.config import ConfigError
+
+            raise ConfigError("rollout.merge_lora_for_generation=false: read only by rollout.engine=hf (this run "
+                              "uses rollout.engine=vllm, which always receives LoRA merged into its weights); "
+                              "remove the key or set rollout.engine=hf")
         self.vllm = import_vllm()  # fail at setup, not at the first rollout
         from vllm.platforms import current_platform
 
