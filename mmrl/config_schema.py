@@ -205,6 +205,7 @@ class EvalConfig:
     every: int = 0  # eval every N steps during training (0 = only before and after)
     temperature: float = 0.0  # 0 = greedy decoding
     num_generations: int = 1
+    pass_k: int = 0  # k samples per example at rollout.temperature for pass@1 and pass@k (0 = off)
     before: bool = True  # evaluate the starting model too (for the before/after table)
 
 

@@ -37,6 +37,9 @@ class Task:
     rewards: dict[str, float] = {}
     # Extra keyword arguments passed to individual rewards, e.g. {"format": {"mode": "lenient"}}.
     reward_kwargs: dict[str, dict[str, Any]] = {}
+    # The task metric a report leads with, and whose per-example value 1.0 counts as solved for
+    # pass@k (``eval.pass_k``); None where no metric is a per-example success (e.g. detection AP).
+    success_metric: str | None = "accuracy"
 
     def __init__(self, **options: Any):
         unknown = set(options) - set(self.option_names())
@@ -173,6 +176,14 @@ class Task:
     def metrics(self, completions: Sequence[str], examples: Sequence[dict]) -> dict[str, float]:
         """Task metrics on a batch (e.g. accuracy); defaults to none beyond the rewards."""
         return {}
+
+    def success(self, completion: Any, ex: dict) -> bool | None:
+        """Whether ``completion`` solves ``ex`` by :attr:`success_metric` (its value on this one
+        example is 1); None where the task has no such metric."""
+        if self.success_metric is None:
+            return None
+        value = self.metrics([completion], [ex]).get(self.success_metric)
+        return None if value is None else float(value) >= 1.0
 
     def visualize(self, ex: dict, completion: str):
         """An image to save with a logged rollout (e.g. with boxes drawn); None for none."""

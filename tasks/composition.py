@@ -29,6 +29,7 @@ def is_held_out(prompt: str, every: int = 5) -> bool:
 class Composition(Task):
     modality = "diffusion"
     rewards = {"composition": 1.0}
+    success_metric = "geneval_accuracy"
 
     def default_options(self):
         return {"train_size": 20000, "eval_size": 64, "max_groups": 1, "position_prob": 0.5, "max_count": 3}

@@ -121,6 +121,7 @@ class Detection(Task):
     :mod:`mmrl.data.scenes`; predictions are converted from the policy's space box by box."""
 
     modality = "vlm"
+    success_metric = "ap50"  # per image, 1.0 = every box found at IoU 0.5 and nothing extra ranked above
     instructions = (FORMAT_INSTRUCTION, ANSWER_ONLY_INSTRUCTION)
     rewards = {"format": 0.5, "det_iou": 1.0}
 

@@ -222,6 +222,9 @@ class Mixture(Task):
         return self.task_of(ex).hints(ex)
 
     # -- evaluation -------------------------------------------------------------------------------
+    def success(self, completion, ex: dict) -> bool | None:
+        return self.task_of(ex).success(completion, ex)
+
     def metrics(self, completions, examples) -> dict[str, float]:
         """Each source's own metrics on its samples, as ``<source>/<metric>``, plus
         ``<source>/count`` (its number of samples; 0, with no other keys, when absent)."""

@@ -119,3 +119,15 @@ def test_entropy_selection_is_exact_under_gradient_accumulation(random_tiny_dir)
     assert a and a.keys() == b.keys()
     for n in a:
         assert torch.allclose(a[n], b[n], atol=1e-6, rtol=1e-4), n
+
+
+def test_the_lr_schedule_counts_rl_steps_not_optimizer_steps(random_tiny_dir, tmp_path):
+    """Linear decay over 3 RL steps of 4 optimizer steps each (2 mini-batches x 2 iterations): the
+    logged lr is 1e-3 * (3 - (step - 1)) / 3 at RL step 1, 2, 3, not 0 from the second step on."""
+    cfg = _cfg(random_tiny_dir, tmp_path, 3, "train.lr_scheduler_type=linear", "train.warmup_steps=0",
+               "train.learning_rate=1e-3", "train.mini_batch_size=3", "algo.num_iterations=2",
+               "train.prompts_per_step=3", "rollout.num_generations=2", "eval.before=false")
+    Trainer(cfg, VLMPolicy(cfg)).train()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    lrs = [r["lr"] for r in rows if "lr" in r]
+    assert lrs == pytest.approx([1e-3, 1e-3 * 2 / 3, 1e-3 / 3])

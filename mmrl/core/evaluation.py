@@ -10,13 +10,15 @@ from pathlib import Path
 
 import torch
 
+from ..measures.pass_at_k import mean_pass_at_k
 from ..task import Task
 from . import distributed as dist
 
 
 def evaluate(policy, task: Task, rewards, cfg, num_examples: int | None = None,
              gallery_dir: Path | None = None, grid_path: Path | None = None) -> dict[str, float]:
-    """Held-out mean reward, each reward component and the task's metrics on the eval split;
+    """The task's metrics on the eval split (its :attr:`~mmrl.task.Task.success_metric` first, then
+    pass@1 / pass@k with ``eval.pass_k``), the mean reward and each reward component;
     with ``gallery_dir``, also an HTML + PNG gallery of the first predictions (right/wrong);
     with ``grid_path``, a PNG contact sheet of the samples (generated images or clips, or the
     task's pictures of text answers)."""
@@ -38,9 +40,10 @@ def evaluate(policy, task: Task, rewards, cfg, num_examples: int | None = None,
         scored = [e for p in parts for e in p[1]]
         total = torch.cat([p[2] for p in parts])
         comps = {k: torch.cat([p[3][k] for p in parts]) for k in comps}
-    out = {"reward": float(total.mean())}
+    out = _task_metrics_first(task, task.metrics(completions, scored))
+    out.update(_pass_at_k(policy, task, examples, prompts, cfg.eval.pass_k))
+    out["reward"] = float(total.mean())
     out.update({f"reward/{k}": float(v.mean()) for k, v in comps.items()})
-    out.update({k: float(v) for k, v in task.metrics(completions, scored).items()})
     if not dist.is_main():
         return out
     if gallery_dir is not None or grid_path is not None:
@@ -52,3 +55,31 @@ def evaluate(policy, task: Task, rewards, cfg, num_examples: int | None = None,
         if grid_path is not None:
             save_samples_grid(grid_path, task, completions, scored, total.tolist())
     return out
+
+
+def _task_metrics_first(task: Task, metrics: dict[str, float]) -> dict[str, float]:
+    """The task's metrics with its success metric leading (reports and tables keep this order)."""
+    lead = task.success_metric
+    out = {lead: float(metrics[lead])} if lead in metrics else {}
+    out.update({k: float(v) for k, v in metrics.items() if k != lead})
+    return out
+
+
+def _pass_at_k(policy, task: Task, examples, prompts, k: int) -> dict[str, float]:
+    """pass@1 and pass@k from ``k`` samples of each example drawn with the training rollout's
+    sampling (``mode="sample"``: its temperature for a VLM; the eval sampler, with k initial noises,
+    for a generator), judged by :meth:`~mmrl.task.Task.success`. Empty for ``k=0`` or a task with
+    no per-example success."""
+    if k < 0:
+        raise ValueError(f"eval.pass_k={k} must be >= 0 (0 turns pass@k off)")
+    if k == 0 or task.success_metric is None:
+        return {}
+    batch = policy.rollout(examples, prompts, k, "sample", need_old_logps=False, need_ref_logps=False)
+    solved = [task.success(c, ex) for c, ex in zip(batch.completions, batch.examples)]
+    if any(s is None for s in solved):
+        return {}
+    groups = [[solved[j] for j in range(len(solved)) if int(batch.group_ids[j]) == g]
+              for g in range(len(examples))]
+    if dist.world_size() > 1:
+        groups = [g for part in dist.gather(groups) for g in part]
+    return {"pass@1": mean_pass_at_k(groups, 1), f"pass@{k}": mean_pass_at_k(groups, k)}

@@ -70,7 +70,8 @@ class Policy(Protocol):
     def rollout(self, examples: Sequence[dict], prompts: Sequence[Any], n: int, mode: str,
                 need_old_logps: bool, need_ref_logps: bool) -> Rollouts:
         """``n`` samples per prompt (no grad); group i holds prompt i's samples. ``mode`` is
-        ``"train"`` (the rollout settings) or ``"eval"`` (the eval settings)."""
+        ``"train"`` (the rollout settings), ``"eval"`` (the eval settings) or ``"sample"`` (held-out
+        samples for pass@k: the policy's sampling distribution, leaving training state untouched)."""
 
     def configure_optimizer(self, train_cfg: Any, total_steps: int) -> None: ...
 
@@ -107,7 +108,8 @@ def compute_dtype(name: str) -> torch.dtype:
 
 
 def make_optimizer(params, train_cfg: Any, total_steps: int):
-    """AdamW over ``params`` and the configured transformers LR scheduler."""
+    """AdamW over ``params`` and the configured transformers LR scheduler over ``total_steps`` RL
+    steps (stepped by :meth:`PolicyBase.begin_step`)."""
     from transformers import get_scheduler
 
     optimizer = torch.optim.AdamW(params, lr=train_cfg.learning_rate, weight_decay=train_cfg.weight_decay,
@@ -299,7 +301,6 @@ class PolicyBase:
             sums, count = _reduce_metrics(sums, count)
         grad_norm = self.accelerator.clip_grad_norm_(self.trainable_parameters(), self.cfg.train.max_grad_norm)
         self.optimizer.step()
-        self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)  # no gradients held through the next rollout
         self.after_optimizer_step()
         self.module.eval()
@@ -314,7 +315,16 @@ class PolicyBase:
         """Called after every optimizer step (e.g. a rollout engine reloads the new weights)."""
 
     def begin_step(self, step: int) -> None:
-        """Called before each RL step's rollouts; nothing to do by default."""
+        """Called before each RL step's rollouts: sets the learning rate of RL step ``step``.
+
+        The schedule counts RL steps, the unit of ``train.steps`` and ``train.warmup_steps`` (as
+        verl steps its scheduler once per training step), whatever number of optimizer steps an RL
+        step takes (mini-batches x ``num_iterations``, or a batch that dynamic sampling resized):
+        stepped per optimizer step, a linear decay would reach 0 part-way through the run.
+        Subclasses that override this call it too."""
+        if self.scheduler is not None:
+            while self.scheduler.last_epoch < step - 1:
+                self.scheduler.step()
 
     def prepare_examples(self, examples: Sequence[dict]) -> list[dict]:
         """Examples as the rewards must see them; unchanged by default."""

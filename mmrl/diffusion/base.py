@@ -40,8 +40,8 @@ class PromptCache:
         self.misses += len(missing)
         if missing:
             with torch.no_grad():
-                for prompt, embeds in zip(missing, self._encode(missing)):
-                    self._store[prompt] = embeds
+                for prompt in missing:  # one at a time: a prompt's embedding must not depend on its batch
+                    self._store[prompt] = self._encode([prompt])[0]
         while len(self._store) > self.max_size:
             self._store.popitem(last=False)
         parts = [self._store[p] for p in prompts]

@@ -156,6 +156,7 @@ class DiffusionPolicy(PolicyBase):
     # -- the Policy interface -----------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
         """The trainer's RL step: seeds the noise and places the SDE window."""
+        super().begin_step(step)
         self.rl_step = int(step)
         self._calls = 0
 
@@ -187,7 +188,7 @@ class DiffusionPolicy(PolicyBase):
         choice) is seeded by (train.seed, RL step, example index, sample number, call number), not by
         batch position, so results do not depend on ``rollout.batch_size`` and distributed workers
         given different examples never draw the same noise."""
-        eval_mode = mode == "eval"
+        eval_mode = mode != "train"  # "sample" (pass@k): eval sampler, k initial noises per prompt
         d, algo = self.d, self.cfg.algo
         call = -1 if eval_mode else self._calls
         self._calls += 0 if eval_mode else 1

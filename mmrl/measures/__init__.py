@@ -11,7 +11,8 @@ functions instead of each keeping its own copy. Public: plugins may import them 
 - :mod:`~mmrl.measures.relaxed`: ChartQA's relaxed accuracy;
 - :mod:`~mmrl.measures.math_equivalence`: mathematical answer equivalence (Math-Verify-style);
 - :mod:`~mmrl.measures.jigsaw`: tile-position answers;
-- :mod:`~mmrl.measures.composition`: the GenEval-style checker of generated shape scenes.
+- :mod:`~mmrl.measures.composition`: the GenEval-style checker of generated shape scenes;
+- :mod:`~mmrl.measures.pass_at_k`: the unbiased pass@k estimator over several samples per example.
 
 Like :mod:`mmrl.parsing`, nothing here raises on model output.
 """

@@ -144,6 +144,7 @@ class VLMPolicy(PolicyBase):
 
     def begin_step(self, step: int) -> None:
         """A new RL step: forget the image features kept for the last one."""
+        super().begin_step(step)
         for encoder in self.image_encoders:
             encoder.clear()
 
@@ -181,8 +182,8 @@ class VLMPolicy(PolicyBase):
 
     # -- sampling -------------------------------------------------------------------------------
     def sampling(self, mode: str) -> Sampling:
-        """The training rollout's settings (``rollout.*``), or for ``mode="eval"`` the same budget
-        at ``eval.temperature``."""
+        """The training rollout's settings (``rollout.*``; modes "train" and "sample"), or for
+        ``mode="eval"`` the same budget at ``eval.temperature``."""
         r = self.cfg.rollout
         temperature = self.cfg.eval.temperature if mode == "eval" else r.temperature
         return Sampling(temperature, r.top_p, r.top_k, r.max_completion_length, max(0, r.batch_size))
