@@ -77,7 +77,9 @@ def train(
         console.print(f"run directory: [bold]{trainer.run_dir}[/]")
     result = trainer.train()
     if result.before and trainer.main:
-        console.print(f"held-out reward: before {result.before['reward']:.3f} -> after {result.after['reward']:.3f}")
+        lead = task.success_metric if task.success_metric in result.before else None
+        first = f"held-out {lead}: before {result.before[lead]:.3f} -> after {result.after[lead]:.3f}; " if lead else ""
+        console.print(f"{first}held-out reward: before {result.before['reward']:.3f} -> after {result.after['reward']:.3f}")
 
 
 @app.command(name="eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
