@@ -182,7 +182,8 @@ def bench_algos(
     args: Optional[List[str]] = typer.Argument(None, help="[CONFIG.yaml] [key=value overrides for every variant...]"),
     variants: str = typer.Option("grpo,dr_grpo,dapo,gspo,spo,ngrpo", help="comma-separated variants"),
     steps: int = typer.Option(40, help="RL steps per variant"),
-    seed: int = typer.Option(0, help="the same seed for every variant"),
+    seeds: str = typer.Option("0", "--seeds", "--seed", help="one seed, or several comma-separated (0,1,2): every "
+                              "variant runs with each; the table shows mean ± sd"),
     out: Path = typer.Option(Path("runs/bench-algos"), help="output directory (a run per variant, algos.json/md/png)"),
     threshold: Optional[float] = typer.Option(
         None, help="train-reward level for steps-to-threshold (default: halfway from before to the best after)"),
@@ -197,8 +198,14 @@ def bench_algos(
         for name, desc in DESCRIPTIONS.items():
             console.print(f"  {name:<13} {desc}", highlight=False)
         raise typer.Exit(2)
+    try:
+        seed_list = [int(x) for x in seeds.split(",") if x.strip()]
+    except ValueError:
+        console.print(f"[red]error:[/] --seeds {seeds!r}: give integers separated by commas, e.g. 0,1,2")
+        raise typer.Exit(2)
     path, overrides = _split_args(list(args or []))
-    _run_bench(lambda: run_algo_bench(names, steps=steps, seed=seed, out_dir=out, config=path or DEFAULT_CONFIGS["vlm"],
+    _run_bench(lambda: run_algo_bench(names, steps=steps, seed=seed_list[0] if len(seed_list) == 1 else seed_list,
+                                      out_dir=out, config=path or DEFAULT_CONFIGS["vlm"],
                                       extra_overrides=overrides, threshold=threshold))
 
 

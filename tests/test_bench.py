@@ -10,6 +10,8 @@ import pytest
 
 from mmrl.bench.algos import (
     VARIANTS,
+    _over_seeds,
+    markdown_table,
     UnknownVariantError,
     moving_average,
     run_algo_bench,
@@ -88,3 +90,44 @@ def test_moving_average_and_threshold():
     assert moving_average([0, 1, 2, 3, 4, 5, 6], window=5) == [0, 0.5, 1, 1.5, 2, 3, 4]
     assert steps_to_threshold([1, 2, 3], [0.1, 0.5, 0.9], 0.5) == 2
     assert steps_to_threshold([1, 2, 3], [0.1, 0.2, 0.3], 0.5) is None
+
+
+def _run(seed, acc, pass1, pass8, reward, curve):
+    return {"seed": seed, "metric": "accuracy", "metric_before": 0.25, "metric_after": acc, "pass1_after": pass1,
+            "passk_after": pass8, "pass_k": 8, "before": 0.3, "after": reward, "final_train_reward": reward,
+            "steps": 2, "wall_time_s": 2.0, "time_per_step_s": 1.0, "median_step_time_s": 1.0, "total_time_s": 3.0,
+            "curve": {"step": [1, 2], "reward": curve, "reward_ma": curve}, "run_dir": f"r{seed}",
+            "eval_before": {}, "eval_after": {}, "reward_components_final": {}}
+
+
+def test_seeds_are_averaged_with_their_spread_and_the_table_leads_with_the_task_metric():
+    row = _over_seeds("grpo", [_run(0, 0.5, 0.4, 0.9, 0.8, [0.2, 0.4]), _run(1, 0.7, 0.5, 0.8, 0.6, [0.4, 0.6])], [])
+    assert row["seeds"] == [0, 1] and row["metric"] == "accuracy" and row["pass_k"] == 8
+    assert row["metric_after"] == pytest.approx(0.6) and row["sd"]["metric_after"] == pytest.approx(0.1414214, abs=1e-6)
+    assert row["pass1_after"] == pytest.approx(0.45) and row["passk_after"] == pytest.approx(0.85)
+    assert row["after"] == pytest.approx(0.7) and row["delta"] == pytest.approx(0.4)
+    assert row["curve"]["reward"] == pytest.approx([0.3, 0.5])
+    assert "metric_before" not in row["sd"] or row["sd"]["metric_before"] == 0.0  # the same start
+    row["steps_to_threshold"] = None
+    header, _, cells = markdown_table([row]).splitlines()
+    assert header.startswith("| variant | accuracy before | accuracy after | pass@1 after | pass@8 after | reward")
+    assert "| 0.600 ± 0.141 |" in cells and "0.300 -> 0.700 ± 0.141" in cells
+    one = _over_seeds("grpo", [_run(0, 0.5, 0.4, 0.9, 0.8, [0.2, 0.4])], [])
+    one["steps_to_threshold"] = 2
+    assert "±" not in markdown_table([one]) and one["run_dir"] == "r0"
+
+
+@pytest.mark.slow
+def test_several_seeds_run_every_variant_with_each(random_tiny_dir, tmp_path):
+    out = tmp_path / "seeds"
+    results = run_algo_bench(["grpo"], steps=1, seed=[0, 1], out_dir=out,
+                             extra_overrides=[*_tiny(random_tiny_dir), "eval.pass_k=2"])
+    (row,) = results
+    assert row["seeds"] == [0, 1] and [r["seed"] for r in row["runs"]] == [0, 1]
+    assert (out / "grpo-seed0" / "metrics.jsonl").exists() and (out / "grpo-seed1" / "metrics.jsonl").exists()
+    assert row["metric"] == "accuracy" and row["pass_k"] == 2
+    accs = [r["eval_after"]["accuracy"] for r in row["runs"]]
+    assert row["metric_after"] == pytest.approx(sum(accs) / 2)
+    assert all(0.0 <= r["pass1_after"] <= r["passk_after"] <= 1.0 for r in row["runs"])
+    md = (out / "algos.md").read_text()
+    assert "seeds 0, 1 (mean ± sd)" in md and "| accuracy before |" in md and "±" in md

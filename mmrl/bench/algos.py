@@ -22,9 +22,13 @@ variant                 on top of the common base (symmetric clip, ``seq_mean_to
 
 The base overrides and a variant's overrides go on top of the recipe and the user's extra
 overrides (a variant is defined by its algorithm settings, so those win), then the bench's own
-run settings (steps, seed, output directory). ``run_algo_bench`` writes, under ``out_dir``:
-one run directory per variant, ``algos.json`` (everything in the table, plus the train-reward
-curves), ``algos.md`` (the table) and ``algos.png`` (train reward, moving average, vs step).
+run settings (steps, seed, output directory). The table leads with the task's own metric
+(``Task.success_metric``: counting accuracy, grounding IoU >= 0.5, ...) and pass@1 / pass@k
+(``eval.pass_k``), since a format reward alone can raise the total reward; with several seeds each
+figure is the mean ± the sample standard deviation over seeds. ``run_algo_bench`` writes, under
+``out_dir``: one run directory per variant (per variant and seed, ``<variant>-seed<s>``, with
+several), ``algos.json`` (everything in the table, each seed's figures, the train-reward curves),
+``algos.md`` (the table) and ``algos.png`` (train reward, moving average, vs step).
 """
 
 from __future__ import annotations
@@ -182,26 +186,40 @@ def _mean(xs: Sequence[float]) -> float:
 
 # -- output ---------------------------------------------------------------------------------------
 
-_COLUMNS = ("variant", "before", "after", "Δ", "final train reward", "steps to threshold",
-            "wall time s", "s/step")
+def _columns(results: Sequence[dict[str, Any]]) -> tuple[str, ...]:
+    metric = results[0].get("metric") or "task metric" if results else "task metric"
+    k = results[0].get("pass_k") if results else None
+    return ("variant", f"{metric} before", f"{metric} after", "pass@1 after", f"pass@{k or 'k'} after",
+            "reward before -> after", "final train reward", "steps to threshold", "s/step")
+
+
+def _spread(mean: float | None, sd: float | None) -> str:
+    """``0.375`` for one seed, ``0.375 ± 0.012`` (sample standard deviation) for several."""
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return "-"
+    return f"{mean:.3f}" if sd is None else f"{mean:.3f} ± {sd:.3f}"
 
 
 def _cells(r: dict[str, Any]) -> list[str]:
     stt = r["steps_to_threshold"]
+    sd = r.get("sd", {})
+    reward_before = f"{r['before']:.3f}" if r["before"] is not None else "-"
     return [
         r["variant"],
-        f"{r['before']:.3f}" if r["before"] is not None else "-",
-        f"{r['after']:.3f}",
-        f"{r['delta']:+.3f}" if r["delta"] is not None else "-",
-        f"{r['final_train_reward']:.3f}",
+        _spread(r.get("metric_before"), sd.get("metric_before")),
+        _spread(r.get("metric_after"), sd.get("metric_after")),
+        _spread(r.get("pass1_after"), sd.get("pass1_after")),
+        _spread(r.get("passk_after"), sd.get("passk_after")),
+        f"{reward_before} -> {_spread(r['after'], sd.get('after'))}",
+        _spread(r["final_train_reward"], sd.get("final_train_reward")),
         str(stt) if stt is not None else f"not in {r['steps']}",
-        f"{r['wall_time_s']:.1f}",
         f"{r['time_per_step_s']:.2f}",
     ]
 
 
 def markdown_table(results: Sequence[dict[str, Any]]) -> str:
-    lines = ["| " + " | ".join(_COLUMNS) + " |", "|" + "|".join("---" for _ in _COLUMNS) + "|"]
+    columns = _columns(results)
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
     lines += ["| " + " | ".join(_cells(r)) + " |" for r in results]
     return "\n".join(lines) + "\n"
 
@@ -210,11 +228,13 @@ def _rich_table(results: Sequence[dict[str, Any]], threshold: float, title: str)
     from rich.table import Table
 
     table = Table(title=title)
-    for i, col in enumerate(_COLUMNS):
+    for i, col in enumerate(_columns(results)):
         table.add_column(col, justify="left" if i == 0 else "right")
     for r in results:
         table.add_row(*_cells(r))
-    table.caption = (f"before/after: held-out reward; final train reward: mean of the last {FINAL_WINDOW} steps; "
+    table.caption = (f"before/after: held-out task metric (greedy), pass@1 / pass@k from k samples per example "
+                     f"(eval.pass_k), held-out reward; with several seeds: mean ± sample sd over seeds; "
+                     f"final train reward: mean of the last {FINAL_WINDOW} steps; "
                      f"steps to threshold: first step the {MA_WINDOW}-step moving average of the train "
                      f"reward reaches {threshold:.3f}; wall time: sum of step times (evals excluded)")
     return table
@@ -260,7 +280,7 @@ def _clear_run_dir(run_dir: Path) -> None:
 def run_algo_bench(
     variants: Sequence[str],
     steps: int,
-    seed: int,
+    seed: int | Sequence[int],
     out_dir: Path,
     config: str = "vlm/counting_tiny",
     extra_overrides: Sequence[str] = (),
@@ -270,81 +290,125 @@ def run_algo_bench(
     base: Sequence[str] | None = None,
     report_name: str = "algos",
 ) -> list[dict[str, Any]]:
-    """Train each variant for ``steps`` steps with ``seed`` and compare them (see the module doc).
+    """Train each variant for ``steps`` steps with each seed of ``seed`` (one int or several) and
+    compare them (see the module doc).
 
-    Returns one dict per variant: ``variant``, ``overrides``, ``before``/``after``/``delta``
-    (held-out reward), ``final_train_reward``, ``steps_to_threshold``, ``threshold``, ``steps``,
-    ``wall_time_s`` (sum of step times), ``time_per_step_s`` (mean; ``median_step_time_s`` is
-    robust to a busy machine), ``total_time_s`` (the whole run,
-    evals and model loading included), ``eval_before``/``eval_after`` (all held-out metrics),
-    ``run_dir`` and ``curve`` (step, reward, reward_ma). Raises :class:`UnknownVariantError` for a
-    name not in :data:`VARIANTS` and ``mmrl.config.ConfigError`` for a bad override, both before
-    anything trains.
+    Returns one dict per variant, averaged over the seeds: ``variant``, ``overrides``, ``seeds``,
+    ``metric`` (the task's success metric, e.g. ``accuracy``) with ``metric_before`` /
+    ``metric_after``, ``pass1_after`` / ``passk_after`` and ``pass_k`` (with ``eval.pass_k``),
+    ``before``/``after``/``delta`` (held-out reward), ``final_train_reward``,
+    ``steps_to_threshold``, ``threshold``, ``steps``, ``wall_time_s`` (sum of step times),
+    ``time_per_step_s`` (mean; ``median_step_time_s`` is robust to a busy machine),
+    ``total_time_s`` (evals and model loading included), ``curve`` (step, reward, reward_ma: the
+    seeds' mean), ``sd`` (sample standard deviations over seeds, with several) and ``runs`` (each
+    seed's own figures, ``run_dir`` and ``eval_before``/``eval_after`` with all held-out metrics).
+    Raises :class:`UnknownVariantError` for a name not in :data:`VARIANTS` and
+    ``mmrl.config.ConfigError`` for a bad override, both before anything trains.
     """
     from rich.console import Console
 
     import mmrl
     from mmrl.config import builtin_config_path, load_config
+    from mmrl.core.trainer import build_task
 
     names = check_variants(variants, table)
+    seeds = [int(seed)] if isinstance(seed, int) else [int(x) for x in seed]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be distinct and at least one, got {seeds}")
     if steps < 1:
         raise ValueError("steps must be >= 1")
     out_dir = Path(out_dir)
     console = console or Console()
     extra = list(extra_overrides)
     base_cfg = load_config(builtin_config_path(config), extra)
+    metric = build_task(base_cfg).success_metric
     plans = []
     for name in names:
-        overrides = [*extra, *variant_overrides(name, base_cfg, table, base), f"train.steps={steps}", f"train.seed={seed}",
-                     f"log.output_dir={out_dir}", f"log.run_name={name}", "log.progress=false",
-                     "log.save_every=0", "resume=false"]
-        load_config(builtin_config_path(config), overrides)  # every config error before any training
-        plans.append((name, overrides))
+        for s in seeds:
+            run_name = name if len(seeds) == 1 else f"{name}-seed{s}"
+            overrides = [*extra, *variant_overrides(name, base_cfg, table, base), f"train.steps={steps}",
+                         f"train.seed={s}", f"log.output_dir={out_dir}", f"log.run_name={run_name}",
+                         "log.progress=false", "log.save_every=0", "resume=false"]
+            load_config(builtin_config_path(config), overrides)  # every config error before any training
+            plans.append((name, s, run_name, overrides))
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    results: list[dict[str, Any]] = []
-    for i, (name, overrides) in enumerate(plans, 1):
-        console.print(f"[bold][{i}/{len(plans)}] {name}[/]: {' '.join(variant_overrides(name, base_cfg, table, base)) or '(base)'}",
-                      highlight=False)
-        run_dir = out_dir / name
-        _clear_run_dir(run_dir)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    for i, (name, s, run_name, overrides) in enumerate(plans, 1):
+        console.print(f"[bold][{i}/{len(plans)}] {run_name}[/]: "
+                      f"{' '.join(variant_overrides(name, base_cfg, table, base)) or '(base)'}", highlight=False)
+        _clear_run_dir(out_dir / run_name)
         t0 = time.perf_counter()
         res = mmrl.train(config, overrides)
-        total = time.perf_counter() - t0
-        rows = read_train_metrics(Path(res.run_dir) / "metrics.jsonl")
-        if len(rows) != steps:
-            raise RuntimeError(f"{name}: expected {steps} logged steps in {res.run_dir}/metrics.jsonl, got {len(rows)}")
-        step_ids = [int(r["step"]) for r in rows]
-        rewards = [float(r["reward"]) for r in rows]
-        step_times = [float(r.get("step_time", float("nan"))) for r in rows]
-        before = res.before.get("reward") if res.before else None
-        after = float(res.after["reward"])
-        results.append({
-            "variant": name,
-            "overrides": variant_overrides(name, base_cfg, table, base),
-            "before": before,
-            "after": after,
-            "delta": (after - before) if before is not None else None,
-            "final_train_reward": _mean(rewards[-FINAL_WINDOW:]),
-            "steps": len(rows),
-            "wall_time_s": sum(step_times),
-            "time_per_step_s": _mean(step_times),
-            "median_step_time_s": statistics.median(step_times),
-            "total_time_s": total,
-            "eval_before": dict(res.before or {}),
-            "eval_after": dict(res.after),
-            "run_dir": str(res.run_dir),
-            "curve": {"step": step_ids, "reward": rewards, "reward_ma": moving_average(rewards)},
-            "reward_components_final": {
-                k: _mean([float(r[k]) for r in rows[-FINAL_WINDOW:] if k in r])
-                for k in rows[-1] if k.startswith("reward/")
-            },
-        })
+        runs[name].append(_run_figures(name, s, res, steps, time.perf_counter() - t0, metric))
+    results = [_over_seeds(name, runs[name], variant_overrides(name, base_cfg, table, base)) for name in names]
 
-    write_report(results, out_dir, config=str(config), steps=steps, seed=seed, extra_overrides=extra,
-                 threshold=threshold, notes=_notes(results, base_cfg), console=console,
+    write_report(results, out_dir, config=str(config), steps=steps, seed=seeds[0] if len(seeds) == 1 else seeds,
+                 extra_overrides=extra, threshold=threshold, notes=_notes(results, base_cfg), console=console,
                  base_overrides=BASE_OVERRIDES if base is None else base, report_name=report_name)
     return results
+
+
+def _run_figures(name: str, seed: int, res: Any, steps: int, total: float, metric: str | None) -> dict[str, Any]:
+    """One run's figures: held-out task metric, pass@k, reward, train curve and times."""
+    rows = read_train_metrics(Path(res.run_dir) / "metrics.jsonl")
+    if len(rows) != steps:
+        raise RuntimeError(f"{name}: expected {steps} logged steps in {res.run_dir}/metrics.jsonl, got {len(rows)}")
+    rewards = [float(r["reward"]) for r in rows]
+    step_times = [float(r.get("step_time", float("nan"))) for r in rows]
+    before_eval, after_eval = dict(res.before or {}), dict(res.after)
+    pass_keys = [k for k in after_eval if k.startswith("pass@") and k != "pass@1"]
+    before = before_eval.get("reward")
+    after = float(after_eval["reward"])
+    return {
+        "seed": seed,
+        "metric": metric if metric and metric in after_eval else None,
+        "metric_before": before_eval.get(metric) if metric else None,
+        "metric_after": after_eval.get(metric) if metric else None,
+        "pass1_after": after_eval.get("pass@1"),
+        "passk_after": after_eval.get(pass_keys[0]) if pass_keys else None,
+        "pass_k": int(pass_keys[0][5:]) if pass_keys else None,
+        "before": before,
+        "after": after,
+        "final_train_reward": _mean(rewards[-FINAL_WINDOW:]),
+        "steps": len(rows),
+        "wall_time_s": sum(step_times),
+        "time_per_step_s": _mean(step_times),
+        "median_step_time_s": statistics.median(step_times),
+        "total_time_s": total,
+        "eval_before": before_eval,
+        "eval_after": after_eval,
+        "run_dir": str(res.run_dir),
+        "curve": {"step": [int(r["step"]) for r in rows], "reward": rewards, "reward_ma": moving_average(rewards)},
+        "reward_components_final": {
+            k: _mean([float(r[k]) for r in rows[-FINAL_WINDOW:] if k in r]) for k in rows[-1] if k.startswith("reward/")
+        },
+    }
+
+
+_AVERAGED = ("metric_before", "metric_after", "pass1_after", "passk_after", "before", "after",
+             "final_train_reward", "wall_time_s", "time_per_step_s", "median_step_time_s", "total_time_s")
+
+
+def _over_seeds(name: str, runs: list[dict[str, Any]], overrides: list[str]) -> dict[str, Any]:
+    """A variant's row: each figure's mean over its seeds' runs (and sample sd with several)."""
+    out: dict[str, Any] = {"variant": name, "overrides": overrides, "seeds": [r["seed"] for r in runs],
+                           "metric": runs[0]["metric"], "pass_k": runs[0]["pass_k"], "steps": runs[0]["steps"], "runs": runs}
+    sd: dict[str, float] = {}
+    for key in _AVERAGED:
+        values = [r[key] for r in runs if r[key] is not None]
+        out[key] = _mean(values) if values else None
+        if len(values) > 1:
+            sd[key] = statistics.stdev(values)
+    out["sd"] = sd
+    out["delta"] = out["after"] - out["before"] if out["before"] is not None else None
+    rewards = [sum(r["curve"]["reward"][i] for r in runs) / len(runs) for i in range(out["steps"])]
+    out["curve"] = {"step": runs[0]["curve"]["step"], "reward": rewards, "reward_ma": moving_average(rewards)}
+    # single-seed compatibility: the run's own directory and held-out dicts
+    if len(runs) == 1:
+        out.update(run_dir=runs[0]["run_dir"], eval_before=runs[0]["eval_before"], eval_after=runs[0]["eval_after"],
+                   reward_components_final=runs[0]["reward_components_final"])
+    return out
 
 
 def write_report(
@@ -353,7 +417,7 @@ def write_report(
     *,
     config: str,
     steps: int,
-    seed: int,
+    seed: int | Sequence[int],
     extra_overrides: Sequence[str] = (),
     threshold: float | None = None,
     notes: Sequence[str] = (),
@@ -380,14 +444,15 @@ def write_report(
         r["threshold"] = threshold
         r["steps_to_threshold"] = steps_to_threshold(r["curve"]["step"], r["curve"]["reward_ma"], threshold)
 
-    title = f"{config}: {steps} steps, seed {seed}"
+    seed_text = f"seed {seed}" if isinstance(seed, int) else f"seeds {', '.join(map(str, seed))} (mean ± sd)"
+    title = f"{config}: {steps} steps, {seed_text}"
     summary = {
         "config": str(config), "steps": steps, "seed": seed, "extra_overrides": extra,
         "base_overrides": list(base_overrides), "threshold": threshold, "threshold_source": threshold_source,
         "ma_window": MA_WINDOW, "final_window": FINAL_WINDOW, "notes": notes, "variants": results,
     }
     (out_dir / f"{report_name}.json").write_text(json.dumps(summary, indent=2, default=_json_default))
-    md = (f"`{config}`, {steps} steps, seed {seed}"
+    md = (f"`{config}`, {steps} steps, {seed_text}"
           + (f", overrides `{' '.join(extra)}`" if extra else "")
           + f"; threshold {threshold:.3f} ({threshold_source}) on the {MA_WINDOW}-step moving average"
           + " of the train reward\n\n" + markdown_table(results)
