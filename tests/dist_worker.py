@@ -1,7 +1,7 @@
 """One process of the multi-process tests (tests/test_distributed.py): run as a plain script (one
 process) or under ``torchrun --nproc_per_node 2`` (gloo on CPU); rank 0 writes what it measured.
 
-    python dist_worker.py step   VLM_DIR OUT.pt     one train_step on a fixed global batch
+    python dist_worker.py step   VLM_DIR OUT.pt [overrides...]   one train_step on a fixed global batch
     python dist_worker.py run    FLOW_DIR RUN_DIR STEPS [overrides...]   a tiny generator run
                                  (DIE_AT_STEP=k: rank 1 exits abruptly at step k)
     python dist_worker.py error                    rank 1 raises while rank 0 waits in a barrier
@@ -20,9 +20,10 @@ from torch.distributed.elastic.multiprocessing.errors import record
 torch.set_num_threads(1)
 
 
-def step(vlm_dir: str, out: str) -> None:
+def step(vlm_dir: str, out: str, *extra: str) -> None:
     """The same global batch (4 prompts x 2 samples, rolled out identically on every rank), each
-    rank training on its whole groups; loss, gradients and updated weights as rank 0 sees them."""
+    rank training on its whole groups; loss, gradients and updated weights as rank 0 sees them.
+    ``extra``: config overrides (e.g. a batch-wide token selection)."""
     from mmrl.config import load_config
     from mmrl.core import distributed as dist
     from mmrl.core.advantages import grpo
@@ -33,7 +34,7 @@ def step(vlm_dir: str, out: str) -> None:
 
     cfg = load_config(None, [f"model.path={vlm_dir}", "train.device=cpu", "rollout.num_generations=2",
                              "rollout.max_completion_length=8", "train.micro_batch_size=1",
-                             "train.learning_rate=1e-3", "rollout.temperature=1.0"])
+                             "train.learning_rate=1e-3", "rollout.temperature=1.0", *extra])
     load_plugins()
     task = TASKS.get("counting")()
     policy = VLMPolicy(cfg)

@@ -78,6 +78,22 @@ def test_ddp_step_equals_one_process(random_tiny_dir, tmp_path):
     assert rank0 != rank1
 
 
+def test_batch_wide_token_selections_are_those_of_the_global_mini_batch(random_tiny_dir, tmp_path):
+    """Top-entropy tokens, Clip-Cov and KL-Cov chosen on the whole mini-batch across ranks: one
+    DDP step with them equals one process (a per-rank choice would give each rank its own entropy
+    threshold and covariance means, and another loss)."""
+    extra = ("algo.top_entropy_quantile=0.3", "algo.kl_cov_ratio=0.2", "algo.kl_cov_coef=1.0",
+             "algo.advantage=grpo")
+    launch(1, "step", random_tiny_dir, tmp_path / "one.pt", *extra)
+    launch(2, "step", random_tiny_dir, tmp_path / "two.pt", *extra)
+    one = torch.load(tmp_path / "one.pt", weights_only=False)
+    two = torch.load(tmp_path / "two.pt", weights_only=False)
+    for key in ("loss", "pg_loss", "grad_norm"):
+        assert abs(one["metrics"][key] - two["metrics"][key]) < 1e-6, (key, one["metrics"][key], two["metrics"][key])
+    for name, g in one["grads"].items():
+        assert torch.allclose(g, two["grads"][name], atol=1e-7, rtol=1e-5), name
+
+
 @pytest.fixture(scope="module")
 def flow_dir(tmp_path_factory):
     from diffusion_fixtures import build_tiny_flow

@@ -21,7 +21,8 @@ import torch
 
 from mmrl.registry import ENGINES
 
-from ..core.losses import select_tokens
+from ..core import distributed as dist
+from ..core.losses import TokenSelection, select_tokens
 from ..core.policy import PolicyBase
 from ..core.rollouts import Rollouts
 from .engines import Sampling
@@ -399,6 +400,8 @@ class VLMPolicy(PolicyBase):
             ents.append(ent.cpu())
         logps, ents = torch.cat(logps), torch.cat(ents)
         old = batch.old_logps if batch.old_logps is not None else logps
+        if dist.world_size() > 1:
+            return _selection_across_ranks(obj_cfg, logps, old, batch.advantages, batch.action_mask, ents)
         return select_tokens(obj_cfg, logps, old, batch.advantages, batch.action_mask, ents)
 
     # -- persistence ----------------------------------------------------------------------------
@@ -415,3 +418,30 @@ class VLMPolicy(PolicyBase):
         saved = AutoModelForImageTextToText.from_pretrained(str(Path(path) / "model"), dtype=torch.float32)
         self.module.load_state_dict(saved.state_dict())
         del saved
+
+
+def _selection_across_ranks(obj_cfg, logps, old, advantages, mask, ents) -> TokenSelection:
+    """The token selections of the global mini-batch, as one process would make them: every rank's
+    rows are gathered (right-padded to the longest completion), rank 0 selects on the whole
+    (quantile threshold, covariance means, Clip-Cov's random pick, KL-Cov's top-k) and broadcasts,
+    and each rank keeps its own rows. Selecting on each rank's share would give every rank its own
+    threshold."""
+    parts = dist.gather([t.detach().cpu() for t in (logps, old, advantages, mask, ents)])
+    if dist.is_main():
+        width = max(p[3].shape[1] for p in parts)
+
+        def cat(i: int) -> torch.Tensor:
+            xs = [p[i] for p in parts]
+            if xs[0].dim() == 1:  # sequence advantages
+                return torch.cat(xs)
+            return torch.cat([torch.nn.functional.pad(x, (0, width - x.shape[1])) for x in xs])
+
+        whole = select_tokens(obj_cfg, cat(0), cat(1), cat(2), cat(3), cat(4))
+        bounds, start = [], 0
+        for p in parts:
+            bounds.append((start, start + p[3].shape[0], p[3].shape[1]))
+            start += p[3].shape[0]
+        shares = [whole._map(lambda x, b=b: x[b[0]:b[1], :b[2]]) for b in bounds]
+    else:
+        shares = None
+    return dist.broadcast(shares)[dist.rank()]
