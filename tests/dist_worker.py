@@ -127,6 +127,11 @@ def hang() -> None:
 def main() -> None:
     mode, *args = sys.argv[1:]
     {"step": step, "run": run, "error": error, "hang": hang}[mode](*args)
+    from mmrl.core import distributed as dist
+
+    if dist.active():  # leave together: a rank exiting while its peer still tears down can abort it
+        dist.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
