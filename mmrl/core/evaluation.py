@@ -78,8 +78,9 @@ def _pass_at_k(policy, task: Task, examples, prompts, k: int) -> dict[str, float
     solved = [task.success(c, ex) for c, ex in zip(batch.completions, batch.examples)]
     if any(s is None for s in solved):
         return {}
-    groups = [[solved[j] for j in range(len(solved)) if int(batch.group_ids[j]) == g]
-              for g in range(len(examples))]
+    groups: list[list[bool]] = [[] for _ in examples]
+    for ok, g in zip(solved, batch.group_ids.tolist()):
+        groups[g].append(ok)
     if dist.world_size() > 1:
         groups = [g for part in dist.gather(groups) for g in part]
     return {"pass@1": mean_pass_at_k(groups, 1), f"pass@{k}": mean_pass_at_k(groups, k)}

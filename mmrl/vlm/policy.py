@@ -441,7 +441,7 @@ def _selection_across_ranks(obj_cfg, logps, old, advantages, mask, ents) -> Toke
         for p in parts:
             bounds.append((start, start + p[3].shape[0], p[3].shape[1]))
             start += p[3].shape[0]
-        shares = [whole._map(lambda x, b=b: x[b[0]:b[1], :b[2]]) for b in bounds]
+        shares = [whole[lo:hi, :width_r] for lo, hi, width_r in bounds]
     else:
         shares = None
     return dist.broadcast(shares)[dist.rank()]
