@@ -133,6 +133,8 @@ def build_tiny(
     steps: Optional[int] = typer.Option(None, help="warm-start steps (default: vlm 1600 SFT steps, "
                                         "diffusion 4000 flow-matching steps)"),
     seed: int = typer.Option(0),
+    vision_steps: int = typer.Option(0, help="vlm: pre-train the vision tower on per-cell colour and "
+                                     "shape labels for this many steps first, then freeze it (0: off)"),
 ):
     """Rebuild a shipped tiny model from scratch (tokenizer, weights, warm start)."""
     if modality not in ("vlm", "diffusion"):
@@ -154,7 +156,7 @@ def build_tiny(
     from .vlm.sft import build_tiny_vlm
 
     target = out or asset_path("tiny-qwen2.5-vl")
-    path = build_tiny_vlm(target, sft_steps=steps or 1600, seed=seed)
+    path = build_tiny_vlm(target, sft_steps=steps or 1600, seed=seed, vision_steps=vision_steps)
     console.print(f"saved tiny model to {path}")
 
 

@@ -60,17 +60,27 @@ def test_algorithm_family_raises_heldout_reward(family, tmp_path):
         assert len(kept) == 30 and dropped > 0
 
 
-# Every task of the zoo on the tiny default: its own recipe, a short run, the reward rises.
+# Every task of the zoo on the tiny default: its own recipe, a short run. The reward rises on every
+# task because the strict layout is learned; the task metric rises only where the 1M-parameter
+# model has the competence (detection: mean IoU 0.22 -> 0.44, AP50 0.11 -> 0.23 in 16 steps).
+# Elsewhere the test checks that the task's rewards run and RL does not wreck the task metric
+# (the README's "The tiny default" lists which tasks the tiny model learns).
 TASK_RECIPES = ("grounding", "detection", "classification", "ocr", "chart_qa", "visual_math", "rotation")
+TASK_METRIC_GAINS = {"detection": {"mean_iou": 0.1, "ap50": 0.05}}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("task", TASK_RECIPES)
-def test_each_task_reward_rises_on_the_tiny_default(task, tmp_path):
+def test_each_task_on_the_tiny_default(task, tmp_path):
     result = mmrl.train(f"vlm/{task}_tiny", [
         "train.steps=16", "train.prompts_per_step=8", "eval.num_examples=32", f"log.output_dir={tmp_path}",
         f"log.run_name={task}", "log.progress=false", "log.save_every=0", "log.save_rollouts_every=0",
     ])
     before, after = result.before, result.after
-    print(f"{task}: held-out reward {before['reward']:.3f} -> {after['reward']:.3f}", {k: round(v, 3) for k, v in after.items()})
+    print(f"{task}: held-out", {k: (round(before[k], 3), round(v, 3)) for k, v in after.items()})
     assert after["reward"] - before["reward"] >= 0.15, (before, after)
+    assert after["reward/format"] - before["reward/format"] >= 0.3
+    for metric, gain in TASK_METRIC_GAINS.get(task, {}).items():
+        assert after[metric] - before[metric] >= gain, (metric, before, after)
+    lead = next(iter(after))  # the task metric leads the report
+    assert after[lead] >= before[lead] - 0.1, (lead, before, after)

@@ -198,3 +198,10 @@ def test_build_tiny_is_reproducible(tmp_path):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
     policy = VLMPolicy(make_config(f"model.path={a}", "train.device=cpu"))
     assert policy.model.config.model_type == "qwen2_5_vl"
+    # --vision-steps: the tower is pre-trained first (its patch embedding moves), then frozen
+    c = build_tiny_vlm(tmp_path / "c", sft_steps=2, batch_size=4, progress=False, vision_steps=2)
+    from safetensors.torch import load_file
+
+    wa, wc = load_file(a / "model.safetensors"), load_file(c / "model.safetensors")
+    patch = next(k for k in wa if "patch_embed" in k)
+    assert not torch.equal(wa[patch], wc[patch])
