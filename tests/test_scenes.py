@@ -8,6 +8,8 @@ from mmrl.data.scenes import (
     COLORS,
     SHAPES,
     SceneObject,
+    cell_of,
+    place_in_cell,
     position_word,
     random_scene,
     render_scene,
@@ -113,3 +115,11 @@ def test_unique_pairs():
 )
 def test_position_word(box, word):
     assert position_word(box, 112) == word
+
+
+def test_cell_of_inverts_place_in_cell():
+    rng = random.Random(7)
+    for index in range(16):
+        for _ in range(5):
+            assert cell_of(place_in_cell(rng, index)) == index
+    assert cell_of((0, 0, 10, 10)) == 0 and cell_of((100, 100, 112, 112)) == 15

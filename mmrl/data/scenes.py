@@ -131,6 +131,13 @@ def place_in_cell(rng: random.Random, cell_index: int, size: int = DEFAULT_SIZE,
     return (x1, y1, x1 + side, y1 + side)
 
 
+def cell_of(box: Sequence[float], size: int = DEFAULT_SIZE, grid: int = DEFAULT_GRID) -> int:
+    """The reading-order index of the ``grid`` x ``grid`` cell holding ``box``'s centre: the
+    inverse of :func:`place_in_cell`."""
+    cell = _cell_size(size, grid)
+    return int((box[0] + box[2]) / 2) // cell + grid * (int((box[1] + box[3]) / 2) // cell)
+
+
 def _check_capacity(n: int, grid: int) -> None:
     if n > grid * grid:
         raise ValueError(f"{n} objects do not fit in a {grid}x{grid} grid (one object per cell)")

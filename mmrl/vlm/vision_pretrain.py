@@ -21,7 +21,7 @@ import random
 
 import torch
 
-from ..data.scenes import COLORS, DEFAULT_GRID, DEFAULT_SIZE, SHAPES, random_scene
+from ..data.scenes import COLORS, DEFAULT_GRID, DEFAULT_SIZE, SHAPES, cell_of, random_scene
 from .loading import vision_tower
 
 _COLORS = tuple(COLORS)
@@ -29,12 +29,10 @@ _COLORS = tuple(COLORS)
 
 def cell_labels(scene, size: int = DEFAULT_SIZE, grid: int = DEFAULT_GRID) -> tuple[torch.Tensor, torch.Tensor]:
     """Per cell in reading order: colour class and shape class of its object (0 = empty cell)."""
-    cell = size // grid
     colors = torch.zeros(grid * grid, dtype=torch.long)
     shapes = torch.zeros(grid * grid, dtype=torch.long)
     for obj in scene.objects:
-        x1, y1, x2, y2 = obj.box
-        index = int((x1 + x2) / 2) // cell + grid * (int((y1 + y2) / 2) // cell)
+        index = cell_of(obj.box, size, grid)
         colors[index] = 1 + _COLORS.index(obj.color)
         shapes[index] = 1 + SHAPES.index(obj.shape)
     return colors, shapes
