@@ -6,11 +6,12 @@ import random
 
 from mmrl import Task, register_task
 from mmrl.data.records import BadRecord, require_image
-from mmrl.data.scenes import COLORS, DEFAULT_GRID, SHAPES, noun_phrase, position_word, scene_with_targets
+from mmrl.data.scenes import COLORS, DEFAULT_GRID, SHAPES, cell_of, noun_phrase, position_word, scene_with_targets
 from mmrl.media.draw import FOOTER, PRED, TRUE, canvas, draw_box, draw_label
 from mmrl.parsing import answer_correct, extract_answer, parse_number
 
 QUERIES = ("color", "shape", "color_shape")
+REASONING = ("count", "enumerate")
 SPLIT_SEEDS = {"train": 1, "eval": 2}  # distinct seeds: eval examples are never trained on
 # Kept short on purpose: the tiny model's 1k-token vocabulary is trained on these texts.
 FORMAT_INSTRUCTION = "Answer with <think>...</think><answer>number</answer>."
@@ -42,6 +43,15 @@ def parse_count_record(record: dict) -> dict:
     return {"image": image, "question": str(question).strip(), "answer": str(int(value))}
 
 
+def enumeration(ex: dict) -> str:
+    """ "Red shapes in cells 3, 9" (cells of the scene's grid numbered 1.. in reading order), or
+    "Red shapes in cells none": the matches of a synthetic example, one by one."""
+    q, size = ex["query"], ex["image_size"][0]
+    cells = sorted(cell_of(o["box"], size) + 1 for o in ex["objects"] if matches_query(o, q))
+    noun = noun_phrase(q["color"], q["shape"], 2)
+    return f"{noun[0].upper()}{noun[1:]} in cells {', '.join(map(str, cells)) or 'none'}"
+
+
 @register_task("counting")
 class Counting(Task):
     modality = "vlm"
@@ -57,6 +67,10 @@ class Counting(Task):
             "train_size": 1_000_000,
             "eval_size": 1000,
             "thinking": True,  # False: answer-only prompt and target, equality reward (CLS-RL)
+            # The reference reasoning: "count" states the count ("I count 2 red shapes."),
+            # "enumerate" first lists the grid cells of the matches in reading order ("Red shapes in
+            # cells 3, 9: I count 2 red shapes."), a chain of thought that counts by pointing.
+            "reasoning": "count",
             # Real counting data (CLEVR / SuperCLEVR style JSONL) instead of synthetic scenes:
             # {"image": path, "problem" or "question": text, "solution" or "answer": count}.
             "train_path": None,
@@ -68,6 +82,8 @@ class Counting(Task):
         super().__init__(**options)
         if self.options["query"] not in QUERIES:
             raise ValueError(f"counting: query must be one of {QUERIES}, got {self.options['query']!r}")
+        if self.options["reasoning"] not in REASONING:
+            raise ValueError(f"counting: reasoning must be one of {REASONING}, got {self.options['reasoning']!r}")
         most = self.options["max_count"] + self.options["max_distractors"]
         if self.options["max_count"] < 0 or self.options["max_distractors"] < 0 or most > DEFAULT_GRID**2:
             raise ValueError(
@@ -109,7 +125,10 @@ class Counting(Task):
             return f"<answer>{k}</answer>"
         q = ex.get("query")
         what = f" {noun_phrase(q['color'], q['shape'], k)}" if q else ""
-        return f"<think>I count {k}{what}.</think><answer>{k}</answer>"
+        thought = f"I count {k}{what}."
+        if self.options["reasoning"] == "enumerate" and q and "objects" in ex:
+            thought = f"{enumeration(ex)}: {thought}"
+        return f"<think>{thought}</think><answer>{k}</answer>"
 
     def hints(self, ex: dict) -> list[str]:
         """Scaf-GRPO's three tiers, least to most revealing: which objects count (knowledge), in

@@ -94,6 +94,22 @@ def test_counting_target_text():
     assert task.target(ex) == "<think>I count 0 blue shapes.</think><answer>0</answer>"
 
 
+def test_counting_enumerating_target_lists_the_matching_cells():
+    """reasoning=enumerate: the matches' cells of the 4x4 grid (1-16, reading order) precede the count."""
+    task = TASKS.get("counting")(reasoning="enumerate")
+    objects = [{"color": "red", "shape": "circle", "box": (60, 2, 80, 22)},     # centre (70, 12): cell 3
+               {"color": "blue", "shape": "circle", "box": (2, 30, 20, 48)},    # a distractor
+               {"color": "red", "shape": "square", "box": (30, 88, 50, 108)}]   # centre (40, 98): cell 14
+    ex = {"answer": "2", "query": {"color": "red", "shape": None}, "objects": objects, "image_size": (112, 112)}
+    assert task.target(ex) == "<think>Red shapes in cells 3, 14: I count 2 red shapes.</think><answer>2</answer>"
+    none = dict(ex, answer="0", query={"color": "green", "shape": "square"})
+    assert task.target(none) == "<think>Green squares in cells none: I count 0 green squares.</think><answer>0</answer>"
+    # a record read from a file has no scene description: the plain counting thought
+    assert task.target({"answer": "2"}) == "<think>I count 2.</think><answer>2</answer>"
+    with pytest.raises(ValueError, match="reasoning"):
+        TASKS.get("counting")(reasoning="guess")
+
+
 def test_counting_distribution_covers_all_counts():
     task = TASKS.get("counting")(max_count=4)
     counts = Counter(int(task.examples("train")[i]["answer"]) for i in range(500))

@@ -61,9 +61,27 @@ def sft_batch(policy, tasks: Sequence[Task], examples: Sequence[tuple[int, dict]
     )
 
 
+def draw_examples(rng: random.Random, splits: Sequence, batch_size: int,
+                  task_weights: Sequence[float] | None = None) -> list[tuple[int, dict]]:
+    """``batch_size`` (task index, example) pairs: each task drawn with probability proportional
+    to its weight (uniform when None), then one of its examples uniformly."""
+    picks = []
+    for _ in range(batch_size):
+        if task_weights is None:
+            t = rng.randrange(len(splits))
+        else:
+            t = rng.choices(range(len(splits)), task_weights)[0]
+        picks.append((t, splits[t][rng.randrange(len(splits[t]))]))
+    return picks
+
+
 def sft(policy, tasks: Sequence[Task], steps: int, batch_size: int = 32, lr: float = 1e-3,
-        seed: int = 0, log_every: int = 50, progress: bool = True, thought_dropout: float = 0.0) -> list[float]:
-    """Teacher-forced cross-entropy on reference completions; tasks are mixed uniformly.
+        seed: int = 0, log_every: int = 50, progress: bool = True, thought_dropout: float = 0.0,
+        task_weights: Sequence[float] | None = None) -> list[float]:
+    """Teacher-forced cross-entropy on reference completions of a mixture of tasks.
+
+    Each example's task is drawn with probability proportional to ``task_weights`` (uniform when
+    None).
 
     ``thought_dropout``: the fraction of references trained without their ``<think>`` block
     ("Think or Not? Selective Reasoning via Reinforcement Learning for Vision-Language Models":
@@ -81,11 +99,8 @@ def sft(policy, tasks: Sequence[Task], steps: int, batch_size: int = 32, lr: flo
     with Progress(disable=not progress) as bar:
         task_id = bar.add_task("SFT warm start", total=steps)
         for step in range(steps):
-            picks = []
-            for _ in range(batch_size):
-                t = rng.randrange(len(tasks))
-                picks.append((t, splits[t][rng.randrange(len(splits[t]))]))
-            drop = [rng.random() < thought_dropout for _ in picks]
+            picks = draw_examples(rng, splits, batch_size, task_weights)
+            drop = [thought_dropout > 0 and rng.random() < thought_dropout for _ in picks]
             batch = sft_batch(policy, tasks, picks, drop)
             logps = policy.completion_logps(policy.model, batch)
             loss = -(logps.sum() / batch.action_mask.sum())
@@ -134,6 +149,14 @@ DEFAULT_TINY_TASKS = ({"name": "counting", "options": {"query": "color"}},
                       {"name": "jigsaw", "options": {}})
 
 
+def mixture_weights(task_specs: Sequence[dict]) -> list[float] | None:
+    """The specs' optional ``weight`` entries (default 1), or None when no spec sets one, so the
+    shipped model's uniform mixture draws exactly as it was built."""
+    if not any("weight" in spec for spec in task_specs):
+        return None
+    return [float(spec.get("weight", 1.0)) for spec in task_specs]
+
+
 def build_tiny_vlm(out: str | Path, sft_steps: int = 1600, batch_size: int = 32, lr: float = 1e-3,
                    thought_dropout: float = 0.6, seed: int = 0, progress: bool = True,
                    task_specs: Sequence[dict] = DEFAULT_TINY_TASKS, vision_steps: int = 0) -> Path:
@@ -147,6 +170,8 @@ def build_tiny_vlm(out: str | Path, sft_steps: int = 1600, batch_size: int = 32,
     - with ``thought_dropout`` most references skip the ``<think>`` block, so the warm-started
       model mostly answers directly: RL with the strict format reward then has to teach the
       reasoning layout, as it does for instruct checkpoints that never saw ``<think>`` tags.
+
+    A spec may carry a ``"weight"``: its share of the SFT batches (:func:`mixture_weights`).
 
     ``vision_steps`` > 0 first pre-trains the whole vision tower to name each cell's colour and
     shape (:mod:`mmrl.vlm.vision_pretrain`) and then freezes all of it: with it, SFT learns
@@ -177,7 +202,7 @@ def build_tiny_vlm(out: str | Path, sft_steps: int = 1600, batch_size: int = 32,
             tower.patch_embed.requires_grad_(False)
             tower.blocks.requires_grad_(False)
         sft(policy, tasks, steps=sft_steps, batch_size=batch_size, lr=lr, seed=seed, progress=progress,
-            thought_dropout=thought_dropout)
+            thought_dropout=thought_dropout, task_weights=mixture_weights(task_specs))
         policy.model.requires_grad_(True)
         staging = out.with_name(out.name + ".tmp")
         shutil.rmtree(staging, ignore_errors=True)
