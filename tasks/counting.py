@@ -48,8 +48,8 @@ def enumeration(ex: dict) -> str:
     "Red shapes in cells none": the matches of a synthetic example, one by one."""
     q, size = ex["query"], ex["image_size"][0]
     cells = sorted(cell_of(o["box"], size) + 1 for o in ex["objects"] if matches_query(o, q))
-    noun = noun_phrase(q["color"], q["shape"], 2)
-    return f"{noun[0].upper()}{noun[1:]} in cells {', '.join(map(str, cells)) or 'none'}"
+    noun = noun_phrase(q["color"], q["shape"], 2).capitalize()
+    return f"{noun} in cells {', '.join(map(str, cells)) or 'none'}"
 
 
 @register_task("counting")
