@@ -130,11 +130,12 @@ def eval_(
 def build_tiny(
     modality: str = typer.Argument("vlm", help="which tiny model: vlm | diffusion"),
     out: Optional[Path] = typer.Option(None, help="output directory (default: the shipped asset)"),
-    steps: Optional[int] = typer.Option(None, help="warm-start steps (default: vlm 1600 SFT steps, "
+    steps: Optional[int] = typer.Option(None, help="warm-start steps (default: vlm 600 SFT steps, "
                                         "diffusion 4000 flow-matching steps)"),
     seed: int = typer.Option(0),
-    vision_steps: int = typer.Option(0, help="vlm: pre-train the vision tower on per-cell colour and "
-                                     "shape labels for this many steps first, then freeze it (0: off)"),
+    vision_steps: Optional[int] = typer.Option(None, help="vlm: pre-train the vision tower on per-cell "
+                                               "colour and shape labels for this many steps first, "
+                                               "then freeze it (default 300; 0: off)"),
 ):
     """Rebuild a shipped tiny model from scratch (tokenizer, weights, warm start)."""
     if modality not in ("vlm", "diffusion"):
@@ -153,10 +154,13 @@ def build_tiny(
         path = pretrain_tiny_generator(target, seed=seed, **recipe)
         console.print(f"saved tiny generator to {path}")
         return
-    from .vlm.sft import build_tiny_vlm
+    from .vlm.sft import TINY_VLM_RECIPE, build_tiny_vlm
 
     target = out or asset_path("tiny-qwen2.5-vl")
-    path = build_tiny_vlm(target, sft_steps=steps or 1600, seed=seed, vision_steps=vision_steps)
+    recipe = {**TINY_VLM_RECIPE, "sft_steps": steps or TINY_VLM_RECIPE["sft_steps"]}
+    if vision_steps is not None:
+        recipe["vision_steps"] = vision_steps
+    path = build_tiny_vlm(target, seed=seed, **recipe)
     console.print(f"saved tiny model to {path}")
 
 

@@ -20,7 +20,8 @@ def test_task_weights_set_the_share_of_each_task():
 
 
 def test_mixture_weights_from_the_task_specs():
-    assert mixture_weights(DEFAULT_TINY_TASKS) is None  # the shipped model's uniform draw
+    assert mixture_weights([{"name": "ocr", "options": {}}]) is None  # no weights: uniform draw
+    assert mixture_weights(DEFAULT_TINY_TASKS)[:4] == [3.0, 1.5, 4.0, 4.0]  # counting-heavy default
     specs = [{"name": "counting", "options": {}, "weight": 4}, {"name": "ocr", "options": {}}]
     assert mixture_weights(specs) == [4.0, 1.0]
 

@@ -192,8 +192,8 @@ def test_build_tiny_is_reproducible(tmp_path):
     """`mmrl build-tiny vlm` is deterministic: two builds (shortened SFT) are byte-identical."""
     from mmrl.vlm.sft import build_tiny_vlm
 
-    a = build_tiny_vlm(tmp_path / "a", sft_steps=2, batch_size=4, progress=False)
-    b = build_tiny_vlm(tmp_path / "b", sft_steps=2, batch_size=4, progress=False)
+    a = build_tiny_vlm(tmp_path / "a", sft_steps=2, batch_size=4, progress=False, vision_steps=0)
+    b = build_tiny_vlm(tmp_path / "b", sft_steps=2, batch_size=4, progress=False, vision_steps=0)
     for name in ("model.safetensors", "tokenizer.json", "config.json", "preprocessor_config.json"):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
     policy = VLMPolicy(make_config(f"model.path={a}", "train.device=cpu"))
