@@ -80,10 +80,12 @@ def test_every_variant_resolves_to_a_valid_config():
     base = load_config(builtin_config_path("vlm/counting_tiny"), [])
     for name in VARIANTS:
         cfg = load_config(builtin_config_path("vlm/counting_tiny"), variant_overrides(name, base))
-        assert cfg.train.prompts_per_step * cfg.rollout.num_generations == 16 * 8, name
+        samples = cfg.train.prompts_per_step * cfg.rollout.num_generations
+        assert samples == base.train.prompts_per_step * base.rollout.num_generations, name
     dapo = load_config(builtin_config_path("vlm/counting_tiny"), variant_overrides("dapo", base)).algo
     grpo = load_config(builtin_config_path("vlm/counting_tiny"), variant_overrides("grpo", base)).algo
     assert dapo.epsilon_high == 0.28 and grpo.epsilon_high is None and dapo.overlong_filter
+    assert base.algo.advantage == "dr_grpo" and grpo.advantage == "grpo" and dapo.advantage == "grpo"
 
 
 def test_moving_average_and_threshold():

@@ -107,3 +107,33 @@ def test_sampling_for_pass_at_k_leaves_a_generators_training_draws_alone(tmp_pat
     batch = policy.rollout(task.examples("eval")[:1], [task.prompt(task.examples("eval")[0])], 3, "sample")
     images = [torch.tensor(list(im.getdata()), dtype=torch.float32) for im in batch.completions]
     assert not torch.equal(images[0], images[1])  # k different initial noises
+
+
+class CoinPolicy(ScriptedPolicy):
+    """Sampled answers right by a coin flip from torch's global generator (as HF sampling draws)."""
+
+    def rollout(self, examples, prompts, n, mode, need_old_logps=False, need_ref_logps=False):
+        batch = super().rollout(examples, prompts, n, mode)
+        if mode == "sample":
+            flips = torch.rand(len(batch.completions)) < 0.5
+            batch.completions = [self.task.target(ex) if f else c
+                                 for c, ex, f in zip(batch.completions, batch.examples, flips.tolist())]
+        return batch
+
+
+def test_pass_at_k_draws_the_same_random_numbers_every_evaluation():
+    """Common random numbers: two evaluations of one policy give the same pass@k whatever ran
+    between them, and the caller's random stream is left where it was."""
+    load_plugins()
+    cfg = make_config("eval.pass_k=8", "eval.num_examples=20")
+    task = TASKS.get("counting")()
+    rewards = make_reward_computer(task, cfg.task)
+    first = evaluate(CoinPolicy(task), task, rewards, cfg)
+    torch.rand(1000)  # training would draw in between
+    state = torch.get_rng_state()
+    second = evaluate(CoinPolicy(task), task, rewards, cfg)
+    assert second["pass@1"] == first["pass@1"] and 0.0 < first["pass@1"] < 1.0
+    assert torch.equal(torch.get_rng_state(), state)
+    reseeded = evaluate(CoinPolicy(task), task, rewards, make_config("eval.pass_k=8", "eval.num_examples=20",
+                                                                     "train.seed=1"))
+    assert reseeded["pass@1"] != first["pass@1"]

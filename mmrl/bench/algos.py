@@ -57,9 +57,11 @@ __all__ = [
     "write_report",
 ]
 
-# Applied to every variant first: symmetric clipping (epsilon_high = epsilon; the tiny recipe sets
-# DAPO's 0.28) and GRPO's per-sequence token mean, so that e.g. `grpo` and `dapo` differ as named.
-BASE_OVERRIDES: tuple[str, ...] = ("algo.epsilon_high=null", "algo.loss_agg_mode=seq_mean_token_mean")
+# Applied to every variant first: GRPO's group mean/std advantage (the tiny recipe uses Dr. GRPO's),
+# symmetric clipping (epsilon_high = epsilon; the tiny recipe sets DAPO's 0.28) and GRPO's
+# per-sequence token mean, so that e.g. `grpo` and `dapo` differ as named.
+BASE_OVERRIDES: tuple[str, ...] = ("algo.advantage=grpo", "algo.epsilon_high=null",
+                                   "algo.loss_agg_mode=seq_mean_token_mean")
 
 # ``{samples_per_step}`` is replaced by prompts_per_step x num_generations of the base config.
 VARIANTS: dict[str, tuple[str, ...]] = {

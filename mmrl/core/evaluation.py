@@ -41,7 +41,7 @@ def evaluate(policy, task: Task, rewards, cfg, num_examples: int | None = None,
         total = torch.cat([p[2] for p in parts])
         comps = {k: torch.cat([p[3][k] for p in parts]) for k in comps}
     out = _task_metrics_first(task, task.metrics(completions, scored))
-    out.update(_pass_at_k(policy, task, examples, prompts, cfg.eval.pass_k))
+    out.update(_pass_at_k(policy, task, examples, prompts, cfg.eval.pass_k, seed=cfg.train.seed))
     out["reward"] = float(total.mean())
     out.update({f"reward/{k}": float(v.mean()) for k, v in comps.items()})
     if not dist.is_main():
@@ -65,16 +65,23 @@ def _task_metrics_first(task: Task, metrics: dict[str, float]) -> dict[str, floa
     return out
 
 
-def _pass_at_k(policy, task: Task, examples, prompts, k: int) -> dict[str, float]:
+def _pass_at_k(policy, task: Task, examples, prompts, k: int, seed: int = 0) -> dict[str, float]:
     """pass@1 and pass@k from ``k`` samples of each example drawn with the training rollout's
     sampling (``mode="sample"``: its temperature for a VLM; the eval sampler, with k initial noises,
     for a generator), judged by :meth:`~mmrl.task.Task.success`. Empty for ``k=0`` or a task with
-    no per-example success."""
+    no per-example success.
+
+    The samples are drawn from a fixed seed inside a forked random state: every evaluation uses
+    the same random numbers, so before/after (or two checkpoints) differ by the model rather than
+    by the draw, and turning pass@k on does not change the training's random stream."""
     if k < 0:
         raise ValueError(f"eval.pass_k={k} must be >= 0 (0 turns pass@k off)")
     if k == 0 or task.success_metric is None:
         return {}
-    batch = policy.rollout(examples, prompts, k, "sample", need_old_logps=False, need_ref_logps=False)
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed + dist.rank_salt())
+        batch = policy.rollout(examples, prompts, k, "sample", need_old_logps=False, need_ref_logps=False)
     solved = [task.success(c, ex) for c, ex in zip(batch.completions, batch.examples)]
     if any(s is None for s in solved):
         return {}
