@@ -1,7 +1,10 @@
-"""The SFT warm start's task mixture: examples drawn by task weight, and thought dropout's text."""
+"""The SFT warm start's task mixture (examples drawn by task weight), thought dropout's text and
+the learning-rate schedule that stops the shipped warm start early."""
 
 import random
 from collections import Counter
+
+import pytest
 
 from mmrl.vlm.sft import DEFAULT_TINY_TASKS, draw_examples, drop_thought, mixture_weights
 
@@ -29,3 +32,13 @@ def test_mixture_weights_from_the_task_specs():
 def test_thought_dropout_removes_only_the_reasoning_block():
     assert drop_thought("<think>I count 2 red shapes.</think><answer>2</answer>") == "<answer>2</answer>"
     assert drop_thought("<answer>2</answer>") == "<answer>2</answer>"
+
+
+def test_warm_start_lr_schedule_stops_early_when_decay_is_longer():
+    from mmrl.vlm.sft import warm_start_lr_factor
+
+    assert warm_start_lr_factor(0, 800) == pytest.approx(1 / 20)  # warmup
+    assert warm_start_lr_factor(19, 800) == pytest.approx(1 - 19 / 800)
+    # the shipped warm start stops at step 600 of an 800-step decay: a quarter of the peak is left
+    assert warm_start_lr_factor(600, 800) == pytest.approx(0.25)
+    assert warm_start_lr_factor(799, 800) == pytest.approx(0.05)  # floored at 5%

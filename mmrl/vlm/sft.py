@@ -75,6 +75,12 @@ def draw_examples(rng: random.Random, splits: Sequence, batch_size: int,
     return picks
 
 
+def warm_start_lr_factor(step: int, decay_steps: int, warmup_steps: int = 20) -> float:
+    """The SFT learning rate at ``step`` as a fraction of its peak: linear warmup over
+    ``warmup_steps``, times a linear decay that reaches 0 at ``decay_steps`` (floored at 5%)."""
+    return min(1.0, (step + 1) / warmup_steps) * max(0.05, 1 - step / decay_steps)
+
+
 def sft(policy, tasks: Sequence[Task], steps: int, batch_size: int = 32, lr: float = 1e-3,
         seed: int = 0, log_every: int = 50, progress: bool = True, thought_dropout: float = 0.0,
         task_weights: Sequence[float] | None = None, decay_steps: int | None = None) -> list[float]:
@@ -97,7 +103,7 @@ def sft(policy, tasks: Sequence[Task], steps: int, batch_size: int = 32, lr: flo
     splits = [t.examples("train") for t in tasks]
     opt = torch.optim.AdamW([p for p in policy.model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     decay = decay_steps or steps
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / decay))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warm_start_lr_factor(s, decay))
     losses = []
     policy.model.train()
     from rich.progress import Progress
