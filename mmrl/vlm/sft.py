@@ -90,8 +90,8 @@ def sft(policy, tasks: Sequence[Task], steps: int, batch_size: int = 32, lr: flo
     None).
 
     The learning rate warms up over 20 steps, then falls linearly towards zero over
-    ``decay_steps`` (default ``steps``, floored at 5% of the peak). ``decay_steps`` > ``steps``
-    stops the warm start before the rate has annealed: the tiny default does this so that RL, not
+    ``decay_steps`` (default and minimum ``steps``; floored at 5% of the peak). ``decay_steps``
+    > ``steps`` stops the warm start before the rate has annealed: the tiny default does this so that RL, not
     the last SFT steps, does the sharpening.
 
     ``thought_dropout``: the fraction of references trained without their ``<think>`` block
@@ -102,7 +102,7 @@ def sft(policy, tasks: Sequence[Task], steps: int, batch_size: int = 32, lr: flo
     torch.manual_seed(seed)
     splits = [t.examples("train") for t in tasks]
     opt = torch.optim.AdamW([p for p in policy.model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
-    decay = decay_steps or steps
+    decay = max(decay_steps or steps, steps)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warm_start_lr_factor(s, decay))
     losses = []
     policy.model.train()
@@ -172,8 +172,8 @@ TINY_VLM_RECIPE = {"vision_steps": 300, "sft_steps": 600, "decay_steps": 800, "b
 
 
 def mixture_weights(task_specs: Sequence[dict]) -> list[float] | None:
-    """The specs' optional ``weight`` entries (default 1), or None when no spec sets one, so the
-    shipped model's uniform mixture draws exactly as it was built."""
+    """The specs' optional ``weight`` entries (default 1), or None when no spec sets one (a
+    uniform draw, the same random calls as before weights existed)."""
     if not any("weight" in spec for spec in task_specs):
         return None
     return [float(spec.get("weight", 1.0)) for spec in task_specs]
@@ -229,7 +229,7 @@ def build_tiny_vlm(out: str | Path, sft_steps: int = TINY_VLM_RECIPE["sft_steps"
             tower.blocks.requires_grad_(False)
         sft(policy, tasks, steps=sft_steps, batch_size=batch_size, lr=lr, seed=seed, progress=progress,
             thought_dropout=thought_dropout, task_weights=mixture_weights(task_specs),
-            decay_steps=max(decay_steps or sft_steps, sft_steps))
+            decay_steps=decay_steps)
         policy.model.requires_grad_(True)
         staging = out.with_name(out.name + ".tmp")
         shutil.rmtree(staging, ignore_errors=True)
