@@ -25,8 +25,10 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Reinforcement learning for multimodal models.")
 console = Console(stderr=True)
 
-DEFAULT_CONFIGS = {"vlm": "vlm/counting_tiny", "diffusion": "diffusion/composition_tiny"}
-MODALITIES = ("vlm", "diffusion")
+DEFAULT_CONFIGS = {"vlm": "vlm/counting_tiny", "video": "video/video_qa_tiny", "diffusion": "diffusion/composition_tiny"}
+MODALITIES = ("vlm", "video", "diffusion")
+# `mmrl train video` trains the VLM policy on a task whose prompts hold clips.
+POLICY_OF = {"video": "vlm"}
 
 
 def _split_args(args: list[str]) -> tuple[Optional[str], list[str]]:
@@ -54,7 +56,7 @@ def _load(modality: str, args: list[str], extra: list[str] = ()):
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def train(
-    modality: str = typer.Argument(..., help="what to train: vlm | diffusion"),
+    modality: str = typer.Argument(..., help="what to train: vlm | video | diffusion"),
     args: Optional[List[str]] = typer.Argument(None, help="[CONFIG.yaml] [key=value overrides...]"),
     resume: bool = typer.Option(False, "--resume", help="continue from the run's latest checkpoint"),
 ):
@@ -66,7 +68,7 @@ def train(
 
     try:
         task = build_task(cfg)
-        if getattr(task, "modality", "vlm") != modality:
+        if getattr(task, "modality", "vlm") != POLICY_OF.get(modality, modality):
             raise ValueError(f"task {task.name!r} is a {task.modality} task; run it with `mmrl train {task.modality}`")
         policy = make_policy(cfg, task)
         trainer = Trainer(cfg, policy, task)  # checks the config against the policy: its errors are the user's
@@ -128,7 +130,8 @@ def eval_(
 
 @app.command(name="build-tiny")
 def build_tiny(
-    modality: str = typer.Argument("vlm", help="which tiny model: vlm | diffusion"),
+    modality: str = typer.Argument("vlm", help="which tiny model: vlm | video (the tiny VLM warm-started "
+                                    "on clips) | diffusion"),
     out: Optional[Path] = typer.Option(None, help="output directory (default: the shipped asset)"),
     steps: Optional[int] = typer.Option(None, help="warm-start steps (default: vlm 600 SFT steps, "
                                         "diffusion 4000 flow-matching steps)"),
@@ -138,8 +141,8 @@ def build_tiny(
                                                "then freeze it (default 300; 0: off)"),
 ):
     """Rebuild a shipped tiny model from scratch (tokenizer, weights, warm start)."""
-    if modality not in ("vlm", "diffusion"):
-        console.print(f"[red]error:[/] no tiny {modality} model (available: vlm, diffusion)")
+    if modality not in ("vlm", "video", "diffusion"):
+        console.print(f"[red]error:[/] no tiny {modality} model (available: vlm, video, diffusion)")
         raise typer.Exit(2)
     import torch
 
@@ -153,6 +156,13 @@ def build_tiny(
         recipe = {**TINY_GENERATOR_RECIPE, "steps": steps or TINY_GENERATOR_RECIPE["steps"]}
         path = pretrain_tiny_generator(target, seed=seed, **recipe)
         console.print(f"saved tiny generator to {path}")
+        return
+    if modality == "video":
+        from .vlm.sft import TINY_VIDEO_RECIPE, build_tiny_video
+
+        path = build_tiny_video(out or asset_path("tiny-qwen2.5-vl-video"), seed=seed,
+                                sft_steps=steps or TINY_VIDEO_RECIPE["sft_steps"])
+        console.print(f"saved tiny video model to {path}")
         return
     from .vlm.sft import TINY_VLM_RECIPE, build_tiny_vlm
 

@@ -46,6 +46,11 @@ class VLMConfig:
     # transformers' image-processor backend: auto (torchvision on a GPU training device, else pil) |
     # pil | torchvision (resize / normalise / patchify on the training device, from uint8 tensors)
     image_processor_backend: str = "auto"
+    # Qwen-VL video budget per frame (pixels after resizing; Video-R1 trains 7B at 128*28*28);
+    # None keeps transformers' defaults (128*28*28 to 768*28*28). Applied by the video processor in
+    # training, eval and the demo alike; frame sampling is the task's (task.options.video).
+    video_min_pixels: Optional[int] = None
+    video_max_pixels: Optional[int] = None
 
 
 @dataclass
@@ -113,6 +118,10 @@ class AlgoConfig:
     difficulty_augmentation_kwargs: dict[str, Any] = field(default_factory=dict)  # noise_std, solved_reward
     off_policy_guidance: int = 0  # TempSamp-R1: reference completions injected per group (of num_generations)
     off_policy_gamma: float = 0.1  # LUFFY policy shaping f(p) = p / (p + gamma) on off-policy tokens
+    # T-GRPO (Video-R1): per clip question, samples on shuffled frames too; the correct ordered
+    # answers of a group that beats its shuffled twin (p > mu * p~) get +alpha.
+    temporal_grpo: bool = False
+    temporal_grpo_kwargs: dict[str, Any] = field(default_factory=dict)  # alpha, mu, shuffled_generations, reward
     # -- rollout-engine mismatch (TRL's names) -------------------------------------------------------
     # Truncated importance sampling ("Your Efficient RL Framework Secretly Brings You Off-Policy RL
     # Training"): weight each token's loss by min(pi_train_old / pi_engine, clip_max) when the rollout

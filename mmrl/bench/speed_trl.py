@@ -30,7 +30,7 @@ def trl_dataset(task, drawn: Sequence[Sequence[dict]]):
 
     rows = []
     for i, ex in enumerate(ex for step in drawn for ex in step):
-        messages, images = VLMPolicy.split_messages(task.build_prompt(ex))
+        messages, images, _ = VLMPolicy.split_messages(task.build_prompt(ex))
         rows.append({"prompt": messages, "images": [im.convert("RGB") for im in images], "row": i})
     return Dataset.from_list(rows)
 

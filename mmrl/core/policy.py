@@ -46,6 +46,7 @@ CAPABILITIES = {
     "teacher_forcing": "turns given completions into samples (rollout_given: off-policy guidance)",
     "coordinates": "answers in a coordinate space of its own (prepare_examples records it)",
     "image_inputs": "reads images in its prompts (data.perturbation applies)",
+    "video_inputs": "reads video clips in its prompts (video tasks; algo.temporal_grpo shuffles their frames)",
 }
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -4,11 +4,11 @@ A dataset of 100k records must not have its images decoded up front, and one mal
 corrupt image must not kill a training run. :class:`FileExamples` reads a source once (JSONL,
 JSON, parquet, a ``datasets`` directory: :mod:`mmrl.data.sources`), maps each record's keys with
 the task's ``fields`` (:mod:`mmrl.data.fields`) and keeps the records that the task's ``parse``
-function accepts and whose image reference is usable; the others are skipped and reported with
-their ``file:line`` or row number (a warning and ``skipped``). Images are opened when an example
-is accessed; an image that cannot be opened is counted and the next example is returned instead,
-so indexing never raises for bad data. A missing file or one with no usable record is an error
-that names the file.
+function accepts and whose image reference is usable (and video file exists); the others are
+skipped and reported with their ``file:line`` or row number (a warning and ``skipped``). Images and
+videos are read when an example is accessed; one that cannot be read is counted and the next
+example is returned instead, so indexing never raises for bad data. A missing file or one with no
+usable record is an error that names the file.
 """
 
 from __future__ import annotations
@@ -42,6 +42,21 @@ def require_image(record: Mapping) -> Any:
     return image
 
 
+def _check_video_options(options: Optional[Mapping]) -> dict:
+    """``video_options`` as read_video's keyword arguments; a ValueError names an unknown key."""
+    options = dict(options or {})
+    if options:
+        import inspect
+
+        from ..media.video import read_video
+
+        known = [k for k in inspect.signature(read_video).parameters if k != "source"]
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise ValueError(f"video_options: unknown key {unknown[0]!r}; read_video takes {', '.join(known)}")
+    return options
+
+
 class FileExamples(LazySequence):
     """Examples from a data file or folder. ``parse(record)`` turns one record (its keys mapped by
     ``fields``) into an example dict (raise :class:`BadRecord` or return None to skip it); a key
@@ -49,19 +64,26 @@ class FileExamples(LazySequence):
     file's folder; bytes; a list of them) is replaced by the opened RGB image on access, a path is
     kept as ``image_path``, and ``image_size`` is set. ``finish(ex)`` then completes the example
     with what needs the image (e.g. converting 0-1000 boxes to pixels). ``split`` ("train" /
-    "eval") picks the split of a ``DatasetDict`` or of split-named files."""
+    "eval") picks the split of a ``DatasetDict`` or of split-named files.
+
+    A key ``video`` (a video file or frame folder relative to ``image_root``, or a list of frame
+    paths) is likewise replaced by :func:`mmrl.media.video.read_video`'s ``Clip``, read with
+    ``video_options`` (its keyword arguments: fps, max_pixels, backend ...); the path is kept as
+    ``video_path`` and ``video_duration`` is set. ``bad_images`` counts unreadable videos too."""
 
     def __init__(self, path: str | Path, parse: Parse, image_root: str | Path | None = None,
                  max_skip_warnings: int = 10, finish: Optional[Callable[[dict], dict]] = None,
-                 fields: Optional[Mapping] = None, split: str = "train"):
+                 fields: Optional[Mapping] = None, split: str = "train",
+                 video_options: Optional[Mapping] = None):
         self.source = open_records(path, split)
         self.path = self.source.path
         self.parse = parse
         self.finish = finish or (lambda ex: ex)
         self.fields = check_fields(fields)
         self.image_root = Path(image_root).expanduser() if image_root else self.source.folder
+        self.video_options = _check_video_options(video_options)
         self.skipped: list[tuple[int, str]] = []  # (line or row number, reason) of records left out
-        self.bad_images: dict[str, str] = {}  # image -> error, counted on access
+        self.bad_images: dict[str, str] = {}  # record (file:line) -> error of its image or video, on access
         self._index: list[int] = []  # source index of each usable record
         first = None
         for i, item in self.source.scan():
@@ -95,7 +117,24 @@ class FileExamples(LazySequence):
             return f"{type(exc).__name__}: {exc}"
         if ex is None:
             return "rejected by the task's reader"
-        return image_problem(ex["image"]) if ex.get("image") is not None else None
+        problem = image_problem(ex["image"]) if ex.get("image") is not None else None
+        if problem is None and ex.get("video") is not None:
+            problem = self._video_problem(ex["video"])
+        return problem
+
+    def _video_source(self, value: Any) -> Path | list[Path]:
+        """The video file / frame folder, or the frame files, of a record's ``video``."""
+        def resolve(p: Any) -> Path:
+            path = Path(str(p).strip()).expanduser()
+            return path if path.is_absolute() else self.image_root / path
+        return [resolve(p) for p in value] if isinstance(value, (list, tuple)) else resolve(value)
+
+    def _video_problem(self, value: Any) -> Optional[str]:
+        if not isinstance(value, (str, Path, list, tuple)) or value in ("", [], ()):
+            return f"'video' must be a video path or a list of frame paths, got {value!r}"
+        source = self._video_source(value)
+        missing = [p for p in (source if isinstance(source, list) else [source]) if not p.exists()]
+        return f"video {missing[0]} does not exist (paths start at {self.image_root})" if missing else None
 
     def __len__(self) -> int:
         return len(self._index)
@@ -105,23 +144,41 @@ class FileExamples(LazySequence):
         for k in range(n):  # a bad image moves on to the next example, deterministically
             j = self._index[(i + k) % n]
             ex = dict(self._example(self.source.record(j)))
-            if ex.get("image") is None:
-                return self.finish(ex)
+            what = "image"
             try:
-                ex["image"], path = open_image(ex["image"], self.image_root)
-            except Exception as exc:  # PIL raises many types for corrupt files
+                if ex.get("image") is not None:
+                    self._open_image(ex)
+                what = "video"
+                if ex.get("video") is not None:
+                    self._open_video(ex)
+            except ImportError:  # a missing decoder is the install's problem, not the example's
+                raise
+            except Exception as exc:  # PIL and the video decoders raise many types for corrupt files
                 where = self.source.locate(j)[1]
                 if where not in self.bad_images:
                     self.bad_images[where] = f"{type(exc).__name__}: {exc}"
-                    log.warning("%s: cannot open the image (%s); using the next example", where, exc)
+                    log.warning("%s: cannot open the %s (%s); using the next example", where, what, exc)
                 continue
-            if path is not None:
-                ex["image_path"] = str(path)
-            if "image_size" not in ex:
-                ex["image_size"] = ex["image"].size
             return self.finish(ex)
         example = next(iter(self.bad_images.items()))
-        raise ValueError(f"{self.path}: no image of any example could be opened (e.g. {example[0]}: {example[1]})")
+        raise ValueError(f"{self.path}: no image or video of any example could be opened "
+                         f"(e.g. {example[0]}: {example[1]})")
+
+    def _open_image(self, ex: dict) -> None:
+        ex["image"], path = open_image(ex["image"], self.image_root)
+        if path is not None:
+            ex["image_path"] = str(path)
+        if "image_size" not in ex:
+            ex["image_size"] = ex["image"].size
+
+    def _open_video(self, ex: dict) -> None:
+        from ..media.video import read_video  # torch and the decoders load with the first video
+
+        source = self._video_source(ex["video"])
+        ex["video"] = read_video(source, **self.video_options)
+        ex["video_path"] = [str(p) for p in source] if isinstance(source, list) else str(source)
+        if "video_duration" not in ex:
+            ex["video_duration"] = ex["video"].duration
 
     def stats(self) -> dict[str, Any]:
         """``skipped_lines`` counts the records left out (lines of JSON files, rows of tables)."""

@@ -18,7 +18,11 @@ the format. A record that cannot even be read (a JSONL line that is not JSON) is
   ``datasets.load_from_disk``; a ``DatasetDict`` gives the split named like the one asked for;
 - any other directory, or a glob: its ``.parquet`` / ``.json`` / ``.jsonl`` files (recursively);
   when file names start with split names (``train-00000-of-00002.parquet``, ``test.jsonl``),
-  those of the asked split.
+  those of the asked split;
+- temporal grounding annotations as their datasets ship them: a Charades-STA ``*.txt`` file
+  (``VIDEO start end##sentence`` lines) and an ActivityNet-Captions ``*.json`` (an object of
+  ``{video: {"duration", "timestamps", "sentences"}}``), one record per sentence with ``video``,
+  ``start``, ``end``, ``sentence`` (and ``duration``).
 
 Table rows are read in Arrow form, so image columns arrive as their stored ``{"bytes", "path"}``
 dicts and are decoded only when an example is used.
@@ -255,6 +259,76 @@ class ConcatRecords:
         return n, where, f"{source.path.name} {short}"
 
 
+class CharadesRecords:
+    """Charades-STA annotations: ``VIDEO start end##sentence`` per line (seconds)."""
+
+    def __init__(self, path: Path):
+        self.path, self.folder = path, path.parent
+        self._records: list[tuple[int, dict]] = []
+
+    def scan(self) -> Scan:
+        for n, line in enumerate(self.path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
+            if not line.strip():
+                continue
+            head, sep, sentence = line.partition("##")
+            parts = head.split()
+            if not sep or len(parts) != 3:
+                yield None, Problem(n, f"{self.path}:{n}", f"line {n}",
+                                    "expected 'VIDEO start end##sentence' (Charades-STA)")
+                continue
+            try:
+                start, end = float(parts[1]), float(parts[2])
+            except ValueError:
+                yield None, Problem(n, f"{self.path}:{n}", f"line {n}", f"start/end are not numbers: {head!r}")
+                continue
+            self._records.append((n, {"video": parts[0], "start": start, "end": end, "sentence": sentence.strip()}))
+            yield len(self._records) - 1, self._records[-1][1]
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def record(self, i: int) -> dict:
+        return self._records[i][1]
+
+    def locate(self, i: int) -> tuple[int, str, str]:
+        n = self._records[i][0]
+        return n, f"{self.path}:{n}", f"line {n}"
+
+
+class ActivityNetCaptionRecords(CharadesRecords):
+    """ActivityNet-Captions annotations: ``{video: {"duration", "timestamps", "sentences"}}``; a
+    record per (video, sentence). Records are numbered by video entry (``entry N``)."""
+
+    def scan(self) -> Scan:
+        data = json.loads(self.path.read_text(encoding="utf-8"))
+        for n, (video, entry) in enumerate(data.items(), start=1):
+            stamps = entry.get("timestamps") if isinstance(entry, dict) else None
+            sentences = entry.get("sentences") if isinstance(entry, dict) else None
+            if not isinstance(stamps, list) or not isinstance(sentences, list) or len(stamps) != len(sentences):
+                yield None, Problem(n, f"{self.path}:{video}", f"entry {n} ({video})",
+                                    "expected 'timestamps' and 'sentences' lists of equal length")
+                continue
+            for stamp, sentence in zip(stamps, sentences):
+                if not (isinstance(stamp, (list, tuple)) and len(stamp) == 2):
+                    yield None, Problem(n, f"{self.path}:{video}", f"entry {n} ({video})", f"bad timestamp {stamp!r}")
+                    continue
+                self._records.append((n, {"video": video, "start": stamp[0], "end": stamp[1],
+                                          "sentence": str(sentence).strip(), "duration": entry.get("duration")}))
+                yield len(self._records) - 1, self._records[-1][1]
+
+    def locate(self, i: int) -> tuple[int, str, str]:
+        n = self._records[i][0]
+        video = self._records[i][1]["video"]
+        return n, f"{self.path}:{video}", f"entry {n} ({video})"
+
+
+def _is_activitynet_captions(path: Path) -> bool:
+    """An object whose first value has ``timestamps`` and ``sentences`` (ActivityNet Captions)."""
+    with path.open("rb") as f:
+        head = f.read(1 << 12).decode("utf-8", errors="replace")
+    return head.lstrip().startswith("{") and '"timestamps"' in head and '"sentences"' in head
+
+
 # -- choosing a source -------------------------------------------------------------------------
 
 def open_records(path: str | Path, split: str = "train"):
@@ -281,6 +355,10 @@ def open_records(path: str | Path, split: str = "train"):
                              "datasets save_to_disk output (dataset_info.json / dataset_dict.json)")
         return _from_files(_split_files(files, split, p), p)
     if p.is_file():
+        if p.suffix == ".txt":
+            return CharadesRecords(p)
+        if p.suffix == ".json" and _is_activitynet_captions(p):
+            return ActivityNetCaptionRecords(p)
         if p.suffix not in DATA_SUFFIXES:
             raise ValueError(f"{p}: unsupported data file; read are {', '.join(DATA_SUFFIXES)} files, folders "
                              "of them and datasets save_to_disk folders")

@@ -47,3 +47,29 @@ def bitmap_font():
     bitmap one cannot, so images drawn with it (OCR codes, chart labels) are identical everywhere."""
     loader = getattr(ImageFont, "load_default_imagefont", None)
     return loader() if loader is not None else ImageFont.load_default()
+
+
+TIMELINE = 14  # pixels of a timeline bar under a frame strip
+
+
+def frame_strip(frames, scale: int = 2, max_frames: int = 8, footer: int = 0) -> tuple[Image.Image, ImageDraw.ImageDraw]:
+    """A clip's frames side by side (at most ``max_frames``, evenly picked), upscaled by ``scale``,
+    with ``footer`` white pixels below for timelines and labels; and a drawer for it."""
+    frames = list(frames)
+    if len(frames) > max_frames:
+        frames = [frames[round(i * (len(frames) - 1) / (max_frames - 1))] for i in range(max_frames)]
+    w, h = frames[0].size
+    strip = Image.new("RGB", (len(frames) * (w * scale + 2), h * scale + footer), (255, 255, 255))
+    for i, frame in enumerate(frames):
+        strip.paste(frame.convert("RGB").resize((w * scale, h * scale), resample=Image.NEAREST), (i * (w * scale + 2), 0))
+    return strip, ImageDraw.Draw(strip)
+
+
+def draw_segment(draw: ImageDraw.ImageDraw, segment, duration: float, top: int, color) -> None:
+    """A time segment ``(start, end)`` in seconds as a bar across the strip's width at ``top``
+    (the whole width is ``duration`` seconds); wild values are clamped to the clip."""
+    width = draw.im.size[0]
+    start, end = (max(0.0, min(float(duration), float(v))) for v in segment)
+    draw.rectangle([0, top, width - 1, top + TIMELINE - 4], outline=(200, 200, 200))
+    draw.rectangle([round(start / duration * (width - 1)), top + 1, round(end / duration * (width - 1)), top + TIMELINE - 5],
+                   fill=color)

@@ -13,16 +13,21 @@ from .processing import VLMProcessor, choose_image_backend
 VLM_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
+# Built-in checkpoints by model.path name: (asset directory, the command that rebuilds it).
+TINY_MODELS = {"tiny": ("tiny-qwen2.5-vl", "mmrl build-tiny vlm"),
+               "tiny-video": ("tiny-qwen2.5-vl-video", "mmrl build-tiny video")}
+
+
 def resolve_model_path(path: str) -> Path:
-    """``"tiny"`` is the built-in tiny Qwen2.5-VL; anything else must be a local directory."""
-    if path == "tiny":
+    """``"tiny"`` is the built-in tiny Qwen2.5-VL and ``"tiny-video"`` the same warm-started on
+    clips; anything else must be a local directory."""
+    if path in TINY_MODELS:
         from mmrl.assets import asset_path
 
-        p = asset_path("tiny-qwen2.5-vl")
+        name, command = TINY_MODELS[path]
+        p = asset_path(name)
         if not (p / "config.json").exists():
-            raise FileNotFoundError(
-                f"the built-in tiny model is missing at {p}; rebuild it with `mmrl build-tiny vlm`"
-            )
+            raise FileNotFoundError(f"the built-in {path} model is missing at {p}; rebuild it with `{command}`")
         return p
     p = Path(path).expanduser()
     if not (p / "config.json").exists():
@@ -36,9 +41,11 @@ def resolve_model_path(path: str) -> Path:
 
 def load_vlm(path: str, device: torch.device, dtype: torch.dtype = torch.float32,
              attn_implementation: str | None = None, min_pixels: int | None = None,
-             max_pixels: int | None = None, image_backend: str = "auto"):
-    """Model (weights in ``dtype``) and :class:`VLMProcessor` with the given image budget and
-    image-processor backend (``vlm.image_processor_backend``, see ``choose_image_backend``)."""
+             max_pixels: int | None = None, image_backend: str = "auto",
+             video_min_pixels: int | None = None, video_max_pixels: int | None = None):
+    """Model (weights in ``dtype``) and :class:`VLMProcessor` with the given image and video
+    budgets and image-processor backend (``vlm.image_processor_backend``, see
+    ``choose_image_backend``)."""
     from transformers import AutoModelForImageTextToText
 
     where = resolve_model_path(path)
@@ -47,7 +54,8 @@ def load_vlm(path: str, device: torch.device, dtype: torch.dtype = torch.float32
         kwargs["attn_implementation"] = attn_implementation
     model = AutoModelForImageTextToText.from_pretrained(str(where), **kwargs).to(device)
     backend, image_device = choose_image_backend(image_backend, torch.device(device))
-    processor = VLMProcessor.from_pretrained(where, min_pixels, max_pixels, backend, image_device)
+    processor = VLMProcessor.from_pretrained(where, min_pixels, max_pixels, backend, image_device,
+                                             video_min_pixels, video_max_pixels)
     return model, processor
 
 

@@ -28,19 +28,20 @@ from ..core.rollouts import Rollouts
 from .engines import Sampling
 from .loading import VLM_LORA_TARGETS, load_vlm, resolve_model_path, vision_tower
 from .logprobs import split_head, token_logprobs
-from .processing import split_patches
+from .processing import join_videos, split_patches, split_videos
 from .shared_prefix import check_supported, prompt_groups, shared_prefix_hidden
 from .vision_once import share_image_encoding
 
 __all__ = ["VLMPolicy", "load_vlm", "resolve_model_path", "vision_tower"]
 
-PAYLOAD_KEYS = ("prompt_ids", "completion_ids", "pixel_values", "image_grid_thw")
+# "video": a sample's video inputs (processing.split_videos), None without video.
+PAYLOAD_KEYS = ("prompt_ids", "completion_ids", "pixel_values", "image_grid_thw", "video")
 
 
 class VLMPolicy(PolicyBase):
     """A Qwen-VL-family model trained with the core objective. See the module docstring."""
 
-    capabilities = frozenset({"scoring", "teacher_forcing", "coordinates", "image_inputs"})
+    capabilities = frozenset({"scoring", "teacher_forcing", "coordinates", "image_inputs", "video_inputs"})
     loss_inputs = frozenset({"logps", "whole_sequences"})
     unused_config = ("diffusion",)
 
@@ -52,7 +53,7 @@ class VLMPolicy(PolicyBase):
         self.module, self.processor = load_vlm(cfg.model.path, self.device,
                                                self.compute_dtype if self.lora else torch.float32,
                                                cfg.model.attn_implementation, v.min_pixels, v.max_pixels,
-                                               v.image_processor_backend)
+                                               v.image_processor_backend, v.video_min_pixels, v.video_max_pixels)
         self.module.config.use_cache = True
         self.tokenizer = self.processor.tokenizer
         eos = self.module.generation_config.eos_token_id
@@ -77,7 +78,8 @@ class VLMPolicy(PolicyBase):
         tower = vision_tower(self.module)
         frozen = tower is not None and not any(p.requires_grad for p in tower.parameters())
         self.image_encoders = [e for m in (self.module, self.ref_module) if m is not None
-                               if (e := share_image_encoding(m, cache=frozen)) is not None]
+                               for method in ("get_image_features", "get_video_features")
+                               if (e := share_image_encoding(m, cache=frozen, method=method)) is not None]
         if cfg.train.shared_prefix:
             check_supported(split_head(self.module)[0])
         self.engine = ENGINES.get(cfg.rollout.engine, "rollout.engine")(self)
@@ -151,15 +153,20 @@ class VLMPolicy(PolicyBase):
 
     # -- encoding -------------------------------------------------------------------------------
     @staticmethod
-    def split_messages(messages: list[dict]) -> tuple[list[dict], list[Any]]:
-        """Images out of the chat messages (the template sees placeholders, the processor pixels)."""
-        images, clean = [], []
+    def split_messages(messages: list[dict]) -> tuple[list[dict], list[Any], list[Any]]:
+        """Images and videos out of the chat messages (the template sees placeholders, the
+        processor pixels): ``(messages, images, videos)``, videos as
+        :class:`~mmrl.media.video.Clip`."""
+        images, videos, clean = [], [], []
         for msg in messages:
             content = msg["content"]
             if isinstance(content, list):
                 items = []
                 for item in content:
-                    if item.get("type") == "image" or "image" in item:
+                    if item.get("type") == "video" or "video" in item:
+                        videos.append(item["video"])
+                        items.append({"type": "video"})
+                    elif item.get("type") == "image" or "image" in item:
                         images.append(item["image"])
                         items.append({"type": "image"})
                     else:
@@ -167,16 +174,23 @@ class VLMPolicy(PolicyBase):
                 clean.append({**msg, "content": items})
             else:
                 clean.append(msg)
-        return clean, images
+        return clean, images, videos
 
     def encode_prompts(self, prompts: Sequence[list[dict]]) -> tuple[dict[str, torch.Tensor], list[int]]:
-        """Model inputs for a batch of chat prompts, and how many images each prompt has."""
-        texts, images = [], []
+        """Model inputs for a batch of chat prompts, and how many images each prompt has (a
+        sample's videos are found by :func:`~mmrl.vlm.processing.split_videos`)."""
+        texts, images, videos = [], [], []
         for messages in prompts:
-            clean, imgs = self.split_messages(messages)
+            clean, imgs, clips = self.split_messages(messages)
             texts.append(self.processor.apply_chat_template(clean))
             images.append([im.convert("RGB") for im in imgs])
-        return self.processor(texts, images if any(images) else None), [len(x) for x in images]
+            videos.append(clips)
+        enc = self.processor(texts, images if any(images) else None, videos if any(videos) else None)
+        return enc, [len(x) for x in images]
+
+    def split_videos(self, enc: dict) -> list[dict | None]:
+        """Each sample's video inputs in a batch encoding (None without video)."""
+        return split_videos(enc, self.processor.video_token_id, self.processor.merge_size)
 
     def decode(self, ids: torch.Tensor) -> str:
         return self.processor.decode(ids.tolist())
@@ -267,6 +281,7 @@ class VLMPolicy(PolicyBase):
             chunk = prompts[start:start + bs]
             enc, images_per_sample = self.encode_prompts(chunk)
             patches = split_patches(enc, images_per_sample)
+            videos = self.split_videos(enc)
             for i in range(len(chunk)):
                 text_ids = self.tokenizer(completions[start + i], add_special_tokens=False)["input_ids"]
                 if any(tok in self.suppressed_ids for tok in text_ids):
@@ -280,6 +295,7 @@ class VLMPolicy(PolicyBase):
                     "truncated": len(ids) > max_len,
                     "pixel_values": patches[i][0],
                     "image_grid_thw": patches[i][1],
+                    "video": videos[i],
                 })
         return self._batch(samples, list(examples), torch.arange(len(prompts)),
                            torch.ones(len(samples), dtype=torch.bool), need_old_logps, need_ref_logps)
@@ -306,6 +322,7 @@ class VLMPolicy(PolicyBase):
         if pv:
             inputs["pixel_values"] = torch.cat(pv)
             inputs["image_grid_thw"] = torch.cat([g for g in batch.payload["image_grid_thw"] if g is not None])
+        inputs.update(join_videos(batch.payload.get("video") or []))
         targets = torch.full((len(batch), T), self.pad_id, dtype=torch.long)
         for i, c in enumerate(comps):
             targets[i, :len(c)] = c
@@ -322,8 +339,9 @@ class VLMPolicy(PolicyBase):
         T = targets.shape[1]
         backbone, head = split_head(model)
         payload = batch.payload
+        has_video = any(v is not None for v in payload.get("video") or [])
         groups = prompt_groups(payload["prompt_ids"], payload["pixel_values"], payload["image_grid_thw"]) \
-            if self.cfg.train.shared_prefix else None
+            if self.cfg.train.shared_prefix and not has_video else None  # shared prefixes: images only
         if groups is None:
             hidden = backbone(**inputs, use_cache=False).last_hidden_state[:, P - 1:P - 1 + T]
         else:

@@ -11,6 +11,11 @@ wherever torchvision is installed.
 Two image-processor backends, both transformers' own: ``pil`` (portable, CPU) and
 ``torchvision``, which resizes, normalises and patchifies uint8 tensors on a ``device`` (the
 training GPU), so preprocessing does not bound a step (see :func:`choose_image_backend`).
+
+Videos (:class:`mmrl.media.video.Clip`, frames already sampled) go through transformers' own
+Qwen2-VL video processor (it needs torchvision: the ``video`` extra), built on first use with the
+checkpoint's patch sizes; ``second_per_grid_ts`` (Qwen2.5-VL's absolute-time M-RoPE) is
+``temporal_patch_size / sample_fps`` per clip, as transformers' Qwen2.5-VL processor computes it.
 """
 
 from __future__ import annotations
@@ -67,10 +72,13 @@ class VLMProcessor:
 
     def __init__(self, tokenizer, image_processor, chat_template: str | None = None,
                  min_pixels: int | None = None, max_pixels: int | None = None,
-                 device: torch.device | None = None):
+                 device: torch.device | None = None, video_processor=None,
+                 video_min_pixels: int | None = None, video_max_pixels: int | None = None):
         self.tokenizer = tokenizer
         self.image_processor = image_processor
         self.device = device
+        self._video_processor = video_processor
+        self.video_budget = (video_min_pixels, video_max_pixels)
         self.chat_template = chat_template or getattr(tokenizer, "chat_template", None)
         if self.chat_template is None:
             raise ValueError("the checkpoint has no chat template (chat_template.jinja / tokenizer_config.json)")
@@ -86,9 +94,10 @@ class VLMProcessor:
 
     @classmethod
     def from_pretrained(cls, path: str | Path, min_pixels: int | None = None, max_pixels: int | None = None,
-                        backend: str = "pil", device: torch.device | None = None):
+                        backend: str = "pil", device: torch.device | None = None,
+                        video_min_pixels: int | None = None, video_max_pixels: int | None = None):
         """``backend``: ``pil`` or ``torchvision`` (transformers' two image-processor backends);
-        ``device`` only with torchvision."""
+        ``device`` only with torchvision. ``video_*_pixels``: the per-frame budget of videos."""
         from transformers import AutoImageProcessor, AutoTokenizer
 
         path = str(path)
@@ -98,7 +107,8 @@ class VLMProcessor:
         jinja = Path(path) / "chat_template.jinja"
         if template is None and jinja.exists():
             template = jinja.read_text()
-        return cls(tokenizer, image_processor, template, min_pixels, max_pixels, device)
+        return cls(tokenizer, image_processor, template, min_pixels, max_pixels, device,
+                   video_min_pixels=video_min_pixels, video_max_pixels=video_max_pixels)
 
     # -- configuration ----------------------------------------------------------------------
     @property
@@ -123,6 +133,28 @@ class VLMProcessor:
         if size:
             self.image_processor.size = size
 
+    @property
+    def video_processor(self):
+        """transformers' Qwen2-VL video processor with this checkpoint's patch, merge and temporal
+        patch sizes and the ``vlm.video_*_pixels`` budget; built on first use (needs torchvision)."""
+        if self._video_processor is None:
+            if not torchvision_available():
+                raise ImportError("video inputs need torchvision (transformers' video processor): "
+                                  "pip install -e \".[video]\"")
+            from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+            ip = self.image_processor
+            kwargs = {"patch_size": self.patch_size, "merge_size": self.merge_size,
+                      "temporal_patch_size": int(getattr(ip, "temporal_patch_size", 2) or 2),
+                      "image_mean": list(ip.image_mean), "image_std": list(ip.image_std)}
+            lo, hi = self.video_budget
+            if lo is not None:
+                kwargs["min_pixels"] = int(lo)
+            if hi is not None:
+                kwargs["max_pixels"] = int(hi)
+            self._video_processor = Qwen2VLVideoProcessor(**kwargs)
+        return self._video_processor
+
     # -- text ---------------------------------------------------------------------------------
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         return self.tokenizer.apply_chat_template(
@@ -131,15 +163,19 @@ class VLMProcessor:
         )
 
     # -- batch encoding -------------------------------------------------------------------------
-    def __call__(self, texts: Sequence[str], images: Sequence[Sequence[Any]] | None = None) -> dict:
-        """Encode ``texts`` (already chat-formatted) with their images, left-padded.
+    def __call__(self, texts: Sequence[str], images: Sequence[Sequence[Any]] | None = None,
+                 videos: Sequence[Sequence[Any]] | None = None) -> dict:
+        """Encode ``texts`` (already chat-formatted) with their images and videos, left-padded.
 
-        ``images[i]`` is the list of PIL images of ``texts[i]``, in placeholder order.
-        Returns ``input_ids``, ``attention_mask``, ``mm_token_type_ids`` and, when there are
-        images, ``pixel_values`` and ``image_grid_thw`` (the tensors Qwen-VL models take).
+        ``images[i]`` is the list of PIL images of ``texts[i]``, ``videos[i]`` its list of
+        :class:`~mmrl.media.video.Clip`, each in placeholder order. Returns ``input_ids``,
+        ``attention_mask``, ``mm_token_type_ids`` and, when there are images, ``pixel_values``
+        and ``image_grid_thw``; with videos ``pixel_values_videos``, ``video_grid_thw`` and
+        ``second_per_grid_ts`` (the tensors Qwen-VL models take).
         """
         texts = list(texts)
         flat = [im for ims in (images or []) for im in ims]
+        clips = [clip for cs in (videos or []) for clip in cs]
         out: dict[str, torch.Tensor] = {}
         if flat:
             vision = self._encode_images(flat)
@@ -147,6 +183,10 @@ class VLMProcessor:
             out["image_grid_thw"] = vision["image_grid_thw"].cpu()
             counts = (vision["image_grid_thw"].prod(-1) // (self.merge_size**2)).tolist()
             texts = _expand_placeholders(texts, counts)
+        if clips:
+            out.update(self._encode_videos(clips))
+            counts = (out["video_grid_thw"].prod(-1) // (self.merge_size**2)).tolist()
+            texts = _expand_placeholders(texts, counts, VIDEO_PAD)
         enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         out["input_ids"] = enc["input_ids"]
         out["attention_mask"] = enc["attention_mask"]
@@ -162,6 +202,17 @@ class VLMProcessor:
         tensors = [pil_to_tensor(im.convert("RGB")).to(self.device, non_blocking=True) for im in images]
         return self.image_processor(images=tensors, return_tensors="pt", device=self.device)
 
+    def _encode_videos(self, clips: list) -> dict[str, torch.Tensor]:
+        """``pixel_values_videos``, ``video_grid_thw`` and ``second_per_grid_ts`` of sampled clips
+        (frames resized again only where they fall outside the video budget)."""
+        vp = self.video_processor
+        frames = [clip.frames if self.device is None else clip.frames.to(self.device) for clip in clips]
+        kwargs = {"device": self.device} if self.device is not None else {}
+        enc = vp(videos=frames, return_tensors="pt", do_sample_frames=False, **kwargs)
+        seconds = [vp.temporal_patch_size / clip.sample_fps for clip in clips]
+        return {"pixel_values_videos": enc["pixel_values_videos"], "video_grid_thw": enc["video_grid_thw"].cpu(),
+                "second_per_grid_ts": torch.tensor(seconds, dtype=torch.float32)}
+
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
@@ -171,22 +222,23 @@ class VLMProcessor:
         Path(path, "chat_template.jinja").write_text(self.chat_template)
 
 
-def _expand_placeholders(texts: list[str], counts: list[int]) -> list[str]:
-    """Replace the k-th ``<|image_pad|>`` (over the whole batch) by ``counts[k]`` copies."""
+def _expand_placeholders(texts: list[str], counts: list[int], pad: str = IMAGE_PAD) -> list[str]:
+    """Replace the k-th ``pad`` placeholder (over the whole batch) by ``counts[k]`` copies."""
+    kind = "video" if pad == VIDEO_PAD else "image"
     it = iter(counts)
     expanded = []
     for text in texts:
-        parts = text.split(IMAGE_PAD)
+        parts = text.split(pad)
         pieces = [parts[0]]
         for part in parts[1:]:
             try:
                 n = next(it)
             except StopIteration:
-                raise ValueError("more image placeholders in the prompts than images given") from None
-            pieces.append(IMAGE_PAD * n + part)
+                raise ValueError(f"more {kind} placeholders in the prompts than {kind}s given") from None
+            pieces.append(pad * n + part)
         expanded.append("".join(pieces))
     if next(it, None) is not None:
-        raise ValueError("more images given than image placeholders in the prompts")
+        raise ValueError(f"more {kind}s given than {kind} placeholders in the prompts")
     return expanded
 
 
@@ -207,3 +259,43 @@ def split_patches(enc: dict, images_per_sample: list[int]) -> list[tuple[torch.T
         p += npatch
         g += k
     return out
+
+
+VIDEO_KEYS = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+
+
+def split_videos(enc: dict, video_token_id: int, merge_size: int) -> list[dict[str, torch.Tensor] | None]:
+    """Per-sample video inputs (``pixel_values_videos``, ``video_grid_thw``,
+    ``second_per_grid_ts``) out of a batch encoding, None for a sample without video. Which
+    videos a row owns follows from its video placeholder tokens: videos are consumed in order
+    until their token counts add up to the row's."""
+    rows = len(enc["input_ids"])
+    if "video_grid_thw" not in enc:
+        return [None] * rows
+    grid = enc["video_grid_thw"]
+    tokens = (grid.prod(-1) // merge_size**2).tolist()
+    patches = grid.prod(-1).tolist()
+    out: list[dict[str, torch.Tensor] | None] = []
+    v, p = 0, 0
+    for row in range(rows):
+        need = int((enc["input_ids"][row] == video_token_id).sum())
+        first, got = v, 0
+        while got < need:
+            got += tokens[v]
+            v += 1
+        if got != need:
+            raise ValueError(f"row {row}: {need} video tokens do not match its videos' {got}")
+        if v == first:
+            out.append(None)
+            continue
+        n = int(sum(patches[first:v]))
+        out.append({"pixel_values_videos": enc["pixel_values_videos"][p:p + n], "video_grid_thw": grid[first:v],
+                    "second_per_grid_ts": enc["second_per_grid_ts"][first:v]})
+        p += n
+    return out
+
+
+def join_videos(parts: Sequence[dict[str, torch.Tensor] | None]) -> dict[str, torch.Tensor]:
+    """The batch inputs of per-sample video inputs (:func:`split_videos`), {} when none has one."""
+    present = [x for x in parts if x is not None]
+    return {k: torch.cat([x[k] for x in present]) for k in VIDEO_KEYS} if present else {}

@@ -57,6 +57,7 @@ def sft_batch(policy, tasks: Sequence[Task], examples: Sequence[tuple[int, dict]
             "completion_ids": targets,
             "pixel_values": [p[0] for p in patches],
             "image_grid_thw": [p[1] for p in patches],
+            "video": policy.split_videos(enc),
         },
     )
 
@@ -231,9 +232,47 @@ def build_tiny_vlm(out: str | Path, sft_steps: int = TINY_VLM_RECIPE["sft_steps"
             thought_dropout=thought_dropout, task_weights=mixture_weights(task_specs),
             decay_steps=decay_steps)
         policy.model.requires_grad_(True)
-        staging = out.with_name(out.name + ".tmp")
-        shutil.rmtree(staging, ignore_errors=True)
-        tiny.save_tiny(policy.model, policy.processor, staging)
+        return save_atomically(policy, out)
+
+
+def save_atomically(policy, out: Path) -> Path:
+    """Write ``policy``'s model and processor to ``out`` through a staging directory, so a build
+    that dies leaves the previous checkpoint whole."""
+    staging = out.with_name(out.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    tiny.save_tiny(policy.model, policy.processor, staging)
     shutil.rmtree(out, ignore_errors=True)
     staging.rename(out)
     return out
+
+
+# The tiny video default (`mmrl build-tiny video`): the shipped tiny VLM (its tower pre-trained on
+# the scene cells and frozen) warm-started on the synthetic clips of both video tasks.
+DEFAULT_TINY_VIDEO_TASKS = ({"name": "video_qa", "options": {}, "weight": 2.0},
+                            {"name": "temporal_grounding", "options": {}, "weight": 1.0})
+TINY_VIDEO_RECIPE = {"sft_steps": 400, "decay_steps": 500, "batch_size": 32, "lr": 1e-3}
+TINY_VIDEO_PIXELS = 112 * 112  # the synthetic frames as they are (vlm.video_*_pixels of the recipes)
+
+
+def build_tiny_video(out: str | Path, base: str = "tiny", sft_steps: int = TINY_VIDEO_RECIPE["sft_steps"],
+                     decay_steps: int | None = TINY_VIDEO_RECIPE["decay_steps"],
+                     batch_size: int = TINY_VIDEO_RECIPE["batch_size"], lr: float = TINY_VIDEO_RECIPE["lr"],
+                     seed: int = 0, progress: bool = True,
+                     task_specs: Sequence[dict] = DEFAULT_TINY_VIDEO_TASKS) -> Path:
+    """Warm-start ``base`` (default: the shipped tiny VLM) on the video tasks' reference answers
+    with its vision tower frozen; returns the checkpoint dir. See the README's "Video"."""
+    from ..config import load_config
+    from ..registry import TASKS, load_plugins
+    from .policy import VLMPolicy, vision_tower
+
+    load_plugins()
+    tasks = [TASKS.get(spec["name"])(**spec["options"]) for spec in task_specs]
+    torch.manual_seed(seed)
+    cfg = load_config(None, [f"model.path={base}", "train.device=cpu", f"vlm.video_min_pixels={TINY_VIDEO_PIXELS}",
+                             f"vlm.video_max_pixels={TINY_VIDEO_PIXELS}"])
+    policy = VLMPolicy(cfg)
+    vision_tower(policy.model).requires_grad_(False)
+    sft(policy, tasks, steps=sft_steps, batch_size=batch_size, lr=lr, seed=seed, progress=progress,
+        task_weights=mixture_weights(task_specs), decay_steps=decay_steps)
+    policy.model.requires_grad_(True)
+    return save_atomically(policy, Path(out))

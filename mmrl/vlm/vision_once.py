@@ -21,32 +21,42 @@ import torch
 from torch import Tensor
 
 
-def share_image_encoding(model, cache: bool) -> "SharedImageEncoder | None":
-    """Install a :class:`SharedImageEncoder` on ``model`` (a transformers Qwen-VL model, peft-wrapped
-    or not); None when the model has no ``get_image_features`` (nothing to share)."""
+def share_image_encoding(model, cache: bool, method: str = "get_image_features") -> "SharedImageEncoder | None":
+    """Install a :class:`SharedImageEncoder` on ``model``'s ``method`` (``get_image_features``, or
+    ``get_video_features`` for clips: the same call shape) of a transformers Qwen-VL model,
+    peft-wrapped or not; None when the model has no such method (nothing to share)."""
     from .logprobs import split_head
 
     inner = split_head(model)[0]
-    if not callable(getattr(inner, "get_image_features", None)):
+    if not callable(getattr(inner, method, None)):
         return None
-    return SharedImageEncoder(inner, cache=cache)
+    return SharedImageEncoder(inner, cache=cache, method=method)
 
 
 class SharedImageEncoder:
     """Replaces ``inner.get_image_features`` (``inner``: a Qwen-VL ``*Model`` with a vision tower)."""
 
-    def __init__(self, inner, cache: bool = False):
-        self.encode = inner.get_image_features
+    def __init__(self, inner, cache: bool = False, method: str = "get_image_features"):
+        import inspect
+
+        self.encode = getattr(inner, method)
+        # generate() finds an encoder's inputs by its signature (pixel_values / image_grid_thw,
+        # pixel_values_videos / video_grid_thw): this wrapper shows the wrapped method's
+        self.__signature__ = inspect.signature(self.encode)
+        self.input_names = tuple(self.__signature__.parameters)[:2]
         self.cache_enabled = cache
         self.cache: dict[tuple, list[tuple[Tensor, dict[str, Any]]]] = {}
         self.images_seen = 0  # images handed to the wrapper
         self.images_encoded = 0  # images that went through the vision tower
-        inner.get_image_features = self
+        setattr(inner, method, self)
 
     def clear(self) -> None:
         self.cache.clear()
 
-    def __call__(self, pixel_values: Tensor, image_grid_thw: Tensor | None = None, **kwargs):
+    def __call__(self, *args, **kwargs):
+        pixels_name, grid_name = self.input_names
+        pixel_values = args[0] if args else kwargs.pop(pixels_name)
+        image_grid_thw = args[1] if len(args) > 1 else kwargs.pop(grid_name, None)
         if image_grid_thw is None:
             return self.encode(pixel_values, image_grid_thw, **kwargs)
         pieces = torch.split(pixel_values, image_grid_thw.prod(-1).tolist())

@@ -8,6 +8,7 @@
         5. hints        Scaf-GRPO re-rolls unsolved groups with tiered hints (algo.scaffold)
         6. re-rolls     DeepVideo-R1 re-rolls all-solved / all-failed groups harder / easier
         7. references   TempSamp-R1 adds teacher-forced reference completions (algo.off_policy_guidance)
+        7b. temporal    T-GRPO: samples on shuffled frames; a bonus where order helped (algo.temporal_grpo)
     8. selection        which groups are kept (algo.selection: none | dynamic_sampling)
     9. advantages       reward aggregation (algo.reward_aggregation), then the estimator with the
                         inputs it declared (lengths, prompt keys, task ids, r_max, policy KL)
@@ -24,6 +25,7 @@ shaping); this module only orders them and collects their metrics.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -40,9 +42,11 @@ from .guidance import augment_flat_groups, scaffold
 from .prompts import make_sampler
 from .selection import group_has_variance
 from .shaping import overlong_mask, soft_overlong_penalty
+from .temporal import shuffle_frames, temporal_contrast_bonus
 from .whole import gather_whole
 
 PERTURBATION_OPTIONS = ("max_angle", "max_mix")
+TEMPORAL_GRPO_OPTIONS = ("alpha", "mu", "shuffled_generations", "reward")
 
 
 class BatchBuilder:
@@ -82,6 +86,11 @@ class BatchBuilder:
         if algo.off_policy_guidance and "teacher_forcing" not in policy.capabilities:
             raise ValueError(f"algo.off_policy_guidance needs a policy that teacher-forces given completions; "
                              f"a {type(policy).__name__} does not")
+        if algo.temporal_grpo and "video_inputs" not in policy.capabilities:
+            raise ValueError(f"algo.temporal_grpo shuffles the frames of clips; a {type(policy).__name__} reads none")
+        unknown = set(algo.temporal_grpo_kwargs) - set(TEMPORAL_GRPO_OPTIONS)
+        if unknown:
+            raise ValueError(f"unknown algo.temporal_grpo_kwargs {sorted(unknown)} (valid: {', '.join(TEMPORAL_GRPO_OPTIONS)})")
         unknown = set(algo.scaffold_kwargs) - {"exempt_frac", "solved_reward"}
         unknown |= {f"difficulty_augmentation_kwargs.{k}" for k in
                     set(algo.difficulty_augmentation_kwargs) - {"noise_std", "solved_reward"}}
@@ -148,9 +157,45 @@ class BatchBuilder:
             augment = lambda ex, d: self.task.augment(ex, d, rng, **options)  # noqa: E731
             batch, stats = augment_flat_groups(batch, self._solved(kw), augment, regenerate, n_on)
             metrics.update(stats)
+        if algo.temporal_grpo:
+            metrics.update(self._temporal_contrast(batch, step, round))
         if k_ref:
             batch = self._with_references(batch, examples, k_ref)
         return batch, indices, metrics
+
+    def _temporal_contrast(self, batch: Rollouts, step: int, round: int) -> dict[str, float]:
+        """T-GRPO (Video-R1): each group's question again on its clip's frames shuffled
+        (``shuffled_generations`` samples, default half the group), scored by the accuracy reward
+        (``reward``, default the task's first reward other than format); the bonus is added to
+        ``batch``'s rewards in place, as the ``temporal_bonus`` component. Shuffled samples are
+        not trained on. Groups whose examples hold no clip are not contrasted."""
+        kw = self.cfg.algo.temporal_grpo_kwargs
+        name = kw.get("reward") or next(n for n in self.rewards.weights if n != "format")
+        n = batch.group_ids.bincount().max().item() if len(batch) else 0
+        n_shuffled = int(kw.get("shuffled_generations", max(1, n // 2)))
+        rng = np.random.default_rng(step_seed(self.cfg.train.seed, step, salt=300 + round + dist.rank_salt()))
+        firsts = {int(g): i for i, g in reversed(list(enumerate(batch.group_ids.tolist())))}
+        groups, shuffled = [], []
+        for g, i in sorted(firsts.items()):
+            ex = batch.examples[i]
+            clip = ex.get("video") if isinstance(ex, dict) else None
+            if clip is None or getattr(clip, "frames", None) is None or len(clip.frames) < 2:
+                continue
+            groups.append(g)
+            shuffled.append({**ex, "video": replace(clip, frames=shuffle_frames(clip.frames, rng))})
+        bonus = torch.zeros(len(batch))
+        metrics: dict[str, float] = {}
+        if shuffled:
+            twin = self.policy.rollout(shuffled, [self.task.build_prompt(ex) for ex in shuffled], n_shuffled,
+                                       "train", need_old_logps=False, need_ref_logps=False)
+            _, comps, _ = self.rewards(twin.completions, twin.examples, group_ids=twin.group_ids)
+            twin_groups = torch.tensor(groups)[twin.group_ids]
+            bonus, metrics = temporal_contrast_bonus(batch.reward_components[name], batch.group_ids, comps[name],
+                                                     twin_groups, alpha=float(kw.get("alpha", 0.3)),
+                                                     mu=float(kw.get("mu", 0.8)))
+        batch.rewards = batch.rewards + bonus
+        batch.reward_components["temporal_bonus"] = bonus
+        return metrics
 
     def sample(self, examples: list[dict], n: int) -> Rollouts:
         """Roll out ``n`` samples of each example (group i = ``examples[i]``) and score them."""

@@ -84,6 +84,7 @@ class HFGenerate(RolloutEngine):
                 out = model.generate(**inputs, **gen_kwargs).cpu()
             prompt_len = enc["input_ids"].shape[1]
             patches = split_patches(enc, images_per_sample)
+            videos = policy.split_videos(enc)
             for i in range(len(chunk)):
                 completion = out[i, prompt_len:]
                 length, stopped = self.completion_length(completion)
@@ -93,5 +94,6 @@ class HFGenerate(RolloutEngine):
                     "truncated": not stopped,
                     "pixel_values": patches[i][0],
                     "image_grid_thw": patches[i][1],
+                    "video": videos[i],
                 })
         return results

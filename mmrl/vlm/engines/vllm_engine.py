@@ -182,14 +182,17 @@ class VLLMEngine(RolloutEngine):
             enc, images_per_sample = policy.encode_prompts(chunk)
             patches = split_patches(enc, images_per_sample)
             for i, messages in enumerate(chunk):
-                clean, images = policy.split_messages(messages)
+                clean, images, videos = policy.split_messages(messages)
+                if videos:
+                    raise ValueError("rollout.engine=vllm takes image prompts only in this version; video "
+                                     "tasks roll out with rollout.engine=hf")
                 request: dict[str, Any] = {"prompt": policy.processor.apply_chat_template(clean)}
                 if images:
                     images = [im.convert("RGB") for im in images]
                     request["multi_modal_data"] = {"image": images[0] if len(images) == 1 else images}
                 out.append({"request": request,
                             "prompt_ids": enc["input_ids"][i][enc["attention_mask"][i].bool()],
-                            "pixel_values": patches[i][0], "image_grid_thw": patches[i][1]})
+                            "pixel_values": patches[i][0], "image_grid_thw": patches[i][1], "video": None})
         return out
 
     def sampling_params(self, sampling: Sampling, n: int, seed: int | None):
@@ -251,6 +254,7 @@ class VLLMEngine(RolloutEngine):
                     "truncated": not stopped,
                     "pixel_values": enc["pixel_values"],
                     "image_grid_thw": enc["image_grid_thw"],
+                    "video": enc["video"],
                     "logprobs": torch.tensor(logps, dtype=torch.float32),
                 })
         return results

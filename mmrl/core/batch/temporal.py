@@ -1,0 +1,126 @@
+"""T-GRPO's temporal-contrast bonus and the frame shuffle it needs (pure functions).
+
+From "Video-R1: Reinforcing Video Reasoning in MLLMs" (Feng et al., 2025). Each video question gets
+two groups of answers: ``G`` on its frames in order and ``G~`` on the same frames shuffled (Video-R1
+samples ``G~ = G / 2``, one permutation per clip). With ``p`` and ``p~`` the accuracy of the two
+groups, a question whose ordered answers beat the shuffled ones by the margin ``mu`` earns a bonus
+``alpha`` for each of its correct ordered answers; the bonus is added to the accuracy reward before
+the group advantage is computed, so among the answers of a question that needs the frame order the
+correct ones are pushed up further (alpha = 0.3 as the paper sets it; mu = 0.8 as its code)::
+
+    r_i <- r_i + alpha   if  p > mu * p~  and  answer i is correct,   else  r_i
+
+Read against Video-R1's code (``src/r1-v/src/open_r1/trainer/grpo_trainer.py``, github.com/tulerfeng/Video-R1)::
+
+    acc_mean = temporal_rewards_per_func[:, 0].mean()
+    shuffled_acc_mean = shuffled_rewards_per_func[:, 0].mean()
+    if acc_mean >= 0.8 * shuffled_acc_mean:
+        mask = temporal_rewards_per_func[:, 0] > 0.1
+        temporal_rewards_per_func[mask, 0] = temporal_rewards_per_func[mask, 0] + 0.3
+
+- ``p`` and ``p~`` are the *means of the accuracy reward* (graded rewards such as ROUGE or 1 - WER
+  enter with their value, not thresholded), over one question's samples (Video-R1 trains with one
+  question per device, ``per_device_train_batch_size 1``, so its batch mean is the group mean; here
+  the means are taken per group id);
+- "correct" is ``accuracy > 0.1`` (``correct_threshold``), as in the code: a graded answer with a
+  tenth of the credit already counts;
+- the comparison is the paper's strict ``p > mu * p~``; the code's ``>=`` differs only at equality,
+  which with binary accuracy, G = 8 and G~ = 4 happens only when both groups scored 0, and then
+  no answer is correct to get the bonus anyway.
+
+A group with no shuffled samples (an image question, or a clip of one frame) gets no bonus and is
+left out of the metrics.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence, Union
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ["non_identity_permutation", "shuffle_frames", "temporal_contrast_bonus"]
+
+def temporal_contrast_bonus(correct: Tensor, group_ids: Tensor, shuffled_correct: Tensor,
+                            shuffled_group_ids: Tensor, alpha: float = 0.3, mu: float = 0.8,
+                            correct_threshold: float = 0.1) -> tuple[Tensor, dict[str, float]]:
+    """The per-sample T-GRPO bonus (same length and float dtype as ``correct``) and its metrics.
+
+    ``correct``/``group_ids``: the accuracy reward (in [0, 1]) and group id of each answer on
+    ordered frames; ``shuffled_correct``/``shuffled_group_ids``: the same for the answers on
+    shuffled frames, whose ids name the ordered group of the same question. For each group with
+    shuffled samples, ``p = mean(correct)``, ``p~ = mean(shuffled_correct)``; if ``p > mu * p~``,
+    every sample of the group with ``correct > correct_threshold`` gets ``alpha``, all others 0.
+
+    Metrics: ``temporal/ordered_acc`` and ``temporal/shuffled_acc``, the mean accuracy over the
+    samples of the contrasted groups (those with shuffled samples); ``temporal/bonus_groups``, the
+    fraction of contrasted groups that got the bonus (all three 0.0 when no group was contrasted).
+
+    Hand-worked (mu 0.8): group 0 ordered [1, 1, 0, 1], shuffled [1, 0, 0, 0]: p = 0.75 >
+    0.8 * 0.25 = 0.2, so its three correct answers get 0.3; group 1 ordered [0, 1, 0, 0], shuffled
+    [1, 1, 0, 0]: p = 0.25 < 0.8 * 0.5 = 0.4, no bonus.
+    """
+    correct = torch.as_tensor(correct)
+    if not correct.is_floating_point():
+        correct = correct.to(torch.get_default_dtype())
+    group_ids = torch.as_tensor(group_ids, device=correct.device)
+    shuffled_correct = torch.as_tensor(shuffled_correct, device=correct.device).to(correct.dtype)
+    shuffled_group_ids = torch.as_tensor(shuffled_group_ids, device=correct.device)
+    if correct.dim() != 1 or correct.shape != group_ids.shape:
+        raise ValueError(f"temporal_contrast_bonus: correct {tuple(correct.shape)} and group_ids "
+                         f"{tuple(group_ids.shape)} must be 1-d of one length")
+    if shuffled_correct.dim() != 1 or shuffled_correct.shape != shuffled_group_ids.shape:
+        raise ValueError(f"temporal_contrast_bonus: shuffled_correct {tuple(shuffled_correct.shape)} and "
+                         f"shuffled_group_ids {tuple(shuffled_group_ids.shape)} must be 1-d of one length")
+    orphans = set(shuffled_group_ids.tolist()) - set(group_ids.tolist())
+    if orphans:
+        raise ValueError(f"temporal_contrast_bonus: shuffled samples of groups {sorted(orphans)} have no "
+                         "ordered samples; shuffled_group_ids must name the ordered group of the same question")
+
+    bonus = torch.zeros_like(correct)
+    contrasted = torch.unique(shuffled_group_ids).tolist()
+    ordered_sum = shuffled_sum = 0.0
+    ordered_n = shuffled_n = bonus_groups = 0
+    for g in contrasted:
+        in_group = group_ids == g
+        ordered, shuffled = correct[in_group], shuffled_correct[shuffled_group_ids == g]
+        p, p_shuffled = ordered.double().mean().item(), shuffled.double().mean().item()
+        if p > mu * p_shuffled:
+            bonus[in_group & (correct > correct_threshold)] = alpha
+            bonus_groups += 1
+        ordered_sum += ordered.double().sum().item()
+        shuffled_sum += shuffled.double().sum().item()
+        ordered_n += ordered.numel()
+        shuffled_n += shuffled.numel()
+    metrics = {
+        "temporal/ordered_acc": ordered_sum / ordered_n if ordered_n else 0.0,
+        "temporal/shuffled_acc": shuffled_sum / shuffled_n if shuffled_n else 0.0,
+        "temporal/bonus_groups": bonus_groups / len(contrasted) if contrasted else 0.0,
+    }
+    return bonus, metrics
+
+
+def non_identity_permutation(n: int, rng: np.random.Generator) -> np.ndarray:
+    """A permutation of ``range(n)`` drawn uniformly among those that move something (rejection
+    sampling: at most a few draws, half the draws for n = 2); the identity for n < 2, the only
+    permutation there is. Video-R1 draws ``torch.randperm``, which for a short clip is often the
+    identity (1 in 2 for two frames), and a "shuffled" group on ordered frames contrasts nothing."""
+    if n < 2:
+        return np.arange(max(n, 0))
+    identity = np.arange(n)
+    while True:
+        perm = rng.permutation(n)
+        if not np.array_equal(perm, identity):
+            return perm
+
+
+def shuffle_frames(frames: Union[Tensor, Sequence], rng: np.random.Generator) -> Union[Tensor, list]:
+    """The frames in a shuffled order along the time axis (dim 0), never the original order when
+    there are two frames or more (:func:`non_identity_permutation`); deterministic given ``rng``'s
+    state. A tensor ``(T, ...)`` comes back as a tensor, a sequence of frames (PIL images, arrays)
+    as a list; a clip of fewer than two frames comes back in its order (a copy)."""
+    perm = non_identity_permutation(len(frames), rng)
+    if isinstance(frames, Tensor):
+        return frames[torch.as_tensor(perm, dtype=torch.long, device=frames.device)]
+    return [frames[i] for i in perm]
