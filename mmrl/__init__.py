@@ -27,7 +27,7 @@ from .registry import (
     register_selection,
     register_task,
 )
-from .task import SyntheticExamples, Task, image_prompt, make_task
+from .task import SyntheticExamples, Task, image_prompt, make_task, video_prompt
 
 __version__ = "0.1.0"
 
@@ -44,6 +44,7 @@ __all__ = [
     "Task",
     "SyntheticExamples",
     "image_prompt",
+    "video_prompt",
     "register_task",
     "register_reward",
     "register_advantage",

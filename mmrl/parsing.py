@@ -27,7 +27,8 @@ _NUM_RE = re.compile(_NUM, re.ASCII)
 _WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
 # ASCII-only matching: under Unicode IGNORECASE "ſix" (long s) would match "six".
 _NUMBER_OR_WORD_RE = re.compile(rf"({_NUM})|\b({'|'.join(_WORDS)})\b", re.IGNORECASE | re.ASCII)
-_FULL_NUMBER_RE = re.compile(rf"\s*({_NUM})\s*\.?\s*", re.ASCII)
+# "(?:\.\s*)?", not "\.?\s*": two adjacent runs of \s* made a long run of spaces quadratic
+_FULL_NUMBER_RE = re.compile(rf"\s*({_NUM})\s*(?:\.\s*)?", re.ASCII)
 
 _SEP = r"\s*(?:,\s*)?"
 # [x1, y1, x2, y2] or (x1, y1, x2, y2); also found inside JSON such as {"bbox_2d": [...]}.

@@ -129,10 +129,19 @@ class Task:
     def augment(self, ex: dict, direction: str, rng, noise_std: float = 0.15) -> dict | None:
         """A harder or easier variant of ``ex`` for difficulty-aware augmentation (DeepVideo-R1),
         or None when there is none. Default: "harder" adds Gaussian pixel noise (std
-        ``noise_std`` of the 0..255 range) to ``ex["image"]``; "easier" attaches the first
-        hint. ``rng`` is a seeded ``numpy.random.Generator``. Override for other inputs (video
-        frames, text)."""
+        ``noise_std`` of the 0..255 range) to ``ex["image"]``, or to every frame of a clip in
+        ``ex["video"]``; "easier" attaches the first hint. ``rng`` is a seeded
+        ``numpy.random.Generator``. Override for other inputs (text)."""
         if direction == "harder":
+            clip = ex.get("video")
+            if getattr(clip, "frames", None) is not None:
+                import dataclasses
+
+                import torch
+
+                noise = torch.from_numpy(rng.normal(0.0, noise_std * 255.0, size=tuple(clip.frames.shape)))
+                frames = (clip.frames.double() + noise).clamp(0, 255).round().to(torch.uint8)
+                return {**ex, "video": dataclasses.replace(clip, frames=frames)}
             image = ex.get("image")
             if image is None or not hasattr(image, "convert"):
                 return None
@@ -221,6 +230,13 @@ class SyntheticExamples(LazySequence):
 def image_prompt(image, text: str) -> list[dict]:
     """The common single-image user turn."""
     return [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": text}]}]
+
+
+def video_prompt(video, text: str) -> list[dict]:
+    """The common single-clip user turn (a :class:`mmrl.media.video.Clip`); an image where a
+    video dataset's record is an image."""
+    kind = "video" if getattr(video, "frames", None) is not None else "image"
+    return [{"role": "user", "content": [{"type": kind, kind: video}, {"type": "text", "text": text}]}]
 
 
 def with_hint(messages: list[dict], hint: str) -> list[dict]:

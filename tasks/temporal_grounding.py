@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import random
 
-from mmrl import Task, register_task
+from mmrl import Task, register_task, video_prompt
 from mmrl.data.motion import appearance_clip
 from mmrl.data.records import BadRecord
 from mmrl.media.draw import FOOTER, PRED, TIMELINE, TRUE, draw_label, draw_segment, frame_strip
 from mmrl.media.video import Clip
-from mmrl.measures.temporal import parse_segment, temporal_iou
+from mmrl.measures.temporal import parse_segment
+from mmrl.measures.video_r1 import answer_tious
 from mmrl.parsing import extract_answer
-
-from .video_qa import video_prompt
 
 SPLIT_SEEDS = {"train": 1, "eval": 2}
 FORMAT_INSTRUCTION = "Answer with <think>...</think><answer>start to end</answer> in seconds."
@@ -113,11 +112,7 @@ class TemporalGrounding(Task):
         return f"<think>I see {thing} from {ex['answer']} seconds.</think>{answer}"
 
     def metrics(self, completions, examples) -> dict[str, float]:
-        ious = []
-        for c, ex in zip(completions, examples):
-            answer = extract_answer(c)
-            segment = parse_segment(answer) if answer is not None else None
-            ious.append(None if segment is None else temporal_iou(segment, ex["segment"]))
+        ious = answer_tious(completions, examples)
         n = max(1, len(ious))
         return {"accuracy": sum(1.0 for v in ious if v is not None and v >= 0.5) / n,
                 "mean_tiou": sum(v or 0.0 for v in ious) / n,

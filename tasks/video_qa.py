@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import random
 
-from mmrl import Task, register_task
+from mmrl import Task, register_task, video_prompt
 from mmrl.data.motion import DIRECTIONS, appearance_clip, motion_clip
 from mmrl.data.records import BadRecord
 from mmrl.data.scenes import position_word
 from mmrl.media.draw import FOOTER, PRED, TRUE, draw_label, frame_strip
 from mmrl.media.video import Clip
+from mmrl.measures.video_r1 import answer_accuracies
 from mmrl.parsing import extract_answer
 
 SPLIT_SEEDS = {"train": 1, "eval": 2}
@@ -30,12 +31,6 @@ ANSWER_WORDS = {"multiple choice": "letter", "numerical": "number", "regression"
 def instruction(problem_type: str, thinking: bool) -> str:
     what = ANSWER_WORDS.get(problem_type, "answer")
     return f"Answer with <think>...</think><answer>{what}</answer>." if thinking else f"Answer with <answer>{what}</answer>."
-
-
-def video_prompt(video, text: str) -> list[dict]:
-    """The common single-clip user turn (an image where the record is an image)."""
-    kind = "video" if isinstance(video, Clip) else "image"
-    return [{"role": "user", "content": [{"type": kind, kind: video}, {"type": "text", "text": text}]}]
 
 
 def parse_video_r1_record(record: dict) -> dict:
@@ -73,7 +68,7 @@ class VideoQA(Task):
             "steps": 4,  # scenes per synthetic clip, each held for 2 frames (one temporal patch)
             "fps": 2.0,
             "distractors": 2,
-            "objects": 3,
+            "objects": 5,  # appear_count: shapes in the clip, each shown from a random step on
             "train_size": 1_000_000,
             "eval_size": 1000,
             "thinking": True,
@@ -109,7 +104,7 @@ class VideoQA(Task):
             count = sum(1 for t in scene.tracks if t.visible[0] > 0)
             question = "How many shapes appear after the start?"
             ex = {"problem_type": "numerical", "answer": str(count),
-                  "thought": f"I count {count} {'shape' if count == 1 else 'shapes'} that appear later."}
+                  "thought": f"I count {count} {'shape that appears' if count == 1 else 'shapes that appear'} later."}
         size = scene.frames[0].size[0] * scene.frames[0].size[1]
         clip = Clip.from_images(scene.frames, fps=scene.fps, min_pixels=size, max_pixels=size)
         return {**ex, "video": clip, "question": question, "kind": kind, "solution": f"<answer>{ex['answer']}</answer>",
@@ -131,9 +126,7 @@ class VideoQA(Task):
 
     def metrics(self, completions, examples) -> dict[str, float]:
         """accuracy: the mean Video-R1 accuracy reward; per problem type as ``accuracy/<type>``."""
-        from mmrl.registry import REWARDS
-
-        scores = REWARDS.get("video_r1_accuracy")(list(completions), list(examples))
+        scores = answer_accuracies(completions, examples)
         values = [float(s or 0.0) for s in scores]
         out = {"accuracy": sum(values) / max(1, len(values)),
                "parsed": sum(extract_answer(c) is not None for c in completions) / max(1, len(values))}

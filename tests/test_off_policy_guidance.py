@@ -167,7 +167,8 @@ def test_rollout_given_teacher_forces_the_completion(random_tiny_dir):
     assert len(batch) == 3 and batch.group_ids.tolist() == [0, 1, 2]
     assert batch.off_policy.tolist() == [True] * 3 and batch.truncated.tolist() == [False] * 3
     assert batch.completions == targets and batch.examples == exs
-    assert set(batch.payload) == {"prompt_ids", "completion_ids", "pixel_values", "image_grid_thw"}
+    assert set(batch.payload) == {"prompt_ids", "completion_ids", "pixel_values", "image_grid_thw", "video"}
+    assert batch.payload["video"] == [None] * len(batch)  # image prompts: no clip inputs
     enc, _ = policy.encode_prompts(prompts)
     for i, text in enumerate(targets):
         tokens = policy.tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -95,7 +95,26 @@ def test_video_features_are_encoded_once_per_group(random_tiny_dir):
     policy = _policy(random_tiny_dir, "rollout.max_completion_length=4")
     task, exs = _examples("video_qa", 2)
     batch = policy.rollout(exs, [task.prompt(e) for e in exs], 4, "train")
-    encoder = next(e for e in policy.image_encoders if e.input_names[0] == "pixel_values_videos")
+    [encoder] = policy.video_encoders
+    assert encoder.input_names == ("pixel_values_videos", "video_grid_thw")
     seen, encoded = encoder.images_seen, encoder.images_encoded
     policy.score(batch, reference=False)
     assert encoder.images_seen - seen == 8 and encoder.images_encoded - encoded == 2
+
+
+def test_reg_grpo_with_tempsamp_guidance_trains_on_clips(random_tiny_dir, tmp_path):
+    """DeepVideo-R1's Reg-GRPO loss with TempSamp-R1's reference completions on a clip task: the
+    teacher-forced references carry their clips, and a step trains on the mixed batch."""
+    import json
+    import math
+
+    from conftest import tiny_run_config
+    from mmrl.core.trainer import Trainer
+
+    cfg = tiny_run_config(random_tiny_dir, tmp_path, 1, "task.name=video_qa", *BUDGET, "algo.loss_type=reg_grpo",
+                          "algo.off_policy_guidance=1", "algo.beta=0", "eval.num_examples=0",
+                          "rollout.max_completion_length=40")  # room for the whole reference answer
+    Trainer(cfg, VLMPolicy(cfg)).train()
+    row = next(json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+               if "loss" in json.loads(line))
+    assert row["off_policy_frac"] > 0 and math.isfinite(row["loss"]) and row["grad_norm"] > 0

@@ -139,3 +139,32 @@ def test_galleries_draw_frame_strips_and_timelines():
     qa = TASKS.get("video_qa")()
     rec = qa.record(qa.examples("eval")[0], "<answer>A</answer>")
     assert rec["image"].size[0] > 4 * 224
+
+
+def test_harder_variant_of_a_clip_adds_noise_to_every_frame():
+    """DeepVideo-R1's "harder" re-roll of a clip question: the same clip with Gaussian pixel noise."""
+    import numpy as np
+
+    task = TASKS.get("video_qa")()
+    ex = task.examples("train")[0]
+    harder = task.augment(ex, "harder", np.random.default_rng(0), noise_std=0.1)
+    before, after = ex["video"].frames.float(), harder["video"].frames.float()
+    assert after.shape == before.shape and harder["video"].timestamps == ex["video"].timestamps
+    per_frame = (after - before).abs().mean(dim=(1, 2, 3))
+    assert (per_frame > 5).all() and (per_frame < 40).all()  # ~0.8 * 25.5 on unclipped pixels
+
+
+def test_build_tiny_video_warm_starts_a_checkpoint_that_loads(random_tiny_dir, tmp_path):
+    """`mmrl build-tiny video` in miniature: a few SFT steps on clips from a base checkpoint, saved
+    atomically (no staging directory left), loadable as model.path, vision tower unchanged."""
+    from safetensors.torch import load_file
+
+    from mmrl.vlm.sft import build_tiny_video
+
+    out = build_tiny_video(tmp_path / "tiny-video", base=str(random_tiny_dir), sft_steps=2, batch_size=2,
+                           progress=False)
+    assert (out / "config.json").exists() and not (tmp_path / "tiny-video.tmp").exists()
+    before, after = load_file(random_tiny_dir / "model.safetensors"), load_file(out / "model.safetensors")
+    tower = [k for k in before if ".visual." in k or k.startswith("visual.")]
+    assert tower and all(torch.equal(before[k], after[k]) for k in tower)
+    assert any(not torch.equal(before[k], after[k]) for k in before if "lm_head" in k or "embed_tokens" in k)

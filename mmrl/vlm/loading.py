@@ -56,6 +56,7 @@ def load_vlm(path: str, device: torch.device, dtype: torch.dtype = torch.float32
     backend, image_device = choose_image_backend(image_backend, torch.device(device))
     processor = VLMProcessor.from_pretrained(where, min_pixels, max_pixels, backend, image_device,
                                              video_min_pixels, video_max_pixels)
+    processor.model_type = model.config.model_type
     return model, processor
 
 

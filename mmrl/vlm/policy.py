@@ -77,9 +77,10 @@ class VLMPolicy(PolicyBase):
         # reference copy gets its own); kept for the whole RL step when the tower cannot change.
         tower = vision_tower(self.module)
         frozen = tower is not None and not any(p.requires_grad for p in tower.parameters())
-        self.image_encoders = [e for m in (self.module, self.ref_module) if m is not None
-                               for method in ("get_image_features", "get_video_features")
-                               if (e := share_image_encoding(m, cache=frozen, method=method)) is not None]
+        self.image_encoders, self.video_encoders = (
+            [e for m in (self.module, self.ref_module) if m is not None
+             if (e := share_image_encoding(m, cache=frozen, method=method)) is not None]
+            for method in ("get_image_features", "get_video_features"))
         if cfg.train.shared_prefix:
             check_supported(split_head(self.module)[0])
         self.engine = ENGINES.get(cfg.rollout.engine, "rollout.engine")(self)
@@ -146,9 +147,9 @@ class VLMPolicy(PolicyBase):
         self.engine.sync_weights()
 
     def begin_step(self, step: int) -> None:
-        """A new RL step: forget the image features kept for the last one."""
+        """A new RL step: forget the image and clip features kept for the last one."""
         super().begin_step(step)
-        for encoder in self.image_encoders:
+        for encoder in (*self.image_encoders, *self.video_encoders):
             encoder.clear()
 
     # -- encoding -------------------------------------------------------------------------------

@@ -79,6 +79,7 @@ class VLMProcessor:
         self.device = device
         self._video_processor = video_processor
         self.video_budget = (video_min_pixels, video_max_pixels)
+        self.model_type: str | None = None  # the checkpoint's family (set by load_vlm)
         self.chat_template = chat_template or getattr(tokenizer, "chat_template", None)
         if self.chat_template is None:
             raise ValueError("the checkpoint has no chat template (chat_template.jinja / tokenizer_config.json)")
@@ -147,6 +148,8 @@ class VLMProcessor:
             kwargs = {"patch_size": self.patch_size, "merge_size": self.merge_size,
                       "temporal_patch_size": int(getattr(ip, "temporal_patch_size", 2) or 2),
                       "image_mean": list(ip.image_mean), "image_std": list(ip.image_std)}
+            if hasattr(Qwen2VLVideoProcessor, "cap_pixels_per_frame"):  # qwen-vl-utils' per-frame cap
+                kwargs["cap_pixels_per_frame"] = True
             lo, hi = self.video_budget
             if lo is not None:
                 kwargs["min_pixels"] = int(lo)
@@ -205,13 +208,19 @@ class VLMProcessor:
     def _encode_videos(self, clips: list) -> dict[str, torch.Tensor]:
         """``pixel_values_videos``, ``video_grid_thw`` and ``second_per_grid_ts`` of sampled clips
         (frames resized again only where they fall outside the video budget)."""
+        if self.model_type and self.model_type.startswith("qwen3"):
+            raise ValueError(f"video prompts for {self.model_type} checkpoints are not supported in this version "
+                             "(Qwen3-VL writes a timestamp before each frame, which this processor does not); "
+                             "Qwen2-VL and Qwen2.5-VL checkpoints take videos")
         vp = self.video_processor
         frames = [clip.frames if self.device is None else clip.frames.to(self.device) for clip in clips]
         kwargs = {"device": self.device} if self.device is not None else {}
         enc = vp(videos=frames, return_tensors="pt", do_sample_frames=False, **kwargs)
-        seconds = [vp.temporal_patch_size / clip.sample_fps for clip in clips]
-        return {"pixel_values_videos": enc["pixel_values_videos"], "video_grid_thw": enc["video_grid_thw"].cpu(),
-                "second_per_grid_ts": torch.tensor(seconds, dtype=torch.float32)}
+        out = {"pixel_values_videos": enc["pixel_values_videos"], "video_grid_thw": enc["video_grid_thw"].cpu()}
+        if self.model_type != "qwen2_vl":  # Qwen2-VL's M-RoPE counts frames, not seconds
+            seconds = [vp.temporal_patch_size / clip.sample_fps for clip in clips]
+            out["second_per_grid_ts"] = torch.tensor(seconds, dtype=torch.float32)
+        return out
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -261,12 +270,10 @@ def split_patches(enc: dict, images_per_sample: list[int]) -> list[tuple[torch.T
     return out
 
 
-VIDEO_KEYS = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
-
 
 def split_videos(enc: dict, video_token_id: int, merge_size: int) -> list[dict[str, torch.Tensor] | None]:
-    """Per-sample video inputs (``pixel_values_videos``, ``video_grid_thw``,
-    ``second_per_grid_ts``) out of a batch encoding, None for a sample without video. Which
+    """Per-sample video inputs (``pixel_values_videos``, ``video_grid_thw`` and, but for
+    Qwen2-VL, ``second_per_grid_ts``) out of a batch encoding, None for a sample without video. Which
     videos a row owns follows from its video placeholder tokens: videos are consumed in order
     until their token counts add up to the row's."""
     rows = len(enc["input_ids"])
@@ -289,8 +296,10 @@ def split_videos(enc: dict, video_token_id: int, merge_size: int) -> list[dict[s
             out.append(None)
             continue
         n = int(sum(patches[first:v]))
-        out.append({"pixel_values_videos": enc["pixel_values_videos"][p:p + n], "video_grid_thw": grid[first:v],
-                    "second_per_grid_ts": enc["second_per_grid_ts"][first:v]})
+        mine = {"pixel_values_videos": enc["pixel_values_videos"][p:p + n], "video_grid_thw": grid[first:v]}
+        if "second_per_grid_ts" in enc:
+            mine["second_per_grid_ts"] = enc["second_per_grid_ts"][first:v]
+        out.append(mine)
         p += n
     return out
 
@@ -298,4 +307,4 @@ def split_videos(enc: dict, video_token_id: int, merge_size: int) -> list[dict[s
 def join_videos(parts: Sequence[dict[str, torch.Tensor] | None]) -> dict[str, torch.Tensor]:
     """The batch inputs of per-sample video inputs (:func:`split_videos`), {} when none has one."""
     present = [x for x in parts if x is not None]
-    return {k: torch.cat([x[k] for x in present]) for k in VIDEO_KEYS} if present else {}
+    return {k: torch.cat([x[k] for x in present]) for k in present[0]} if present else {}

@@ -250,7 +250,7 @@ def save_atomically(policy, out: Path) -> Path:
 # the scene cells and frozen) warm-started on the synthetic clips of both video tasks.
 DEFAULT_TINY_VIDEO_TASKS = ({"name": "video_qa", "options": {}, "weight": 2.0},
                             {"name": "temporal_grounding", "options": {}, "weight": 1.0})
-TINY_VIDEO_RECIPE = {"sft_steps": 400, "decay_steps": 500, "batch_size": 32, "lr": 1e-3}
+TINY_VIDEO_RECIPE = {"sft_steps": 100, "decay_steps": 500, "batch_size": 32, "lr": 1e-3}
 TINY_VIDEO_PIXELS = 112 * 112  # the synthetic frames as they are (vlm.video_*_pixels of the recipes)
 
 
