@@ -104,7 +104,24 @@ def _json_object(raw: bytes) -> tuple[Optional[dict], Optional[str]]:
     return record, None
 
 
-class JsonRecords:
+class HeldRecords:
+    """Records held in memory as ``(line, record)`` in ``_records``, filled by ``scan``."""
+
+    path: Path
+    _records: list[tuple[int, dict]]
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def record(self, i: int) -> dict:
+        return self._records[i][1]
+
+    def locate(self, i: int) -> tuple[int, str, str]:
+        n = self._records[i][0]
+        return n, f"{self.path}:{n}", f"line {n}"
+
+
+class JsonRecords(HeldRecords):
     """A JSON array of objects (or an object whose one list value is that array), held in memory
     with the line each element starts on. A file that does not parse is an error naming its line."""
 
@@ -127,16 +144,6 @@ class JsonRecords:
             else:
                 yield None, Problem(line, f"{self.path}:{line}", f"line {line}",
                                     f"expected a JSON object, got {type(value).__name__}")
-
-    def __len__(self) -> int:
-        return len(self._records)
-
-    def record(self, i: int) -> dict:
-        return self._records[i][1]
-
-    def locate(self, i: int) -> tuple[int, str, str]:
-        n = self._records[i][0]
-        return n, f"{self.path}:{n}", f"line {n}"
 
 
 def _json_records(text: str, path: Path) -> tuple[list[tuple[int, Any]], Optional[str]]:
@@ -259,7 +266,7 @@ class ConcatRecords:
         return n, where, f"{source.path.name} {short}"
 
 
-class CharadesRecords:
+class CharadesRecords(HeldRecords):
     """Charades-STA annotations: ``VIDEO start end##sentence`` per line (seconds)."""
 
     def __init__(self, path: Path):
@@ -283,16 +290,6 @@ class CharadesRecords:
                 continue
             self._records.append((n, {"video": parts[0], "start": start, "end": end, "sentence": sentence.strip()}))
             yield len(self._records) - 1, self._records[-1][1]
-
-    def __len__(self) -> int:
-        return len(self._records)
-
-    def record(self, i: int) -> dict:
-        return self._records[i][1]
-
-    def locate(self, i: int) -> tuple[int, str, str]:
-        n = self._records[i][0]
-        return n, f"{self.path}:{n}", f"line {n}"
 
 
 class ActivityNetCaptionRecords(CharadesRecords):
