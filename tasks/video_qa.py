@@ -95,8 +95,8 @@ class VideoQA(Task):
             letter = LETTERS[list(DIRECTIONS).index(direction)]
             options = [f"{L}. {d}" for L, d in zip(LETTERS, DIRECTIONS)]
             question = f"Which way does the {mover.color} {mover.shape} move? Options: " + " ".join(options)
-            where = (position_word(scene.boxes[scene.tracks.index(mover)][0]),
-                     position_word(scene.boxes[scene.tracks.index(mover)][-1]))
+            boxes = scene.boxes[scene.tracks.index(mover)]
+            where = (position_word(boxes[0]), position_word(boxes[-1]))
             ex = {"problem_type": "multiple choice", "answer": letter, "options": options,
                   "thought": f"The {mover.color} {mover.shape} goes from the {where[0]} to the {where[1]}."}
         else:
@@ -146,7 +146,7 @@ class VideoQA(Task):
         frames = media.images() if isinstance(media, Clip) else [media]
         strip, draw = frame_strip(frames, footer=FOOTER)
         pred = extract_answer(completion)
-        right = pred is not None and pred.strip().upper().startswith(str(ex["answer"]).upper())
+        right = (answer_accuracies([completion], [ex])[0] or 0.0) >= 1.0  # as the reward scores it
         draw_label(draw, f"{ex['question'][:90]}  true {ex['answer']}  pred {pred if pred is not None else '?'}",
                    TRUE if right else PRED)
         return strip
