@@ -131,18 +131,18 @@ def eval_(
 @app.command(name="build-tiny")
 def build_tiny(
     modality: str = typer.Argument("vlm", help="which tiny model: vlm | video (the tiny VLM warm-started "
-                                    "on clips) | diffusion"),
+                                    "on clips) | diffusion | video-gen (the tiny text-to-video generator)"),
     out: Optional[Path] = typer.Option(None, help="output directory (default: the shipped asset)"),
-    steps: Optional[int] = typer.Option(None, help="warm-start steps (default: vlm 600 SFT steps, "
-                                        "diffusion 4000 flow-matching steps)"),
+    steps: Optional[int] = typer.Option(None, help="warm-start steps (default: the recipe's: vlm 600 SFT steps, "
+                                        "diffusion 4000 and video-gen 3000 flow-matching steps)"),
     seed: int = typer.Option(0),
     vision_steps: Optional[int] = typer.Option(None, help="vlm: pre-train the vision tower on per-cell "
                                                "colour and shape labels for this many steps first, "
                                                "then freeze it (default 300; 0: off)"),
 ):
     """Rebuild a shipped tiny model from scratch (tokenizer, weights, warm start)."""
-    if modality not in ("vlm", "video", "diffusion"):
-        console.print(f"[red]error:[/] no tiny {modality} model (available: vlm, video, diffusion)")
+    if modality not in ("vlm", "video", "diffusion", "video-gen"):
+        console.print(f"[red]error:[/] no tiny {modality} model (available: vlm, video, diffusion, video-gen)")
         raise typer.Exit(2)
     import torch
 
@@ -156,6 +156,13 @@ def build_tiny(
         recipe = {**TINY_GENERATOR_RECIPE, "steps": steps or TINY_GENERATOR_RECIPE["steps"]}
         path = pretrain_tiny_generator(target, seed=seed, **recipe)
         console.print(f"saved tiny generator to {path}")
+        return
+    if modality == "video-gen":
+        from .diffusion.pretrain import TINY_VIDEO_GENERATOR_RECIPE, pretrain_tiny_video_generator
+
+        recipe = {**TINY_VIDEO_GENERATOR_RECIPE, "steps": steps or TINY_VIDEO_GENERATOR_RECIPE["steps"]}
+        path = pretrain_tiny_video_generator(out or asset_path("tiny-wan-motion"), seed=seed, **recipe)
+        console.print(f"saved tiny video generator to {path}")
         return
     if modality == "video":
         from .vlm.sft import TINY_VIDEO_RECIPE, build_tiny_video

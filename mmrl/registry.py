@@ -62,7 +62,7 @@ TASKS: Registry[type] = Registry("task")
 REWARDS: Registry[Callable[..., Any]] = Registry("reward")
 ADVANTAGES: Registry[Callable[..., Any]] = Registry("advantage estimator")
 PROMPT_SAMPLERS: Registry[type] = Registry("data sampler")  # data.sampler: which prompts a step draws
-REWARD_MEDIA = ("any", "image")  # register_reward(media=...): what a reward scores
+REWARD_MEDIA = ("any", "image", "video")  # register_reward(media=...): what a reward scores
 
 
 def register_task(name: str):
@@ -87,7 +87,10 @@ def register_reward(name: str, minimum: float = 0.0, check: Callable[..., None] 
 
     ``media="image"`` declares a reward that scores images: a video completion (a list of
     frames) is then scored frame by frame and reduced per clip by the reward kwarg ``frames``
-    (``mean`` | ``min``), see :mod:`mmrl.media.clips`. ``"any"``: completions as they come.
+    (``mean`` | ``min``), see :mod:`mmrl.media.clips`. ``media="video"`` declares a reward that
+    scores whole clips (a list of frames; a still image is a 1-frame clip): it is called with the
+    completions as they come, like ``"any"``, and handles clips itself (e.g. motion checks across
+    frames). ``"any"``: completions as they come.
     """
     if media not in REWARD_MEDIA:
         raise ValueError(f"register_reward({name!r}): media must be one of {', '.join(REWARD_MEDIA)}, got {media!r}")

@@ -15,6 +15,7 @@ A task is written exactly like the built-in ones in ``tasks/``::
 
 from __future__ import annotations
 
+import zlib
 from typing import Any, Callable, Sequence
 
 from .data.sequence import LazySequence
@@ -225,6 +226,13 @@ class SyntheticExamples(LazySequence):
 
     def item(self, i: int) -> dict:
         return self._make(self._seed * 1_000_003 + i)
+
+
+def is_held_out(prompt: str, every: int = 5) -> bool:
+    """True for the prompts a synthetic task reserves for evaluation: a fixed ``1 / every`` of the
+    prompt strings by a stable hash (CRC-32, the same on every run and machine), so the held-out
+    score measures prompts RL never trained on."""
+    return zlib.crc32(prompt.encode()) % every == 0
 
 
 def image_prompt(image, text: str) -> list[dict]:

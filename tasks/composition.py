@@ -9,7 +9,6 @@ split, so the held-out reward measures generalisation to prompts RL never traine
 
 from __future__ import annotations
 
-import zlib
 from typing import Sequence
 
 import numpy as np
@@ -18,11 +17,7 @@ from mmrl import SyntheticExamples, Task, register_task
 from mmrl.data.shapes_t2i import sample_spec, spec_prompt
 from mmrl.measures.composition import composition_checks
 from mmrl.media.draw import FOOTER, canvas, draw_label
-
-
-def is_held_out(prompt: str, every: int = 5) -> bool:
-    """True for the prompts reserved for evaluation (stable across runs and machines)."""
-    return zlib.crc32(prompt.encode()) % every == 0
+from mmrl.task import is_held_out
 
 
 @register_task("composition")

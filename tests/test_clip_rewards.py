@@ -77,7 +77,7 @@ def test_unknown_frame_reduction_is_refused_at_setup():
     with pytest.raises(FileNotFoundError, match="clip_score.pretrained"):
         RewardComputer({"clip_score": 1.0}, {"clip_score": {"frames": "min"}})
     with pytest.raises(ValueError, match="media"):
-        register_reward("test_bad_media", media="video")(lambda completions, examples, **ctx: [])
+        register_reward("test_bad_media", media="audio")(lambda completions, examples, **ctx: [])
 
 
 def test_every_image_reward_is_declared_and_text_rewards_are_not():

@@ -193,6 +193,7 @@ def test_every_builtin_recipe_builds_its_task():
     from mmrl.config import builtin_config_names, builtin_config_path
     from mmrl.core.reward_computer import make_reward_computer
     from mmrl.core.trainer import build_task
+    from mmrl.data.motion_t2v import render_clip
     from mmrl.data.shapes_t2i import render
 
     label_free = {"vlm/vqa_ttrv_tiny"}  # test-time RL: no reference answers to score
@@ -211,8 +212,9 @@ def test_every_builtin_recipe_builds_its_task():
             with pytest.raises(ValueError, match="no reference completion"):
                 task.target(examples[0])
             continue
-        if task.modality == "diffusion":
-            answers = [render(ex["spec"], np.random.default_rng(i), 16) for i, ex in enumerate(examples)]
+        if task.modality == "diffusion":  # the true scene (or clip) of each prompt
+            draw = render_clip if cfg.task.name == "motion_t2v" else (lambda spec, rng: render(spec, rng, 16))
+            answers = [draw(ex["spec"], np.random.default_rng(i)) for i, ex in enumerate(examples)]
         else:
             answers = [task.target(ex) for ex in examples]
         total, _, _ = rewards(answers, examples, group_ids=torch.arange(4))

@@ -25,18 +25,17 @@ def x_pipe():
 
 
 def _embeds(pipe, n):
-    hidden, pooled = pipe.encode_text(["a red circle"] * n)
-    return hidden.detach(), pooled.detach()
+    return {k: v.detach() for k, v in pipe.encode_text(["a red circle"] * n).items()}
 
 
 @torch.no_grad()
 def test_x_prediction_velocity_is_x_minus_x0_over_sigma(x_pipe):
     x = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(0))
     sigma = torch.tensor([0.9, 0.3, 0.01])  # the last one is clipped to SIGMA_FLOOR
-    hidden, pooled = _embeds(x_pipe, 3)
-    x0 = x_pipe.transformer(hidden_states=x, timestep=sigma * 1000, encoder_hidden_states=hidden,
-                            pooled_projections=pooled, return_dict=False)[0]
-    v = x_pipe.velocity_from_embeds(x, sigma, hidden, pooled)
+    embeds = _embeds(x_pipe, 3)
+    x0 = x_pipe.transformer(hidden_states=x, timestep=sigma * 1000, encoder_hidden_states=embeds["hidden"],
+                            pooled_projections=embeds["pooled"], return_dict=False)[0]
+    v = x_pipe.velocity_from_embeds(x, sigma, embeds)
     denom = torch.tensor([0.9, 0.3, SIGMA_FLOOR]).view(-1, 1, 1, 1)
     torch.testing.assert_close(v, (x - x0) / denom)
     # One Euler step to sigma 0 lands exactly on the predicted clean image (hand identity:
@@ -122,12 +121,18 @@ def _json(path):
     return {k: v for k, v in data.items() if k not in ("_diffusers_version", "transformers_version", "_name_or_path")}
 
 
-def test_shipped_generator_is_what_build_tiny_makes(tmp_path, monkeypatch):
-    """``mmrl build-tiny diffusion`` builds what the shipped asset is: the same recorded recipe, the
-    same model configs, tokenizer and scheduler, and weights of the same names and shapes. So a
-    rebuild reproduces what `mmrl train diffusion` starts from (and TINY_GENERATOR_RECIPE is the
-    recipe the asset was built with). The real builder runs, shrunk to 2 steps of 4 images drawn
-    from 16 (the asset: 4,000 steps of 64 from 20,000); everything else comes from the command."""
+# (build-tiny modality, shipped asset, the recipe's name in mmrl.diffusion.pretrain, the builder there)
+SHIPPED = {"diffusion": ("tiny-flow-shapes", "TINY_GENERATOR_RECIPE", "pretrain_tiny_generator"),
+           "video-gen": ("tiny-wan-motion", "TINY_VIDEO_GENERATOR_RECIPE", "pretrain_tiny_video_generator")}
+
+
+@pytest.mark.parametrize("modality", sorted(SHIPPED))
+def test_shipped_generator_is_what_build_tiny_makes(modality, tmp_path, monkeypatch):
+    """``mmrl build-tiny diffusion`` (``video-gen``) builds what the shipped asset is: the same
+    recorded recipe, the same model configs, tokenizer and scheduler, and weights of the same names
+    and shapes. So a rebuild reproduces what training starts from (and the recipe constant is the
+    recipe the asset was built with). The real builder runs, shrunk to 2 steps of 4 samples drawn
+    from 16 (the assets: thousands of steps of 64 from 20,000); everything else comes from the command."""
     from safetensors.torch import load_file
     from typer.testing import CliRunner
 
@@ -135,15 +140,17 @@ def test_shipped_generator_is_what_build_tiny_makes(tmp_path, monkeypatch):
     from mmrl.cli import app
     from mmrl.diffusion import pretrain
 
-    real = pretrain.pretrain_tiny_generator
+    asset, recipe_name, builder = SHIPPED[modality]
+    recipe = getattr(pretrain, recipe_name)
+    real = getattr(pretrain, builder)
     small = {"batch_size": 4, "dataset_size": 16}
-    monkeypatch.setattr(pretrain, "pretrain_tiny_generator", lambda out, **kw: real(out, **{**kw, **small}))
-    shipped = asset_path("tiny-flow-shapes")
-    result = CliRunner().invoke(app, ["build-tiny", "diffusion", "--out", str(tmp_path), "--steps", "2"])
+    monkeypatch.setattr(pretrain, builder, lambda out, **kw: real(out, **{**kw, **small}))
+    shipped = asset_path(asset)
+    result = CliRunner().invoke(app, ["build-tiny", modality, "--out", str(tmp_path), "--steps", "2"])
     assert result.exit_code == 0, (result.output, result.exception)
     info, built = json.loads((shipped / MARKER).read_text()), json.loads((tmp_path / MARKER).read_text())
     recorded = {**info["pretrain"], "prediction": info["prediction"]}  # prediction is top-level: the pipeline reads it
-    assert {k: recorded[k] for k in pretrain.TINY_GENERATOR_RECIPE} == pretrain.TINY_GENERATOR_RECIPE
+    assert {k: recorded[k] for k in recipe} == recipe
     assert built["pretrain"] == {**info["pretrain"], "steps": 2, **small}
     assert {k: v for k, v in built.items() if k != "pretrain"} == {k: v for k, v in info.items() if k != "pretrain"}
     for part in ("transformer/config.json", "text_encoder/config.json", "tokenizer/tokenizer.json",

@@ -43,20 +43,28 @@ from .sde import StepOutput, ode_step, sde_step
 LINEAR_AGG_MODES = ("token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
 
 
-def load_generator(path: str, device: torch.device, dtype: torch.dtype) -> FlowPipeline:
-    """``"tiny"`` (the shipped tiny generator), a directory made by ``mmrl build-tiny diffusion``,
-    or a local diffusers pipeline directory (SD3 / SD3.5, FLUX, Wan)."""
-    from .tiny import TinyFlowPipeline, is_tiny_dir
+# model.path names of the shipped tiny generators: (asset directory, the command that rebuilds it)
+TINY_GENERATORS = {"tiny": ("tiny-flow-shapes", "mmrl build-tiny diffusion"),
+                   "tiny-t2v": ("tiny-wan-motion", "mmrl build-tiny video-gen")}
 
-    if path == "tiny":
+
+def load_generator(path: str, device: torch.device, dtype: torch.dtype) -> FlowPipeline:
+    """``"tiny"`` (the shipped tiny image generator), ``"tiny-t2v"`` (the shipped tiny video
+    generator), a directory made by ``mmrl build-tiny diffusion | video-gen``, or a local diffusers
+    pipeline directory (SD3 / SD3.5, FLUX, Wan)."""
+    from .tiny import TinyFlowPipeline, is_tiny_dir, tiny_family
+    from .tiny_video import FAMILY as TINY_VIDEO_FAMILY, TinyWanPipeline
+
+    if path in TINY_GENERATORS:
         from ..assets import asset_path
 
-        path = str(asset_path("tiny-flow-shapes"))
+        name, command = TINY_GENERATORS[path]
+        path = str(asset_path(name))
         if not is_tiny_dir(path):
-            raise FileNotFoundError(f"the tiny generator is missing from {path}; rebuild it with "
-                                    "`mmrl build-tiny diffusion`")
+            raise FileNotFoundError(f"the tiny generator is missing from {path}; rebuild it with `{command}`")
     if is_tiny_dir(path):
-        return TinyFlowPipeline.from_pretrained(path, device, dtype)
+        cls = TinyWanPipeline if tiny_family(path) == TINY_VIDEO_FAMILY else TinyFlowPipeline
+        return cls.from_pretrained(path, device, dtype)
     from .adapters import load_pipeline
 
     return load_pipeline(path, device, dtype)

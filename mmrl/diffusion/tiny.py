@@ -38,13 +38,13 @@ VOCAB_WORDS = ["a", "one", "two", "three", "red", "green", "blue", "yellow", "ci
                "square", "squares", "on", "the", "left", "right", "and"]
 
 
-def build_tokenizer():
-    """A word-level tokenizer: [PAD] 0, [UNK] 1, [EOS] 2 appended to every prompt (CLIP's pooled
-    output is read at the EOS position), lower-cased, split on whitespace and punctuation."""
+def build_tokenizer(words: Sequence[str] = tuple(VOCAB_WORDS)):
+    """A word-level tokenizer over ``words``: [PAD] 0, [UNK] 1, [EOS] 2 appended to every prompt
+    (CLIP's pooled output is read at the EOS position), lower-cased, split on whitespace and punctuation."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {"[PAD]": 0, "[UNK]": 1, "[EOS]": 2, **{w: i + 3 for i, w in enumerate(VOCAB_WORDS)}}
+    vocab = {"[PAD]": 0, "[UNK]": 1, "[EOS]": 2, **{w: i + 3 for i, w in enumerate(words)}}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tok.normalizer = normalizers.Lowercase()
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -91,17 +91,24 @@ def save_tiny(out: Path, transformer, text_encoder, tokenizer, scheduler, info: 
     text_encoder.save_pretrained(out / "text_encoder")
     tokenizer.save_pretrained(out / "tokenizer")
     scheduler.save_pretrained(out / "scheduler")
-    size = int(transformer.config.sample_size)
+    size = int(getattr(transformer.config, "sample_size", TINY_SIZE))  # a video generator's info gives its size
     (out / MARKER).write_text(json.dumps({"family": "tiny", "height": size, "width": size,
                                           "guidance_scale": 1.0, **(info or {})}, indent=2))
     return out
 
 
 class TinyFlowPipeline(FlowPipeline):
-    """The tiny generator behind the :class:`FlowPipeline` contract (pixel space, one CLIP)."""
+    """The tiny generator behind the :class:`FlowPipeline` contract (pixel space, one CLIP).
+
+    Subclasses (:class:`~mmrl.diffusion.tiny_video.TinyWanPipeline`) swap the model classes
+    (``transformer_class``, ``text_encoder_class``) and override ``encode_text``,
+    ``transformer_output``, ``latent_shape`` and the pixel layout; the prompt cache, classifier-free
+    guidance and x-prediction are shared."""
 
     family = "tiny"
     lora_targets = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj"]
+    transformer_class = "SD3Transformer2DModel"  # a diffusers class
+    text_encoder_class = "CLIPTextModelWithProjection"  # a transformers class
 
     def __init__(self, transformer, text_encoder, tokenizer, scheduler, info: dict | None = None):
         self.transformer = transformer
@@ -109,6 +116,7 @@ class TinyFlowPipeline(FlowPipeline):
         self.tokenizer = tokenizer
         self.scheduler_config = dict(scheduler.config)
         info = info or {}
+        self.info = info
         self.default_height = int(info.get("height", TINY_SIZE))
         self.default_width = int(info.get("width", TINY_SIZE))
         self.default_guidance_scale = float(info.get("guidance_scale", 1.0))
@@ -119,29 +127,36 @@ class TinyFlowPipeline(FlowPipeline):
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device="cpu", dtype=torch.float32) -> "TinyFlowPipeline":
-        from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
-        from transformers import CLIPTextModelWithProjection, PreTrainedTokenizerFast
+        import diffusers
+        import transformers
+        from diffusers import FlowMatchEulerDiscreteScheduler
+        from transformers import PreTrainedTokenizerFast
 
         path = Path(path)
         info = json.loads((path / MARKER).read_text())
-        transformer = SD3Transformer2DModel.from_pretrained(path / "transformer", torch_dtype=dtype).to(device)
-        text_encoder = CLIPTextModelWithProjection.from_pretrained(path / "text_encoder", torch_dtype=dtype).to(device)
+        transformer = getattr(diffusers, cls.transformer_class).from_pretrained(
+            path / "transformer", torch_dtype=dtype).to(device)
+        text_encoder = getattr(transformers, cls.text_encoder_class).from_pretrained(
+            path / "text_encoder", torch_dtype=dtype).to(device)
         tokenizer = PreTrainedTokenizerFast.from_pretrained(path / "tokenizer")
         scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(path / "scheduler")
         return cls(transformer, text_encoder, tokenizer, scheduler, info)
 
     # -- text ---------------------------------------------------------------------------------------
-    def encode_text(self, prompts: Sequence[str]) -> tuple[Tensor, Tensor]:
-        """(hidden states (B, L, D), pooled projection (B, D)) of ``prompts``, with gradient when
-        the text encoder is being trained (pretraining) — the cache is for RL only."""
-        ids = self.tokenizer(list(prompts), padding="max_length", max_length=MAX_PROMPT_TOKENS, truncation=True,
-                             return_tensors="pt").input_ids.to(self.text_encoder.device)
-        out = self.text_encoder(input_ids=ids)
-        return out.last_hidden_state, out.text_embeds
+    def tokenize(self, prompts: Sequence[str]) -> Tensor:
+        return self.tokenizer(list(prompts), padding="max_length", max_length=MAX_PROMPT_TOKENS, truncation=True,
+                              return_tensors="pt").input_ids.to(self.text_encoder.device)
+
+    def encode_text(self, prompts: Sequence[str]) -> dict[str, Tensor]:
+        """The transformer's text inputs for ``prompts``: hidden states (B, L, D) and the pooled
+        projection (B, D); with gradient when the text encoder is being trained (pretraining) —
+        the cache is for RL only."""
+        out = self.text_encoder(input_ids=self.tokenize(prompts))
+        return {"hidden": out.last_hidden_state, "pooled": out.text_embeds}
 
     def _encode_each(self, prompts: list[str]) -> list[dict[str, Tensor]]:
-        hidden, pooled = self.encode_text(prompts)
-        return [{"hidden": hidden[i:i + 1], "pooled": pooled[i:i + 1]} for i in range(len(prompts))]
+        embeds = self.encode_text(prompts)
+        return [{k: v[i:i + 1] for k, v in embeds.items()} for i in range(len(prompts))]
 
     # -- the FlowPipeline contract -------------------------------------------------------------------
     def latent_shape(self, height: int, width: int, num_frames: int | None = None) -> tuple[int, ...]:
@@ -154,10 +169,14 @@ class TinyFlowPipeline(FlowPipeline):
         scheduler.set_timesteps(num_steps)
         return scheduler.sigmas.float().cpu()
 
-    def velocity_from_embeds(self, latents: Tensor, sigma: Tensor, hidden: Tensor, pooled: Tensor) -> Tensor:
+    def transformer_output(self, latents: Tensor, timestep: Tensor, embeds: dict[str, Tensor]) -> Tensor:
+        """The transformer's raw output (a velocity or a clean sample, see ``prediction``)."""
+        return self.transformer(hidden_states=latents, timestep=timestep, encoder_hidden_states=embeds["hidden"],
+                                pooled_projections=embeds["pooled"], return_dict=False)[0]
+
+    def velocity_from_embeds(self, latents: Tensor, sigma: Tensor, embeds: dict[str, Tensor]) -> Tensor:
         timestep = (sigma * self.scheduler_config.get("num_train_timesteps", 1000)).to(self.dtype)
-        out = self.transformer(hidden_states=latents.to(self.dtype), timestep=timestep, encoder_hidden_states=hidden,
-                               pooled_projections=pooled, return_dict=False)[0].float()
+        out = self.transformer_output(latents.to(self.dtype), timestep, embeds).float()
         if self.prediction == "velocity":
             return out
         # x-prediction: the network outputs the clean image x0; x = (1 - s) x0 + s e gives v = (x - x0) / s.
@@ -168,11 +187,10 @@ class TinyFlowPipeline(FlowPipeline):
         sigma = torch.as_tensor(sigma, dtype=torch.float32, device=latents.device).expand(latents.shape[0])
         cond = self.prompt_cache.get(list(prompts))
         if guidance_scale <= 1.0:
-            return self.velocity_from_embeds(latents, sigma, cond["hidden"], cond["pooled"])
+            return self.velocity_from_embeds(latents, sigma, cond)
         uncond = self.prompt_cache.get([""] * len(prompts))
         v = self.velocity_from_embeds(torch.cat([latents, latents]), torch.cat([sigma, sigma]),
-                                      torch.cat([uncond["hidden"], cond["hidden"]]),
-                                      torch.cat([uncond["pooled"], cond["pooled"]]))
+                                      {k: torch.cat([uncond[k], cond[k]]) for k in cond})
         v_uncond, v_cond = v.chunk(2)
         return v_uncond + guidance_scale * (v_cond - v_uncond)
 
@@ -183,6 +201,11 @@ class TinyFlowPipeline(FlowPipeline):
     def encode_images(self, images: Tensor) -> Tensor:
         """The inverse of ``decode`` (pretraining targets): [0, 1] pixels -> [-1, 1]."""
         return images.float() * 2 - 1
+
+
+def tiny_family(path: str | Path) -> str:
+    """The ``family`` a tiny generator directory's marker names ("tiny": the image generator)."""
+    return json.loads((Path(path) / MARKER).read_text()).get("family", "tiny")
 
 
 def is_tiny_dir(path: str | Path) -> bool:
