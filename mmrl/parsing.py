@@ -1,4 +1,4 @@
-"""Tolerant parsing of model answers: the answer block, numbers, boxes, normalised strings.
+"""Tolerant parsing of model answers: the answer block, numbers, boxes, points, normalised strings.
 
 Public (a plugin may import it, see :mod:`mmrl.public`): reward plugins and task metrics read
 completions the same way through this one module. Every function here returns ``None`` instead
@@ -48,11 +48,40 @@ _PAIRS = (rf"[\[(]\s*({_NUM}){_SEP}({_NUM})\s*[\])]\s*(?:(?:,|-|to|and)\s*)?"
 # One scan, left to right, non-overlapping: at each position a 4-number box is tried before a
 # corner pair, so "[[1, 2], [3, 4]]" reads as one box and "[[1, 2, 3, 4], [5, 6, 7, 8]]" as two.
 _ANY_BOX_RE = re.compile(f"(?:{_BOX4})|(?:{_PAIRS})", re.ASCII)
+# parse_point: [x, y] / (x, y); <point>x y</point> (UI-TARS / Molmo style); x=.., y=.. or "x": ..
+_POINT2_RE = re.compile(rf"[\[(]\s*({_NUM}){_SEP}({_NUM})\s*[\])]", re.ASCII)
+# "(?:[\[(]\s*)?", not "[\[(]?\s*": two runs of \s* around an optional bracket backtrack quadratically.
+_POINT_TAG_RE = re.compile(rf"<point>\s*(?:[\[(]\s*)?({_NUM}){_SEP}({_NUM})\s*(?:[\])]\s*)?</point>",
+                           re.ASCII | re.IGNORECASE)
+_X_RE = re.compile(rf"(?<![\w.])[\"']?x[\"']?\s*[=:]\s*[\"']?({_NUM})", re.ASCII | re.IGNORECASE)
+_Y_RE = re.compile(rf"(?<![\w.])[\"']?y[\"']?\s*[=:]\s*[\"']?({_NUM})", re.ASCII | re.IGNORECASE)
 _FENCE_RE = re.compile(r"```[A-Za-z0-9_-]*")
 _EMPTY_LIST_RE = re.compile(r"\[\s*\]")
 _NONE_WORDS = ("none", "no objects", "nothing")
 
 Box = tuple[float, float, float, float]
+
+
+# The R1 layouts a format reward checks (``format``'s modes; GUI-R1's format term).
+_LAYOUTS = {
+    "strict": re.compile(rf"<think>{NO_TAG}</think>\s*<answer>{NO_TAG}</answer>", re.DOTALL),  # whole text
+    "answer_only": re.compile(rf"<answer>{NO_TAG}</answer>", re.DOTALL),  # whole text
+    "lenient": re.compile(r"<answer>.*?</answer>", re.DOTALL),  # anywhere
+}
+LAYOUT_MODES = tuple(_LAYOUTS)
+
+
+def follows_layout(completion, mode: str = "strict") -> bool:
+    """Does ``completion`` follow the R1 answer layout? strict: the whole stripped completion is one
+    think block, optional whitespace, one answer block; answer_only: it is one answer block and
+    nothing else (No-Thinking); lenient: an answer block exists anywhere. False for non-text."""
+    if mode not in _LAYOUTS:
+        raise ValueError(f"unknown layout mode {mode!r}; valid modes: {LAYOUT_MODES}")
+    if not isinstance(completion, str):
+        return False
+    if mode == "lenient":
+        return _LAYOUTS[mode].search(completion) is not None
+    return _LAYOUTS[mode].fullmatch(completion.strip()) is not None
 
 
 def extract_answer(text: str) -> Optional[str]:
@@ -127,6 +156,39 @@ def parse_box(text: str) -> Optional[tuple[float, float, float, float]]:
         return None
     x1, y1, x2, y2 = values
     return (min(x1, x2), min(y1, y2), max(x1, x2), max(y1, y2))
+
+
+def parse_point(text: str) -> Optional[tuple[float, float]]:
+    """A click ``(x, y)`` from common answer styles, or None.
+
+    Accepts ``(x, y)`` / ``[x, y]`` (also inside JSON such as ``{"point": [x, y]}``,
+    ``{"coordinate": [x, y]}``, ``{"point_2d": [x, y]}``), ``x=.., y=..`` (or ``"x": .., "y": ..``),
+    ``<point>x y</point>`` and, as a last resort, text with exactly two numbers. A box (any form
+    :func:`parse_box` reads, e.g. ``[x1, y1, x2, y2]``) gives its centre: a grounding benchmark
+    scores a box answer by its centre. The first match wins; non-finite coordinates give None.
+    """
+    if not isinstance(text, str):
+        return None
+    m = _BOX4_RE.search(text) or _PAIRS_RE.search(text)
+    if m is not None:
+        box = _ordered(m.groups())
+        return None if box is None else ((box[0] + box[2]) / 2, (box[1] + box[3]) / 2)
+    m = _POINT2_RE.search(text) or _POINT_TAG_RE.search(text)
+    if m is not None:
+        values = m.groups()
+    else:
+        mx, my = _X_RE.search(text), _Y_RE.search(text)
+        if mx is not None and my is not None:
+            values = (mx.group(1), my.group(1))
+        else:
+            values = _NUM_RE.findall(text)
+            if len(values) == 4:
+                box = _ordered(values)
+                return None if box is None else ((box[0] + box[2]) / 2, (box[1] + box[3]) / 2)
+            if len(values) != 2:
+                return None
+    x, y = _finite(values[0]), _finite(values[1])
+    return None if x is None or y is None else (x, y)
 
 
 def parse_boxes(text: str) -> Optional[list[Box]]:

@@ -3,14 +3,9 @@
 
 from __future__ import annotations
 
-import re
-
 from mmrl import register_reward
-from mmrl.parsing import NO_TAG as _NO_TAG  # block contents: no think/answer tag inside
-_STRICT_RE = re.compile(rf"<think>{_NO_TAG}</think>\s*<answer>{_NO_TAG}</answer>", re.DOTALL)
-_LENIENT_RE = re.compile(r"<answer>.*?</answer>", re.DOTALL)
-_ANSWER_ONLY_RE = re.compile(rf"<answer>{_NO_TAG}</answer>", re.DOTALL)
-MODES = ("strict", "lenient", "answer_only")
+from mmrl.parsing import LAYOUT_MODES as MODES
+from mmrl.parsing import follows_layout
 
 
 @register_reward("format")
@@ -24,8 +19,4 @@ def format_reward(completions, examples, mode: str = "strict", **ctx) -> list[fl
     """
     if mode not in MODES:
         raise ValueError(f"format reward: unknown mode {mode!r}; valid modes: {MODES}")
-    if mode == "strict":
-        return [1.0 if isinstance(c, str) and _STRICT_RE.fullmatch(c.strip()) else 0.0 for c in completions]
-    if mode == "answer_only":
-        return [1.0 if isinstance(c, str) and _ANSWER_ONLY_RE.fullmatch(c.strip()) else 0.0 for c in completions]
-    return [1.0 if isinstance(c, str) and _LENIENT_RE.search(c) else 0.0 for c in completions]
+    return [1.0 if follows_layout(c, mode) else 0.0 for c in completions]

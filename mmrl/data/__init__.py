@@ -6,6 +6,8 @@
 - :mod:`~mmrl.data.fields`: the ``task.options.fields`` mapping and the common layouts
   (VLM-R1 ``conversations``, verl / EasyR1 columns);
 - :mod:`~mmrl.data.images`: image references (paths, bytes, lists), folders of image files;
+- :mod:`~mmrl.data.screenspot`: ScreenSpot / ScreenSpot-v2 ([x, y, w, h]) and ScreenSpot-Pro
+  ([x1, y1, x2, y2]) files as they ship;
 - :mod:`~mmrl.data.scenes`, :mod:`~mmrl.data.shapes_t2i`: synthetic scenes;
 - :mod:`~mmrl.data.sequence`: ``LazySequence``, the base of every dataset here.
 """

@@ -13,6 +13,8 @@ functions instead of each keeping its own copy. Public: plugins may import them 
 - :mod:`~mmrl.measures.jigsaw`: tile-position answers;
 - :mod:`~mmrl.measures.composition`: the GenEval-style checker of generated shape scenes;
 - :mod:`~mmrl.measures.motion`: the same checks tracked through a generated clip (colour, shape, direction);
+- :mod:`~mmrl.measures.gui`: the GUI action space, its tolerant parser, text F1 and action matching;
+- :mod:`~mmrl.measures.screen`: screen grounding clicks: point in box, GUI-G² Gaussian point and coverage;
 - :mod:`~mmrl.measures.pass_at_k`: the unbiased pass@k estimator over several samples per example;
 - :mod:`~mmrl.measures.temporal`: time segments in answers and their temporal IoU;
 - :mod:`~mmrl.measures.rouge`: ROUGE-N / ROUGE-L and word error rate (Video-R1's free-form and OCR rewards).
