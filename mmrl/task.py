@@ -235,6 +235,28 @@ def is_held_out(prompt: str, every: int = 5) -> bool:
     return zlib.crc32(prompt.encode()) % every == 0
 
 
+def held_out_prompt_examples(task: str, split: str, sample_spec: Callable[[Any], Any], spec_prompt: Callable[[Any], str],
+                             sizes: dict[str, int], seeds: dict[str, int]) -> SyntheticExamples:
+    """``{"spec", "prompt"}`` examples of a generator task's split: specs drawn by
+    ``sample_spec(numpy rng)`` are rejection-sampled so the eval split only ever shows the held-out
+    prompt strings (:func:`is_held_out`) and the train split only the others."""
+    import numpy as np
+
+    if split not in seeds:
+        raise ValueError(f"{task}: unknown split {split!r}; valid splits: {sorted(seeds)}")
+    held_out = split == "eval"
+
+    def make(seed: int) -> dict:
+        rng = np.random.default_rng(seed)
+        while True:
+            spec = sample_spec(rng)
+            prompt = spec_prompt(spec)
+            if is_held_out(prompt) == held_out:
+                return {"spec": spec, "prompt": prompt}
+
+    return SyntheticExamples(make, sizes[split], seeds[split])
+
+
 def image_prompt(image, text: str) -> list[dict]:
     """The common single-image user turn."""
     return [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": text}]}]

@@ -13,11 +13,11 @@ from typing import Sequence
 
 import numpy as np
 
-from mmrl import SyntheticExamples, Task, register_task
+from mmrl import Task, register_task
 from mmrl.data.shapes_t2i import sample_spec, spec_prompt
 from mmrl.measures.composition import composition_checks
 from mmrl.media.draw import FOOTER, canvas, draw_label
-from mmrl.task import is_held_out
+from mmrl.task import held_out_prompt_examples
 
 
 @register_task("composition")
@@ -30,21 +30,13 @@ class Composition(Task):
         return {"train_size": 20000, "eval_size": 64, "max_groups": 1, "position_prob": 0.5, "max_count": 3}
 
     def examples(self, split: str):
-        seeds = {"train": 11, "eval": 12}
-        if split not in seeds:
-            raise ValueError(f"{self.name}: unknown split {split!r}; valid splits: {sorted(seeds)}")
-        held_out = split == "eval"
+        o = self.options
 
-        def make(seed: int) -> dict:
-            rng = np.random.default_rng(seed)
-            while True:  # rejection-sample the split's prompts (a fifth are held out)
-                spec = sample_spec(rng, max_groups=self.options["max_groups"],
-                                   position_prob=self.options["position_prob"], max_count=self.options["max_count"])
-                prompt = spec_prompt(spec)
-                if is_held_out(prompt) == held_out:
-                    return {"spec": spec, "prompt": prompt}
+        def sample(rng):
+            return sample_spec(rng, max_groups=o["max_groups"], position_prob=o["position_prob"], max_count=o["max_count"])
 
-        return SyntheticExamples(make, self.options[f"{split}_size"], seeds[split])
+        sizes = {"train": o["train_size"], "eval": o["eval_size"]}
+        return held_out_prompt_examples(self.name, split, sample, spec_prompt, sizes, {"train": 11, "eval": 12})
 
     def prompt(self, ex: dict) -> str:
         return ex["prompt"]

@@ -14,11 +14,11 @@ from typing import Sequence
 
 import numpy as np
 
-from mmrl import SyntheticExamples, Task, register_task
+from mmrl import Task, register_task
 from mmrl.data.motion_t2v import motion_prompt, sample_motion_spec
 from mmrl.measures.motion import CHECKS, as_frames, motion_checks, track_object
 from mmrl.media.draw import FOOTER, PRED, TRUE, draw_label, frame_strip
-from mmrl.task import is_held_out
+from mmrl.task import held_out_prompt_examples
 
 VIS_SCALE = 6  # a 16-px frame -> 96 px
 MAX_SHOWN = 8
@@ -42,20 +42,9 @@ class MotionT2V(Task):
         return {"train_size": 20000, "eval_size": 64}
 
     def examples(self, split: str):
-        seeds = {"train": 21, "eval": 22}
-        if split not in seeds:
-            raise ValueError(f"{self.name}: unknown split {split!r}; valid splits: {sorted(seeds)}")
-        held_out = split == "eval"
-
-        def make(seed: int) -> dict:
-            rng = np.random.default_rng(seed)
-            while True:  # rejection-sample the split's prompts (6 of the 32 are held out)
-                spec = sample_motion_spec(rng)
-                prompt = motion_prompt(spec)
-                if is_held_out(prompt) == held_out:
-                    return {"spec": spec, "prompt": prompt}
-
-        return SyntheticExamples(make, self.options[f"{split}_size"], seeds[split])
+        sizes = {"train": self.options["train_size"], "eval": self.options["eval_size"]}
+        return held_out_prompt_examples(self.name, split, sample_motion_spec, motion_prompt, sizes,
+                                        {"train": 21, "eval": 22})
 
     def prompt(self, ex: dict) -> str:
         return ex["prompt"]
