@@ -65,8 +65,8 @@ Box = tuple[float, float, float, float]
 # The R1 layouts a format reward checks (``format``'s modes; GUI-R1's format term).
 _LAYOUTS = {
     "strict": re.compile(rf"<think>{NO_TAG}</think>\s*<answer>{NO_TAG}</answer>", re.DOTALL),  # whole text
-    "answer_only": re.compile(rf"<answer>{NO_TAG}</answer>", re.DOTALL),  # whole text
     "lenient": re.compile(r"<answer>.*?</answer>", re.DOTALL),  # anywhere
+    "answer_only": re.compile(rf"<answer>{NO_TAG}</answer>", re.DOTALL),  # whole text
 }
 LAYOUT_MODES = tuple(_LAYOUTS)
 
