@@ -134,7 +134,7 @@ def build_tiny(
                                     "on clips) | diffusion | video-gen (the tiny text-to-video generator)"),
     out: Optional[Path] = typer.Option(None, help="output directory (default: the shipped asset)"),
     steps: Optional[int] = typer.Option(None, help="warm-start steps (default: the recipe's: vlm 600 SFT steps, "
-                                        "diffusion 4000 and video-gen 3000 flow-matching steps)"),
+                                        "diffusion 4000 and video-gen 2500 flow-matching steps)"),
     seed: int = typer.Option(0),
     vision_steps: Optional[int] = typer.Option(None, help="vlm: pre-train the vision tower on per-cell "
                                                "colour and shape labels for this many steps first, "
