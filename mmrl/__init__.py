@@ -12,6 +12,7 @@ The modules a plugin may import besides these names are listed in :data:`PUBLIC_
 from . import plugins  # noqa: F401  (installs the registries' plugin loader)
 from .api import train
 from .core.policy import Policy, PolicyBase, pick_device
+from .envs import Env, Observation, register_env
 from .public import PUBLIC_MODULES
 from .registry import (
     UnknownNameError,
@@ -49,6 +50,9 @@ __all__ = [
     "register_reward",
     "register_advantage",
     "register_sampler",
+    "register_env",
+    "Env",
+    "Observation",
     "load_plugins",
     "make_task",
     "UnknownNameError",

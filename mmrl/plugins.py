@@ -33,6 +33,7 @@ BUILTIN_MODULES = (
     "mmrl.diffusion.sde",
     "mmrl.diffusion.losses",
     "mmrl.vlm.engines",
+    "mmrl.envs",
 )
 BUILTIN_PACKAGES = ("mmrl.tasks", "mmrl.rewards")
 _loaded: set[str] = set()

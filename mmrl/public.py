@@ -17,6 +17,7 @@ PUBLIC_MODULES: tuple[str, ...] = (
     "mmrl.media",  # coordinate spaces, drawing for galleries, image perturbations
     "mmrl.data",  # dataset readers, image folders, synthetic scenes
     "mmrl.judge",  # a local Qwen-VL checkpoint as a yes/no judge
+    "mmrl.envs",  # the environment API (Env, Observation, register_env, make_env) and built-in envs
 )
 
 

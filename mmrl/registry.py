@@ -1,6 +1,6 @@
 """Name -> object registries for every named choice of a config: tasks, rewards, advantage
 estimators, losses, prompt samplers, SDE samplers, batch selections, KL schedules, image
-perturbations and rollout engines.
+perturbations, rollout engines and environments.
 
 This module is a leaf: it imports nothing of mmrl, so any module can register into it. The
 built-ins register when their modules are imported; :mod:`mmrl.plugins` imports them (and the
@@ -146,6 +146,7 @@ SELECTIONS: Registry[Callable[..., Any]] = Registry("batch selection")
 KL_SCHEDULES: Registry[Callable[..., Any]] = Registry("KL schedule")
 PERTURBATIONS: Registry[Callable[..., Any]] = Registry("image perturbation")
 ENGINES: Registry[type] = Registry("rollout engine")
+ENVS: Registry[type] = Registry("environment")  # multi-step environments (mmrl.envs)
 
 
 def register_loss(name: str, requires: tuple[str, ...] = ("logps",)):
@@ -180,11 +181,13 @@ register_selection = _register_as(SELECTIONS, "selection_name")
 register_kl_schedule = _register_as(KL_SCHEDULES, "schedule_name")
 register_perturbation = _register_as(PERTURBATIONS, "perturbation_name")
 register_engine = _register_as(ENGINES, "engine_name")
+register_env = _register_as(ENVS, "name")  # @register_env("synthetic_gui") on an mmrl.envs.Env
 
 ALL_REGISTRIES: dict[str, Registry] = {
     "tasks": TASKS, "rewards": REWARDS, "advantage estimators": ADVANTAGES, "losses": LOSSES,
     "data samplers (prompts)": PROMPT_SAMPLERS, "SDE samplers": SDE_SAMPLERS, "batch selections": SELECTIONS,
     "KL schedules": KL_SCHEDULES, "image perturbations": PERTURBATIONS, "rollout engines": ENGINES,
+    "environments": ENVS,
 }
 
 
