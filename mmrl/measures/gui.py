@@ -85,6 +85,31 @@ _KWARG_RE = re.compile(r"""(?<!\w)(\w+)\s*[=:]\s*("[^"]*"|'[^']*'|\[[^\]]*\]|\([
 _MAX_LITERAL = 10_000  # an action is short; longer candidates are not handed to ast/json
 
 
+# -- writing -----------------------------------------------------------------------------------------
+def format_action(action: dict) -> str:
+    """An action as the one-line JSON a policy writes in its ``<answer>`` block (the reference
+    completions of SFT warm starts, the history shown in prompts): the normalised action with its
+    point rounded to whole numbers, ``{"action": "click", "point": [43, 120]}``. Raises ValueError
+    for an action :func:`normalize_action` cannot read (a programming error, not model output)."""
+    norm = normalize_action(action)
+    if norm is None:
+        raise ValueError(f"format_action: not an action of the action space: {action!r}")
+    if "point" in norm:
+        norm = {**norm, "point": [int(round(v)) for v in norm["point"]]}
+    return json.dumps(norm, ensure_ascii=False)
+
+
+def history_text(actions: Sequence[str], limit: int) -> str:
+    """The last ``limit`` earlier actions of an episode (as written, oldest first) numbered by
+    their step, for a prompt: ``"Step 1: {...}; Step 2: {...}"``; "none" when there are none
+    (or ``limit`` is 0). Steps are numbered from the episode's start, so a model sees how many
+    actions it has taken even when older ones are cut."""
+    if limit <= 0 or not actions:
+        return "none"
+    start = max(0, len(actions) - limit)
+    return "; ".join(f"Step {i + 1}: {a}" for i, a in enumerate(actions[start:], start=start))
+
+
 # -- parsing -----------------------------------------------------------------------------------------
 def parse_action(text) -> Optional[dict]:
     """The action in ``text``'s ``<answer>`` block, normalised (see :func:`read_action`); None when
