@@ -34,6 +34,14 @@ def draw_box(draw: ImageDraw.ImageDraw, box, color, scale: int = VIS_SCALE) -> N
     draw.rectangle([x1, y1, max(x1, x2 - 1), max(y1, y2 - 1)], outline=color, width=2)
 
 
+def draw_point(draw: ImageDraw.ImageDraw, point, color, scale: int = VIS_SCALE, radius: int = 6) -> None:
+    """A click at ``point`` given in original-image pixels: a ring with a centre dot (wild values
+    clamped), visible on any background."""
+    x, y = (max(-1e6, min(1e6, float(v))) * scale for v in point)
+    draw.ellipse([x - radius, y - radius, x + radius, y + radius], outline=color, width=2)
+    draw.ellipse([x - 1, y - 1, x + 1, y + 1], fill=color)
+
+
 def draw_label(draw: ImageDraw.ImageDraw, text: str, color=(0, 0, 0)) -> None:
     """Write ``text`` in the footer strip made by ``canvas(..., footer=FOOTER)``."""
     height = draw.im.size[1]
