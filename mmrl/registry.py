@@ -117,7 +117,10 @@ def register_advantage(name: str, inputs: tuple[str, ...] = ()):
     ``inputs`` names the per-batch values the estimator needs beyond rewards and group ids, which
     the trainer supplies as keyword arguments: ``lengths`` (actions per sample), ``prompt_keys``
     (a stable id per sample's prompt), ``task_ids`` (the data source of each sample), ``r_max``
-    (the best reachable total reward), ``policy_kl`` (KL(pi_old || pi_new) of the last update).
+    (the best reachable total reward), ``policy_kl`` (KL(pi_old || pi_new) of the last update),
+    and, supplied for environment tasks by the episode runner (one row per step): ``episode_ids``
+    (the episode each step belongs to), ``step_indices`` (the step's position t = 0, 1, ... in its
+    episode) and ``anchor_keys`` (a string identifying the state the step acted from).
     """
 
     def wrap(fn):

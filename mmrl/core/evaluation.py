@@ -13,6 +13,7 @@ import torch
 from ..measures.pass_at_k import mean_pass_at_k
 from ..task import Task
 from . import distributed as dist
+from .episodes import is_episodic, rollout_task
 
 
 def evaluate(policy, task: Task, rewards, cfg, num_examples: int | None = None,
@@ -28,10 +29,9 @@ def evaluate(policy, task: Task, rewards, cfg, num_examples: int | None = None,
     examples = [examples_all[i] for i in shard]
     if dist.world_size() > 1:  # seeds keyed by example index: those of one process, not of the share
         examples = [{"_index": i, **ex} if isinstance(ex, dict) else ex for i, ex in zip(shard, examples)]
-    examples = policy.prepare_examples(examples)
-    prompts = [task.prompt(ex) for ex in examples]
-    batch = policy.rollout(examples, prompts, cfg.eval.num_generations, "eval",
-                           need_old_logps=False, need_ref_logps=False)
+    if not is_episodic(task):  # an environment task's step examples are prepared as they happen
+        examples = policy.prepare_examples(examples)
+    batch = rollout_task(policy, task, examples, cfg.eval.num_generations, "eval")
     total, comps, _ = rewards(batch.completions, batch.examples, group_ids=batch.group_ids)
     completions, scored = batch.completions, batch.examples
     if dist.world_size() > 1:
@@ -41,7 +41,7 @@ def evaluate(policy, task: Task, rewards, cfg, num_examples: int | None = None,
         total = torch.cat([p[2] for p in parts])
         comps = {k: torch.cat([p[3][k] for p in parts]) for k in comps}
     out = _task_metrics_first(task, task.metrics(completions, scored))
-    out.update(_pass_at_k(policy, task, examples, prompts, cfg.eval.pass_k, seed=cfg.train.seed))
+    out.update(_pass_at_k(policy, task, examples, cfg.eval.pass_k, seed=cfg.train.seed))
     out["reward"] = float(total.mean())
     out.update({f"reward/{k}": float(v.mean()) for k, v in comps.items()})
     if not dist.is_main():
@@ -65,7 +65,7 @@ def _task_metrics_first(task: Task, metrics: dict[str, float]) -> dict[str, floa
     return out
 
 
-def _pass_at_k(policy, task: Task, examples, prompts, k: int, seed: int = 0) -> dict[str, float]:
+def _pass_at_k(policy, task: Task, examples, k: int, seed: int = 0) -> dict[str, float]:
     """pass@1 and pass@k from ``k`` samples of each example drawn with the training rollout's
     sampling (``mode="sample"``: its temperature for a VLM; the eval sampler, with k initial noises,
     for a generator), judged by :meth:`~mmrl.task.Task.success`. Empty for ``k=0`` or a task with
@@ -81,7 +81,9 @@ def _pass_at_k(policy, task: Task, examples, prompts, k: int, seed: int = 0) -> 
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed + dist.rank_salt())
-        batch = policy.rollout(examples, prompts, k, "sample", need_old_logps=False, need_ref_logps=False)
+        batch = rollout_task(policy, task, examples, k, "sample")
+    if is_episodic(task):  # one judgement per episode: its first step's row
+        batch = batch.select([i for i, ex in enumerate(batch.examples) if ex["step_index"] == 0])
     solved = [task.success(c, ex) for c, ex in zip(batch.completions, batch.examples)]
     if any(s is None for s in solved):
         return {}

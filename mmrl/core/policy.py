@@ -47,6 +47,7 @@ CAPABILITIES = {
     "coordinates": "answers in a coordinate space of its own (prepare_examples records it)",
     "image_inputs": "reads images in its prompts (data.perturbation applies)",
     "video_inputs": "reads video clips in its prompts (video tasks; algo.temporal_grpo shuffles their frames)",
+    "multi_turn": "acts over several turns of an episode, one prompt per turn (environment tasks)",
 }
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -41,7 +41,8 @@ PAYLOAD_KEYS = ("prompt_ids", "completion_ids", "pixel_values", "image_grid_thw"
 class VLMPolicy(PolicyBase):
     """A Qwen-VL-family model trained with the core objective. See the module docstring."""
 
-    capabilities = frozenset({"scoring", "teacher_forcing", "coordinates", "image_inputs", "video_inputs"})
+    capabilities = frozenset({"scoring", "teacher_forcing", "coordinates", "image_inputs", "video_inputs",
+                              "multi_turn"})
     loss_inputs = frozenset({"logps", "whole_sequences"})
     unused_config = ("diffusion",)
 

@@ -38,6 +38,9 @@ def sft_batch(policy, tasks: Sequence[Task], examples: Sequence[tuple[int, dict]
 
     ``drop[i]`` removes the reasoning block of example i's reference (thought dropout).
     """
+    # Coordinates of the references in the policy's space (as RL's examples are prepared).
+    prepared = policy.prepare_examples([ex for _, ex in examples])
+    examples = [(t, ex) for (t, _), ex in zip(examples, prepared)]
     prompts = [tasks[t].prompt(ex) for t, ex in examples]
     enc, images_per_sample = policy.encode_prompts(prompts)
     patches = split_patches(enc, images_per_sample)
@@ -101,7 +104,8 @@ def sft(policy, tasks: Sequence[Task], steps: int, batch_size: int = 32, lr: flo
     """
     rng = random.Random(seed)
     torch.manual_seed(seed)
-    splits = [t.examples("train") for t in tasks]
+    # An episodic task imitates the states of scripted-solver episodes (mmrl.envs.EnvTask).
+    splits = [getattr(t, "sft_examples", t.examples)("train") for t in tasks]
     opt = torch.optim.AdamW([p for p in policy.model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     decay = max(decay_steps or steps, steps)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warm_start_lr_factor(s, decay))

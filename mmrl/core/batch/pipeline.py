@@ -4,7 +4,8 @@
         1. prompts      the prompt sampler's example indices (data.sampler)
         2. perturb      Vision Matters perturbations (data.perturbation), a task hook
         3. prepare      the policy records how to read its answers (coordinate frames)
-        4. rollout      n samples per prompt, scored by the rewards (+ DAPO's soft overlong penalty)
+        4. rollout      n samples per prompt (n episodes of an environment task, every step a row;
+                    mmrl.core.episodes), scored by the rewards (+ DAPO's soft overlong penalty)
         5. hints        Scaf-GRPO re-rolls unsolved groups with tiered hints (algo.scaffold)
         6. re-rolls     DeepVideo-R1 re-rolls all-solved / all-failed groups harder / easier
         7. references   TempSamp-R1 adds teacher-forced reference completions (algo.off_policy_guidance)
@@ -35,6 +36,7 @@ from mmrl.registry import ADVANTAGES, PERTURBATIONS, SELECTIONS
 
 from .. import distributed as dist
 from ..advantages import compute_advantages, make_advantage_state
+from ..episodes import episode_metrics, is_episodic, rollout_task
 from ..rollouts import Rollouts
 from ..seeding import step_seed
 from .aggregation import aggregate_rewards
@@ -65,6 +67,8 @@ class BatchBuilder:
         self.adv_state = make_advantage_state(algo.advantage)
         self.policy_kl: float | None = None  # KL(pi_old || pi_new) of the last update, when tracked
         self._check(cfg, policy)
+        if is_episodic(task):
+            self._check_episodic(cfg, policy)
 
     @staticmethod
     def _check(cfg, policy) -> None:
@@ -97,6 +101,22 @@ class BatchBuilder:
         if unknown:
             raise ValueError(f"unknown option(s) {sorted(unknown)} in algo.scaffold_kwargs / "
                              "algo.difficulty_augmentation_kwargs (valid: exempt_frac, solved_reward, noise_std)")
+
+    @staticmethod
+    def _check_episodic(cfg, policy) -> None:
+        """An environment task's rows are the steps of episodes: the stages that re-roll, rewrite
+        or inject single completions of an example do not apply to them."""
+        algo, data = cfg.algo, cfg.data
+        unsupported = {"algo.scaffold": algo.scaffold, "algo.difficulty_augmentation": algo.difficulty_augmentation,
+                       "algo.off_policy_guidance": algo.off_policy_guidance, "algo.temporal_grpo": algo.temporal_grpo,
+                       "data.perturbation": data.perturbation}
+        on = [k for k, v in unsupported.items() if v]
+        if on:
+            raise ValueError(f"{', '.join(on)} cannot be used with an environment task (its samples are "
+                             "multi-step episodes); turn it off")
+        if "multi_turn" not in policy.capabilities:
+            raise ValueError(f"an environment task needs a policy that acts over several turns; a "
+                             f"{type(policy).__name__} does not")
 
     @property
     def tracks_policy_kl(self) -> bool:
@@ -200,8 +220,8 @@ class BatchBuilder:
     def sample(self, examples: list[dict], n: int) -> Rollouts:
         """Roll out ``n`` samples of each example (group i = ``examples[i]``) and score them."""
         algo = self.cfg.algo
-        batch = self.policy.rollout(examples, [self.task.build_prompt(ex) for ex in examples], n, "train",
-                                    need_old_logps=algo.num_iterations > 1, need_ref_logps=algo.beta > 0)
+        batch = rollout_task(self.policy, self.task, examples, n, "train",
+                             need_old_logps=algo.num_iterations > 1, need_ref_logps=algo.beta > 0)
         return self._score(batch)
 
     def _score(self, batch: Rollouts) -> Rollouts:
@@ -295,8 +315,20 @@ class BatchBuilder:
             return float(sum(w for w in self.rewards.weights.values() if w > 0))
         if name == "policy_kl":
             return self.policy_kl
+        if name in ("episode_ids", "step_indices", "anchor_keys"):  # environment tasks' rows
+            if not batch.examples or "episode_id" not in batch.examples[0]:
+                return None
+            if name == "anchor_keys":
+                return [ex["anchor_key"] for ex in batch.examples]
+            if name == "step_indices":
+                return torch.tensor([ex["step_index"] for ex in batch.examples])
+            # Unique across the gathered batch: a rank's (or refill round's) episode ids restart at 0.
+            keys = list(zip(batch.group_ids.tolist(), (ex["episode_id"] for ex in batch.examples)))
+            ids = {k: i for i, k in enumerate(dict.fromkeys(keys))}
+            return torch.tensor([ids[k] for k in keys])
         raise ValueError(f"advantage estimator {self.cfg.algo.advantage!r} needs input {name!r}, which the "
-                         "trainer does not provide (known: lengths, prompt_keys, task_ids, r_max, policy_kl)")
+                         "trainer does not provide (known: lengths, prompt_keys, task_ids, r_max, policy_kl, "
+                         "episode_ids, step_indices, anchor_keys)")
 
     # -- metrics and the sampler's feedback -------------------------------------------------------
     def _rollout_metrics(self, first: Rollouts, extra: dict[str, float]) -> dict[str, float]:
@@ -315,6 +347,7 @@ class BatchBuilder:
             "completion_length": float(lengths.mean()),
             "truncated_frac": float(first.truncated.float().mean()) if first.truncated is not None else 0.0,
             "zero_std_group_frac": sum(not v for v in variance.values()) / max(len(variance), 1),
+            **episode_metrics(first),
             **extra,
         }
 

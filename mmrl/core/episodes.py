@@ -1,0 +1,99 @@
+"""Rollouts of a task's examples: single completions, or episodes for an environment task.
+
+:func:`rollout_task` is what the batch builder and the evaluation call. For an ordinary task it is
+``policy.rollout``. For an :class:`~mmrl.envs.task.EnvTask` it runs ``n`` episodes of each task
+spec (the group = the episodes of one spec), all of them batched: at every turn the policy writes
+one action for each episode still running (one ``policy.rollout`` call), each environment steps,
+and the episodes that ended drop out, until none runs or the step limit is reached.
+
+Every step becomes one row of the returned :class:`~mmrl.core.rollouts.Rollouts` (its own prompt:
+the current screenshot, the instruction and the earlier actions), so the existing estimators and
+losses apply to the per-step actions unchanged; the rows' examples carry what the episode-aware
+estimators and rewards read (see :mod:`mmrl.envs.task`):
+
+- ``episode_id`` (unique in the batch), ``step_index`` (0, 1, ...), ``anchor_key`` (the state
+  acted from: GiGPO's anchor states), ``step_reward``, ``step_valid``, ``step_message``;
+- on every row once the episode is over: ``episode_success``, ``episode_return`` (sum of step
+  rewards), ``episode_length``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..envs.task import EnvTask
+from .rollouts import Rollouts
+
+
+def is_episodic(task) -> bool:
+    return isinstance(task, EnvTask)
+
+
+def rollout_task(policy, task, examples: Sequence[dict], n: int, mode: str, need_old_logps: bool = False,
+                 need_ref_logps: bool = False) -> Rollouts:
+    """``n`` samples (episodes, for an environment task) of each of ``examples``, as rows of one
+    batch; group i holds those of ``examples[i]``. ``examples`` are already prepared by the policy
+    (single-step tasks) or are task specs (episodic tasks: each step's example is prepared here)."""
+    if not is_episodic(task):
+        return policy.rollout(examples, [task.build_prompt(ex) for ex in examples], n, mode,
+                              need_old_logps=need_old_logps, need_ref_logps=need_ref_logps)
+    return run_episodes(policy, task, examples, n, mode, need_old_logps, need_ref_logps)
+
+
+def run_episodes(policy, task: EnvTask, examples: Sequence[dict], n: int, mode: str,
+                 need_old_logps: bool = False, need_ref_logps: bool = False) -> Rollouts:
+    """The episodes of the module docstring; rows ordered by turn, then episode."""
+    group_of = [g for g in range(len(examples)) for _ in range(n)]
+    envs = [task.make_env() for _ in group_of]
+    observations = [env.reset(examples[g]["task"]) for env, g in zip(envs, group_of)]
+    histories: list[list] = [[] for _ in group_of]
+    returns = [0.0] * len(envs)
+    outcome: dict[int, dict] = {}
+    running = list(range(len(envs)))
+    turns: list[Rollouts] = []
+    for t in range(task.max_steps):
+        if not running:
+            break
+        step_examples = policy.prepare_examples(
+            [task.step_example(examples[group_of[e]], observations[e], histories[e]) for e in running])
+        batch = policy.rollout(step_examples, [task.build_prompt(ex) for ex in step_examples], 1, mode,
+                               need_old_logps=need_old_logps, need_ref_logps=need_ref_logps)
+        still = []
+        for row, e in enumerate(running):
+            ex = batch.examples[row]
+            action = task.read_action(batch.completions[row], ex)
+            obs, reward, done, info = envs[e].step(action)
+            returns[e] += float(reward)
+            batch.examples[row] = {**ex, "episode_id": e, "step_index": t, "anchor_key": observations[e].state_key,
+                                   "step_reward": float(reward), "step_valid": bool(info.get("valid", action is not None)),
+                                   "step_message": str(info.get("message", ""))}
+            histories[e].append(action)
+            observations[e] = obs
+            if done or t == task.max_steps - 1:
+                outcome[e] = {"episode_success": bool(info.get("success", False)), "episode_return": returns[e],
+                              "episode_length": t + 1}
+            else:
+                still.append(e)
+        batch.group_ids = torch.tensor([group_of[e] for e in running], dtype=torch.long)
+        turns.append(batch)
+        running = still
+    rows = Rollouts.concat(turns, renumber_groups=False)
+    rows.examples = [{**ex, **outcome[ex["episode_id"]]} for ex in rows.examples]
+    return rows
+
+
+def episode_metrics(rows: Rollouts) -> dict[str, float]:
+    """The step's episode metrics from its rows: success rate, mean length and return, and the
+    fraction of invalid actions; {} for a batch that holds no episodes."""
+    episodes = {ex["episode_id"]: ex for ex in rows.examples if isinstance(ex, dict) and "episode_id" in ex}
+    if not episodes:
+        return {}
+    n = len(episodes)
+    return {
+        "episode/success": sum(float(ex["episode_success"]) for ex in episodes.values()) / n,
+        "episode/length": sum(ex["episode_length"] for ex in episodes.values()) / n,
+        "episode/return": sum(ex["episode_return"] for ex in episodes.values()) / n,
+        "episode/invalid_actions": sum(not ex["step_valid"] for ex in rows.examples) / len(rows),
+    }
