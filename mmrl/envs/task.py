@@ -20,6 +20,7 @@ from typing import Any, Sequence
 from mmrl.measures.gui import format_action, history_text, parse_action, pixel_point
 from mmrl.media.coords import pixels_to_prediction
 from mmrl.media.draw import FOOTER, PRED, canvas, draw_label, draw_point
+from mmrl.data.sequence import LazySequence
 from mmrl.task import Task, image_prompt
 
 from .base import Env, Observation, make_env
@@ -158,7 +159,7 @@ class EnvTask(Task):
                 "answer": "success" if ex.get("episode_success") else ""}
 
 
-class _Specs:
+class _Specs(LazySequence):
     """A sequence view of task specs as examples."""
 
     def __init__(self, specs: Sequence[dict]):
@@ -167,12 +168,12 @@ class _Specs:
     def __len__(self) -> int:
         return len(self._specs)
 
-    def __getitem__(self, i: int) -> dict:
+    def item(self, i: int) -> dict:
         spec = self._specs[i]
         return {"task": spec, "instruction": spec["instruction"]}
 
 
-class _ExpertSteps:
+class _ExpertSteps(LazySequence):
     """Step examples of scripted-solver episodes: item i is a step of the episode of spec
     ``i // max_steps`` (the same spec seen at each of its steps, cycling when shorter)."""
 
@@ -182,7 +183,7 @@ class _ExpertSteps:
     def __len__(self) -> int:
         return len(self.specs) * self.task.max_steps
 
-    def __getitem__(self, i: int) -> dict:
+    def item(self, i: int) -> dict:
         steps = expert_episode(self.task, self.specs[i // self.task.max_steps])
         return steps[(i % self.task.max_steps) % len(steps)]
 
