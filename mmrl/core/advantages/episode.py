@@ -61,7 +61,7 @@ def _episode_index(rewards: Tensor, group_ids, episode_ids) -> tuple[Tensor, Ten
     An episode is keyed by (group id, episode id); without ``episode_ids`` every row is its own
     episode.
     """
-    inverse, _ = group_index(rewards, group_ids)  # validates the shapes
+    group_index(rewards, group_ids)  # validates the shapes
     groups = _per_row(group_ids, rewards, "group_ids")
     if episode_ids is None:
         return torch.arange(rewards.numel(), device=rewards.device), groups, rewards.numel()
