@@ -265,6 +265,37 @@ def build_tiny_video(out: str | Path, base: str = "tiny", sft_steps: int = TINY_
                      task_specs: Sequence[dict] = DEFAULT_TINY_VIDEO_TASKS) -> Path:
     """Warm-start ``base`` (default: the shipped tiny VLM) on the video tasks' reference answers
     with its vision tower frozen; returns the checkpoint dir. See the README's "Video"."""
+    return warm_start_tiny(out, [f"vlm.video_min_pixels={TINY_VIDEO_PIXELS}", f"vlm.video_max_pixels={TINY_VIDEO_PIXELS}"],
+                           task_specs, base=base, sft_steps=sft_steps, decay_steps=decay_steps,
+                           batch_size=batch_size, lr=lr, seed=seed, progress=progress)
+
+
+# The tiny GUI default (`mmrl build-tiny gui`): the shipped tiny VLM warm-started on the synthetic
+# phone's screens: clicks on named elements (screen_grounding) and the scripted solver's actions
+# along episodes of the environment's tasks (gui_env). Screens are 4 x 8 cells of 28 px (112 x 224),
+# seen as they are: one vision token per cell, the cells the tower was pre-trained on.
+DEFAULT_TINY_GUI_TASKS = ({"name": "screen_grounding", "options": {}, "weight": 1.0},
+                          {"name": "gui_env", "options": {}, "weight": 2.0})
+TINY_GUI_RECIPE = {"sft_steps": 300, "decay_steps": 600, "batch_size": 32, "lr": 1e-3}
+TINY_GUI_PIXELS = 112 * 224  # vlm.min_pixels = vlm.max_pixels of the GUI recipes
+
+
+def build_tiny_gui(out: str | Path, base: str = "tiny", sft_steps: int = TINY_GUI_RECIPE["sft_steps"],
+                   decay_steps: int | None = TINY_GUI_RECIPE["decay_steps"],
+                   batch_size: int = TINY_GUI_RECIPE["batch_size"], lr: float = TINY_GUI_RECIPE["lr"],
+                   seed: int = 0, progress: bool = True, task_specs: Sequence[dict] = DEFAULT_TINY_GUI_TASKS) -> Path:
+    """Warm-start ``base`` on the GUI tasks (vision tower frozen); returns the checkpoint dir.
+    See the README's "GUI agents"."""
+    return warm_start_tiny(out, [f"vlm.min_pixels={TINY_GUI_PIXELS}", f"vlm.max_pixels={TINY_GUI_PIXELS}"],
+                           task_specs, base=base, sft_steps=sft_steps, decay_steps=decay_steps,
+                           batch_size=batch_size, lr=lr, seed=seed, progress=progress)
+
+
+def warm_start_tiny(out: str | Path, overrides: Sequence[str], task_specs: Sequence[dict], base: str = "tiny",
+                    sft_steps: int = 100, decay_steps: int | None = None, batch_size: int = 32, lr: float = 1e-3,
+                    seed: int = 0, progress: bool = True) -> Path:
+    """SFT of ``base`` (config ``overrides``: e.g. the pixel budget of the inputs) on the
+    ``task_specs``' reference answers with the vision tower frozen, saved atomically to ``out``."""
     from ..config import load_config
     from ..registry import TASKS, load_plugins
     from .policy import VLMPolicy, vision_tower
@@ -272,8 +303,7 @@ def build_tiny_video(out: str | Path, base: str = "tiny", sft_steps: int = TINY_
     load_plugins()
     tasks = [TASKS.get(spec["name"])(**spec["options"]) for spec in task_specs]
     torch.manual_seed(seed)
-    cfg = load_config(None, [f"model.path={base}", "train.device=cpu", f"vlm.video_min_pixels={TINY_VIDEO_PIXELS}",
-                             f"vlm.video_max_pixels={TINY_VIDEO_PIXELS}"])
+    cfg = load_config(None, [f"model.path={base}", "train.device=cpu", *overrides])
     policy = VLMPolicy(cfg)
     vision_tower(policy.model).requires_grad_(False)
     sft(policy, tasks, steps=sft_steps, batch_size=batch_size, lr=lr, seed=seed, progress=progress,
