@@ -22,7 +22,8 @@ def evaluate(policy, task: Task, rewards, cfg, num_examples: int | None = None,
     pass@1 / pass@k with ``eval.pass_k``), the mean reward and each reward component;
     with ``gallery_dir``, also an HTML + PNG gallery of the first predictions (right/wrong);
     with ``grid_path``, a PNG contact sheet of the samples (generated images or clips, or the
-    task's pictures of text answers)."""
+    task's pictures of text answers); for an environment task also an episode viewer
+    (:mod:`mmrl.runs.episode_viewer`)."""
     examples_all = task.examples("eval")
     n = min(num_examples or cfg.eval.num_examples, len(examples_all))
     shard = range(*dist.shard_bounds(n))
@@ -54,6 +55,12 @@ def evaluate(policy, task: Task, rewards, cfg, num_examples: int | None = None,
             write_gallery(gallery_dir, task, completions, scored, total.tolist(), comps, best)
         if grid_path is not None:
             save_samples_grid(grid_path, task, completions, scored, total.tolist())
+        if is_episodic(task):  # episodes_before/, episodes_after/ in a run; <gallery>/episodes/ for mmrl eval
+            from ..runs.episode_viewer import write_episode_viewer
+
+            where = gallery_dir / "episodes" if gallery_dir is not None else \
+                grid_path.parent / grid_path.stem.replace("samples", "episodes")
+            write_episode_viewer(where, task, completions, scored)
     return out
 
 
