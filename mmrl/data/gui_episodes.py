@@ -1,0 +1,392 @@
+"""AndroidControl and GUI-Odyssey episodes, read as they ship, as single-step GUI action examples.
+
+Both datasets record human demonstrations on Android: a goal, then per step the screenshot the
+person saw and the action they took. The readers turn each into one layout, with actions in mmrl's
+action space (:mod:`mmrl.measures.gui`) and every point in ORIGINAL screenshot pixels::
+
+    {"episode_id", "instruction",
+     "steps": [{"image": <screenshot path or None>, "action": <normalised action or None>,
+                "image_size": (w, h) when known, "raw_action": <the action as the file gives it>,
+                "step_instruction": when given, "accessibility_tree": when asked for}]}
+
+A click's action may carry ``"bbox"``, the target element's box ``[x1, y1, x2, y2]`` in pixels
+(then :func:`mmrl.measures.gui.click_correct` scores a click inside it; without one, within 14%
+of the screen of the labelled point).
+
+**An episode keeps every step**, so the history of later steps is complete: a step whose action is
+malformed (skipped, counted), has no equivalent in mmrl's action space (``unmapped``, counted) or
+whose screenshot is absent (``missing_images``, counted) stays in the episode with ``action`` or
+``image`` None, and :func:`episode_steps` makes an example only of the steps that have both. A
+step without an action carries ``history_text``, how later prompts show it.
+
+The datasets' layouts, what was checked against their sources and how each action maps:
+:mod:`mmrl.data.gui_labels`. In short: AndroidControl as the community's JSON / JSONL conversions
+of its TFRecords (points in pixels), GUI-Odyssey as released (``annotations/*.json``, points 0-1000
+converted to pixels); scroll directions are the content's ("down" shows what is below).
+
+Bad records are treated as :mod:`mmrl.data.screenspot` treats them: skipped with a warning naming
+``file:line`` (episode and step), counted (``skipped``, ``missing_images``, ``unmapped``,
+``stats()``); a source with no usable step is an error naming its first problem; ``strict=True``
+makes the first malformed entry or missing screenshot an error (unmapped actions are the dataset's
+own and never raise).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from ..measures.gui import format_action, history_text
+from .gui_labels import parse_android_control, parse_gui_odyssey
+from .images import load_image
+from .records import BadRecord
+from .sequence import LazySequence
+from .sources import JsonlRecords, JsonRecords
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("android_control", "gui_odyssey")
+_MAX_WARNINGS = 10
+_SUFFIXES = (".json", ".jsonl")
+
+
+class GuiEpisodes(list):
+    """The episodes read (a plain list) and what was left out, each a ``(where, reason)`` list:
+    ``skipped`` (malformed episodes and steps), ``missing_images`` (where, path) of steps whose
+    screenshot is absent, ``unmapped`` (steps whose action mmrl's space cannot express)."""
+
+    def __init__(self, episodes, path: Path, skipped: list, missing_images: list, unmapped: list):
+        super().__init__(episodes)
+        self.path, self.skipped, self.missing_images, self.unmapped = path, skipped, missing_images, unmapped
+
+    def num_steps(self) -> int:
+        """The steps that make examples (an image and an action)."""
+        return sum(1 for ep in self for s in ep["steps"] if _usable(s))
+
+    def stats(self) -> dict[str, Any]:
+        """``examples`` (usable steps), ``episodes``, and the counts under
+        :meth:`mmrl.data.records.FileExamples.stats`'s keys, plus ``unmapped_steps``."""
+        return {"examples": self.num_steps(), "episodes": len(self), "skipped_lines": len(self.skipped),
+                "bad_images": len(self.missing_images), "unmapped_steps": len(self.unmapped)}
+
+
+def read_android_control(path, image_root=None, *, strict: bool = False,
+                         accessibility_trees: bool = False) -> GuiEpisodes:
+    """AndroidControl episodes of a JSON / JSONL file or of the ``.json``/``.jsonl`` files under a
+    folder (see the module docstring for the layouts). ``image_root``: where relative screenshot
+    paths start (default: each file's folder); an absolute path that does not exist is also
+    looked for by its name under ``image_root``. ``accessibility_trees=True`` keeps each step's
+    tree as the file gives it (often large text: off by default)."""
+    return _read(path, image_root, "android_control", strict, accessibility_trees)
+
+
+def read_gui_odyssey(path, image_root=None, *, strict: bool = False) -> GuiEpisodes:
+    """GUI-Odyssey episodes: one annotation file, or the ``annotations`` folder of them (a JSON
+    array or JSONL of episodes is read too). ``image_root``: the ``screenshots`` folder (default:
+    each file's folder, then the release layout's ``../screenshots`` beside it)."""
+    return _read(path, image_root, "gui_odyssey", strict, False)
+
+
+def read_episodes(path, image_root=None, *, format: str, strict: bool = False) -> GuiEpisodes:
+    """The reader of ``format`` ("android_control" | "gui_odyssey") applied to ``path``."""
+    if format not in FORMATS:
+        raise ValueError(f"unknown GUI episode format {format!r}; formats: {', '.join(FORMATS)}")
+    return _read(path, image_root, format, strict, False)
+
+
+# -- flattening ------------------------------------------------------------------------------------
+def history_entry(step: Mapping) -> Any:
+    """How a step appears in later steps' history: its action (a dict, points in pixels), or for a
+    step without one its ``history_text``."""
+    action = step.get("action")
+    if action is not None:
+        return {k: v for k, v in action.items() if k != "bbox"}
+    return step.get("history_text") or json.dumps(step.get("raw_action"), ensure_ascii=False, default=str)
+
+
+def format_history(ex: Mapping, convert: Optional[Callable[[Sequence[float]], Sequence[float]]] = None) -> str:
+    """An example's history for a prompt, as :func:`mmrl.measures.gui.history_text` writes it
+    (``"Step 3: {...}; Step 4: {...}"``, numbered from the episode's start; "none"), each action by
+    :func:`mmrl.measures.gui.format_action` with its point passed through ``convert`` (e.g. to the
+    policy's coordinate space) when given."""
+    entries = []
+    for entry in ex.get("history_actions") or ():
+        if isinstance(entry, Mapping):
+            if convert is not None and "point" in entry:
+                entry = {**entry, "point": list(convert(entry["point"]))}
+            entry = format_action(entry)
+        entries.append(str(entry))
+    start = int(ex.get("history_start") or 0)
+    return history_text([""] * start + entries, len(entries))
+
+
+def episode_steps(episodes: Sequence[Mapping], history_length: int = 4) -> list[dict]:
+    """Single-step examples of ``episodes``, one per step with a screenshot and an action, in order:
+    ``{"image" (path), "instruction", "history", "history_actions", "history_start", "action",
+    "image_size" (when known), "source_episode", "step_index", "num_steps", "step_instruction" /
+    "accessibility_tree" (when the step has them)}``. The episode's id is ``source_episode``, not
+    ``episode_id``: that key marks the rows of environment episodes in the trainer
+    (``mmrl.core.episodes``), which these single steps are not.
+
+    ``history`` holds the last ``history_length`` earlier actions of the episode formatted by
+    :func:`mmrl.measures.gui.format_action` (points in pixels; a step without an action as its
+    ``history_text``), ``history_actions`` the same as action dicts (to re-format in a policy's
+    coordinate space: :func:`format_history`), ``history_start`` how many earlier steps were cut
+    (so prompts number steps from the episode's start)."""
+    if not isinstance(history_length, int) or isinstance(history_length, bool) or history_length < 0:
+        raise ValueError(f"history_length must be a whole number >= 0, got {history_length!r}")
+    out = []
+    for ep in episodes:
+        steps = ep["steps"]
+        earlier: list[Any] = []
+        for k, step in enumerate(steps):
+            if _usable(step):
+                start = max(0, k - history_length)
+                shown = earlier[start:] if history_length else []
+                ex = {"image": step["image"], "instruction": ep["instruction"],
+                      "history": [format_action(a) if isinstance(a, Mapping) else a for a in shown],
+                      "history_actions": list(shown), "history_start": k - len(shown), "action": step["action"],
+                      "source_episode": ep["episode_id"], "step_index": k, "num_steps": len(steps)}
+                for key in ("image_size", "step_instruction", "accessibility_tree"):
+                    if step.get(key) is not None:
+                        ex[key] = step[key]
+                out.append(ex)
+            earlier.append(history_entry(step))
+    return out
+
+
+def _usable(step: Mapping) -> bool:
+    return step.get("image") is not None and step.get("action") is not None
+
+
+# -- opening ---------------------------------------------------------------------------------------
+def fit_to_image(ex: dict, size: Sequence[float]) -> dict:
+    """``ex`` with ``image_size`` = ``size`` (the opened screenshot's) and, when the recorded size
+    differs, the action's point and ``bbox`` rescaled to it (x by the width ratio, y by the
+    height ratio)."""
+    w, h = float(size[0]), float(size[1])
+    old = ex.get("image_size")
+    ex = {**ex, "image_size": (int(size[0]), int(size[1]))}
+    if old is None or (float(old[0]), float(old[1])) == (w, h):
+        return ex
+    sx, sy = w / float(old[0]), h / float(old[1])
+    action = dict(ex["action"])
+    if "point" in action:
+        action["point"] = [action["point"][0] * sx, action["point"][1] * sy]
+    if action.get("bbox") is not None:
+        b = action["bbox"]
+        action["bbox"] = [b[0] * sx, b[1] * sy, b[2] * sx, b[3] * sy]
+    ex["action"] = action
+    return ex
+
+
+class StepExamples(LazySequence):
+    """Step examples (:func:`episode_steps`) whose screenshot is opened on access: item i is the
+    example with ``image`` an RGB PIL image, ``image_path`` and ``image_size`` its size (labels
+    rescaled by :func:`fit_to_image` if it differs from the recorded one), then ``finish(ex)``.
+    An unreadable screenshot is counted in ``bad_images`` (warned once) and the next example is
+    returned instead, so indexing never raises for bad data (only when none can be opened)."""
+
+    def __init__(self, steps: Sequence[dict], finish: Optional[Callable[[dict], dict]] = None,
+                 name: str = "GUI steps", episodes: Optional[GuiEpisodes] = None):
+        if not steps:
+            raise ValueError(f"{name}: no step with a screenshot and an action")
+        self.steps, self.finish, self.name, self.episodes = list(steps), finish or (lambda ex: ex), name, episodes
+        self.bad_images: dict[str, str] = {}
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def item(self, i: int) -> dict:
+        n = len(self)
+        for k in range(n):
+            ex = self.steps[(i + k) % n]
+            try:
+                image = load_image(Path(ex["image"]))
+            except Exception as exc:  # PIL raises many types for corrupt files
+                if ex["image"] not in self.bad_images:
+                    self.bad_images[ex["image"]] = f"{type(exc).__name__}: {exc}"
+                    log.warning("%s: cannot open screenshot %s (%s); using the next step", self.name, ex["image"], exc)
+                continue
+            out = fit_to_image({**ex, "image": image, "image_path": ex["image"]}, image.size)
+            return self.finish(out)
+        raise ValueError(f"{self.name}: no screenshot could be opened (e.g. {next(iter(self.bad_images))})")
+
+    def stats(self) -> dict[str, Any]:
+        out = dict(self.episodes.stats()) if self.episodes is not None else {}
+        out.update(examples=len(self), bad_images=out.get("bad_images", 0) + len(self.bad_images))
+        return out
+
+
+# -- files -----------------------------------------------------------------------------------------
+def _files(path) -> list[Path]:
+    p = Path(str(path)).expanduser()
+    if p.is_dir():
+        files = sorted(f for f in p.rglob("*") if f.suffix in _SUFFIXES and f.is_file()
+                       and not any(part.startswith(".") for part in f.relative_to(p).parts))
+        if not files:
+            raise ValueError(f"{p} holds no .json / .jsonl episode file")
+        return files
+    if p.is_file():
+        return [p]
+    raise FileNotFoundError(f"GUI episode file not found: {p}")
+
+
+def _looks_like_episode(obj: Mapping) -> bool:
+    return any(k in obj for k in ("steps", "actions", "goal", "task_info"))
+
+
+def _records(file: Path):
+    """``(line, record or None, problem or None, step_lines)`` for each episode record of a file
+    (``step_lines`` only for a file holding one episode object, else None):
+    JSONL lines, JSON array elements, or the file's one episode object (whose steps' lines are
+    found when they are its one list of objects)."""
+    from .sources import _is_jsonl  # the same JSONL sniffing as the generic readers
+
+    if file.suffix == ".jsonl" or _is_jsonl(file):
+        source = JsonlRecords(file)
+        for i, item in source.scan():
+            if i is None:
+                yield item.number, None, item.reason, None
+            else:
+                yield source.locate(i)[0], item, None, None
+        return
+    text = file.read_text(encoding="utf-8")
+    head = text.lstrip()[:1]
+    if head == "{":
+        try:
+            whole = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{file}:{exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        if _looks_like_episode(whole):
+            yield 1, whole, None, _step_lines(file)
+            return
+    try:
+        source = JsonRecords(file)  # an array of episodes, or an object whose one list holds them
+    except ValueError as exc:
+        if head != "{":
+            raise
+        # another JSON object (e.g. GUI-Odyssey's splits/*.json beside the annotations): no episode
+        yield 1, None, (f"not an episode file: an episode object has 'steps' / 'actions' / 'goal' / "
+                        f"'task_info' ({str(exc).split(': ', 1)[-1]})"), None
+        return
+    for i, item in source.scan():
+        if i is None:
+            yield item.number, None, item.reason, None
+        else:
+            yield source.locate(i)[0], item, None, None
+
+
+def _step_lines(file: Path) -> Optional[list[int]]:
+    try:
+        source = JsonRecords(file)
+    except ValueError:
+        return None
+    if source.key != "steps":
+        return None
+    return [source.locate(i)[0] for i, _ in source.scan() if i is not None]
+
+
+def _read(path, image_root, fmt: str, strict: bool, trees: bool) -> GuiEpisodes:
+    root = Path(str(image_root)).expanduser() if image_root else None
+    episodes: list[dict] = []
+    skipped: list[tuple[str, str]] = []
+    missing: list[tuple[str, str]] = []
+    unmapped: list[tuple[str, str]] = []
+    first = None
+    warned = 0
+    for file in _files(path):
+        folders = [root] if root else [file.parent]
+        if root is None and fmt == "gui_odyssey":  # the release layout: annotations/ beside screenshots/
+            folders.append(file.parent.parent / "screenshots")
+        sizes: dict[str, Optional[tuple[int, int]]] = {}
+
+        def size_of(ref: str) -> Optional[tuple[int, int]]:
+            if ref not in sizes:
+                found = _resolve(ref, folders, root)
+                sizes[ref] = _header_size(found) if found is not None else None
+            return sizes[ref]
+
+        for index, (line, raw, reason, step_lines) in enumerate(_records(file)):
+            where = f"{file}:{line} (episode {index})"
+            problems: list[tuple[str, str, str]] = []  # (kind, where, reason)
+            episode = None
+            if raw is not None:
+                try:
+                    episode = (parse_android_control(raw, trees) if fmt == "android_control"
+                               else parse_gui_odyssey(raw, size_of))
+                except BadRecord as exc:
+                    reason = str(exc)
+            if episode is None:
+                problems.append(("skipped", where, reason))
+            else:
+                if episode["episode_id"] is None:  # a one-episode file is named by it, else file:index
+                    episode["episode_id"] = file.stem if step_lines is not None else f"{file.stem}:{index}"
+                for k, step in enumerate(episode["steps"]):
+                    n = step_lines[k] if step_lines is not None and k < len(step_lines) else line
+                    step_where = f"{file}:{n} (episode {index}, step {k})"
+                    problem = step.pop("problem", None)
+                    if problem is not None:
+                        problems.append((problem[0], step_where, problem[1]))
+                    if step.get("image") is not None:
+                        found = _resolve(step["image"], folders, root)
+                        if found is None and step.get("action") is None:
+                            step["image"] = None  # no example either way: nothing more to report
+                        elif found is None:
+                            ref = Path(step["image"])
+                            looked = ref if ref.is_absolute() else folders[0] / ref
+                            missing.append((step_where, str(looked)))
+                            problems.append(("missing", step_where,
+                                             f"screenshot {looked} does not exist (relative paths start at "
+                                             f"{' or '.join(map(str, folders))}; set image_root to the folder "
+                                             "holding the screenshots)"))
+                            step["image"] = None
+                        else:
+                            step["image"] = str(found)
+                episodes.append(episode)
+            for kind, at, why in problems:
+                if kind == "skipped":
+                    skipped.append((at, why))
+                elif kind == "unmapped":
+                    unmapped.append((at, why))
+                    continue  # the dataset's own action: counted, never an error
+                if strict:
+                    raise ValueError(f"{at}: {why}; fix or remove the entry (or read with strict=False "
+                                     "to skip and count such entries)")
+                first = first or f"{at}: {why}"
+                warned += 1
+                if warned <= _MAX_WARNINGS:
+                    log.warning("%s skipped: %s", at, why)
+    result = GuiEpisodes(episodes, Path(str(path)), skipped, missing, unmapped)
+    if warned > _MAX_WARNINGS:
+        log.warning("%s: %d problems in all (%d malformed, %d without their screenshot)",
+                    path, warned, len(skipped), len(missing))
+    if not result.num_steps():
+        raise ValueError(f"{path} has no usable step (a screenshot and an action in mmrl's space)"
+                         + (f"; first problem: {first}" if first else ""))
+    return result
+
+
+def _resolve(ref: str, folders: Sequence[Path], root: Optional[Path]) -> Optional[Path]:
+    """The screenshot file of a reference: an absolute path as is (else its name under
+    ``root``), a relative one under the first of ``folders`` holding it; None when absent."""
+    p = Path(ref).expanduser()
+    if p.is_absolute():
+        if p.is_file():
+            return p
+        return root / p.name if root is not None and (root / p.name).is_file() else None
+    return next((f / p for f in folders if (f / p).is_file()), None)
+
+
+def _header_size(path: Path) -> Optional[tuple[int, int]]:
+    """(w, h) from an image file's header (not decoded), or None when unreadable."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            return im.size
+    except Exception:
+        return None
