@@ -12,13 +12,10 @@ from __future__ import annotations
 from mmrl import register_reward
 
 
-@register_reward("env_reward", minimum=-1e9)
-def env_reward(completions, examples, **ctx) -> list[float]:
-    """The step reward of each row; a row without one is not from an environment task: an error."""
+@register_reward("env_reward")
+def env_reward(completions, examples, **ctx) -> list:
+    """The step reward of each row; None for a row that has none (not a step of an environment
+    episode: the reward then scores 0 and is counted as unparsable in the run's metrics)."""
     if len(completions) != len(examples):
         raise ValueError(f"env_reward: {len(completions)} completions for {len(examples)} examples")
-    missing = [i for i, ex in enumerate(examples) if not isinstance(ex, dict) or "step_reward" not in ex]
-    if missing:
-        raise ValueError("env_reward scores the steps of environment episodes (task gui_env or another "
-                         f"EnvTask); example {missing[0]} has no 'step_reward'")
-    return [float(ex["step_reward"]) for ex in examples]
+    return [float(ex["step_reward"]) if isinstance(ex, dict) and "step_reward" in ex else None for ex in examples]

@@ -201,11 +201,16 @@ def test_every_builtin_recipe_builds_its_task():
         cfg = load_config(builtin_config_path(name))
         task = build_task(cfg)
         rewards = make_reward_computer(task, cfg.task)
-        policy = {"video": "vlm"}.get(name.split("/")[0], name.split("/")[0])  # `mmrl train video` trains a VLM
+        # `mmrl train video` trains a VLM; the GUI recipes are `mmrl train vlm configs/gui/...`
+        policy = {"video": "vlm", "gui": "vlm"}.get(name.split("/")[0], name.split("/")[0])
         assert task.name == cfg.task.name and task.modality == policy, name
         if cfg.task.name == "t2i_prompts" or name == "video/qwen2_5_vl_7b_video_r1":  # the data file is the user's
             with pytest.raises(FileNotFoundError, match=str(cfg.task.options["train_path"])):
                 task.examples("train")
+            continue
+        if hasattr(task, "make_env"):  # an environment task: its rewards come from episodes; the
+            steps = [task.sft_examples("train")[i] for i in range(4)]  # solver's actions must read back
+            assert all(task.read_action(task.target(ex), ex) is not None for ex in steps), name
             continue
         examples = [task.examples("train")[i] for i in range(4)]
         if name in label_free:

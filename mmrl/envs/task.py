@@ -56,8 +56,7 @@ class EnvTask(Task):
         self.max_steps = int(steps if steps is not None else self._prototype.max_steps)
         if self.max_steps < 1:
             raise ValueError(f"{self.name}: max_steps must be >= 1, got {self.max_steps}")
-        if not self.bool_option("thinking"):
-            self.reward_kwargs = {}
+        self.bool_option("thinking")  # a real bool, not the string "false"
 
     # -- the environment --------------------------------------------------------------------------
     def make_env(self) -> Env:

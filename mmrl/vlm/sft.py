@@ -14,7 +14,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -270,32 +270,44 @@ def build_tiny_video(out: str | Path, base: str = "tiny", sft_steps: int = TINY_
                            batch_size=batch_size, lr=lr, seed=seed, progress=progress)
 
 
-# The tiny GUI default (`mmrl build-tiny gui`): the shipped tiny VLM warm-started on the synthetic
-# phone's screens: clicks on named elements (screen_grounding) and the scripted solver's actions
-# along episodes of the environment's tasks (gui_env). Screens are 4 x 8 cells of 28 px (112 x 224),
-# seen as they are: one vision token per cell, the cells the tower was pre-trained on.
+# The tiny GUI default (`mmrl build-tiny gui`): the shipped tiny VLM whose vision tower is pre-trained
+# again on the synthetic phone's screens (each token names its cell's element, row and column: the
+# position a click needs), then warm-started on clicks on named elements (screen_grounding) and the
+# scripted solver's actions along episodes of the environment's tasks (gui_env). Screens are 4 x 8
+# cells of 28 px (112 x 224), seen as they are: one vision token per cell.
 DEFAULT_TINY_GUI_TASKS = ({"name": "screen_grounding", "options": {}, "weight": 1.0},
                           {"name": "gui_env", "options": {}, "weight": 2.0})
-TINY_GUI_RECIPE = {"sft_steps": 300, "decay_steps": 600, "batch_size": 32, "lr": 1e-3}
+TINY_GUI_RECIPE = {"vision_steps": 800, "sft_steps": 300, "decay_steps": 600, "batch_size": 32, "lr": 1e-3}
 TINY_GUI_PIXELS = 112 * 224  # vlm.min_pixels = vlm.max_pixels of the GUI recipes
 
 
 def build_tiny_gui(out: str | Path, base: str = "tiny", sft_steps: int = TINY_GUI_RECIPE["sft_steps"],
+                   vision_steps: int = TINY_GUI_RECIPE["vision_steps"],
                    decay_steps: int | None = TINY_GUI_RECIPE["decay_steps"],
                    batch_size: int = TINY_GUI_RECIPE["batch_size"], lr: float = TINY_GUI_RECIPE["lr"],
                    seed: int = 0, progress: bool = True, task_specs: Sequence[dict] = DEFAULT_TINY_GUI_TASKS) -> Path:
-    """Warm-start ``base`` on the GUI tasks (vision tower frozen); returns the checkpoint dir.
-    See the README's "GUI agents"."""
+    """Pre-train ``base``'s vision tower on the phone's screens (``vision_steps``; 0: keep it),
+    then warm-start it on the GUI tasks with the tower frozen; returns the checkpoint dir. See the
+    README's "GUI agents"."""
+    from ..envs import make_env
+    from .vision_pretrain import pretrain_vision_on_screens
+
+    def screens(policy) -> None:
+        if vision_steps > 0:
+            pretrain_vision_on_screens(policy.model, policy.processor.image_processor, make_env("synthetic_gui"),
+                                       steps=vision_steps, seed=seed)
+
     return warm_start_tiny(out, [f"vlm.min_pixels={TINY_GUI_PIXELS}", f"vlm.max_pixels={TINY_GUI_PIXELS}"],
                            task_specs, base=base, sft_steps=sft_steps, decay_steps=decay_steps,
-                           batch_size=batch_size, lr=lr, seed=seed, progress=progress)
+                           batch_size=batch_size, lr=lr, seed=seed, progress=progress, before_sft=screens)
 
 
 def warm_start_tiny(out: str | Path, overrides: Sequence[str], task_specs: Sequence[dict], base: str = "tiny",
                     sft_steps: int = 100, decay_steps: int | None = None, batch_size: int = 32, lr: float = 1e-3,
-                    seed: int = 0, progress: bool = True) -> Path:
+                    seed: int = 0, progress: bool = True, before_sft: Callable | None = None) -> Path:
     """SFT of ``base`` (config ``overrides``: e.g. the pixel budget of the inputs) on the
-    ``task_specs``' reference answers with the vision tower frozen, saved atomically to ``out``."""
+    ``task_specs``' reference answers with the vision tower frozen, saved atomically to ``out``;
+    ``before_sft(policy)`` runs first (e.g. pre-training the tower on new images)."""
     from ..config import load_config
     from ..registry import TASKS, load_plugins
     from .policy import VLMPolicy, vision_tower
@@ -305,6 +317,8 @@ def warm_start_tiny(out: str | Path, overrides: Sequence[str], task_specs: Seque
     torch.manual_seed(seed)
     cfg = load_config(None, [f"model.path={base}", "train.device=cpu", *overrides])
     policy = VLMPolicy(cfg)
+    if before_sft is not None:
+        before_sft(policy)
     vision_tower(policy.model).requires_grad_(False)
     sft(policy, tasks, steps=sft_steps, batch_size=batch_size, lr=lr, seed=seed, progress=progress,
         task_weights=mixture_weights(task_specs), decay_steps=decay_steps)

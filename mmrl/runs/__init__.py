@@ -1,0 +1,1 @@
+"""The run directory: metrics and TensorBoard (logging), checkpoints, galleries, the episode viewer."""
