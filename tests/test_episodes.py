@@ -198,3 +198,13 @@ def test_episode_viewer_shows_each_episode_step_by_step(tmp_path):
     assert sorted(p.name for p in (tmp_path / "episodes").glob("*.png")) == [
         "episode000_step00.png", "episode001_step00.png", "episode001_step01.png"]
     assert write_episode_viewer(tmp_path / "none", task, ["x"], [{"image": None}]) is None
+
+
+def test_episodes_of_several_processes_are_told_apart_by_their_task_index():
+    """Each process numbers its episodes from 0: gathered rows are keyed by (task index, episode)."""
+    task = ToyTask()
+    rows = [{"_index": i, "episode_id": 0, "step_index": 0, "episode_success": i == 0, "episode_length": 1,
+             "episode_return": float(i == 0), "step_valid": True} for i in (0, 1)]
+    assert task.metrics(["x", "y"], rows)["success"] == 0.5
+    batch = Rollouts(group_ids=torch.tensor([0, 1]), action_mask=torch.ones(2, 1), examples=rows)
+    assert episode_metrics(batch)["episode/success"] == 0.5

@@ -23,7 +23,7 @@ from typing import Sequence
 
 import torch
 
-from ..envs.task import EnvTask
+from ..envs.task import EnvTask, episode_key
 from .rollouts import Rollouts
 
 
@@ -87,7 +87,7 @@ def run_episodes(policy, task: EnvTask, examples: Sequence[dict], n: int, mode: 
 def episode_metrics(rows: Rollouts) -> dict[str, float]:
     """The step's episode metrics from its rows: success rate, mean length and return, and the
     fraction of invalid actions; {} for a batch that holds no episodes."""
-    episodes = {ex["episode_id"]: ex for ex in rows.examples if isinstance(ex, dict) and "episode_id" in ex}
+    episodes = {episode_key(ex): ex for ex in rows.examples if isinstance(ex, dict) and "episode_id" in ex}
     if not episodes:
         return {}
     n = len(episodes)

@@ -124,10 +124,7 @@ class EnvTask(Task):
         """Over the episodes the rows belong to: ``success`` (the task accomplished), mean
         ``episode_length`` (actions), ``invalid_actions`` (fraction of steps whose action was
         unreadable or not applicable)."""
-        episodes: dict[Any, dict] = {}
-        for ex in examples:
-            if "episode_id" in ex:
-                episodes[ex["episode_id"]] = ex
+        episodes = {episode_key(ex): ex for ex in examples if "episode_id" in ex}
         if not episodes:
             return {}
         n = len(episodes)
@@ -156,6 +153,12 @@ class EnvTask(Task):
     def record(self, ex: dict, completion: Any) -> dict[str, Any]:
         return {**super().record(ex, completion), "prompt": ex.get("instruction", ""),
                 "answer": "success" if ex.get("episode_success") else ""}
+
+
+def episode_key(row: dict) -> tuple:
+    """Which episode a row belongs to, unique in a batch gathered from several processes (each
+    numbers its episodes from 0; ``_index`` is the task spec's index in its split)."""
+    return row.get("_index"), row["episode_id"]
 
 
 class _Specs(LazySequence):

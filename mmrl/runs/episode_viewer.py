@@ -14,6 +14,7 @@ import html
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..envs.task import episode_key
 from .gallery import RIGHT, WRONG, _picture
 
 STYLE = """body{font-family:sans-serif;margin:16px} .ep{display:none;border:3px solid;padding:8px;margin:8px 0}
@@ -32,7 +33,7 @@ def write_episode_viewer(out_dir: Path, task, completions: Sequence[Any], exampl
     episodes: dict[Any, list[int]] = {}
     for i, ex in enumerate(examples):
         if isinstance(ex, dict) and "episode_id" in ex:
-            episodes.setdefault(ex["episode_id"], []).append(i)
+            episodes.setdefault(episode_key(ex), []).append(i)
     if not episodes:
         return None
     out_dir = Path(out_dir)
