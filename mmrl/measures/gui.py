@@ -38,7 +38,7 @@ import unicodedata
 from collections import Counter
 from typing import Any, Optional, Sequence
 
-from mmrl.measures.screen import point_in_box
+from mmrl.measures.screen import point_in_box, screen_size
 from mmrl.media.coords import prediction_to_pixels
 from mmrl.parsing import extract_answer
 
@@ -365,18 +365,6 @@ def _truth_bbox(ex: dict) -> Optional[list]:
     return None if any(n is None for n in numbers) else numbers
 
 
-def _screen_size(ex: dict) -> Optional[tuple[float, float]]:
-    size = ex.get("image_size")
-    frame = ex.get("frame")
-    if size is None and frame is not None:
-        size = (getattr(frame, "width", None), getattr(frame, "height", None))
-    try:
-        w, h = (float(v) for v in size)
-    except (TypeError, ValueError, OverflowError):
-        return None
-    return (w, h) if w > 0 and h > 0 and math.isfinite(w * h) else None
-
-
 def pixel_point(pred: dict, ex: dict) -> Optional[tuple[float, float]]:
     """A predicted action's point as original-image pixels (from the policy's space, see the module
     docstring); None when it has none or it cannot be converted (e.g. a resized-space example whose
@@ -400,7 +388,7 @@ def click_correct(pred: dict, ex: dict) -> bool:
     box = _truth_bbox(ex)
     if box is not None:
         return point_in_box(point, box)
-    truth, size = truth_action(ex), _screen_size(ex)
+    truth, size = truth_action(ex), screen_size(ex)
     tolerance = _number(ex.get("click_tolerance", CLICK_TOLERANCE))
     if truth is None or "point" not in truth or size is None or tolerance is None:
         return False

@@ -1,6 +1,6 @@
 """Screen grounding: a click (or a box) for "click the Wi-Fi toggle", scored against the element.
 
-Used by the ``click_accuracy``, ``gui_g2_point`` and ``gui_g2_coverage`` rewards and by screen
+Used by the ``click_accuracy``, ``gui_g2_point``, ``gui_g2_coverage`` and ``gui_g1_box`` rewards and by screen
 grounding metrics, so a gallery's verdict is the reward the policy got. Only the ``<answer>``
 block counts, and the answer is converted from the policy's coordinate space
 (``ex["pred_space"]``/``ex["frame"]``: Qwen2.5-VL resized-image pixels, Qwen2-VL / Qwen3-VL
@@ -13,6 +13,10 @@ its centre with sigma proportional to its size, sigma_x = ALPHA * width, sigma_y
 (the paper's Eq. 5; ALPHA = 0.5 is the value its Section 4.1 sets and its ablation finds best,
 and ``alpha = 0.5`` in the official ``gaussian_grpo.py``). Unlike the official code, rewards are
 not rounded to 3 decimals.
+
+The box-size-constrained reward is that of "GUI-G1: Understanding R1-Zero-Like Training for Visual
+Grounding in GUI Agents" (Zhou et al., 2025; arXiv 2505.15810, code github.com/Yuqi-Zhou/GUI-G1):
+R = R_hit + GUI_G1_ALPHA * R_IoU + GUI_G1_BETA * R_box, see :func:`gui_g1_box_reward`.
 """
 
 from __future__ import annotations
@@ -20,11 +24,13 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
-from mmrl.measures.boxes import answer_box
+from mmrl.measures.boxes import answer_box, box_iou
 from mmrl.media.coords import prediction_to_pixels
 from mmrl.parsing import extract_answer, parse_point
 
 ALPHA = 0.5  # GUI-G² adaptive sigma: sigma = ALPHA * element size (paper Eq. 5 and Section 4.1)
+GUI_G1_ALPHA = 0.25  # GUI-G1 weight of R_IoU (official grpo_rec.py: ``0.25*iou(...)``)
+GUI_G1_BETA = 0.125  # GUI-G1 weight of R_box (official grpo_rec.py: ``0.125 * 4/(...)``)
 
 
 def answer_point(completion, ex) -> Optional[tuple[float, float]]:
@@ -120,3 +126,87 @@ def gui_g2_coverage_score(completion, ex, alpha: float = ALPHA) -> Optional[floa
     box = _truth(ex)
     pred = answer_box(completion, ex) if box is not None else None
     return None if pred is None else gaussian_coverage(pred, box, alpha)
+
+
+def screen_size(ex) -> Optional[tuple[float, float]]:
+    """The original image's (width, height): ``ex["image_size"]``, else ``ex["frame"]``'s; None
+    when neither is a positive finite pair."""
+    if not isinstance(ex, dict):
+        return None
+    size = ex.get("image_size")
+    frame = ex.get("frame")
+    if size is None and frame is not None:
+        size = (getattr(frame, "width", None), getattr(frame, "height", None))
+    try:
+        w, h = (float(v) for v in size)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return (w, h) if w > 0 and h > 0 and math.isfinite(w) and math.isfinite(h) else None
+
+
+def gui_g1_box_term(pred: Sequence[float], box: Sequence[float], size: Sequence[float]) -> float:
+    """GUI-G1's box-size constraint R_box in [0, 1]: the harmonic mean of the four per-coordinate
+    closenesses c_i = 1 - |pred_i - box_i| / S_i (S = image width for x1, x2, height for y1, y2),
+
+        R_box = 4 / (1/c_x1 + 1/c_y1 + 1/c_x2 + 1/c_y2),
+
+    1 only when every edge matches, so a box that is too small (hit hacking) or too large (IoU
+    hacking) loses reward on each edge it moves. A closeness <= 0 (an edge a full image size or more
+    off) gives 0, the harmonic mean's limit (the official code's division by zero scores 0 too).
+    Both boxes are taken with ordered corners."""
+    w, h = size
+    px1, px2 = sorted((pred[0], pred[2]))
+    py1, py2 = sorted((pred[1], pred[3]))
+    inverse = 0.0
+    for p, g, s in ((px1, box[0], w), (py1, box[1], h), (px2, box[2], w), (py2, box[3], h)):
+        c = 1.0 - abs(p - g) / s
+        if not (c > 0):  # also catches NaN
+            return 0.0
+        inverse += 1.0 / c
+    value = 4.0 / inverse
+    return min(1.0, value) if math.isfinite(value) else 0.0
+
+
+def gui_g1_box_reward(
+    pred: Sequence[float],
+    box: Sequence[float],
+    size: Sequence[float],
+    alpha: float = GUI_G1_ALPHA,
+    beta: float = GUI_G1_BETA,
+) -> float:
+    """GUI-G1 box-size-constrained grounding reward (Zhou et al., 2025, "GUI-G1: Understanding
+    R1-Zero-Like Training for Visual Grounding in GUI Agents", arXiv 2505.15810), in [0, 1 + alpha
+    + beta] = [0, 1.375] with the defaults; the maximum is reached by the exact box:
+
+        R = R_hit + alpha * R_IoU + beta * R_box
+        R_hit = 1 if the predicted box's centre lies in the element's box (edges included) else 0
+        R_IoU = IoU(predicted box, element box)
+        R_box = 4 / sum_i 1 / (1 - |pred_i - gt_i| / S_i),  i over x1, y1, x2, y2,
+                S = image width (x) / height (y)         (see :func:`gui_g1_box_term`)
+
+    The paper's output-evaluation analysis adds R_box to the hit and IoU rewards because R_hit alone
+    shrinks boxes and R_IoU alone grows them; the combination R_hit + alpha R_IoU + beta R_box is the
+    paper's, and the R_box expression and alpha = 0.25, beta = 0.125 are those of the official
+    ``grpo_rec.py`` (``iou_reward``: ``0.25*iou``, ``box_reward``: ``0.125 * 4/(...)``).
+    The size S_i is the original screenshot's (``ex["image_size"]``), with both boxes in original
+    pixels; the official code divides by the image it trains on, in whose space its boxes are, and
+    |pred_i - gt_i| / S_i is the same in any linearly scaled space. Two deliberate differences from
+    the official code: IoU is the continuous one of :func:`mmrl.measures.boxes.box_iou` (the
+    official ``iou`` subtracts 1 from the right/bottom edges, a pixel-inclusive convention), and
+    the sum is not split into three separately logged reward functions."""
+    hit = point_in_box(((pred[0] + pred[2]) / 2, (pred[1] + pred[3]) / 2), box)
+    value = float(hit) + alpha * box_iou(pred, box) + beta * gui_g1_box_term(pred, box, size)
+    return value if math.isfinite(value) else 0.0
+
+
+def gui_g1_box_score(completion, ex, alpha: float = GUI_G1_ALPHA, beta: float = GUI_G1_BETA) -> Optional[float]:
+    """:func:`gui_g1_box_reward` of the answer's box (converted to original pixels like
+    :func:`mmrl.measures.boxes.answer_box`) against ``ex["box"]`` on a screen of
+    :func:`screen_size`; None when the answer holds no box (a bare click has no size to
+    constrain), or the example has no box or no screen size."""
+    box = _truth(ex)
+    size = screen_size(ex) if box is not None else None
+    pred = answer_box(completion, ex) if size is not None else None
+    if pred is None or not all(math.isfinite(v) for v in pred):
+        return None
+    return gui_g1_box_reward(pred, box, size, alpha, beta)
