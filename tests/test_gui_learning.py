@@ -6,16 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-
-import mmrl
-
-QUIET = ["log.progress=false", "log.save_every=0", "log.save_rollouts_every=0"]
-
-
-def _train(recipe: str, tmp_path, name: str, *overrides: str):
-    result = mmrl.train(recipe, [*QUIET, *overrides, f"log.output_dir={tmp_path}", f"log.run_name={name}"])
-    print(f"{name}: held-out", {k: (round(result.before[k], 3), round(v, 3)) for k, v in result.after.items()})
-    return result
+from learning_runs import train_quietly as _train
 
 
 # Screen grounding (`configs/gui/screen_grounding_tiny.yaml`) shortened to 30 steps, 100 held-out

@@ -11,17 +11,7 @@ import json
 import math
 
 import pytest
-
-import mmrl
-
-QUIET = ["log.progress=false", "log.save_every=0", "log.save_rollouts_every=0"]
-
-
-def _train(recipe: str, tmp_path, name: str, *overrides: str):
-    result = mmrl.train(recipe, [*overrides, f"log.output_dir={tmp_path}", f"log.run_name={name}", *QUIET])
-    before, after = result.before, result.after
-    print(f"{name}: held-out", {k: (round(before[k], 3), round(v, 3)) for k, v in after.items()})
-    return result
+from learning_runs import train_quietly as _train
 
 
 @pytest.mark.slow
