@@ -9,6 +9,7 @@
     mmrl bench algos --variants grpo,dapo --steps 40  # compare RL algorithms on the same task and seed
     mmrl bench speed --prompts 2 --generations 4 --tokens 16  # mmrl vs TRL's GRPOTrainer, same work
     mmrl bench rollout                                # HF generate vs vLLM samples/s (needs vLLM)
+    mmrl demo                                         # a Gradio app on http://127.0.0.1:7860 (needs mmrl[demo])
 """
 
 from __future__ import annotations
@@ -311,6 +312,27 @@ def bench_rollout(
     path, overrides = _split_args(list(args or []))
     _run_bench(lambda: run_rollout_bench(path or DEFAULT_CONFIG, overrides, prompts=prompts, n=n, tokens=tokens,
                                          repeats=repeats, seed=seed, echo=lambda s: print(s, flush=True)))
+
+
+@app.command()
+def demo(
+    runs: Path = typer.Option(Path("runs"), help="the runs directory the Runs, Before / after and Launch tabs use"),
+    host: str = typer.Option("127.0.0.1", help="the address to bind; 0.0.0.0 exposes the demo to your network"),
+    port: int = typer.Option(7860, help="the port"),
+    share: bool = typer.Option(False, "--share", help="also open a public gradio.live link (off by default)"),
+    models: Optional[List[Path]] = typer.Option(None, "--models", help="a directory of local checkpoints to "
+                                               "offer (repeatable); nothing outside these, the runs and the "
+                                               "assets is read"),
+    device: str = typer.Option("cpu", help="where models run: cpu | cuda"),
+):
+    """A Gradio app: try a policy on a task, compare a run before and after RL, watch and launch runs."""
+    try:
+        from .demo.app import launch_app
+    except ImportError as exc:
+        console.print(f"[red]error:[/] the demo needs gradio ({escape(str(exc))}): pip install {escape('mmrl[demo]')}")
+        raise typer.Exit(2)
+    console.print(f"mmrl demo on http://{host}:{port} (runs: {runs.resolve()})")
+    launch_app(runs, host, port, share, list(models or []), device=device)
 
 
 @app.command(name="list")

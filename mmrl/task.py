@@ -121,6 +121,20 @@ class Task:
         """A reference completion for ``ex`` (used by the SFT warm start)."""
         raise NotImplementedError(f"task {self.name!r} has no reference completions")
 
+    # Keys of an example that the usual readers read back from a data file (see file_record).
+    RECORD_KEYS = ("question", "problem", "instruction", "answer", "solution", "box", "boxes", "labels", "label",
+                   "text", "choices", "options", "sentence", "segment", "problem_type", "prompt")
+
+    def file_record(self, ex: dict, media: str) -> dict:
+        """``ex`` as one record of the task's data files, its image or clip at path ``media``:
+        what the task's reader reads back as ``ex`` (the demo starts an upload's record from it).
+        Default: the example's :attr:`RECORD_KEYS` with ``image`` (or ``video``) = ``media``;
+        a task whose files have another layout overrides it."""
+        from .runs.logging import to_jsonable
+
+        media_key = "video" if "video" in ex and "image" not in ex else "image"
+        return {**{k: to_jsonable(ex[k]) for k in self.RECORD_KEYS if k in ex}, media_key: media}
+
     def hints(self, ex: dict) -> list[str]:
         """Tiered hints for ``ex``, least to most revealing (Scaf-GRPO's knowledge -> planning ->
         solution tiers); [] when the task has none. Used by ``algo.scaffold`` and by the

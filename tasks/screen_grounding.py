@@ -82,6 +82,11 @@ class ScreenGrounding(Task):
         text = f"{ex['instruction'].rstrip('.')}. {INSTRUCTIONS[self.options['answer']]}"
         return [{"role": "user", "content": [{"type": "image", "image": ex["image"]}, {"type": "text", "text": text}]}]
 
+    def file_record(self, ex: dict, media: str) -> dict:
+        """A ScreenSpot entry: ``img_filename``, ``bbox`` as [x, y, w, h] in original pixels."""
+        x1, y1, x2, y2 = ex["box"]
+        return {"img_filename": media, "bbox": [x1, y1, x2 - x1, y2 - y1], "instruction": ex["instruction"]}
+
     def target(self, ex: dict) -> str:
         """The element's centre (or box) in the policy's space (``pred_space``/``frame``)."""
         x1, y1, x2, y2 = ex["box"]

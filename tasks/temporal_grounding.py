@@ -32,9 +32,10 @@ def format_seconds(value: float) -> str:
 
 def parse_grounding_record(record: dict, video_ext: str = ".mp4") -> dict:
     """One temporal grounding record (Charades-STA / ActivityNet sources give ``video``,
-    ``start``, ``end``, ``sentence``)."""
+    ``start``, ``end``, ``sentence``; ``problem``, ``query`` or ``question`` are read as the
+    sentence too)."""
     video = record.get("video") or record.get("path")
-    sentence = record.get("sentence") or record.get("problem") or record.get("query")
+    sentence = record.get("sentence") or record.get("problem") or record.get("query") or record.get("question")
     if not video or not sentence:
         raise BadRecord("a temporal grounding record needs 'video' and 'sentence'")
     segment = record.get("segment") or record.get("timestamp")

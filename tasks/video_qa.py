@@ -35,9 +35,10 @@ def instruction(problem_type: str, thinking: bool) -> str:
 
 def parse_video_r1_record(record: dict) -> dict:
     """One Video-R1 record: the question (with its options for multiple choice), the problem type
-    and the gold answer (the solution's ``<answer>`` content)."""
-    problem = record.get("problem")
-    solution = record.get("solution")
+    and the gold answer (the solution's ``<answer>`` content). ``question`` and ``answer`` are
+    read where ``problem`` and ``solution`` are absent, as the image tasks' readers do."""
+    problem = record.get("problem") or record.get("question")
+    solution = record.get("solution", record.get("answer"))
     if not problem or solution is None:
         raise BadRecord("a Video-R1 record needs 'problem' and 'solution'")
     path = record.get("path") or record.get("video")

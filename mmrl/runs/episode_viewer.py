@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..envs.task import episode_key
-from .gallery import RIGHT, WRONG, _picture
+from .gallery import RIGHT, WRONG, sample_picture
 
 STYLE = """body{font-family:sans-serif;margin:16px} .ep{display:none;border:3px solid;padding:8px;margin:8px 0}
 .ep.on{display:block} .steps{display:flex;gap:8px;overflow-x:auto} .step{border:1px solid #ccc;padding:4px;
@@ -48,7 +48,7 @@ def write_episode_viewer(out_dir: Path, task, completions: Sequence[Any], exampl
         for i in rows:
             ex = examples[i]
             name = f"episode{n:03d}_step{ex['step_index']:02d}.png"
-            picture = _picture(task, ex, completions[i])
+            picture = sample_picture(task, ex, completions[i])
             if picture is not None:
                 picture.save(out_dir / name)
             cards.append(

@@ -41,7 +41,9 @@ def _still(completion: Any) -> Image.Image:
     return completion[len(completion) // 2] if isinstance(completion, list) else completion
 
 
-def _picture(task, ex: dict, completion: Any) -> Optional[Image.Image]:
+def sample_picture(task, ex: dict, completion: Any) -> Optional[Image.Image]:
+    """What a sample looks like: the task's picture of it (boxes, clicks drawn), else the generated
+    image (a clip's middle frame), else the input image; None when there is nothing to show."""
     try:
         pic = task.visualize(ex, completion)
     except Exception:
@@ -70,7 +72,7 @@ def write_gallery(out_dir: Path, task, completions: Sequence[Any], examples: Seq
         ex, completion, reward = examples[i], completions[i], float(rewards[i])
         right = is_right(task, completion, ex, reward, best)
         right_count += right
-        pic = _picture(task, ex, completion)
+        pic = sample_picture(task, ex, completion)
         name = None
         if pic is not None:
             name = f"{i:03d}.png"
@@ -118,7 +120,7 @@ def save_samples_grid(path: Path, task, completions: Sequence[Any], examples: Se
         return save_image_grid(path, images, captions, rewards)
     pictures, captions, scores = [], [], []
     for c, ex, r in zip(completions, examples, rewards):
-        pic = _picture(task, ex, c)
+        pic = sample_picture(task, ex, c)
         if pic is not None:
             pictures.append(pic)
             captions.append(str(c).replace("\n", " ")[-34:])
