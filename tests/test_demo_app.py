@@ -52,7 +52,7 @@ def demo_server(tmp_path_factory):
         assert r.returncode == 0, r.stderr[-2000:]
     (root / "secret.txt").write_text("not for the page")
     port = _free_port()
-    app, play, launcher = launch_app(runs, port=port, upload_dir=root / "uploads", block=False)
+    app, play, launcher = launch_app(runs, port=port, upload_dir=root / "uploads", block=False, max_upload="1mb")
     yield {"url": f"http://127.0.0.1:{port}", "root": root, "runs": runs, "play": play}
     launcher.close()
     app.close()
@@ -174,7 +174,7 @@ def test_generators_tab_makes_images_with_rewards(page, tmp_path):
     _shot(page, "generators", tmp_path)
 
 
-def test_runs_tab_shows_curves_rollouts_and_config(page, tmp_path):
+def test_runs_tab_shows_curves_rollouts_and_config_and_follows_a_run(page, demo_server, tmp_path):
     _open(page, "Runs")
     page.locator("#runs-refresh").click()
     page.locator("#runs-run input").click()
@@ -186,6 +186,13 @@ def test_runs_tab_shows_curves_rollouts_and_config(page, tmp_path):
                            timeout=TIMEOUT_MS)
     assert page.locator("#runs-evals img").count() >= 1
     _shot(page, "runs", tmp_path)
+    # live: a step appended to metrics.jsonl (as a training run writes it) shows up without a click
+    metrics = demo_server["runs"] / RUN / "metrics.jsonl"
+    last = json.loads(metrics.read_text().splitlines()[-2])
+    with metrics.open("a") as f:
+        f.write(json.dumps({**last, "step": 3, "reward": 0.123}) + "\n")
+    _wait_status(page, "runs-status", "step 3")
+    assert "0.123" in _status(page, "runs-status")
 
 
 def test_launch_a_two_step_run_and_see_it_finish(page, demo_server, tmp_path):
@@ -218,6 +225,21 @@ def test_files_outside_the_allowed_directories_are_refused(demo_server):
         assert status in (403, 404) and b"not for the page" not in body and b"root:" not in body, (path, status)
     status, body = _get(f"{url}/gradio_api/file={runs / RUN / 'config.yaml'}")
     assert status == 200 and b"task" in body  # the runs directory is served
+
+
+def test_uploads_over_the_size_limit_are_refused(demo_server):
+    boundary = "mmrlboundary"
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"files\"; filename=\"big.png\"\r\n"
+            "Content-Type: image/png\r\n\r\n").encode() + b"x" * (2 << 20) + f"\r\n--{boundary}--\r\n".encode()
+    request = urllib.request.Request(f"{demo_server['url']}/gradio_api/upload", data=body, method="POST",
+                                     headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            status = r.status
+    except urllib.error.HTTPError as e:
+        status = e.code
+    assert status == 413
+    assert not list((demo_server["root"] / "uploads").rglob("big.png"))
 
 
 def test_the_playground_refuses_uploads_outside_its_directory(demo_server):

@@ -343,7 +343,7 @@ def _launch_tab(gr, launcher: Launcher):
 
 def launch_app(runs_dir: str | Path = "runs", host: str = "127.0.0.1", port: int = 7860, share: bool = False,
                model_roots: Sequence[str | Path] = (), upload_dir: str | Path | None = None, device: str = "cpu",
-               block: bool = True):
+               block: bool = True, max_upload: str = MAX_UPLOAD):
     """Build and serve the app; files are served only from the runs, assets, upload and model
     directories. ``block=False`` returns ``(app, playground, launcher)`` with the server running
     (the tests)."""
@@ -353,7 +353,7 @@ def launch_app(runs_dir: str | Path = "runs", host: str = "127.0.0.1", port: int
     app, play, launcher = build_app(runs_dir, upload_dir, model_roots, device)
     roots = AllowedRoots([play.runs_dir, ASSETS_DIR, play.upload_dir, *model_roots])
     app.launch(server_name=host, server_port=port, share=share, allowed_paths=[str(r) for r in roots.roots],
-               max_file_size=MAX_UPLOAD, ssr_mode=False, prevent_thread_lock=not block, quiet=not block,
+               max_file_size=max_upload, ssr_mode=False, prevent_thread_lock=not block, quiet=not block,
                show_error=True, css=CSS)
     if block:
         launcher.close()
