@@ -60,9 +60,12 @@ def train(
     modality: str = typer.Argument(..., help="what to train: vlm | video | diffusion"),
     args: Optional[List[str]] = typer.Argument(None, help="[CONFIG.yaml] [key=value overrides...]"),
     resume: bool = typer.Option(False, "--resume", help="continue from the run's latest checkpoint"),
+    allow_config_change: bool = typer.Option(False, "--allow-config-change",
+                                             help="resume with a config that differs from the run's"),
 ):
     """Train with RL. Without a config, trains the built-in tiny default on CPU."""
-    cfg = _load(modality, list(args or []), ["resume=true"] if resume else [])
+    extra = (["resume=true"] if resume else []) + (["allow_config_change=true"] if allow_config_change else [])
+    cfg = _load(modality, list(args or []), extra)
     _configure_threads(cfg)
     from .api import make_policy
     from .core.trainer import Trainer, build_task

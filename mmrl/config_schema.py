@@ -189,6 +189,10 @@ class TrainConfig:
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     max_grad_norm: float = 1.0
+    # An update whose gradient is NaN / inf is skipped (logged in skipped_steps.jsonl); this many
+    # steps in a row with a skipped update stop the run with a checkpoint of the last good weights
+    # (0: never stop).
+    max_consecutive_skipped_steps: int = 5
     lr_scheduler_type: str = "constant_with_warmup"  # any transformers scheduler name
     warmup_steps: int = 0
     seed: int = 0
@@ -244,4 +248,7 @@ class Config:
     diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
     log: LogConfig = field(default_factory=LogConfig)
     resume: bool = False
+    # A resume whose config differs from the run's prints the differences and stops unless this is
+    # true (`--allow-config-change`); the model, task and group size can never change mid-run.
+    allow_config_change: bool = False
     plugins: list[str] = field(default_factory=list)  # modules or .py files to import

@@ -29,7 +29,7 @@ from mmrl.data.records import BadRecord, require_image
 from mmrl.data.scenes import (COLORS, DEFAULT_GRID, SHAPES, SceneObject, noun_phrase, place_in_cell,
                               position_word, render_scene)
 from mmrl.measures.detection import answer_boxes, ap50_score, match_boxes, truth_boxes
-from mmrl.media.coords import Frame, convert_box, pixels_to_prediction
+from mmrl.media.coords import Frame, box_problem, convert_box, pixels_to_prediction
 from mmrl.media.draw import FOOTER, PRED, TRUE, canvas, draw_box, draw_label
 from mmrl.parsing import extract_answer, parse_boxes
 
@@ -108,10 +108,15 @@ def _parse_record(record: dict, box_space: str) -> dict:
 
 def to_pixel_boxes(ex: dict, box_space: str) -> dict:
     """Finish a file example once its image (hence its size) is known: the file's boxes, in
-    ``box_space``, become original-image pixels."""
+    ``box_space``, become original-image pixels; a box that is not finite, inverted or off the image
+    makes the record a :class:`BadRecord`."""
     w, h = ex["image_size"]
     frame = Frame(float(w), float(h))
     boxes = [tuple(convert_box(b, box_space, "pixel", frame)) for b in ex.pop("source_boxes")]
+    for box in boxes:  # one unusable target: the record is skipped and counted (FileExamples.bad_targets)
+        problem = box_problem(box, w, h)
+        if problem:
+            raise BadRecord(f"{problem} (read as {box_space} coordinates)")
     return {**ex, "boxes": boxes, "answer": format_boxes(boxes)}
 
 

@@ -8,7 +8,7 @@ from mmrl import Task, register_task
 from mmrl.data.records import BadRecord, require_image
 from mmrl.data.scenes import position_word, random_scene
 from mmrl.measures.boxes import answer_box, answer_iou
-from mmrl.media.coords import Frame, convert_box, pixels_to_prediction
+from mmrl.media.coords import Frame, box_problem, convert_box, pixels_to_prediction
 from mmrl.media.draw import PRED, TRUE, canvas, draw_box
 from mmrl.parsing import parse_box
 
@@ -39,9 +39,13 @@ def parse_rec_record(record: dict) -> dict:
 
 
 def finish_rec_example(ex: dict, box_space: str) -> dict:
-    """Convert the file's box to original-image pixels once the image (and its size) is known."""
+    """Convert the file's box to original-image pixels once the image (and its size) is known;
+    a box that is not finite, inverted or off the image is a :class:`BadRecord`."""
     w, h = ex["image_size"]
     box = convert_box(ex.pop("file_box"), box_space, "pixel", Frame(w, h))
+    problem = box_problem(box, w, h)
+    if problem:  # skipped and counted by the reader (FileExamples.bad_targets)
+        raise BadRecord(f"{problem} (read as {box_space} coordinates)")
     return {**ex, "box": box, "answer": format_box(round(v) for v in box)}
 
 

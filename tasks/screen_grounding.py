@@ -16,6 +16,7 @@ Rewards: ``click_accuracy`` (the ScreenSpot criterion: the point inside the elem
 
 from __future__ import annotations
 
+import logging
 import random
 
 from mmrl import Task, register_task
@@ -25,8 +26,10 @@ from mmrl.data.sequence import LazySequence
 from mmrl.envs import make_env
 from mmrl.measures.boxes import answer_box, answer_iou
 from mmrl.measures.screen import answer_point, click_score
-from mmrl.media.coords import pixels_to_prediction
+from mmrl.media.coords import box_problem, pixels_to_prediction
 from mmrl.media.draw import FOOTER, PRED, TRUE, canvas, draw_box, draw_label, draw_point
+
+log = logging.getLogger(__name__)
 
 SPLIT_SEEDS = {"train": 1, "eval": 2}
 READERS = {"screenspot": read_screenspot, "screenspot_pro": read_screenspot_pro}
@@ -154,11 +157,23 @@ class ScreenFiles(LazySequence):
 
     def __init__(self, records):
         self.records = records
+        self.bad_targets: dict[str, str] = {}
 
     def __len__(self) -> int:
         return len(self.records)
 
     def item(self, i: int) -> dict:
-        record = self.records[i]
-        image = load_image(record["image"])
-        return {**record, "image": image, "image_size": tuple(image.size), "box": tuple(record["box"])}
+        """Entry ``i`` with its screenshot; an entry whose box lies off its screenshot (a file
+        without ``img_size`` is checked only now) is counted in ``bad_targets`` and the next one
+        is used."""
+        n = len(self)
+        for k in range(n):
+            record = self.records[(i + k) % n]
+            image = load_image(record["image"])
+            problem = box_problem(record["box"], *image.size)
+            if problem is None:
+                return {**record, "image": image, "image_size": tuple(image.size), "box": tuple(record["box"])}
+            if record["image"] not in self.bad_targets:
+                self.bad_targets[str(record["image"])] = problem
+                log.warning("%s skipped: %s; using the next entry", record["image"], problem)
+        raise ValueError(f"no ScreenSpot entry has a box on its screenshot (e.g. {next(iter(self.bad_targets.items()))})")

@@ -54,6 +54,16 @@ def parse_grounding_record(record: dict, video_ext: str = ".mp4") -> dict:
             "answer": f"{format_seconds(start)} to {format_seconds(end)}"}
 
 
+def check_segment_in_clip(ex: dict, slack: float = 0.5) -> dict:
+    """Once the clip is open: a segment that starts after the clip ends, or ends more than
+    ``slack`` seconds after it, cannot be a target (a :class:`BadRecord`, skipped and counted)."""
+    duration = ex.get("video_duration")
+    start, end = ex["segment"]
+    if duration and (start >= duration or end > duration + slack):
+        raise BadRecord(f"the segment ({start:g}, {end:g}) s lies outside the {duration:g} s clip")
+    return ex
+
+
 @register_task("temporal_grounding")
 class TemporalGrounding(Task):
     """Time segments; ``accuracy`` is the share with tIoU >= 0.5 and ``mean_tiou`` the mean."""
@@ -98,7 +108,7 @@ class TemporalGrounding(Task):
     def examples(self, split: str):
         ext = self.options["video_ext"]
         return self.file_or_synthetic(split, SPLIT_SEEDS, lambda r: parse_grounding_record(r, ext),
-                                      video_options=dict(self.options["video"]))
+                                      video_options=dict(self.options["video"]), finish=check_segment_in_clip)
 
     def prompt(self, ex: dict) -> list[dict]:
         instruction = FORMAT_INSTRUCTION if self.bool_option("thinking") else ANSWER_ONLY_INSTRUCTION

@@ -240,7 +240,7 @@ def test_reader_reads_chartqa_style_jsonl_and_skips_bad_lines(tmp_path):
     t = task(eval_path=str(tmp_path / "test.jsonl"), image_root=str(tmp_path / "png"))
     ds = t.examples("eval")
     assert len(ds) == 3 and [n for n, _ in ds.skipped] == [3, 4, 5]
-    assert ds.stats() == {"examples": 3, "skipped_lines": 3, "bad_images": 0}
+    assert ds.stats() == {"examples": 3, "skipped_lines": 3, "bad_images": 0, "bad_targets": 0}
     a, b, c = ds[0], ds[1], ds[2]
     assert (a["question"], a["answer"], a["image"].size) == ("What is the value of Japan?", "27.5", (80, 60))
     assert (b["question"], b["answer"]) == ("Is the red bar higher?", "Yes") and c["answer"] == "4"

@@ -63,6 +63,9 @@ def test_train_resume_and_eval_from_the_command_line(random_tiny_dir, tmp_path):
     r = _mmrl("train", "vlm", *common, "train.steps=1", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     r = _mmrl("train", "vlm", *common, "train.steps=2", "--resume", cwd=tmp_path)
+    err = " ".join(r.stderr.split())
+    assert r.returncode == 2 and "train.steps: 1 -> 2" in err and "--allow-config-change" in err
+    r = _mmrl("train", "vlm", *common, "train.steps=2", "--resume", "--allow-config-change", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     steps = [json.loads(line)["step"] for line in (tmp_path / "cli" / "metrics.jsonl").read_text().splitlines()
              if "reward" in json.loads(line)]

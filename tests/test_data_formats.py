@@ -55,7 +55,7 @@ def test_parquet_with_embedded_images(tmp_path, caplog):
     ex = data[1]
     assert ex["image"].size == (40, 10) and ex["answer"] == "2" and "image_path" not in ex
     assert data[0]["question"] == "How many red circles are there?"  # the <image> marker is gone
-    assert data.stats() == {"examples": 2, "skipped_lines": 1, "bad_images": 0}
+    assert data.stats() == {"examples": 2, "skipped_lines": 1, "bad_images": 0, "bad_targets": 0}
 
 
 def test_raw_bytes_column_and_a_corrupt_image(tmp_path):

@@ -75,7 +75,7 @@ def make_run(root, name="r1", steps=3):
 
 def test_list_runs_newest_first_and_missing_dir(tmp_path):
     assert R.list_runs(tmp_path / "nope") == []
-    old, new = make_run(tmp_path, "old"), make_run(tmp_path, "new")
+    old, _ = make_run(tmp_path, "old"), make_run(tmp_path, "new")
     (tmp_path / "not_a_run").mkdir()
     (tmp_path / "stray.txt").write_text("x")
     os.utime(old / "metrics.jsonl", (1_000_000, 1_000_000))

@@ -346,5 +346,7 @@ def test_jsonl_reader_pixel_and_rel1000(tmp_path):
     path.write_text(json.dumps({"image": "a.png", "problem": "Find every car.", "boxes": [[100, 200, 300, 400]]}) + "\n")
     rel = TASKS.get("detection")(eval_path=str(path), box_space="rel1000").examples("eval")[0]
     assert rel["boxes"] == [pytest.approx((20, 20, 60, 40))] and rel["labels"] == ["object"]
-    px = TASKS.get("detection")(eval_path=str(path)).examples("eval")[0]
-    assert px["boxes"] == [(100, 200, 300, 400)]
+    # read as pixels the same numbers fall off the 200x100 image: not a target, and a split of
+    # nothing else is an error naming the box and the space it was read in
+    with pytest.raises(ValueError, match=r"outside the 200x100 image \(read as pixel coordinates\)"):
+        TASKS.get("detection")(eval_path=str(path)).examples("eval")[0]

@@ -130,7 +130,7 @@ def test_generator_run_resumes_exactly(mode, tiny_flow_dir, tmp_path):
 
     straight = train(tmp_path / "a", 4).run_dir
     train(tmp_path / "b", 2)
-    resumed = train(tmp_path / "b", 4, "resume=true").run_dir
+    resumed = train(tmp_path / "b", 4, "resume=true", "allow_config_change=true").run_dir
     final_a, final_b = _weights(straight, "latest", lora == "lora"), _weights(resumed, "latest", lora == "lora")
     assert final_a.keys() == final_b.keys()
     for name, a in final_a.items():  # bit for bit (prompt embeddings do not depend on their batch)

@@ -124,7 +124,7 @@ def test_episodes_become_one_row_per_step_grouped_by_task():
     assert len(policy.prompts) == 2 and len(policy.prompts[1]) == 3  # finished episodes drop out
     m = episode_metrics(rows)
     assert m == {"episode/success": 1.0, "episode/length": 1.75, "episode/return": 1.0,
-                 "episode/invalid_actions": 0.0}
+                 "episode/invalid_actions": 0.0, "episode/timeouts": 0.0}
 
 
 def test_step_limit_unreadable_actions_and_the_metrics():
@@ -138,6 +138,45 @@ def test_step_limit_unreadable_actions_and_the_metrics():
     assert "Previous actions: Step 1: invalid." in policy.prompts[1][0]
     metrics = task.metrics(rows.completions, rows.examples)
     assert metrics == {"success": 0.0, "episode_length": 2.0, "invalid_actions": 1.0}
+
+
+@register_env("toy_slow_buttons")
+class ToySlowButtons(ToyButtons):
+    """ToyButtons whose button 3 hangs for ``delay`` seconds when pressed."""
+
+    def default_options(self):
+        return {"penalty": 0.0, "delay": 2.0}
+
+    def step(self, action):
+        if action is not None and action.get("point", [0])[0] >= 30:
+            import time
+
+            time.sleep(self.options["delay"])
+        return super().step(action)
+
+
+class ToySlowTask(EnvTask):
+    name = "toy_slow_task"
+    env_name = "toy_slow_buttons"
+
+
+def test_an_environment_step_past_its_timeout_ends_the_episode_and_is_counted():
+    import time
+
+    task = ToySlowTask(step_timeout=0.2, max_steps=3)
+    policy = ScriptedPolicy(lambda prompt, call: click(3) if call == 0 and "button 0" in prompt else
+                            click(goal_of(prompt)))
+    t0 = time.perf_counter()
+    rows = run_episodes(policy, task, [task.examples("train")[0], task.examples("train")[1]], 1, "train")
+    assert time.perf_counter() - t0 < 1.5  # the hung step (2 s) was not waited for
+    hung = [ex for ex in rows.examples if ex["episode_id"] == 0]
+    assert len(hung) == 1 and hung[0]["episode_timed_out"] and not hung[0]["episode_success"]
+    assert "longer than 0.2 s" in hung[0]["step_message"] and hung[0]["step_reward"] == 0.0
+    other = [ex for ex in rows.examples if ex["episode_id"] == 1]
+    assert other[0]["episode_success"] and not other[0]["episode_timed_out"]
+    assert episode_metrics(rows)["episode/timeouts"] == 0.5
+    with pytest.raises(ValueError, match="step_timeout"):
+        ToySlowTask(step_timeout=-1)
 
 
 def test_history_is_bounded_and_numbered_from_the_start():

@@ -53,7 +53,7 @@ def test_corrupt_or_missing_images_fall_through_to_the_next_example(tmp_path):
     ds = FileExamples(p, parse)
     assert len(ds) == 3
     assert ds[0]["box"] == (3, 3, 4, 4) and ds[1]["box"] == (3, 3, 4, 4)
-    assert ds.stats() == {"examples": 3, "skipped_lines": 0, "bad_images": 2}
+    assert ds.stats() == {"examples": 3, "skipped_lines": 0, "bad_images": 2, "bad_targets": 0}
 
 
 def test_errors_name_the_file(tmp_path):

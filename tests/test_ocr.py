@@ -223,7 +223,7 @@ def test_reader_reads_jsonl_and_skips_bad_lines(tmp_path):
     ds = t.examples("eval")
     assert len(ds) == 2 and [n for n, _ in ds.skipped] == [2, 3, 5]
     assert "not valid JSON" in ds.skipped[0][1] and "text" in ds.skipped[1][1]
-    assert ds.stats() == {"examples": 2, "skipped_lines": 3, "bad_images": 0}
+    assert ds.stats() == {"examples": 2, "skipped_lines": 3, "bad_images": 0, "bad_targets": 0}
     a, b = ds[0], ds[1]
     assert a["answer"] == "STOP" and a["question"] == "What text is shown?"  # the default question
     assert a["image"].size == (60, 20)

@@ -1,6 +1,8 @@
 """Reward plugins and their parsing helpers: hand-checked cases and never-raise properties."""
 
 import math
+import os
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -217,9 +219,18 @@ def _check(values, n):
         assert v is None or (isinstance(v, float) and 0.0 <= v <= 1.0 and not math.isnan(v))
 
 
-@settings(max_examples=150, deadline=None)
+# The suite draws 150 lists; the reliability campaign (README) runs MMRL_FUZZ_EXAMPLES=4000, and
+# with MMRL_FUZZ_REPORT=<file> the number of strings every reward was given is written there.
+FUZZ_EXAMPLES = int(os.environ.get("MMRL_FUZZ_EXAMPLES", "150"))
+_fuzzed = [0]
+
+
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None)
 @given(st.lists(TEXTS, min_size=1, max_size=4))
 def test_every_reward_never_raises(texts):
+    _fuzzed[0] += len(texts)
+    if os.environ.get("MMRL_FUZZ_REPORT"):
+        Path(os.environ["MMRL_FUZZ_REPORT"]).write_text(f"{_fuzzed[0]} strings, {len(REWARDS.names())} rewards\n")
     names = REWARDS.names()
     assert {"format", "accuracy", "iou"} <= set(names)
     for name in names:

@@ -58,8 +58,16 @@ def test_resume_continues_exactly(random_tiny_dir, tmp_path):
     """4 steps straight == 2 steps, stop, resume to 4: identical weights and step metrics."""
     straight, _ = _train(_cfg(random_tiny_dir, tmp_path / "a", 4))
     _train(_cfg(random_tiny_dir, tmp_path / "b", 2))
-    # The interrupted run's config said 2 steps; resuming with 4 continues from step 2.
-    resumed, _ = _train(_cfg(random_tiny_dir, tmp_path / "b", 4, "resume=true"))
+    # The interrupted run's config said 2 steps: resuming with 4 is a config change, refused
+    # unless allowed, and then it continues from step 2.
+    from mmrl.runs.config_history import ConfigChangeError
+
+    with pytest.raises(ConfigChangeError, match=r"train.steps: 2 -> 4"):
+        _train(_cfg(random_tiny_dir, tmp_path / "b", 4, "resume=true"))
+    resumed, _ = _train(_cfg(random_tiny_dir, tmp_path / "b", 4, "resume=true", "allow_config_change=true"))
+    history = sorted(p.name for p in (tmp_path / "b" / "run" / "config_history").iterdir())
+    assert history == ["000-start.yaml", "001-resume-step-2.yaml"]
+    assert "steps: 4" in (tmp_path / "b" / "run" / "config.yaml").read_text()
     for (name, a), (_, b) in zip(straight.model.named_parameters(), resumed.model.named_parameters()):
         assert torch.allclose(a, b, atol=1e-6, rtol=0), name
     rows_a = {r["step"]: r for r in _metrics(tmp_path / "a" / "run") if "reward" in r}

@@ -126,7 +126,7 @@ def test_variance_sampler_and_spo_kl_survive_resume(random_tiny_dir, tmp_path):
     a = Trainer(c := _cfg(random_tiny_dir, tmp_path / "a", 4, *extra), VLMPolicy(c))
     a.train()
     Trainer(c := _cfg(random_tiny_dir, tmp_path / "b", 2, *extra), VLMPolicy(c)).train()
-    b = Trainer(c := _cfg(random_tiny_dir, tmp_path / "b", 4, *extra, "resume=true"), VLMPolicy(c))
+    b = Trainer(c := _cfg(random_tiny_dir, tmp_path / "b", 4, *extra, "resume=true", "allow_config_change=true"), VLMPolicy(c))
     b.train()
     assert a.batches.sampler.state_dict() == b.batches.sampler.state_dict() and a.batches.sampler.state_dict()["scores"]
     assert a.batches.policy_kl is not None and a.batches.policy_kl == b.batches.policy_kl and a.batches.policy_kl >= 0

@@ -29,7 +29,7 @@ def test_spo_state_survives_resume_exactly(random_tiny_dir, tmp_path):
     a = Trainer(c := _cfg(random_tiny_dir, tmp_path / "a", 4, *spo), VLMPolicy(c))
     a.train()
     Trainer(c := _cfg(random_tiny_dir, tmp_path / "b", 2, *spo), VLMPolicy(c)).train()
-    b = Trainer(c := _cfg(random_tiny_dir, tmp_path / "b", 4, *spo, "resume=true"), VLMPolicy(c))
+    b = Trainer(c := _cfg(random_tiny_dir, tmp_path / "b", 4, *spo, "resume=true", "allow_config_change=true"), VLMPolicy(c))
     b.train()
     assert a.batches.adv_state.state_dict() == b.batches.adv_state.state_dict()
     assert a.batches.adv_state.state_dict()  # the tracker saw prompts

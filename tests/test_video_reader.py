@@ -352,6 +352,6 @@ def test_file_examples_read_videos_and_skip_bad_ones(tmp_path, caplog):
     listed = ds[3]
     assert frame_ids(listed["video"].frames) == [0, 1, 2, 2] and listed["video_duration"] == pytest.approx(0.75)
     assert listed["video_path"] == [str(frames / f"{i}.png") for i in range(3)]
-    assert ds.stats() == {"examples": 4, "skipped_lines": 1, "bad_images": 1}
+    assert ds.stats() == {"examples": 4, "skipped_lines": 1, "bad_images": 1, "bad_targets": 0}
     with pytest.raises(ValueError, match="video_options: unknown key 'fsp'"):
         FileExamples(path, parse, video_options={"fsp": 4})

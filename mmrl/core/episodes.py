@@ -64,7 +64,7 @@ def run_episodes(policy, task: EnvTask, examples: Sequence[dict], n: int, mode: 
         for row, e in enumerate(running):
             ex = batch.examples[row]
             action = task.read_action(batch.completions[row], ex)
-            obs, reward, done, info = envs[e].step(action)
+            obs, reward, done, info = step_env(envs[e], action, task.step_timeout, observations[e])
             returns[e] += float(reward)
             batch.examples[row] = {**ex, "episode_id": e, "step_index": t, "anchor_key": observations[e].state_key,
                                    "step_reward": float(reward), "step_valid": bool(info.get("valid", action is not None)),
@@ -73,7 +73,7 @@ def run_episodes(policy, task: EnvTask, examples: Sequence[dict], n: int, mode: 
             observations[e] = obs
             if done or t == task.max_steps - 1:
                 outcome[e] = {"episode_success": bool(info.get("success", False)), "episode_return": returns[e],
-                              "episode_length": t + 1}
+                              "episode_length": t + 1, "episode_timed_out": bool(info.get("timed_out", False))}
             else:
                 still.append(e)
         batch.group_ids = torch.tensor([group_of[e] for e in running], dtype=torch.long)
@@ -82,6 +82,25 @@ def run_episodes(policy, task: EnvTask, examples: Sequence[dict], n: int, mode: 
     rows = Rollouts.concat(turns, renumber_groups=False)
     rows.examples = [{**ex, **outcome[ex["episode_id"]]} for ex in rows.examples]
     return rows
+
+
+def step_env(env, action, timeout: float, observation):
+    """``env.step(action)``, or with ``timeout`` > 0 seconds, that step abandoned when it takes
+    longer: the episode ends there (reward 0, ``timed_out`` in its info). Python cannot stop the
+    thread of a hung step; it is left to finish on its own, and the environment is not used again."""
+    if not timeout:
+        return env.step(action)
+    import concurrent.futures
+
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    future = pool.submit(env.step, action)
+    try:
+        return future.result(timeout=timeout)
+    except concurrent.futures.TimeoutError:
+        return observation, 0.0, True, {"valid": False, "success": False, "timed_out": True,
+                                        "message": f"the environment step took longer than {timeout:g} s"}
+    finally:
+        pool.shutdown(wait=False)
 
 
 def episode_metrics(rows: Rollouts) -> dict[str, float]:
@@ -96,4 +115,5 @@ def episode_metrics(rows: Rollouts) -> dict[str, float]:
         "episode/length": sum(ex["episode_length"] for ex in episodes.values()) / n,
         "episode/return": sum(ex["episode_return"] for ex in episodes.values()) / n,
         "episode/invalid_actions": sum(not ex["step_valid"] for ex in rows.examples) / len(rows),
+        "episode/timeouts": sum(float(ex.get("episode_timed_out", False)) for ex in episodes.values()) / n,
     }

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
+import math
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
@@ -86,6 +88,17 @@ class Policy(Protocol):
     def save(self, path: Path) -> None: ...
 
     def load(self, path: Path) -> None: ...
+
+
+log = logging.getLogger(__name__)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """A CUDA (or CPU allocator) out-of-memory error: accelerate's test, which ``find_executable_batch_size``
+    uses too, plus torch's own exception type."""
+    from accelerate.utils.memory import should_reduce_batch_size
+
+    return isinstance(exc, torch.OutOfMemoryError) or should_reduce_batch_size(exc)
 
 
 def pick_device(name: str) -> torch.device:
@@ -173,6 +186,9 @@ class PolicyBase:
         self.scheduler = None
         self.accelerator = None
         self.train_module: torch.nn.Module | None = None  # the prepared TrainForward
+        # Samples per forward; halved for the rest of the run when a step runs out of memory.
+        self.micro_batch_size = max(1, int(cfg.train.micro_batch_size))
+        self.last_skip_cause: str | None = None  # why the last optimizer step was skipped, if it was
         unknown = set(self.capabilities) - set(CAPABILITIES)
         if unknown:
             raise ValueError(f"{type(self).__name__} declares unknown capabilities {sorted(unknown)}")
@@ -277,9 +293,34 @@ class PolicyBase:
     def train_step(self, batch: Rollouts, objective, num_tokens: float, num_seqs: float) -> dict[str, float]:
         """One optimizer step over ``batch`` (a mini-batch), gradients accumulated over the loss
         terms of :meth:`loss_terms`. Metrics are averaged over the terms, except ``loss`` (summed:
-        the terms' losses add up to the mini-batch loss)."""
+        the terms' losses add up to the mini-batch loss).
+
+        Out of memory: the accumulated gradients are dropped, the micro-batch is halved (and kept
+        so for the rest of the run; the normalisers are the mini-batch's, so the gradient is the
+        same) and the step is redone; with one sample per forward it stops with the numbers.
+        A non-finite gradient is not applied: the step is skipped (``skipped_update`` 1, the cause
+        in :attr:`last_skip_cause`)."""
         if self.optimizer is None:
             raise RuntimeError("call configure_optimizer() before train_step()")
+        while True:
+            try:
+                return self._train_step(batch, objective, num_tokens, num_seqs)
+            except Exception as exc:
+                if not is_out_of_memory(exc):
+                    raise
+                self.optimizer.zero_grad(set_to_none=True)
+                self.module.eval()
+                size = min(self.micro_batch_size, max(len(batch), 1))
+                if size <= 1:
+                    raise RuntimeError(
+                        f"out of memory with one sample per forward ({len(batch)} samples in the mini-batch, "
+                        f"longest action {batch.action_mask.shape[1]}): use LoRA, a frozen vision tower, a smaller "
+                        "model.dtype, max_pixels or max_completion_length") from exc
+                self.micro_batch_size = size // 2
+                log.warning("out of memory at %d samples per forward; retrying the step with %d", size,
+                            self.micro_batch_size)
+
+    def _train_step(self, batch: Rollouts, objective, num_tokens: float, num_seqs: float) -> dict[str, float]:
         self.module.train()
         sums: dict[str, float] = {}
         count = 0
@@ -301,16 +342,37 @@ class PolicyBase:
         if world > 1:
             self._synchronise_gradients()
             sums, count = _reduce_metrics(sums, count)
-        grad_norm = self.accelerator.clip_grad_norm_(self.trainable_parameters(), self.cfg.train.max_grad_norm)
-        self.optimizer.step()
+        params = self.trainable_parameters()
+        self.last_skip_cause = self._non_finite_gradient(params, sums.get("loss", 0.0))
+        if self.last_skip_cause is None:
+            grad_norm = self.accelerator.clip_grad_norm_(params, self.cfg.train.max_grad_norm)
+            self.optimizer.step()
+        else:
+            grad_norm = torch.tensor(float("nan"))
         self.optimizer.zero_grad(set_to_none=True)  # no gradients held through the next rollout
-        self.after_optimizer_step()
+        if self.last_skip_cause is None:
+            self.after_optimizer_step()
         self.module.eval()
         out = {k: v / max(count, 1) for k, v in sums.items() if k != "loss"}
         out["loss"] = sums.get("loss", 0.0)
         out["grad_norm"] = float(grad_norm)
         out["lr"] = float(self.scheduler.get_last_lr()[0])
+        out["skipped_update"] = float(self.last_skip_cause is not None)
         return out
+
+    def _non_finite_gradient(self, params: list[torch.nn.Parameter], loss: float) -> str | None:
+        """None when every gradient is finite (one norm over them all), else what went wrong:
+        the loss, or the first parameter whose gradient holds NaN / inf, by name."""
+        grads = [p.grad for p in params if p.grad is not None]
+        if not grads or bool(torch.isfinite(torch.nn.utils.get_total_norm(grads))):
+            return None
+        if not math.isfinite(loss):
+            return f"the loss is {loss}"
+        names = {id(p): n for n, p in self.module.named_parameters()}
+        for p in params:
+            if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
+                return f"the gradient of {names.get(id(p), '?')} is not finite"
+        return "the gradient norm is not finite"  # the squares overflowed: every gradient is finite
 
     # -- hooks with defaults --------------------------------------------------------------------
     def after_optimizer_step(self) -> None:

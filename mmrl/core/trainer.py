@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,9 +24,10 @@ from typing import Any
 
 import torch
 
-from ..config import check_unused_keys, save_config
+from ..config import check_unused_keys
 from ..registry import TASKS, load_plugins
 from ..runs.checkpoint import CheckpointManager, rng_state, set_rng_state
+from ..runs.config_history import check_resume_config, record_start
 from ..runs.logging import RunLogger, TrainingProgress, print_before_after
 from ..task import Task
 from . import distributed as dist
@@ -37,6 +39,8 @@ from .rollouts import Rollouts
 from .schedules import kl_coef_at, should_reset_reference
 from .seeding import seed_everything, step_seed
 
+log = logging.getLogger(__name__)
+
 
 def build_task(cfg) -> Task:
     load_plugins(cfg.plugins)
@@ -45,6 +49,10 @@ def build_task(cfg) -> Task:
 
 def run_name(cfg) -> str:
     return cfg.log.run_name or f"{cfg.task.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+class NonFiniteTrainingError(RuntimeError):
+    """Too many consecutive steps had non-finite gradients (``train.max_consecutive_skipped_steps``)."""
 
 
 @dataclass
@@ -64,6 +72,7 @@ class Trainer:
         self.policy = policy
         self.task = task or build_task(cfg)
         check_unused_keys(cfg, policy.unused_config, f"a {type(policy).__name__}")
+        _check_eval_split(self.task)
         self.rewards = make_reward_computer(self.task, cfg.task)
         self.batches = BatchBuilder(cfg, self.task, policy, self.rewards)
         self.objective_cfg = ObjectiveConfig.from_algo(cfg.algo, max_completion_length=policy.max_actions)
@@ -78,6 +87,10 @@ class Trainer:
         if self.main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         self.ckpt = CheckpointManager(self.run_dir / "checkpoints", keep=cfg.log.save_total_limit)
+        if cfg.resume:  # every rank: they all stop on a refused change
+            check_resume_config(self.run_dir, cfg)
+        if self.main and self.ckpt.root.exists():
+            self.ckpt.clean_stale_tmp()  # half-written checkpoints of a killed save
 
     # -- one RL step ------------------------------------------------------------------------------
     def rollout_step(self, step: int) -> tuple[Rollouts, dict[str, float]]:
@@ -105,6 +118,7 @@ class Trainer:
         mini, chunks = self._mini_batches(n)
         sums: dict[str, float] = {}
         count = 0
+        self.skip_causes = []
         for it in range(cfg.algo.num_iterations):
             g = torch.Generator().manual_seed(step_seed(cfg.train.seed, step, salt=11 + it))
             order = torch.randperm(n, generator=g) if mini < n else torch.arange(n)
@@ -113,10 +127,13 @@ class Trainer:
                 # Global normalisers: every rank's loss is a share of the whole mini-batch's.
                 metrics = self.policy.train_step(sub, objective, num_tokens=dist.all_sum(sub.action_mask.sum()),
                                                  num_seqs=dist.all_sum(count_sequences(sub.action_mask)))
+                if metrics.get("skipped_update"):
+                    self.skip_causes.append(self.policy.last_skip_cause)
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + v
                 count += 1
         out = {k: v / count for k, v in sums.items()}
+        out["micro_batch_size"] = float(self.policy.micro_batch_size)
         if cfg.algo.beta > 0:
             out["kl_coef"] = objective.cfg.beta
         if track_kl:
@@ -178,17 +195,18 @@ class Trainer:
     # -- the loop ---------------------------------------------------------------------------------
     def train(self) -> TrainResult:
         cfg, main = self.cfg, self.main
-        if main:
-            save_config(cfg, self.run_dir / "config.yaml")
         self.policy.configure_optimizer(cfg.train, cfg.train.steps)
         logger = RunLogger(self.run_dir, tensorboard=cfg.log.tensorboard) if main else None
         log = logger.log if main else (lambda step, metrics: None)
         start, before = (self._resume() if cfg.resume else (0, {}))
-        if start and main:
-            logger.truncate_after(start)
-        elif not start and cfg.eval.before:
+        if main:
+            record_start(self.run_dir, cfg, resumed_from=start)
+        if cfg.resume and main:  # what a killed attempt logged after its checkpoint is re-run: drop it
+            logger.truncate_after(start if start else -1)
+        if not start and cfg.eval.before:
             before = self.evaluate(grid_path=self.run_dir / "samples_before.png")
             log(0, {f"eval/{k}": v for k, v in before.items()})
+        skipped_in_a_row = 0
         try:
             with TrainingProgress(cfg.train.steps, start_step=start, enabled=cfg.log.progress and main,
                                   description=f"mmrl {self.task.name}") as progress:
@@ -206,6 +224,7 @@ class Trainer:
                         log(step, metrics)
                     if main and cfg.log.save_rollouts_every and step % cfg.log.save_rollouts_every == 0:
                         logger.save_rollouts(step, self._rollout_records(batch))
+                    skipped_in_a_row = self._record_skips(step, skipped_in_a_row, before)
                     progress.update(step, reward=metrics["reward"], step_time=metrics["step_time"])
                     if cfg.log.save_every and step % cfg.log.save_every == 0 and step < cfg.train.steps:
                         self.save(step, before)
@@ -223,6 +242,27 @@ class Trainer:
                 print_before_after(before, after, title=f"held-out eval ({self.task.name}, {cfg.eval.num_examples} examples)")
         return result
 
+    def _record_skips(self, step: int, in_a_row: int, before: dict[str, float]) -> int:
+        """Steps whose optimizer update was skipped (a non-finite gradient): each goes to
+        ``skipped_steps.jsonl`` with its cause and a warning; after
+        ``train.max_consecutive_skipped_steps`` in a row the run saves the last good weights (a
+        skipped step changed nothing) and stops. Returns the new count of skips in a row."""
+        if not self.skip_causes:
+            return 0
+        in_a_row += 1
+        if self.main:
+            with open(self.run_dir / "skipped_steps.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps({"step": step, "causes": self.skip_causes}) + "\n")
+            log.warning("step %d: %d update(s) skipped: %s", step, len(self.skip_causes), self.skip_causes[0])
+        limit = self.cfg.train.max_consecutive_skipped_steps
+        if limit and in_a_row >= limit:
+            self.save(step, before)
+            raise NonFiniteTrainingError(
+                f"{in_a_row} steps in a row skipped their update ({self.skip_causes[0]}, step {step}); the run "
+                f"stopped, its last good weights are in {self.ckpt.latest()} (see skipped_steps.jsonl; lower "
+                "train.learning_rate, compute in bfloat16 or float32 rather than float16, or check the rewards)")
+        return in_a_row
+
     def _rollout_records(self, batch: Rollouts) -> list[dict[str, Any]]:
         """A few of the step's rollouts as the task shows them, with completion, rewards, advantage."""
         records = []
@@ -235,6 +275,17 @@ class Trainer:
                 "advantage": float(batch.advantages[i]),
             })
         return records
+
+
+def _check_eval_split(task: Task) -> None:
+    """Open one held-out example now, so an eval split with nothing usable (every image broken,
+    every target invalid) stops the run before any training instead of at its first evaluation."""
+    try:
+        examples = task.examples("eval")
+        if len(examples):
+            examples[0]
+    except ValueError as exc:
+        raise ValueError(f"the eval split of task {task.name!r} is unusable: {exc}") from exc
 
 
 def _check_world(cfg) -> None:

@@ -41,6 +41,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from ..measures.gui import format_action, history_text
 from .gui_labels import parse_android_control, parse_gui_odyssey
+from ..media.coords import box_problem, point_problem
 from .images import load_image
 from .records import BadRecord
 from .sequence import LazySequence
@@ -187,8 +188,9 @@ class StepExamples(LazySequence):
     """Step examples (:func:`episode_steps`) whose screenshot is opened on access: item i is the
     example with ``image`` an RGB PIL image, ``image_path`` and ``image_size`` its size (labels
     rescaled by :func:`fit_to_image` if it differs from the recorded one), then ``finish(ex)``.
-    An unreadable screenshot is counted in ``bad_images`` (warned once) and the next example is
-    returned instead, so indexing never raises for bad data (only when none can be opened)."""
+    An unreadable screenshot is counted in ``bad_images``, a click or box off the screenshot (or
+    not finite, or inverted) in ``bad_targets`` (each warned once), and the next example is
+    returned instead, so indexing never raises for bad data (only when none can be used)."""
 
     def __init__(self, steps: Sequence[dict], finish: Optional[Callable[[dict], dict]] = None,
                  name: str = "GUI steps", episodes: Optional[GuiEpisodes] = None):
@@ -196,6 +198,7 @@ class StepExamples(LazySequence):
             raise ValueError(f"{name}: no step with a screenshot and an action")
         self.steps, self.finish, self.name, self.episodes = list(steps), finish or (lambda ex: ex), name, episodes
         self.bad_images: dict[str, str] = {}
+        self.bad_targets: dict[str, str] = {}  # step -> why its click cannot be a target
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -212,13 +215,36 @@ class StepExamples(LazySequence):
                     log.warning("%s: cannot open screenshot %s (%s); using the next step", self.name, ex["image"], exc)
                 continue
             out = fit_to_image({**ex, "image": image, "image_path": ex["image"]}, image.size)
+            problem = _target_problem(out)
+            if problem is not None:
+                where = f"{ex.get('source_episode', '?')} step {ex.get('step_index', '?')}"
+                if where not in self.bad_targets:
+                    self.bad_targets[where] = problem
+                    log.warning("%s: %s skipped: %s; using the next step", self.name, where, problem)
+                continue
             return self.finish(out)
-        raise ValueError(f"{self.name}: no screenshot could be opened (e.g. {next(iter(self.bad_images))})")
+        problems = {**self.bad_images, **self.bad_targets}
+        raise ValueError(f"{self.name}: no step could be used (a screenshot that does not open or a click off "
+                         f"it; e.g. {next(iter(problems.items()))})")
 
     def stats(self) -> dict[str, Any]:
         out = dict(self.episodes.stats()) if self.episodes is not None else {}
-        out.update(examples=len(self), bad_images=out.get("bad_images", 0) + len(self.bad_images))
+        out.update(examples=len(self), bad_images=out.get("bad_images", 0) + len(self.bad_images),
+                   bad_targets=len(self.bad_targets))
         return out
+
+
+def _target_problem(ex: Mapping) -> Optional[str]:
+    """Why a step's click (or bbox) cannot be trained on: off the screenshot, not finite, inverted."""
+    w, h = ex["image_size"]
+    action = ex.get("action") or {}
+    if action.get("point") is not None:
+        problem = point_problem(action["point"], w, h)
+        if problem:
+            return problem
+    if action.get("bbox") is not None:
+        return box_problem(action["bbox"], w, h)
+    return None
 
 
 # -- files -----------------------------------------------------------------------------------------

@@ -84,6 +84,9 @@ class FileExamples(LazySequence):
         self.video_options = _check_video_options(video_options)
         self.skipped: list[tuple[int, str]] = []  # (line or row number, reason) of records left out
         self.bad_images: dict[str, str] = {}  # record (file:line) -> error of its image or video, on access
+        # record (file:line) -> why its target (a box, a segment) cannot be trained on, found on access
+        # once the image or clip gives its size (the task's ``finish`` raises BadRecord)
+        self.bad_targets: dict[str, str] = {}
         self._index: list[int] = []  # source index of each usable record
         first = None
         for i, item in self.source.scan():
@@ -159,10 +162,17 @@ class FileExamples(LazySequence):
                     self.bad_images[where] = f"{type(exc).__name__}: {exc}"
                     log.warning("%s: cannot open the %s (%s); using the next example", where, what, exc)
                 continue
-            return self.finish(ex)
-        example = next(iter(self.bad_images.items()))
-        raise ValueError(f"{self.path}: no image or video of any example could be opened "
-                         f"(e.g. {example[0]}: {example[1]})")
+            try:
+                return self.finish(ex)
+            except BadRecord as exc:  # e.g. a box outside its image, known only now
+                where = self.source.locate(j)[1]
+                if where not in self.bad_targets:
+                    self.bad_targets[where] = str(exc)
+                    log.warning("%s skipped: %s; using the next example", where, exc)
+        problems = {**self.bad_images, **self.bad_targets}
+        example = next(iter(problems.items()))
+        raise ValueError(f"{self.path}: no example could be used: every image or video failed to open or its "
+                         f"target is invalid (e.g. {example[0]}: {example[1]})")
 
     def _open_image(self, ex: dict) -> None:
         ex["image"], path = open_image(ex["image"], self.image_root)
@@ -182,4 +192,5 @@ class FileExamples(LazySequence):
 
     def stats(self) -> dict[str, Any]:
         """``skipped_lines`` counts the records left out (lines of JSON files, rows of tables)."""
-        return {"examples": len(self), "skipped_lines": len(self.skipped), "bad_images": len(self.bad_images)}
+        return {"examples": len(self), "skipped_lines": len(self.skipped), "bad_images": len(self.bad_images),
+                "bad_targets": len(self.bad_targets)}

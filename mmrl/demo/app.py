@@ -9,7 +9,6 @@ model cannot run) is shown in the page's status line and the server goes on. Ele
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import traceback

@@ -119,7 +119,8 @@ class Playground:
     def load(self, label: str, task_name: str, checkpoint: bool = True) -> Loaded:
         """The policy named by ``label`` for ``task_name``; ``checkpoint=False`` for a run gives its
         starting model (the run's config without its trained weights): the "before" of a run."""
-        key = (label, task_name, checkpoint)
+        cfg, ckpt = self._config(label, task_name)
+        key = (label, task_name, str(ckpt) if checkpoint else None)  # a run that trains on gets reloaded
         if key in self._cache:
             self._cache.move_to_end(key)
             return self._cache[key]
@@ -127,7 +128,6 @@ class Playground:
         from ..core.reward_computer import make_reward_computer
         from ..core.trainer import build_task
 
-        cfg, ckpt = self._config(label, task_name)
         task = build_task(cfg)
         try:
             policy = make_policy(cfg, task)

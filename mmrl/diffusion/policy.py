@@ -316,7 +316,7 @@ class DiffusionPolicy(PolicyBase):
         d = self.d
         guidance = self.guidance(False)
         advantages = batch.advantages.clamp(-d.adv_clip_max, d.adv_clip_max)
-        mb = max(1, self.cfg.train.micro_batch_size)
+        mb = self.micro_batch_size
         for start in range(0, len(batch), mb):
             for t in range(batch.action_mask.shape[1]):
                 rows = torch.arange(start, min(start + mb, len(batch)))

@@ -46,6 +46,9 @@ class EnvTask(Task):
             "max_steps": None,  # actions per episode; None: the environment's max_steps
             "history_length": 4,  # earlier actions shown in each step's prompt (0: none)
             "thinking": False,  # True: <think> before the action
+            # seconds an environment step may take; a step that takes longer ends its episode
+            # (abandoned, counted in episode/timeouts). 0: no limit (the step runs in this thread).
+            "step_timeout": 0,
         }
 
     def __init__(self, **options: Any):
@@ -57,6 +60,9 @@ class EnvTask(Task):
         if self.max_steps < 1:
             raise ValueError(f"{self.name}: max_steps must be >= 1, got {self.max_steps}")
         self.bool_option("thinking")  # a real bool, not the string "false"
+        self.step_timeout = float(self.options["step_timeout"] or 0)
+        if self.step_timeout < 0:
+            raise ValueError(f"{self.name}: step_timeout must be >= 0 seconds, got {self.step_timeout}")
 
     # -- the environment --------------------------------------------------------------------------
     def make_env(self) -> Env:

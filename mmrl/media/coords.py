@@ -16,6 +16,8 @@ converts between any two spaces (x by width ratios, y by height ratios).
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -77,6 +79,33 @@ def convert_box(box: Sequence[float], src: str, dst: str, frame: Frame) -> tuple
     if len(box) != 4:
         raise ValueError(f"a box is (x1, y1, x2, y2), got {len(box)} numbers")
     return convert_points(box, src, dst, frame)  # type: ignore[return-value]
+
+
+def box_problem(box: Sequence[float], width: float, height: float, slack: float = 0.01) -> str | None:
+    """Why ``box`` (x1, y1, x2, y2 in pixels of a ``width`` x ``height`` image) cannot be a
+    training target, or None: it must be finite, have x1 < x2 and y1 < y2 (an inverted box is not
+    silently reordered: its file may mean another layout) and lie on the image (``slack`` of the
+    side allowed for annotation rounding)."""
+    if len(box) != 4 or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in box):
+        return f"box {list(box)} is not 4 finite numbers"
+    x1, y1, x2, y2 = box
+    if not (x1 < x2 and y1 < y2):
+        return f"box {list(box)} is inverted or empty (needs x1 < x2 and y1 < y2)"
+    dx, dy = slack * width, slack * height
+    if x1 < -dx or y1 < -dy or x2 > width + dx or y2 > height + dy:
+        return f"box {list(box)} lies outside the {int(width)}x{int(height)} image"
+    return None
+
+
+def point_problem(point: Sequence[float], width: float, height: float, slack: float = 0.01) -> str | None:
+    """Why ``point`` (x, y in pixels) cannot be a click target on a ``width`` x ``height`` image,
+    or None (finite, on the image within ``slack`` of the side)."""
+    if len(point) != 2 or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in point):
+        return f"point {list(point)} is not 2 finite numbers"
+    x, y = point
+    if not (-slack * width <= x <= width * (1 + slack) and -slack * height <= y <= height * (1 + slack)):
+        return f"point {list(point)} lies outside the {int(width)}x{int(height)} image"
+    return None
 
 
 def qwen_resized_size(width: int, height: int, min_pixels: int, max_pixels: int, factor: int = 28) -> tuple[int, int]:

@@ -128,7 +128,7 @@ class CheckpointManager:
         """A fresh temp directory for the checkpoint of ``step`` (the first half of :meth:`save`,
         for writers that fill it from several processes before rank 0 commits it)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        self._clean_stale_tmp()
+        self.clean_stale_tmp()
         tmp = self.root / f"{_TMP_PREFIX}{self.step_dir(step).name}-{os.getpid()}"
         if tmp.exists():
             shutil.rmtree(tmp)
@@ -184,7 +184,7 @@ class CheckpointManager:
         for s in others[: max(0, len(others) - (self.keep - 1))]:
             shutil.rmtree(self.step_dir(s), ignore_errors=True)
 
-    def _clean_stale_tmp(self) -> None:
+    def clean_stale_tmp(self) -> None:
         """Remove ``.tmp-*`` leftovers of killed saves (but not those of another live writer)."""
         for p in self.root.iterdir():
             if not p.name.startswith(_TMP_PREFIX):

@@ -21,6 +21,7 @@ import json
 import math
 import numbers
 import os
+import shutil
 import time
 import warnings
 from pathlib import Path
@@ -115,7 +116,11 @@ class RunLogger:
         return self._writer
 
     def truncate_after(self, step: int) -> None:
-        """Keep only metric lines with ``step <= step`` (and drop a torn last line from a kill)."""
+        """Keep only metric lines with ``step <= step`` (and drop a torn last line from a kill),
+        and only the saved rollouts of those steps (and the skipped-step records): a resumed run
+        re-runs the later steps, and every step must appear once."""
+        self._drop_rollouts_after(step)
+        self._truncate_jsonl(self.run_dir / "skipped_steps.jsonl", step)
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -123,10 +128,15 @@ class RunLogger:
             self._writer.close()
             self._writer = None
         self._purge_step = int(step) + 1
-        if not self.metrics_path.exists():
+        self._truncate_jsonl(self.metrics_path, step)
+
+    @staticmethod
+    def _truncate_jsonl(path: Path, step: int) -> None:
+        """Rewrite ``path`` (atomically) with its records of ``step <= step`` only."""
+        if not path.exists():
             return
         kept = []
-        with open(self.metrics_path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             for line in f:
                 try:
                     rec = json.loads(line)
@@ -134,12 +144,18 @@ class RunLogger:
                     continue
                 if isinstance(rec, dict) and isinstance(rec.get("step"), (int, float)) and rec["step"] <= step:
                     kept.append(json.dumps(rec) + "\n")
-        tmp = self.metrics_path.with_name(f".{self.metrics_path.name}.tmp-{os.getpid()}")
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         with open(tmp, "w", encoding="utf-8") as f:
             f.writelines(kept)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, self.metrics_path)
+        os.replace(tmp, path)
+
+    def _drop_rollouts_after(self, step: int) -> None:
+        for folder in (self.run_dir / "rollouts").glob("step_*"):
+            number = folder.name[len("step_"):]
+            if number.isdigit() and int(number) > step:
+                shutil.rmtree(folder, ignore_errors=True)
 
     # -- rollouts ----------------------------------------------------------------------------
 

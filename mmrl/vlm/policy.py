@@ -357,7 +357,7 @@ class VLMPolicy(PolicyBase):
         return logps * mask, entropy * mask
 
     def _micro_batches(self, batch: Rollouts):
-        mb = max(1, self.cfg.train.micro_batch_size)
+        mb = self.micro_batch_size
         for start in range(0, len(batch), mb):
             rows = list(range(start, min(start + mb, len(batch))))
             yield rows, batch.select(rows)

@@ -1,0 +1,235 @@
+"""Faults a long run meets, injected on the random tiny model: non-finite gradients (skipped,
+logged, K in a row stop the run with its last good weights), out of memory (the micro-batch
+halves and the step completes with the same gradient), resumes that would change the config, and
+data whose targets cannot be trained on (skipped and counted)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import make_config
+from mmrl.core.losses import Objective, ObjectiveConfig
+from mmrl.registry import TASKS
+
+
+def _policy(path, *extra):
+    from mmrl.vlm.policy import VLMPolicy
+
+    cfg = make_config(f"model.path={path}", "train.device=cpu", "task.name=counting", "rollout.max_completion_length=6",
+                      "train.learning_rate=1e-3", "train.micro_batch_size=6", *extra)
+    policy = VLMPolicy(cfg)
+    policy.configure_optimizer(cfg.train, 10)
+    policy.begin_step(1)
+    return policy
+
+
+def _batch(policy, n_prompts: int = 2, n: int = 3):
+    task = TASKS.get("counting")()
+    examples = policy.prepare_examples([task.examples("train")[i] for i in range(n_prompts)])
+    torch.manual_seed(0)
+    batch = policy.rollout(examples, [task.build_prompt(ex) for ex in examples], n, "train")
+    batch.advantages = torch.tensor([1.0, -1.0, 0.5] * n_prompts)[: len(batch)]
+    return batch
+
+
+def _step(policy, batch):
+    return policy.train_step(batch, Objective(ObjectiveConfig.from_algo(policy.cfg.algo)),
+                             num_tokens=float(batch.action_mask.sum()), num_seqs=float(len(batch)))
+
+
+def _weights(policy):
+    return [p.detach().clone() for p in policy.trainable_parameters()]
+
+
+def test_a_non_finite_gradient_is_not_applied_and_names_its_layer(random_tiny_dir):
+    policy = _policy(random_tiny_dir)
+    batch = _batch(policy)
+    name, param = next((n, p) for n, p in policy.module.named_parameters() if "layers.1.mlp" in n and p.requires_grad)
+    hook = param.register_hook(lambda g: g * float("nan"))
+    before = _weights(policy)
+    metrics = _step(policy, batch)
+    assert metrics["skipped_update"] == 1.0 and name in policy.last_skip_cause
+    assert all(torch.equal(a, b) for a, b in zip(before, policy.trainable_parameters()))
+    assert all(p.grad is None for p in policy.trainable_parameters())  # nothing carried to the next step
+    hook.remove()
+    metrics = _step(policy, batch)
+    assert metrics["skipped_update"] == 0.0 and policy.last_skip_cause is None
+    assert any(not torch.equal(a, b) for a, b in zip(before, policy.trainable_parameters()))
+
+
+def test_a_non_finite_loss_is_named_as_such(random_tiny_dir, monkeypatch):
+    policy = _policy(random_tiny_dir)
+    terms = policy.loss_terms
+
+    def nan_terms(*args, **kwargs):
+        for loss, metrics in terms(*args, **kwargs):
+            yield loss * float("inf"), {**metrics, "loss": float("inf")}
+
+    monkeypatch.setattr(policy, "loss_terms", nan_terms)
+    assert _step(policy, _batch(policy))["skipped_update"] == 1.0
+    assert policy.last_skip_cause == "the loss is inf"
+
+
+def test_out_of_memory_halves_the_micro_batch_and_gives_the_same_step(random_tiny_dir, monkeypatch):
+    """A forward of more than 2 samples "runs out of memory": the step completes at micro-batch 1
+    (6 -> 3 -> 1), keeps that size, and updates the weights exactly as a run at micro-batch 1 does."""
+    reference = _policy(random_tiny_dir, "train.micro_batch_size=1")
+    batch = _batch(reference)
+    _step(reference, batch)
+    policy = _policy(random_tiny_dir)
+    terms, sizes = policy.loss_terms, []
+
+    def tight_memory(*args, **kwargs):
+        for term in terms(*args, **kwargs):
+            sizes.append(policy.micro_batch_size)
+            if policy.micro_batch_size > 2:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            yield term
+
+    monkeypatch.setattr(policy, "loss_terms", tight_memory)
+    metrics = _step(policy, batch)
+    assert sizes[:2] == [6, 3] and policy.micro_batch_size == 1 and metrics["skipped_update"] == 0.0
+    for a, b in zip(reference.trainable_parameters(), policy.trainable_parameters()):
+        assert torch.allclose(a, b, atol=1e-6), "the backed-off step differs from the micro-batch-1 step"
+
+
+def test_out_of_memory_at_one_sample_stops_with_the_numbers(random_tiny_dir, monkeypatch):
+    policy = _policy(random_tiny_dir)
+
+    def no_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        yield  # a generator, like the real one
+
+    monkeypatch.setattr(policy, "loss_terms", no_memory)
+    with pytest.raises(RuntimeError, match="one sample per forward \\(6 samples"):
+        _step(policy, _batch(policy))
+    with pytest.raises(ValueError, match="not memory"):  # other errors pass through untouched
+        monkeypatch.setattr(policy, "loss_terms", lambda *a, **k: (_ for _ in ()).throw(ValueError("not memory")))
+        _step(policy, _batch(policy))
+
+
+def _run_cfg(path, out, steps, *extra):
+    return make_config(f"model.path={path}", "train.device=cpu", f"train.steps={steps}", "train.prompts_per_step=2",
+                       "rollout.num_generations=2", "rollout.max_completion_length=6", "eval.num_examples=2",
+                       "eval.pass_k=0", "eval.before=false", f"log.output_dir={out}", "log.run_name=run",
+                       "log.save_every=1", "log.save_rollouts_every=1", "log.progress=false", *extra)
+
+
+@pytest.mark.slow
+def test_consecutive_skipped_steps_stop_the_run_with_the_last_good_weights(random_tiny_dir, tmp_path, monkeypatch):
+    """NaN gradients at steps 2 and 3: both skipped and logged; with the limit at 2 the run
+    stops at step 3 with a checkpoint whose weights are step 1's."""
+    from mmrl.core.trainer import NonFiniteTrainingError, Trainer
+    from mmrl.vlm.policy import VLMPolicy
+
+    cfg = _run_cfg(random_tiny_dir, tmp_path, 5, "train.max_consecutive_skipped_steps=2", "log.save_total_limit=3")
+    policy = VLMPolicy(cfg)
+    trainer = Trainer(cfg, policy)
+    step_of = trainer.rollout_step
+    param = next(p for n, p in policy.module.named_parameters() if "lm_head" in n or "embed_tokens" in n)
+    hooks = []
+
+    def rollout_step(step):
+        if step == 2:
+            hooks.append(param.register_hook(lambda g: g * float("nan")))
+        return step_of(step)
+
+    monkeypatch.setattr(trainer, "rollout_step", rollout_step)
+    with pytest.raises(NonFiniteTrainingError, match="2 steps in a row"):
+        trainer.train()
+    run = tmp_path / "run"
+    skips = [json.loads(line) for line in (run / "skipped_steps.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in skips] == [2, 3] and "not finite" in skips[0]["causes"][0]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"reward"' in line]
+    assert [r["skipped_update"] for r in rows] == [0.0, 1.0, 1.0]
+    saved = torch.load(run / "checkpoints" / "step_00000003" / "trainer.pt", weights_only=False)
+    assert saved["step"] == 3
+    from safetensors.torch import load_file
+
+    def weights(step):
+        return load_file(str(run / "checkpoints" / f"step_{step:08d}" / "policy" / "model" / "model.safetensors"))
+
+    w1, w3 = weights(1), weights(3)
+    assert all(torch.equal(w1[k], w3[k]) for k in w1)  # the skipped steps changed nothing
+
+
+@pytest.mark.slow
+def test_a_resume_drops_later_rollouts_and_refuses_another_task(random_tiny_dir, tmp_path):
+    from mmrl.core.trainer import Trainer
+    from mmrl.runs.config_history import ConfigChangeError
+    from mmrl.vlm.policy import VLMPolicy
+
+    cfg = _run_cfg(random_tiny_dir, tmp_path, 2)
+    Trainer(cfg, VLMPolicy(cfg)).train()
+    run = tmp_path / "run"
+    (run / "checkpoints" / "latest").write_text("step_00000001")  # as if killed after step 2's rollouts
+    with pytest.raises(ConfigChangeError, match="another task.name"):
+        bad = _run_cfg(random_tiny_dir, tmp_path, 2, "resume=true", "allow_config_change=true", "task.name=grounding")
+        Trainer(bad, VLMPolicy(bad))
+    again = _run_cfg(random_tiny_dir, tmp_path, 2, "resume=true", "log.save_rollouts_every=0")
+    Trainer(again, VLMPolicy(again)).train()
+    assert sorted(p.name for p in (run / "rollouts").iterdir()) == ["step_000001"]  # step 2's were re-run
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()
+             if '"reward"' in line]
+    assert steps == [1, 2]
+
+
+def test_boxes_that_cannot_be_targets_are_skipped_and_counted(tmp_path):
+    from PIL import Image
+
+    Image.new("RGB", (100, 80)).save(tmp_path / "a.png")
+    records = [{"image": "a.png", "question": "q", "answer": box} for box in
+               ([10, 10, 50, 40], [1e300, -1e300, 1e308, 5], [50, 50, 10, 10], [10, 10, 150, 40], [20, 20, 60, 70])]
+    (tmp_path / "rec.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    examples = TASKS.get("grounding")(train_path=str(tmp_path / "rec.jsonl")).examples("train")
+    got = [examples[i]["box"] for i in range(len(examples))]
+    assert set(got) == {(10.0, 10.0, 50.0, 40.0), (20.0, 20.0, 60.0, 70.0)}
+    reasons = list(examples.bad_targets.values())
+    assert len(reasons) == 3 and examples.stats()["bad_targets"] == 3
+    assert any("inverted" in r for r in reasons) and any("outside the 100x80 image" in r for r in reasons)
+    # a split with no usable target stops the run at setup, before any training
+    (tmp_path / "bad.jsonl").write_text(json.dumps(records[2]) + "\n")
+    from mmrl.core.trainer import _check_eval_split
+
+    task = TASKS.get("grounding")(train_path=str(tmp_path / "rec.jsonl"), eval_path=str(tmp_path / "bad.jsonl"))
+    with pytest.raises(ValueError, match="eval split of task 'grounding' is unusable.*inverted"):
+        _check_eval_split(task)
+
+
+def test_a_segment_outside_its_clip_is_skipped(tmp_path):
+    from test_video_reader import write_clip
+    from tasks.temporal_grounding import check_segment_in_clip
+    from mmrl.data.records import BadRecord
+
+    assert check_segment_in_clip({"segment": (1.0, 3.2), "video_duration": 3.0})["segment"] == (1.0, 3.2)
+    with pytest.raises(BadRecord, match="outside the 3 s clip"):
+        check_segment_in_clip({"segment": (1.0, 9.0), "video_duration": 3.0})
+    write_clip(tmp_path / "c.mp4", frames=30, fps=10)  # 3 s
+    rows = [{"video": "c.mp4", "sentence": "s", "start": 0.5, "end": 2.0},
+            {"video": "c.mp4", "sentence": "s", "start": 4.0, "end": 6.0}]
+    (tmp_path / "g.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    examples = TASKS.get("temporal_grounding")(train_path=str(tmp_path / "g.jsonl")).examples("train")
+    assert {examples[i]["segment"] for i in range(2)} == {(0.5, 2.0)} and len(examples.bad_targets) == 1
+
+
+def test_a_click_off_its_screenshot_is_skipped():
+    from mmrl.data.gui_episodes import StepExamples
+    from mmrl.media.coords import box_problem, point_problem
+
+    assert point_problem([5, 5], 10, 10) is None and "outside" in point_problem([50, 5], 10, 10)
+    assert "finite" in point_problem([float("nan"), 1], 10, 10) and box_problem([1, 1, 5, 5], 10, 10) is None
+    import tempfile
+    from pathlib import Path
+
+    from PIL import Image
+
+    with tempfile.TemporaryDirectory() as d:
+        Image.new("RGB", (40, 30)).save(Path(d) / "s.png")
+        steps = [{"image": str(Path(d) / "s.png"), "action": {"action": "click", "point": p}, "source_episode": "e",
+                  "step_index": k} for k, p in enumerate(([10, 10], [400, 10]))]
+        examples = StepExamples(steps)
+        assert [examples[i]["action"]["point"] for i in range(2)] == [[10, 10], [10, 10]]
+        assert list(examples.bad_targets) == ["e step 1"] and examples.stats()["bad_targets"] == 1
