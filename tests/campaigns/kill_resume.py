@@ -6,7 +6,8 @@
 
 A reference run trains ``--steps`` steps straight. The campaign run trains the same config with a
 checkpoint every step: it is started, killed with SIGKILL (its whole process group) after a random
-delay (during a step or during a save, wherever it falls), resumed with ``--resume``, and so on
+delay (during a step), or, for ``--save-kills`` of the kills, as soon as a checkpoint's temporary
+directory appears (during a save), resumed with ``--resume``, and so on
 ``--kills`` times, then resumed to the end. After every kill it checks that the latest checkpoint
 loads (weights and trainer state); at the end, that every step is in ``metrics.jsonl`` exactly
 once and that the final weights equal the reference's. Prints one JSON line of figures (the
@@ -79,6 +80,23 @@ def final_weights(checkpoint: Path) -> dict:
     return out
 
 
+def saving(run: Path) -> bool:
+    """A checkpoint is being written: its temporary directory exists."""
+    return (run / "checkpoints").exists() and any((run / "checkpoints").glob(".tmp-*"))
+
+
+def wait_for_save(proc: subprocess.Popen, run: Path, limit: float) -> None:
+    """Return (by TimeoutExpired) as soon as a save is under way, or after ``limit`` seconds."""
+    end = time.time() + limit
+    while time.time() < end:
+        if proc.poll() is not None:
+            return
+        if saving(run):
+            raise subprocess.TimeoutExpired(proc.args, limit)
+        time.sleep(0.0005)
+    raise subprocess.TimeoutExpired(proc.args, limit)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kind", choices=sorted(KINDS), default="vlm")
@@ -88,6 +106,7 @@ def main() -> None:
     ap.add_argument("--max-delay", type=float, default=14.0)
     ap.add_argument("--out", type=Path, default=Path("runs/campaign"))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--save-kills", type=float, default=0.5, help="share of kills aimed at a save in progress")
     a = ap.parse_args()
     rng = random.Random(a.seed)
     out = a.out / a.kind
@@ -102,9 +121,12 @@ def main() -> None:
                                 env={**os.environ, "OMP_NUM_THREADS": "1"})
         started = True
         try:
-            proc.wait(timeout=rng.uniform(a.min_delay, a.max_delay))
+            if rng.random() < a.save_kills:  # this kill waits for a save to begin and lands inside it
+                wait_for_save(proc, run, a.max_delay)
+            else:
+                proc.wait(timeout=rng.uniform(a.min_delay, a.max_delay))
         except subprocess.TimeoutExpired:
-            during_save += any((run / "checkpoints").glob(".tmp-*")) if (run / "checkpoints").exists() else 0
+            during_save += saving(run)
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             kills += 1
