@@ -1,5 +1,5 @@
 """The HF engine's speed settings: LoRA folded into weight copies for generation (the base restored
-bit for bit) and rollout.batch_size=0 (as many as fit, smaller on out-of-memory, remembered)."""
+bit for bit) and rollout.batch_size=0 (as many as fit, halved on out-of-memory, remembered)."""
 
 from __future__ import annotations
 
@@ -91,8 +91,25 @@ def test_batch_size_zero_shrinks_on_out_of_memory_and_remembers_the_size():
     exs, prompts = _prompts(2)
     batch = policy.rollout(exs, prompts, 4, "train")
     assert len(batch) == 8 and batch.action_mask.shape[0] == 8
-    assert calls[0] == 8 and calls[-3:] == [3, 3, 2] and all(c > 3 for c in calls[:-3])
-    assert policy.engine.fitted_batch_size == 3
+    assert calls == [8, 4, 2, 2, 2, 2]  # halved on each out-of-memory error
+    assert policy.engine.fitted_batch_size == 2
     calls.clear()
     policy.rollout(exs, prompts, 4, "train")
-    assert calls == [3, 3, 2]  # the next step starts at the size that fit
+    assert calls == [2, 2, 2, 2]  # the next step starts at the size that fit
+
+
+def test_a_fixed_batch_size_also_halves_on_out_of_memory():
+    policy = VLMPolicy(make_config("train.device=cpu", "rollout.max_completion_length=3", "rollout.batch_size=6"))
+    calls = []
+    generate = policy.module.generate
+
+    def limited(**kw):  # a device that holds 3 sequences
+        calls.append(kw["input_ids"].shape[0])
+        if kw["input_ids"].shape[0] > 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return generate(**kw)
+
+    policy.module.generate = limited
+    exs, prompts = _prompts(2)
+    assert len(policy.rollout(exs, prompts, 4, "train")) == 8
+    assert calls == [6, 3, 3, 2] and policy.engine.fitted_batch_size == 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any, Sequence
 
 import torch
@@ -13,15 +14,18 @@ from ..lora_merge import merged_for_generation
 from ..processing import split_patches
 from .base import RolloutEngine, Sampling
 
+log = logging.getLogger(__name__)
+
 
 @register_engine("hf")
 class HFGenerate(RolloutEngine):
     """transformers' ``generate`` on the policy's module, in batches of ``sampling.batch_size``.
 
     ``rollout.batch_size=0``: as many sequences at once as fit, all of them if they do: the first
-    call tries the whole rollout and, on out-of-memory, accelerate's ``find_executable_batch_size``
-    retries with a smaller batch; the size that worked is kept for later steps. (An overhead-bound
-    decode loop takes as long for 8 sequences as for 32, so fewer, larger calls are faster.)
+    call tries the whole rollout. With either setting an out-of-memory error makes accelerate's
+    ``find_executable_batch_size`` retry with half the sequences per call, and the size that
+    worked is kept for later steps. (An overhead-bound decode loop takes as long for 8 sequences as
+    for 32, so fewer, larger calls are faster.)
 
     With LoRA and ``rollout.merge_lora_for_generation`` (default) the adapters are folded into
     copies of the base weights for the rollout (:mod:`mmrl.vlm.lora_merge`): plain matmuls per
@@ -48,11 +52,18 @@ class HFGenerate(RolloutEngine):
         policy = self.policy
         merge = policy.lora and policy.cfg.rollout.merge_lora_for_generation
         with merged_for_generation(policy.module) if merge else contextlib.nullcontext():
-            if sampling.batch_size > 0:
-                return self.generate_in_batches(prompts, sampling, sampling.batch_size)
             from accelerate.utils import find_executable_batch_size
 
-            @find_executable_batch_size(starting_batch_size=min(len(prompts), self.fitted_batch_size or len(prompts)))
+            wanted = sampling.batch_size if sampling.batch_size > 0 else len(prompts)
+            start = min(len(prompts), wanted, self.fitted_batch_size or wanted)
+            sizes = [start]
+
+            def halve() -> int:  # out of memory: half the sequences per call (accelerate's default: 0.9x)
+                sizes.append(sizes[-1] // 2)
+                log.warning("out of memory generating %d sequences at once; retrying with %d", sizes[-2], sizes[-1])
+                return sizes[-1]
+
+            @find_executable_batch_size(starting_batch_size=max(start, 1), reduce_batch_size_fn=halve)
             def fitting(batch_size: int) -> list[dict]:
                 results = self.generate_in_batches(prompts, sampling, batch_size)
                 self.fitted_batch_size = batch_size
