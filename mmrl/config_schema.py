@@ -71,6 +71,9 @@ class RolloutConfig:
     max_completion_length: int = 32
     batch_size: int = 64  # sequences generated at once; 0 = as many as fit (all, unless out of memory)
     merge_lora_for_generation: bool = True  # hf engine + LoRA: adapters folded into weight copies to generate
+    # hf engine: seconds one generate call may run (transformers' max_time); past it the call stops,
+    # its unfinished completions end there (truncated) and are counted in rollout_timeouts. 0: no limit.
+    max_time: float = 0.0
 
 
 @dataclass

@@ -113,3 +113,16 @@ def test_a_fixed_batch_size_also_halves_on_out_of_memory():
     exs, prompts = _prompts(2)
     assert len(policy.rollout(exs, prompts, 4, "train")) == 8
     assert calls == [6, 3, 3, 2] and policy.engine.fitted_batch_size == 3
+
+
+def test_a_generate_call_past_max_time_stops_and_is_counted():
+    """transformers' max_time ends the call: every completion is cut (truncated) and counted."""
+    policy = VLMPolicy(make_config("train.device=cpu", "rollout.max_completion_length=30", "rollout.max_time=1e-9",
+                                   "eval.temperature=1.0"))
+    exs, prompts = _prompts(2)
+    batch = policy.rollout(exs, prompts, 2, "train")
+    assert bool(batch.truncated.all()) and int(batch.action_mask.sum(1).max()) < 30
+    assert policy.take_generation_timeouts() == 4 and policy.take_generation_timeouts() == 0
+    untimed = VLMPolicy(make_config("train.device=cpu", "rollout.max_completion_length=3"))
+    untimed.rollout(exs, prompts, 2, "train")
+    assert untimed.take_generation_timeouts() == 0

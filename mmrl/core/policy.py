@@ -375,6 +375,10 @@ class PolicyBase:
         return "the gradient norm is not finite"  # the squares overflowed: every gradient is finite
 
     # -- hooks with defaults --------------------------------------------------------------------
+    def take_generation_timeouts(self) -> int:
+        """Samples whose generation was cut by a time limit since the last call (``rollout.max_time``)."""
+        return 0
+
     def after_optimizer_step(self) -> None:
         """Called after every optimizer step (e.g. a rollout engine reloads the new weights)."""
 

@@ -110,7 +110,8 @@ def _try_tab(gr, play: Playground):
     seed, n, temperature, upload, record, fill = _input_row(gr, "try")
     go = gr.Button("Sample", variant="primary", elem_id="try-sample")
     status = gr.Markdown(elem_id="try-status")
-    gallery = gr.Gallery(object_fit="contain", label="the task's picture of each sample", columns=4, height=360, elem_id="try-gallery")
+    gallery = gr.Gallery(object_fit="contain", label="the task's picture of each sample", columns=4, height=360,
+                         elem_id="try-gallery")
     table = gr.Dataframe(label="completions, parsed answers and rewards", wrap=True, elem_id="try-table")
 
     @_guarded(3)
@@ -217,7 +218,8 @@ def _generators_tab(gr, play: Playground):
     status = gr.Markdown(elem_id="gen-status")
     with gr.Row():
         with gr.Column():
-            before_gallery = gr.Gallery(object_fit="contain", label="the chosen generator", columns=4, height=300, elem_id="gen-before")
+            before_gallery = gr.Gallery(object_fit="contain", label="the chosen generator", columns=4, height=300,
+                                        elem_id="gen-before")
             before_table = gr.Dataframe(wrap=True, elem_id="gen-before-table")
         with gr.Column():
             after_gallery = gr.Gallery(object_fit="contain", label="after RL", columns=4, height=300,
@@ -256,7 +258,8 @@ def _runs_tab(gr, runs_dir: Path):
     with gr.Row():
         step = gr.Dropdown([], label="rollouts of step", elem_id="runs-step")
     rollouts = gr.Gallery(object_fit="contain", label="saved rollouts", columns=4, height=300, elem_id="runs-rollouts")
-    evals = gr.Gallery(object_fit="contain", label="held-out samples and eval galleries", columns=3, height=300, elem_id="runs-evals")
+    evals = gr.Gallery(object_fit="contain", label="held-out samples and eval galleries", columns=3, height=300,
+                       elem_id="runs-evals")
     with gr.Accordion("summary and resolved config", open=False):
         summary = gr.JSON(elem_id="runs-summary")
         config = gr.Code(language="yaml", elem_id="runs-config")

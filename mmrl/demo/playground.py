@@ -281,7 +281,8 @@ def _sample(loaded: Loaded, ex: dict, n: int, temperature: float, seed: int, sco
         note = ""
     else:  # a free-text prompt has no generated spec for the task's rewards to check against
         total, comps = torch.full((len(batch.completions),), float("nan")), {}
-        note = f"{len(batch.completions)} sample(s) of your prompt, not scored: {task.name}'s rewards check generated specs"
+        note = (f"{len(batch.completions)} sample(s) of your prompt, not scored: "
+                f"{task.name}'s rewards check generated specs")
     text = next((str(ex[k]) for k in ("question", "instruction", "prompt") if ex.get(k)), "")
     out = Samples(columns=_columns(task, comps), message=note, input_text=text)
     for i, (completion, row_ex) in enumerate(zip(batch.completions, batch.examples)):

@@ -83,8 +83,8 @@ class DiffusionPolicy(PolicyBase):
     The trained module is the pipeline's transformer (LoRA goes there)."""
 
     loss_inputs = frozenset({"logps", "flow_matching_logps", "nft_errors"})
-    unused_config = ("vlm", "rollout.engine", "rollout.temperature", "rollout.top_p", "rollout.top_k",
-                     "rollout.max_completion_length", "eval.temperature", "data.perturbation",
+    unused_config = ("vlm", "rollout.engine", "rollout.max_time", "rollout.temperature", "rollout.top_p",
+                     "rollout.top_k", "rollout.max_completion_length", "eval.temperature", "data.perturbation",
                      "train.shared_prefix")
 
     def __init__(self, cfg, pipeline: FlowPipeline | None = None, device: torch.device | None = None):

@@ -241,6 +241,9 @@ class VLMPolicy(PolicyBase):
             batch.ref_logps = self.score(batch, reference=True) if samples else empty
         return batch
 
+    def take_generation_timeouts(self) -> int:
+        return self.engine.take_timeouts()
+
     def rollout(self, examples: Sequence[dict], prompts: Sequence[list[dict]], n: int, mode: str = "train",
                 need_old_logps: bool = False, need_ref_logps: bool = False) -> Rollouts:
         """``n`` samples for each prompt; group i holds the samples of ``prompts[i]``."""

@@ -346,6 +346,8 @@ class BatchBuilder:
             **{k: v / max(self._reward_calls, 1) for k, v in self._reward_stats.items()},  # mean over scoring calls
             "completion_length": float(lengths.mean()),
             "truncated_frac": float(first.truncated.float().mean()) if first.truncated is not None else 0.0,
+            **({"rollout_timeouts": float(self.policy.take_generation_timeouts())}
+               if self.cfg.rollout.max_time > 0 else {}),
             "zero_std_group_frac": sum(not v for v in variance.values()) / max(len(variance), 1),
             **episode_metrics(first),
             **extra,

@@ -34,6 +34,11 @@ class RolloutEngine:
     def generate(self, prompts: Sequence[list[dict]], sampling: Sampling) -> list[dict]:
         raise NotImplementedError
 
+    def take_timeouts(self) -> int:
+        """Samples whose generation was cut by ``rollout.max_time`` since the last call (an
+        engine without a time limit: 0)."""
+        return 0
+
     def sync_weights(self) -> None:
         """Nothing to do for an engine that generates from the policy's own module."""
 

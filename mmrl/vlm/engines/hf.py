@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from typing import Any, Sequence
 
 import torch
@@ -47,6 +48,12 @@ class HFGenerate(RolloutEngine):
             raise ConfigError(f"{', '.join(changed)}: read only by rollout.engine=vllm (this run uses "
                               "rollout.engine=hf); remove the key(s) or set rollout.engine=vllm")
         self.fitted_batch_size: int | None = None  # rollout.batch_size=0: the size that fit last
+        self.timed_out = 0  # samples whose generate call reached rollout.max_time, since last taken
+
+    def take_timeouts(self) -> int:
+        """Samples cut by ``rollout.max_time`` since the last call (and reset)."""
+        count, self.timed_out = self.timed_out, 0
+        return count
 
     def generate(self, prompts: Sequence[list[dict]], sampling: Sampling) -> list[dict]:
         policy = self.policy
@@ -91,8 +98,14 @@ class HFGenerate(RolloutEngine):
                                   top_k=sampling.top_k)
             else:
                 gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+            max_time = policy.cfg.rollout.max_time
+            if max_time > 0:
+                gen_kwargs["max_time"] = max_time
+            started = time.perf_counter()
             with policy.autocast():
                 out = model.generate(**inputs, **gen_kwargs).cpu()
+            if max_time > 0 and time.perf_counter() - started >= max_time:
+                self.timed_out += len(chunk)
             prompt_len = enc["input_ids"].shape[1]
             patches = split_patches(enc, images_per_sample)
             videos = policy.split_videos(enc)

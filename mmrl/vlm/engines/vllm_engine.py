@@ -91,6 +91,11 @@ class VLLMEngine(RolloutEngine):
             raise ConfigError("rollout.merge_lora_for_generation=false: read only by rollout.engine=hf (this run "
                               "uses rollout.engine=vllm, which always receives LoRA merged into its weights); "
                               "remove the key or set rollout.engine=hf")
+        if policy.cfg.rollout.max_time > 0:
+            from mmrl.config import ConfigError
+
+            raise ConfigError("rollout.max_time: read only by rollout.engine=hf (transformers' max_time); remove "
+                              "the key or set rollout.engine=hf")
         self.vllm = import_vllm()  # fail at setup, not at the first rollout
         from vllm.platforms import current_platform
 
