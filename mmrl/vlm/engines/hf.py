@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import time
 from typing import Any, Sequence
@@ -10,6 +11,8 @@ from typing import Any, Sequence
 import torch
 
 from mmrl.registry import register_engine
+
+from mmrl.core.policy import is_out_of_memory
 
 from ..lora_merge import merged_for_generation
 from ..processing import split_patches
@@ -23,9 +26,8 @@ class HFGenerate(RolloutEngine):
     """transformers' ``generate`` on the policy's module, in batches of ``sampling.batch_size``.
 
     ``rollout.batch_size=0``: as many sequences at once as fit, all of them if they do: the first
-    call tries the whole rollout. With either setting an out-of-memory error makes accelerate's
-    ``find_executable_batch_size`` retry with half the sequences per call, and the size that
-    worked is kept for later steps. (An overhead-bound decode loop takes as long for 8 sequences as
+    call tries the whole rollout. With either setting an out-of-memory error (accelerate's test)
+    retries with half the sequences per call, and the size that worked is kept for later steps. (An overhead-bound decode loop takes as long for 8 sequences as
     for 32, so fewer, larger calls are faster.)
 
     With LoRA and ``rollout.merge_lora_for_generation`` (default) the adapters are folded into
@@ -59,24 +61,24 @@ class HFGenerate(RolloutEngine):
         policy = self.policy
         merge = policy.lora and policy.cfg.rollout.merge_lora_for_generation
         with merged_for_generation(policy.module) if merge else contextlib.nullcontext():
-            from accelerate.utils import find_executable_batch_size
-
             wanted = sampling.batch_size if sampling.batch_size > 0 else len(prompts)
-            start = min(len(prompts), wanted, self.fitted_batch_size or wanted)
-            sizes = [start]
-
-            def halve() -> int:  # out of memory: half the sequences per call (accelerate's default: 0.9x)
-                sizes.append(sizes[-1] // 2)
-                log.warning("out of memory generating %d sequences at once; retrying with %d", sizes[-2], sizes[-1])
-                return sizes[-1]
-
-            @find_executable_batch_size(starting_batch_size=max(start, 1), reduce_batch_size_fn=halve)
-            def fitting(batch_size: int) -> list[dict]:
-                results = self.generate_in_batches(prompts, sampling, batch_size)
-                self.fitted_batch_size = batch_size
+            size = max(1, min(len(prompts), wanted, self.fitted_batch_size or wanted))
+            while True:
+                try:
+                    results = self.generate_in_batches(prompts, sampling, size)
+                except Exception as exc:
+                    if not is_out_of_memory(exc) or size <= 1:
+                        raise
+                    # what accelerate's find_executable_batch_size does, but halving, and with
+                    # no cache clearing before every call (a gc.collect per rollout costs time)
+                    gc.collect()
+                    if torch.cuda.is_available():
+                        torch.cuda.empty_cache()
+                    log.warning("out of memory generating %d sequences at once; retrying with %d", size, size // 2)
+                    size //= 2
+                    continue
+                self.fitted_batch_size = size
                 return results
-
-            return fitting()
 
     @torch.no_grad()
     def generate_in_batches(self, prompts: Sequence[list[dict]], sampling: Sampling, batch_size: int) -> list[dict]:
