@@ -76,18 +76,26 @@ def test_batch_size_zero_generates_everything_at_once_on_a_cpu():
     assert len(batch) == 12 and calls == [12]
 
 
-def test_batch_size_zero_shrinks_on_out_of_memory_and_remembers_the_size():
-    policy = VLMPolicy(make_config("train.device=cpu", "rollout.max_completion_length=3", "rollout.batch_size=0"))
+def _policy_on_a_device_that_holds(sequences: int, batch_size: int):
+    """A policy whose ``generate`` raises CUDA's out-of-memory error above ``sequences`` at once,
+    and the list of the sizes it was called with."""
+    policy = VLMPolicy(make_config("train.device=cpu", "rollout.max_completion_length=3",
+                                   f"rollout.batch_size={batch_size}"))
     calls = []
     generate = policy.module.generate
 
-    def limited(**kw):  # a device that holds 3 sequences
+    def limited(**kw):
         calls.append(kw["input_ids"].shape[0])
-        if kw["input_ids"].shape[0] > 3:
+        if kw["input_ids"].shape[0] > sequences:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return generate(**kw)
 
     policy.module.generate = limited
+    return policy, calls
+
+
+def test_batch_size_zero_shrinks_on_out_of_memory_and_remembers_the_size():
+    policy, calls = _policy_on_a_device_that_holds(3, batch_size=0)
     exs, prompts = _prompts(2)
     batch = policy.rollout(exs, prompts, 4, "train")
     assert len(batch) == 8 and batch.action_mask.shape[0] == 8
@@ -99,17 +107,7 @@ def test_batch_size_zero_shrinks_on_out_of_memory_and_remembers_the_size():
 
 
 def test_a_fixed_batch_size_also_halves_on_out_of_memory():
-    policy = VLMPolicy(make_config("train.device=cpu", "rollout.max_completion_length=3", "rollout.batch_size=6"))
-    calls = []
-    generate = policy.module.generate
-
-    def limited(**kw):  # a device that holds 3 sequences
-        calls.append(kw["input_ids"].shape[0])
-        if kw["input_ids"].shape[0] > 3:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return generate(**kw)
-
-    policy.module.generate = limited
+    policy, calls = _policy_on_a_device_that_holds(3, batch_size=6)
     exs, prompts = _prompts(2)
     assert len(policy.rollout(exs, prompts, 4, "train")) == 8
     assert calls == [6, 3, 3, 2] and policy.engine.fitted_batch_size == 3
