@@ -183,6 +183,10 @@ class TrainConfig:
     prompts_per_step: int = 8
     mini_batch_size: int = 0  # samples per optimizer step; 0 = the whole rollout batch
     micro_batch_size: int = 16  # samples per forward/backward (gradient accumulation)
+    # An out-of-memory error halves the samples per forward (and the sequences per generate call)
+    # and redoes the work; the smaller size is kept, or doubled back after this many calls in a
+    # row that fit (0: kept for the rest of the run).
+    oom_grow_back_steps: int = 0
     # VLM: each distinct prompt of a micro-batch runs once, its samples' completions attend to its
     # cached keys/values (Prefix Grouper); exact. Shares most with micro_batch_size a multiple of
     # rollout.num_generations.

@@ -5,7 +5,8 @@ process) or under ``torchrun --nproc_per_node 2`` (gloo on CPU); rank 0 writes w
     python dist_worker.py run    FLOW_DIR RUN_DIR STEPS [overrides...]   a tiny generator run
                                  (DIE_AT_STEP=k: rank 1 exits abruptly at step k)
     python dist_worker.py error                    rank 1 raises while rank 0 waits in a barrier
-    python dist_worker.py hang                     rank 1 never joins rank 0's barrier (5 s timeout)
+    python dist_worker.py hang                     after one barrier together, rank 1 never joins
+                                                   rank 0's gather (5 s timeout)
 """
 
 from __future__ import annotations
@@ -118,9 +119,10 @@ def hang() -> None:
     from mmrl.core import distributed as dist
 
     dist.init("cpu", timeout_s=5)
+    dist.barrier()
     if dist.rank() == 1:
         time.sleep(120)  # never joins: rank 0's collective must time out, not wait for ever
-    dist.barrier()
+    dist.gather(dist.rank())
 
 
 @record

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -156,9 +157,15 @@ def test_a_rank_error_ends_every_process_with_its_message():
     assert time.monotonic() - t0 < 120  # rank 0, waiting in a barrier, was stopped by the launcher
 
 
-def test_a_hung_collective_times_out():
-    """Rank 1 never joins; rank 0's barrier (distributed_timeout 5 s here) fails with a timeout."""
+def test_a_hung_collective_times_out_naming_the_rank_that_stalled():
+    """After a barrier together, rank 1 never joins rank 0's gather (distributed_timeout 5 s here):
+    half-way a warning, then an error on rank 0 naming rank 1 and where each of them is."""
     out = launch(2, "hang", check=False)
     assert out.returncode != 0
-    report = (out.stdout + out.stderr).split("Root Cause")[-1]
-    assert "rank      : 0" in report and "Timed out" in report
+    text = out.stdout + out.stderr
+    assert re.search(r"rank 0 has waited \d s in collective #2 \(gather at tests/dist_worker.py:\d+ \(hang\)\): "
+                     r"rank 1 has not reached it", text)
+    report = text.split("Root Cause")[-1]
+    assert "rank      : 0" in report and "CollectiveTimeoutError" in report
+    assert "collective #2 (gather at tests/dist_worker.py:" in report
+    assert "rank 1 has not reached it (its last was collective #1 (barrier at tests/dist_worker.py:" in report

@@ -76,11 +76,11 @@ def test_batch_size_zero_generates_everything_at_once_on_a_cpu():
     assert len(batch) == 12 and calls == [12]
 
 
-def _policy_on_a_device_that_holds(sequences: int, batch_size: int):
+def _policy_on_a_device_that_holds(sequences: int, batch_size: int, *extra: str):
     """A policy whose ``generate`` raises CUDA's out-of-memory error above ``sequences`` at once,
     and the list of the sizes it was called with."""
     policy = VLMPolicy(make_config("train.device=cpu", "rollout.max_completion_length=3",
-                                   f"rollout.batch_size={batch_size}"))
+                                   f"rollout.batch_size={batch_size}", *extra))
     calls = []
     generate = policy.module.generate
 
@@ -100,7 +100,7 @@ def test_batch_size_zero_shrinks_on_out_of_memory_and_remembers_the_size():
     batch = policy.rollout(exs, prompts, 4, "train")
     assert len(batch) == 8 and batch.action_mask.shape[0] == 8
     assert calls == [8, 4, 2, 2, 2, 2]  # halved on each out-of-memory error
-    assert policy.engine.fitted_batch_size == 2
+    assert policy.engine.batch_backoff.limit == 2
     calls.clear()
     policy.rollout(exs, prompts, 4, "train")
     assert calls == [2, 2, 2, 2]  # the next step starts at the size that fit
@@ -110,7 +110,18 @@ def test_a_fixed_batch_size_also_halves_on_out_of_memory():
     policy, calls = _policy_on_a_device_that_holds(3, batch_size=6)
     exs, prompts = _prompts(2)
     assert len(policy.rollout(exs, prompts, 4, "train")) == 8
-    assert calls == [6, 3, 3, 2] and policy.engine.fitted_batch_size == 3
+    assert calls == [6, 3, 3, 2] and policy.engine.batch_backoff.limit == 3
+
+
+def test_the_generation_batch_grows_back_after_oom_grow_back_steps_calls_that_fit():
+    """Out of memory above 3 sequences: 8 -> 4 -> 2 (fits); with train.oom_grow_back_steps=2,
+    after two rollouts at 2 the next tries 4 (out of memory again: back to 2, the count restarts)."""
+    policy, calls = _policy_on_a_device_that_holds(3, 0, "train.oom_grow_back_steps=2")
+    exs, prompts = _prompts(2)
+    for _ in range(3):
+        policy.rollout(exs, prompts, 4, "train")
+    assert calls == [8, 4, 2, 2, 2, 2] + [2, 2, 2, 2] + [4, 2, 2, 2, 2]
+    assert policy.engine.batch_backoff.limit == 2
 
 
 def test_a_generate_call_past_max_time_stops_and_is_counted():

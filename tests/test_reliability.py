@@ -96,6 +96,27 @@ def test_out_of_memory_halves_the_micro_batch_and_gives_the_same_step(random_tin
         assert torch.allclose(a, b, atol=1e-6), "the backed-off step differs from the micro-batch-1 step"
 
 
+def test_the_micro_batch_grows_back_after_oom_grow_back_steps_steps_that_fit(random_tiny_dir, monkeypatch):
+    """One odd step runs out of memory above 2 samples per forward (6 -> 3 -> 1); with
+    train.oom_grow_back_steps=2 the size doubles after every two steps that fit, back to 6."""
+    policy = _policy(random_tiny_dir, "train.oom_grow_back_steps=2")
+    batch, terms, tight = _batch(policy), policy.loss_terms, [True]
+
+    def odd_step(*args, **kwargs):
+        for term in terms(*args, **kwargs):
+            if tight[0] and policy.micro_batch_size > 2:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            yield term
+
+    monkeypatch.setattr(policy, "loss_terms", odd_step)
+    sizes = []
+    for _ in range(6):
+        _step(policy, batch)
+        tight[0] = False
+        sizes.append(policy.micro_batch_size)
+    assert sizes == [1, 2, 2, 4, 4, 6]
+
+
 def test_out_of_memory_at_one_sample_stops_with_the_numbers(random_tiny_dir, monkeypatch):
     policy = _policy(random_tiny_dir)
 

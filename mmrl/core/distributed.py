@@ -12,15 +12,30 @@ every helper below is then the identity: single-process runs stay exactly as the
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import json
+import logging
 import os
-from typing import Any, Sequence
+import sys
+import threading
+import time
+from typing import Any, Iterator, Sequence
 
 import torch
 
 # Added to the (seed, step) salt of rank r > 0: far above the loop's own salts (< 2000), so no
 # two ranks and no two purposes share a seed. Rank 0 adds nothing: it draws what one process would.
 RANK_SALT = 1_000_003
+STORE_PREFIX = "mmrl/collective/"  # + rank: the last collective that rank entered, in the c10d store
+
+log = logging.getLogger(__name__)
+_timeout_s = 1800.0  # the process group's collective timeout, as given to init()
+_entered = 0  # collectives this rank has entered: the same count on every rank that keeps up
+
+
+class CollectiveTimeoutError(RuntimeError):
+    """A collective failed while another rank had not reached it: that rank is named."""
 
 
 def launched() -> bool:
@@ -39,6 +54,8 @@ def init(device: str = "auto", timeout_s: float = 1800.0) -> None:
         return
     from accelerate import PartialState
 
+    global _timeout_s
+    _timeout_s = float(timeout_s)
     PartialState(cpu=use_cpu(device), timeout=datetime.timedelta(seconds=float(timeout_s)))
 
 
@@ -90,6 +107,100 @@ def shard(items: Sequence[Any]) -> list[Any]:
     return list(items[start:stop])
 
 
+# -- naming the rank that stalls ---------------------------------------------------------------
+# A hung collective only says "timed out" on the rank that waited. Each rank therefore records in
+# the process group's key-value store (the launcher's, which outlives the ranks) the number, kind
+# and call site of every collective it enters. When one fails, the ranks whose count is behind are
+# the ones that never arrived, and the error names them with what they last did. Half-way through
+# the timeout a warning says the same, which is all that shows where NCCL's watchdog ends the
+# process itself.
+@contextlib.contextmanager
+def watched(what: str) -> Iterator[None]:
+    """Run one collective (every rank in the same order) so that a stall names the late rank."""
+    if not active():
+        yield
+        return
+    global _entered
+    _entered += 1
+    entry = [_entered, what, _call_site(), time.time()]
+    _store_call(lambda store: store.set(f"{STORE_PREFIX}{rank()}", json.dumps(entry)))
+    timer = threading.Timer(_timeout_s / 2, _warn_if_behind, (entry,))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    except Exception as exc:
+        behind = _ranks_behind(entry[0])
+        if behind:
+            raise CollectiveTimeoutError(
+                f"{_describe(entry)} failed on rank {rank()} after {time.time() - entry[3]:.1f} s "
+                f"(train.distributed_timeout {_timeout_s:g} s) because {_late(behind)}. That rank is stuck "
+                "or slow in the work before this collective (generation, an environment, a reward, a "
+                "save) or has died; if that work can take longer, raise train.distributed_timeout."
+            ) from exc
+        raise
+    finally:
+        timer.cancel()
+
+
+def _describe(entry: list) -> str:
+    return f"collective #{entry[0]} ({entry[1]} at {entry[2]})"
+
+
+def _late(behind: dict[int, list | None]) -> str:
+    parts = []
+    for r, last in behind.items():
+        seen = (f"its last was {_describe(last)}, entered {time.time() - last[3]:.1f} s ago" if last
+                else "it entered none")
+        parts.append(f"rank {r} has not reached it ({seen})")
+    return "; ".join(parts)
+
+
+def _warn_if_behind(entry: list) -> None:
+    behind = _ranks_behind(entry[0])
+    if behind:
+        log.warning("rank %d has waited %.0f s in %s: %s", rank(), time.time() - entry[3], _describe(entry),
+                    _late(behind))
+
+
+def _ranks_behind(count: int) -> dict[int, list | None]:
+    """The other ranks whose last entered collective comes before number ``count``, with it."""
+    def read(store) -> dict[int, list | None]:
+        behind = {}
+        for r in range(world_size()):
+            key = f"{STORE_PREFIX}{r}"
+            if r == rank():
+                continue
+            last = json.loads(store.get(key)) if store.check([key]) else None
+            if last is None or last[0] < count:
+                behind[r] = last
+        return behind
+
+    return _store_call(read) or {}
+
+
+def _store_call(fn):
+    """``fn(store)`` on the default group's store; None when there is none or it cannot answer."""
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        return fn(_get_default_store())
+    except Exception:  # the store is bookkeeping: never the cause of a failure
+        return None
+
+
+def _call_site() -> str:
+    """The first caller outside this module and contextlib, as ``package/file.py:line (function)``."""
+    frame = sys._getframe(1)
+    while frame and frame.f_code.co_filename in (__file__, contextlib.__file__):
+        frame = frame.f_back
+    if frame is None:
+        return "?"
+    path = frame.f_code.co_filename.replace(os.sep, "/")
+    short = "/".join(path.split("/")[-2:])
+    return f"{short}:{frame.f_lineno} ({frame.f_code.co_name})"
+
+
 # -- collectives (each is the identity in one process) -------------------------------------------
 def gather(obj: Any) -> list[Any]:
     """Every rank's ``obj``, in rank order, on every rank (pickled: meant for small values)."""
@@ -98,7 +209,8 @@ def gather(obj: Any) -> list[Any]:
     import torch.distributed as dist
 
     out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    with watched("gather"):
+        dist.all_gather_object(out, obj)
     return out
 
 
@@ -109,7 +221,8 @@ def broadcast(obj: Any) -> Any:
     import torch.distributed as dist
 
     box = [obj]
-    dist.broadcast_object_list(box, src=0)
+    with watched("broadcast"):
+        dist.broadcast_object_list(box, src=0)
     return box[0]
 
 
@@ -125,4 +238,5 @@ def barrier() -> None:
     if active():
         import torch.distributed as dist
 
-        dist.barrier()
+        with watched("barrier"):
+            dist.barrier()

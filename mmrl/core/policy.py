@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import logging
 import math
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, Sequence
@@ -40,6 +39,7 @@ import torch
 from mmrl.registry import LOSSES
 
 from . import distributed as dist
+from .oom import OOMBackoff, is_out_of_memory  # noqa: F401  (is_out_of_memory: part of this module's API)
 from .rollouts import Rollouts
 
 # Optional capabilities a policy can declare (``Policy.capabilities``).
@@ -88,17 +88,6 @@ class Policy(Protocol):
     def save(self, path: Path) -> None: ...
 
     def load(self, path: Path) -> None: ...
-
-
-log = logging.getLogger(__name__)
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """A CUDA (or CPU allocator) out-of-memory error: accelerate's test, which ``find_executable_batch_size``
-    uses too, plus torch's own exception type."""
-    from accelerate.utils.memory import should_reduce_batch_size
-
-    return isinstance(exc, torch.OutOfMemoryError) or should_reduce_batch_size(exc)
 
 
 def pick_device(name: str) -> torch.device:
@@ -186,8 +175,8 @@ class PolicyBase:
         self.scheduler = None
         self.accelerator = None
         self.train_module: torch.nn.Module | None = None  # the prepared TrainForward
-        # Samples per forward; halved for the rest of the run when a step runs out of memory.
-        self.micro_batch_size = max(1, int(cfg.train.micro_batch_size))
+        # Samples per forward: train.micro_batch_size, halved when a step runs out of memory.
+        self.micro_batch_backoff = OOMBackoff("samples per forward", cfg.train.oom_grow_back_steps)
         self.last_skip_cause: str | None = None  # why the last optimizer step was skipped, if it was
         unknown = set(self.capabilities) - set(CAPABILITIES)
         if unknown:
@@ -295,16 +284,17 @@ class PolicyBase:
         terms of :meth:`loss_terms`. Metrics are averaged over the terms, except ``loss`` (summed:
         the terms' losses add up to the mini-batch loss).
 
-        Out of memory: the accumulated gradients are dropped, the micro-batch is halved (and kept
-        so for the rest of the run; the normalisers are the mini-batch's, so the gradient is the
-        same) and the step is redone; with one sample per forward it stops with the numbers.
+        Out of memory: the accumulated gradients are dropped, the micro-batch is halved (kept so,
+        or grown back after ``train.oom_grow_back_steps`` steps; the normalisers are the
+        mini-batch's, so the gradient is the same) and the step is redone; with one sample per
+        forward it stops with the numbers.
         A non-finite gradient is not applied: the step is skipped (``skipped_update`` 1, the cause
         in :attr:`last_skip_cause`)."""
         if self.optimizer is None:
             raise RuntimeError("call configure_optimizer() before train_step()")
         while True:
             try:
-                return self._train_step(batch, objective, num_tokens, num_seqs)
+                out = self._train_step(batch, objective, num_tokens, num_seqs)
             except Exception as exc:
                 if not is_out_of_memory(exc):
                     raise
@@ -316,9 +306,15 @@ class PolicyBase:
                         f"out of memory with one sample per forward ({len(batch)} samples in the mini-batch, "
                         f"longest action {batch.action_mask.shape[1]}): use LoRA, a frozen vision tower, a smaller "
                         "model.dtype, max_pixels or max_completion_length") from exc
-                self.micro_batch_size = size // 2
-                log.warning("out of memory at %d samples per forward; retrying the step with %d", size,
-                            self.micro_batch_size)
+                self.micro_batch_backoff.shrink(size)
+                continue
+            self.micro_batch_backoff.fitted(self.cfg.train.micro_batch_size)
+            return out
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Samples per forward now: ``train.micro_batch_size`` under the out-of-memory cap."""
+        return self.micro_batch_backoff.size(int(self.cfg.train.micro_batch_size))
 
     def _train_step(self, batch: Rollouts, objective, num_tokens: float, num_seqs: float) -> dict[str, float]:
         self.module.train()
@@ -340,7 +336,8 @@ class PolicyBase:
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
         if world > 1:
-            self._synchronise_gradients()
+            with dist.watched("gradient all-reduce"):
+                self._synchronise_gradients()
             sums, count = _reduce_metrics(sums, count)
         params = self.trainable_parameters()
         self.last_skip_cause = self._non_finite_gradient(params, sums.get("loss", 0.0))

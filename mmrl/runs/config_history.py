@@ -19,7 +19,8 @@ from ..config import load_config, save_config
 # What is trained: a checkpoint of one of these means nothing under another value.
 FIXED_KEYS = ("model.path", "model.lora", "task.name", "task.options", "rollout.num_generations", "plugins")
 # How the run is watched or run, not what it computes (log.*: what is written, and how often).
-FREE_KEYS = ("resume", "allow_config_change", "log", "train.threads", "train.distributed_timeout", "train.device")
+FREE_KEYS = ("resume", "allow_config_change", "log", "train.threads", "train.distributed_timeout",
+             "train.oom_grow_back_steps", "train.device")
 HISTORY_DIR = "config_history"
 
 

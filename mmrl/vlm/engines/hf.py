@@ -12,7 +12,7 @@ import torch
 
 from mmrl.registry import register_engine
 
-from mmrl.core.policy import is_out_of_memory
+from mmrl.core.oom import OOMBackoff, is_out_of_memory
 
 from ..lora_merge import merged_for_generation
 from ..processing import split_patches
@@ -27,7 +27,8 @@ class HFGenerate(RolloutEngine):
 
     ``rollout.batch_size=0``: as many sequences at once as fit, all of them if they do: the first
     call tries the whole rollout. With either setting an out-of-memory error (accelerate's test)
-    retries with half the sequences per call, and the size that worked is kept for later steps. (An overhead-bound decode loop takes as long for 8 sequences as
+    retries with half the sequences per call, and the size that worked is kept for later steps
+    (or grown back, ``train.oom_grow_back_steps``). (An overhead-bound decode loop takes as long for 8 sequences as
     for 32, so fewer, larger calls are faster.)
 
     With LoRA and ``rollout.merge_lora_for_generation`` (default) the adapters are folded into
@@ -49,7 +50,8 @@ class HFGenerate(RolloutEngine):
         if changed:  # unused keys are refused, not ignored: this engine reports no log-probs of its own
             raise ConfigError(f"{', '.join(changed)}: read only by rollout.engine=vllm (this run uses "
                               "rollout.engine=hf); remove the key(s) or set rollout.engine=vllm")
-        self.fitted_batch_size: int | None = None  # rollout.batch_size=0: the size that fit last
+        # Sequences per generate call: out-of-memory errors cap it (train.oom_grow_back_steps).
+        self.batch_backoff = OOMBackoff("sequences per generate call", policy.cfg.train.oom_grow_back_steps)
         self.timed_out = 0  # samples whose generate call reached rollout.max_time, since last taken
 
     def take_timeouts(self) -> int:
@@ -61,9 +63,9 @@ class HFGenerate(RolloutEngine):
         policy = self.policy
         merge = policy.lora and policy.cfg.rollout.merge_lora_for_generation
         with merged_for_generation(policy.module) if merge else contextlib.nullcontext():
-            wanted = sampling.batch_size if sampling.batch_size > 0 else len(prompts)
-            size = max(1, min(len(prompts), wanted, self.fitted_batch_size or wanted))
+            wanted = min(len(prompts), sampling.batch_size if sampling.batch_size > 0 else len(prompts))
             while True:
+                size = self.batch_backoff.size(wanted)
                 try:
                     results = self.generate_in_batches(prompts, sampling, size)
                 except Exception as exc:
@@ -74,10 +76,9 @@ class HFGenerate(RolloutEngine):
                     gc.collect()
                     if torch.cuda.is_available():
                         torch.cuda.empty_cache()
-                    log.warning("out of memory generating %d sequences at once; retrying with %d", size, size // 2)
-                    size //= 2
+                    self.batch_backoff.shrink(size)
                     continue
-                self.fitted_batch_size = size
+                self.batch_backoff.fitted(wanted)
                 return results
 
     @torch.no_grad()
