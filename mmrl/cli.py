@@ -139,7 +139,7 @@ def build_tiny(
                                     "diffusion | video-gen (the tiny text-to-video generator)"),
     out: Optional[Path] = typer.Option(None, help="output directory (default: the shipped asset)"),
     steps: Optional[int] = typer.Option(None, help="warm-start steps (default: the recipe's: vlm 600, video 100 "
-                                        "and gui 300 SFT steps, diffusion 4000 and video-gen 2500 flow-matching steps)"),
+                                        "and gui 800 SFT steps, diffusion 4000 and video-gen 2500 flow-matching steps)"),
     seed: int = typer.Option(0),
     vision_steps: Optional[int] = typer.Option(None, help="vlm: pre-train the vision tower on per-cell "
                                                "colour and shape labels for this many steps first, "

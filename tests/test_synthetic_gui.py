@@ -61,6 +61,25 @@ def test_the_scripted_solver_solves_every_task(split, count, dialog_prob):
     print({k: round(sum(v) / len(v), 2) for k, v in lengths.items()})
 
 
+@pytest.mark.parametrize("share", [0.0, 0.5, 1.0])
+def test_the_solver_opens_the_app_by_name_for_its_share_of_tasks(share):
+    """``solver_open_app``: the share of tasks (by seed, whatever their kind) whose solver's first
+    action is ``open_app`` rather than a click on the icon; every task is solved either way."""
+    env = make_env("synthetic_gui", solver_open_app=share)
+    firsts = {kind: [] for kind in ("toggle", "open_message", "form")}
+    for task in env.tasks("train")[:300]:
+        env.reset(task)
+        first = env.expert_action()
+        firsts[task["kind"]].append(first["action"] == "open_app")
+        if first["action"] == "open_app":
+            assert first["app"] == {"toggle": "Settings", "open_message": "Messages", "form": "Contacts"}[task["kind"]]
+        assert _run_expert(env, task)[1]
+    for kind, by_name in firsts.items():
+        assert abs(sum(by_name) / len(by_name) - share) <= 0.12, (kind, sum(by_name) / len(by_name))
+    with pytest.raises(ValueError, match="solver_open_app must be in"):
+        make_env("synthetic_gui", solver_open_app=1.5)
+
+
 def _random_action(rng, width, height):
     """A seeded random policy: mostly clicks anywhere, else any other action with plausible arguments."""
     if rng.random() < 0.6:

@@ -42,7 +42,9 @@ The step that accomplishes the task ends the episode with reward 1 and ``info["s
 
 Options: ``cell`` (28: pixels of a cell; the screen is 4 x 8 cells), ``labels`` ("auto": text
 when cell >= 40; true / false), ``task_kinds``, ``train_size`` (100000), ``eval_size`` (200),
-``dialog_prob`` (0.0), ``invalid_action_penalty`` (0.0). Splits: train (seed 1), eval (seed 2).
+``dialog_prob`` (0.0), ``invalid_action_penalty`` (0.0), ``solver_open_app`` (0.5: the share of
+tasks whose scripted solver opens the app by name rather than by its icon). Splits: train (seed 1),
+eval (seed 2).
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ class SyntheticGUI(Env):
 
     def default_options(self) -> dict[str, Any]:
         return {"cell": 28, "labels": "auto", "task_kinds": list(KINDS), "train_size": 100_000, "eval_size": 200,
-                "dialog_prob": 0.0, "invalid_action_penalty": 0.0}
+                "dialog_prob": 0.0, "invalid_action_penalty": 0.0, "solver_open_app": 0.5}
 
     def __init__(self, **options: Any):
         super().__init__(**options)
@@ -83,8 +85,9 @@ class SyntheticGUI(Env):
             raise ValueError(f"synthetic_gui: cell must be an integer >= 16 (pixels), got {o['cell']!r}")
         if o["labels"] not in ("auto", True, False):
             raise ValueError(f"synthetic_gui: labels must be 'auto', true or false, got {o['labels']!r}")
-        if not 0.0 <= float(o["dialog_prob"]) <= 1.0:
-            raise ValueError(f"synthetic_gui: dialog_prob must be in [0, 1], got {o['dialog_prob']!r}")
+        for key in ("dialog_prob", "solver_open_app"):
+            if not 0.0 <= float(o[key]) <= 1.0:
+                raise ValueError(f"synthetic_gui: {key} must be in [0, 1], got {o[key]!r}")
         self.cell = o["cell"]
         self.labels = self.cell >= 40 if o["labels"] == "auto" else o["labels"]
         self.size = (COLS * self.cell, ROWS * self.cell)  # (width, height) of a screenshot
@@ -248,7 +251,10 @@ class SyntheticGUI(Env):
     # -- the scripted solver and grounding screens ----------------------------------------------------
     def expert_action(self) -> Optional[dict]:
         """The next action of a scripted solver from the current state (clicks at element centres);
-        None when the episode is over. Takes 2-5 steps from the home screen."""
+        None when the episode is over. Takes 2-5 steps from the home screen. It opens the goal app
+        by clicking its icon, or, for a share ``solver_open_app`` of the tasks (by the task's seed),
+        by name (``open_app``, as in AndroidControl's episodes): a warm start imitating it knows
+        both ways, and RL can find out which one works more often for it."""
         if self._phone is None or self._done:
             return None
         p, t = self._phone, self._task
@@ -261,6 +267,9 @@ class SyntheticGUI(Env):
             return click(("allow",))
         app = GOAL_APP[t["kind"]]
         if p.screen == "home":
+            # its own stream: the task seed's first draws chose the task (string seeds are hashed)
+            if random.Random(f"open_app/{t['seed']}").random() < float(self.options["solver_open_app"]):
+                return {"action": "open_app", "app": app}
             return click(("open", app))
         if p.app != app:
             return {"action": "navigate_home"}

@@ -277,7 +277,7 @@ def build_tiny_video(out: str | Path, base: str = "tiny", sft_steps: int = TINY_
 # cells of 28 px (112 x 224), seen as they are: one vision token per cell.
 DEFAULT_TINY_GUI_TASKS = ({"name": "screen_grounding", "options": {}, "weight": 1.0},
                           {"name": "gui_env", "options": {}, "weight": 2.0})
-TINY_GUI_RECIPE = {"vision_steps": 800, "sft_steps": 300, "decay_steps": 600, "batch_size": 32, "lr": 1e-3}
+TINY_GUI_RECIPE = {"vision_steps": 800, "sft_steps": 800, "decay_steps": 1200, "batch_size": 32, "lr": 1e-3}
 TINY_GUI_PIXELS = 112 * 224  # vlm.min_pixels = vlm.max_pixels of the GUI recipes
 
 
