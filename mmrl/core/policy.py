@@ -39,7 +39,7 @@ import torch
 from mmrl.registry import LOSSES
 
 from . import distributed as dist
-from .oom import OOMBackoff, is_out_of_memory  # noqa: F401  (is_out_of_memory: part of this module's API)
+from .oom import OOMBackoff, is_out_of_memory
 from .rollouts import Rollouts
 
 # Optional capabilities a policy can declare (``Policy.capabilities``).
