@@ -136,18 +136,20 @@ def eval_(
 def build_tiny(
     modality: str = typer.Argument("vlm", help="which tiny model: vlm | video (the tiny VLM warm-started "
                                     "on clips) | gui (the tiny VLM warm-started on the synthetic phone) | "
+                                    "gui-grounding (the tiny GUI model taught more clicks) | "
                                     "diffusion | video-gen (the tiny text-to-video generator)"),
     out: Optional[Path] = typer.Option(None, help="output directory (default: the shipped asset)"),
     steps: Optional[int] = typer.Option(None, help="warm-start steps (default: the recipe's: vlm 600, video 100 "
-                                        "and gui 800 SFT steps, diffusion 4000 and video-gen 2500 flow-matching steps)"),
+                                        "gui 800 and gui-grounding 240 SFT steps, diffusion 4000 and video-gen 2500 flow-matching steps)"),
     seed: int = typer.Option(0),
     vision_steps: Optional[int] = typer.Option(None, help="vlm: pre-train the vision tower on per-cell "
                                                "colour and shape labels for this many steps first, "
                                                "then freeze it (default 300; 0: off)"),
 ):
     """Rebuild a shipped tiny model from scratch (tokenizer, weights, warm start)."""
-    if modality not in ("vlm", "video", "gui", "diffusion", "video-gen"):
-        console.print(f"[red]error:[/] no tiny {modality} model (available: vlm, video, gui, diffusion, video-gen)")
+    if modality not in ("vlm", "video", "gui", "gui-grounding", "diffusion", "video-gen"):
+        console.print(f"[red]error:[/] no tiny {modality} model (available: vlm, video, gui, gui-grounding, "
+                      "diffusion, video-gen)")
         raise typer.Exit(2)
     import torch
 
@@ -182,6 +184,13 @@ def build_tiny(
         path = build_tiny_gui(out or asset_path("tiny-qwen2.5-vl-gui"), seed=seed,
                               sft_steps=steps or TINY_GUI_RECIPE["sft_steps"])
         console.print(f"saved tiny GUI model to {path}")
+        return
+    if modality == "gui-grounding":
+        from .vlm.sft import TINY_GUI_GROUNDING_RECIPE, build_tiny_gui_grounding
+
+        path = build_tiny_gui_grounding(out or asset_path("tiny-qwen2.5-vl-gui-grounding"), seed=seed,
+                                        sft_steps=steps or TINY_GUI_GROUNDING_RECIPE["sft_steps"])
+        console.print(f"saved tiny GUI grounding model to {path}")
         return
     from .vlm.sft import TINY_VLM_RECIPE, build_tiny_vlm
 

@@ -122,3 +122,21 @@ def test_build_tiny_gui_pretrains_the_tower_then_warm_starts(random_tiny_dir, tm
                                                        "rollout.num_generations=2", "eval.num_examples=2", "eval.pass_k=0",
                                                        f"log.output_dir={tmp_path}", "log.progress=false"])
     assert "point_accuracy" in result.after
+
+
+def test_build_tiny_gui_grounding_teaches_clicks_with_the_tower_frozen(random_tiny_dir, tmp_path):
+    """`mmrl build-tiny gui-grounding` in miniature: SFT of a GUI model on screen grounding alone;
+    the tower stays as it was, the language model moves, and the result loads as model.path."""
+    from safetensors.torch import load_file
+
+    from mmrl.vlm.sft import build_tiny_gui_grounding
+
+    out = build_tiny_gui_grounding(tmp_path / "tiny-gui-grounding", base=str(random_tiny_dir), sft_steps=2,
+                                   batch_size=2, progress=False)
+    before, after = load_file(random_tiny_dir / "model.safetensors"), load_file(out / "model.safetensors")
+    tower = [k for k in before if ".visual." in k or k.startswith("visual.")]
+    assert tower and all(torch.equal(before[k], after[k]) for k in tower)
+    assert any(not torch.equal(before[k], after[k]) for k in before if "embed_tokens" in k or "lm_head" in k)
+    from mmrl.vlm.loading import resolve_model_path
+
+    assert resolve_model_path(str(out)) == out

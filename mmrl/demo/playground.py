@@ -36,7 +36,8 @@ from .paths import AllowedRoots
 from .runs_index import latest_checkpoint, list_runs, run_path
 
 # The shipped tiny models by policy modality, and the task each was warm-started for.
-BUILTIN_MODELS = {"vlm": {"tiny": "counting", "tiny-gui": "screen_grounding", "tiny-video": "video_qa"},
+BUILTIN_MODELS = {"vlm": {"tiny": "counting", "tiny-gui": "screen_grounding",
+                          "tiny-gui-grounding": "screen_grounding", "tiny-video": "video_qa"},
                   "diffusion": {"tiny": "composition", "tiny-t2v": "motion_t2v"}}
 UPLOAD = "<the upload>"  # where Task.file_record puts the media path in an upload's record
 MAX_SAMPLES = 16

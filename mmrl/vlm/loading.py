@@ -16,12 +16,14 @@ VLM_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_pro
 # Built-in checkpoints by model.path name: (asset directory, the command that rebuilds it).
 TINY_MODELS = {"tiny": ("tiny-qwen2.5-vl", "mmrl build-tiny vlm"),
                "tiny-video": ("tiny-qwen2.5-vl-video", "mmrl build-tiny video"),
-               "tiny-gui": ("tiny-qwen2.5-vl-gui", "mmrl build-tiny gui")}
+               "tiny-gui": ("tiny-qwen2.5-vl-gui", "mmrl build-tiny gui"),
+               "tiny-gui-grounding": ("tiny-qwen2.5-vl-gui-grounding", "mmrl build-tiny gui-grounding")}
 
 
 def resolve_model_path(path: str) -> Path:
     """``"tiny"`` is the built-in tiny Qwen2.5-VL, ``"tiny-video"`` the same warm-started on clips
-    and ``"tiny-gui"`` on the synthetic phone's screens; anything else must be a local directory."""
+    and ``"tiny-gui"`` on the synthetic phone's screens (``"tiny-gui-grounding"``: taught more
+    clicks); anything else must be a local directory."""
     if path in TINY_MODELS:
         from mmrl.assets import asset_path
 
