@@ -10,7 +10,7 @@ import pytest
 from learning_runs import train_quietly as _train
 
 EPISODE_GAIN = 0.15  # the GUI issue's bar
-POINT_GAIN = 0.06  # in a third of the recipe's steps (measured +0.095 and +0.13; the full recipe +0.17)
+POINT_GAIN = 0.05  # in 24 steps at the recipe's peak rate (measured +0.085; the full recipe +0.17)
 
 
 @pytest.mark.slow
@@ -36,10 +36,11 @@ def test_tiny_gui_episodes_raise_heldout_success_with_gigpo_and_show_them(tmp_pa
 
 @pytest.mark.slow
 def test_tiny_grounding_raises_heldout_point_accuracy(tmp_path):
-    """The screen-grounding recipe (`configs/gui/screen_grounding_tiny.yaml`) shortened to 40 of its
-    120 steps: greedy held-out point accuracy rises (measured 2026-11-24: 0.375 -> 0.47 here, where the
-    learning rate reaches zero at step 40; the full recipe passes 0.505 at step 40 and ends at 0.545)
-    while every answer keeps the format."""
-    result = _train("gui/screen_grounding_tiny", tmp_path, "grounding", "train.steps=40", "eval.pass_k=0")
+    """The screen-grounding recipe (`configs/gui/screen_grounding_tiny.yaml`) shortened to 24 of its
+    120 steps at its peak learning rate throughout: greedy held-out point accuracy rises (measured
+    2026-11-24: 0.375 -> 0.46 here; the full recipe passes 0.505 at step 40 and ends at 0.545) while
+    every answer keeps the format."""
+    result = _train("gui/screen_grounding_tiny", tmp_path, "grounding", "train.steps=24",
+                    "train.lr_scheduler_type=constant", "eval.pass_k=0")
     assert result.after["point_accuracy"] - result.before["point_accuracy"] >= POINT_GAIN, (result.before, result.after)
     assert result.after["parsed"] == 1.0, result.after
