@@ -279,6 +279,7 @@ DEFAULT_TINY_GUI_TASKS = ({"name": "screen_grounding", "options": {}, "weight": 
                           {"name": "gui_env", "options": {}, "weight": 2.0})
 TINY_GUI_RECIPE = {"vision_steps": 800, "sft_steps": 800, "decay_steps": 1200, "batch_size": 32, "lr": 1e-3}
 TINY_GUI_PIXELS = 112 * 224  # vlm.min_pixels = vlm.max_pixels of the GUI recipes
+TINY_GUI_BUDGET = (f"vlm.min_pixels={TINY_GUI_PIXELS}", f"vlm.max_pixels={TINY_GUI_PIXELS}")  # as config overrides
 
 
 def build_tiny_gui(out: str | Path, base: str = "tiny", sft_steps: int = TINY_GUI_RECIPE["sft_steps"],
@@ -297,7 +298,7 @@ def build_tiny_gui(out: str | Path, base: str = "tiny", sft_steps: int = TINY_GU
             pretrain_vision_on_screens(policy.model, policy.processor.image_processor, make_env("synthetic_gui"),
                                        steps=vision_steps, seed=seed)
 
-    return warm_start_tiny(out, [f"vlm.min_pixels={TINY_GUI_PIXELS}", f"vlm.max_pixels={TINY_GUI_PIXELS}"],
+    return warm_start_tiny(out, TINY_GUI_BUDGET,
                            task_specs, base=base, sft_steps=sft_steps, decay_steps=decay_steps,
                            batch_size=batch_size, lr=lr, seed=seed, progress=progress, before_sft=screens)
 
@@ -318,7 +319,7 @@ def build_tiny_gui_grounding(out: str | Path, base: str = "tiny-gui",
                              lr: float = TINY_GUI_GROUNDING_RECIPE["lr"], seed: int = 0, progress: bool = True) -> Path:
     """SFT of ``base`` (default: the tiny GUI default) on screen grounding alone, tower frozen;
     returns the checkpoint dir."""
-    return warm_start_tiny(out, [f"vlm.min_pixels={TINY_GUI_PIXELS}", f"vlm.max_pixels={TINY_GUI_PIXELS}"],
+    return warm_start_tiny(out, TINY_GUI_BUDGET,
                            ({"name": "screen_grounding", "options": {}, "weight": 1.0},), base=base,
                            sft_steps=sft_steps, decay_steps=decay_steps, batch_size=batch_size, lr=lr, seed=seed,
                            progress=progress)
