@@ -4,6 +4,8 @@ process) or under ``torchrun --nproc_per_node 2`` (gloo on CPU); rank 0 writes w
     python dist_worker.py step   VLM_DIR OUT.pt [overrides...]   one train_step on a fixed global batch
     python dist_worker.py run    FLOW_DIR RUN_DIR STEPS [overrides...]   a tiny generator run
                                  (DIE_AT_STEP=k: rank 1 exits abruptly at step k)
+    python dist_worker.py vlm_run VLM_DIR RUN_DIR STEPS [overrides...]   a tiny VLM run
+                                 (DIE_AT_STEP=k as above)
     python dist_worker.py error                    rank 1 raises while rank 0 waits in a barrier
     python dist_worker.py hang                     after one barrier together, rank 1 never joins
                                                    rank 0's gather (5 s timeout)
@@ -27,6 +29,7 @@ def step(vlm_dir: str, out: str, *extra: str) -> None:
     ``extra``: config overrides (e.g. a batch-wide token selection)."""
     from mmrl.config import load_config
     from mmrl.core import distributed as dist
+    from mmrl.core import sharding
     from mmrl.core.advantages import grpo
     from mmrl.core.losses import Objective, ObjectiveConfig, count_sequences
     from mmrl.core.seeding import seed_everything, step_seed
@@ -51,8 +54,8 @@ def step(vlm_dir: str, out: str, *extra: str) -> None:
     local = batch.select(list(range(2 * start, 2 * stop)))
     grads = {}
     inner = getattr(policy.optimizer, "optimizer", policy.optimizer)
-    inner.register_step_pre_hook(lambda *a: grads.update(
-        {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None}))
+    inner.register_step_pre_hook(lambda *a: grads.update(  # whole gradients (FSDP2: gathered on every rank)
+        {n: sharding.full_tensor(p.grad).clone() for n, p in policy.model.named_parameters() if p.grad is not None}))
     objective = Objective(ObjectiveConfig.from_algo(cfg.algo, max_completion_length=8))
     metrics = policy.train_step(local, objective, num_tokens=num_tokens, num_seqs=num_seqs)
     # Per-rank seeds: the same prompts sampled on each rank under the trainer's seeding differ.
@@ -61,6 +64,7 @@ def step(vlm_dir: str, out: str, *extra: str) -> None:
     samples = dist.gather([c.tolist() for c in again.payload["completion_ids"]])
     if dist.is_main():
         torch.save({"metrics": metrics, "grads": grads, "samples": samples, "world": dist.world_size(),
+                    "backend": sharding.backend(policy.accelerator),
                     "weights": {n: p.detach().clone() for n, p in policy.model.named_parameters()}}, out)
 
 
@@ -106,6 +110,32 @@ def run(flow_dir: str, run_dir: str, steps: str, *extra: str) -> None:
         torch.save(ranks, path / "step1_samples.pt")
 
 
+def vlm_run(vlm_dir: str, run_dir: str, steps: str, *extra: str) -> None:
+    """A tiny VLM run (the counting recipe, 4 prompts x 4 samples per step, a checkpoint every step);
+    DIE_AT_STEP=k: rank 1 exits abruptly at step k."""
+    from pathlib import Path
+
+    import mmrl
+    from mmrl.core import distributed as dist
+    from mmrl.core.trainer import Trainer
+
+    die_at = int(os.environ.get("DIE_AT_STEP", "0"))
+    original = Trainer.rollout_step
+
+    def spy(self, step):
+        if step == die_at and dist.rank() == 1:
+            os._exit(9)
+        return original(self, step)
+
+    Trainer.rollout_step = spy
+    path = Path(run_dir)
+    mmrl.train("vlm/counting_tiny", [
+        f"model.path={vlm_dir}", "train.device=cpu", f"train.steps={steps}", "train.prompts_per_step=4",
+        "rollout.num_generations=4", "train.micro_batch_size=4", "eval.num_examples=4", "eval.every=0", "eval.pass_k=0",
+        f"log.output_dir={path.parent}", f"log.run_name={path.name}", "log.save_every=1",
+        "log.save_rollouts_every=0", "log.progress=false", "log.tensorboard=false", *extra])
+
+
 def error() -> None:
     from mmrl.core import distributed as dist
 
@@ -128,7 +158,7 @@ def hang() -> None:
 @record
 def main() -> None:
     mode, *args = sys.argv[1:]
-    {"step": step, "run": run, "error": error, "hang": hang}[mode](*args)
+    {"step": step, "run": run, "vlm_run": vlm_run, "error": error, "hang": hang}[mode](*args)
     from mmrl.core import distributed as dist
 
     if dist.active():  # leave together: a rank exiting while its peer still tears down can abort it

@@ -1,12 +1,13 @@
-"""Two processes on this CPU (torchrun, gloo, accelerate's DDP) against one, through
-tests/dist_worker.py:
+"""Two processes on this CPU (torchrun, gloo; accelerate's DDP, and FSDP2 with the weights
+sharded) against one, through tests/dist_worker.py:
 
 - one optimizer step on the same global batch (a VLM, whole groups per rank, two loss terms per
-  rank under ``no_sync``): the same loss, gradients and updated weights;
+  rank): the same loss, gradients and updated weights, with DDP and with FSDP2;
 - a generator run (its noise is keyed by example index, so the 2-process run samples exactly what
-  one process does): the same step metrics, eval metrics and weights; the ranks' prompts and noise
-  differ; per-rank seeds make the same prompt sample differently on each rank;
-- a 2-process run killed (rank 1 exits abruptly at step 3) and resumed continues exactly;
+  one process does): the same step metrics, eval metrics and weights, DDP and FSDP2; the ranks'
+  prompts and noise differ; per-rank seeds make the same prompt sample differently on each rank;
+- a 2-process run killed (rank 1 exits abruptly at step 3) and resumed continues exactly (a
+  generator under DDP, a VLM under FSDP2, whose checkpoint one unsharded process also resumes);
 - a rank raising an error ends both processes with its message; a hung collective times out.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -61,14 +63,28 @@ def assert_rows_close(a: dict, b: dict, tol: float) -> None:
         assert abs(value - b[key]) <= tol * max(1.0, abs(value)), (key, value, b[key])
 
 
-def test_ddp_step_equals_one_process(random_tiny_dir, tmp_path):
-    launch(1, "step", random_tiny_dir, tmp_path / "one.pt")
-    launch(2, "step", random_tiny_dir, tmp_path / "two.pt")
-    one = torch.load(tmp_path / "one.pt", weights_only=False)
-    two = torch.load(tmp_path / "two.pt", weights_only=False)
-    assert (one["world"], two["world"]) == (1, 2)
+# What ``accelerate launch --config_file configs/accelerate/fsdp2.yaml`` exports (fp32 here, so
+# the sharded step can be compared with one process to float tolerance).
+FSDP2 = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP",
+         "FSDP_RESHARD_AFTER_FORWARD": "true", "FSDP_STATE_DICT_TYPE": "FULL_STATE_DICT"}
+
+
+@pytest.fixture(scope="module")
+def one_process_step(random_tiny_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("dist-step") / "one.pt"
+    launch(1, "step", random_tiny_dir, out)
+    return torch.load(out, weights_only=False)
+
+
+@pytest.mark.parametrize("backend", ["MULTI_CPU", "FSDP2"])
+def test_two_process_step_equals_one_process(backend, random_tiny_dir, one_process_step, tmp_path):
+    """DDP (accelerate's MULTI_CPU on gloo) and FSDP2 (weights sharded over the two ranks,
+    gathered for the rollout): one step on the same global batch as one process."""
+    launch(2, "step", random_tiny_dir, tmp_path / "two.pt", env=FSDP2 if backend == "FSDP2" else None)
+    one, two = one_process_step, torch.load(tmp_path / "two.pt", weights_only=False)
+    assert (one["world"], two["world"], two["backend"]) == (1, 2, backend)
     for key in ("loss", "pg_loss", "grad_norm", "ratio_mean"):
-        assert abs(one["metrics"][key] - two["metrics"][key]) < 1e-6, key
+        assert abs(one["metrics"][key] - two["metrics"][key]) < 2e-6, key
     assert one["grads"].keys() == two["grads"].keys() and one["grads"]
     for name, g in one["grads"].items():
         assert torch.allclose(g, two["grads"][name], atol=1e-7, rtol=1e-5), name
@@ -110,9 +126,20 @@ def two_process_run(flow_dir, tmp_path_factory):
     return run
 
 
-def test_generator_run_on_two_processes_equals_one(flow_dir, two_process_run, tmp_path):
-    one = tmp_path / "one"
-    launch(1, "run", flow_dir, one, 4)
+@pytest.fixture(scope="module")
+def one_process_run(flow_dir, tmp_path_factory):
+    run = tmp_path_factory.mktemp("dist-runs") / "one"
+    launch(1, "run", flow_dir, run, 4)
+    return run
+
+
+@pytest.mark.parametrize("backend", ["MULTI_CPU", "FSDP2"])
+def test_generator_run_on_two_processes_equals_one(backend, flow_dir, two_process_run, one_process_run, tmp_path):
+    one = one_process_run
+    if backend == "FSDP2":
+        two_process_run = tmp_path / "fsdp2"
+        out = launch(2, "run", flow_dir, two_process_run, 4, env=FSDP2)
+        assert "mmrl: 2 processes, FSDP2" in out.stdout
     a, b = train_rows(one), train_rows(two_process_run)
     assert sorted(a) == sorted(b) == [1, 2, 3, 4]
     for step in a:  # rewards, reward std, advantages' effect (loss), grad norm, group stats
@@ -145,6 +172,61 @@ def test_killed_two_process_run_resumes_exactly(flow_dir, two_process_run, tmp_p
     wa, wb = weights(two_process_run), weights(run)
     for name, w in wa.items():
         assert torch.equal(w, wb[name]), name
+
+
+def test_killed_fsdp2_vlm_run_resumes_exactly_and_in_one_process(tmp_path):
+    """FSDP2 checkpoints are consolidated (weights and optimizer state gathered, keyed by name):
+    a sharded run killed at step 3 resumes from step 2 bit for bit, one unsharded process resumes
+    the same checkpoint with the optimizer state it held, and a sharded run resumes the unsharded
+    process's checkpoint."""
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    out = launch(2, "vlm_run", "tiny", full, 4, env=FSDP2)
+    assert "mmrl: 2 processes, FSDP2" in out.stdout
+    rows = train_rows(full)
+    assert sorted(rows) == [1, 2, 3, 4] and all(r["grad_norm"] > 0 for r in rows.values())
+    assert launch(2, "vlm_run", "tiny", killed, 4, env={**FSDP2, "DIE_AT_STEP": "3"}, check=False).returncode
+    assert (killed / "checkpoints" / "latest").read_text().strip() == "step_00000002"
+    single, step2 = tmp_path / "single", tmp_path / "step2"
+    shutil.copytree(killed, single)
+    shutil.copytree(killed / "checkpoints" / "step_00000002" / "policy", step2)  # runs keep their last two
+    launch(2, "vlm_run", "tiny", killed, 4, "resume=true", env=FSDP2)
+    for step in (3, 4):
+        assert_rows_close(rows[step], train_rows(killed)[step], 0.0)  # bit for bit
+    wa, wb = vlm_weights(full), vlm_weights(killed)
+    assert wa.keys() == wb.keys() and all(torch.equal(w, wb[k]) for k, w in wa.items())
+
+    launch(1, "vlm_run", "tiny", single, 4, "resume=true")  # one process, not sharded
+    assert sorted(train_rows(single)) == [1, 2, 3, 4]
+    # and back: the unsharded checkpoint (optimizer state numbered, not named) resumed sharded
+    launch(2, "vlm_run", "tiny", single, 5, "resume=true", "allow_config_change=true", env=FSDP2)
+    assert sorted(train_rows(single)) == [1, 2, 3, 4, 5]
+    from mmrl.core import sharding
+
+    saved = torch.load(step2 / "optimizer.pt", weights_only=False)
+    assert saved["by_name"]
+    policy = one_process_policy(step2)
+    mine = sharding.full_optimizer_state(policy.module, policy._inner_optimizer())
+    assert mine["state"].keys() == saved["optimizer"]["state"].keys()
+    for name, state in saved["optimizer"]["state"].items():
+        for key, value in state.items():
+            assert torch.equal(value, mine["state"][name][key]), (name, key)
+
+
+def vlm_weights(run: Path) -> dict[str, torch.Tensor]:
+    root = run / "checkpoints"
+    return load_file(str(root / (root / "latest").read_text().strip() / "policy" / "model" / "model.safetensors"))
+
+
+def one_process_policy(checkpoint: Path):
+    """The counting recipe's policy in this process, its optimizer state read from ``checkpoint``."""
+    from mmrl.config import load_config, builtin_config_path
+    from mmrl.vlm.policy import VLMPolicy
+
+    cfg = load_config(builtin_config_path("vlm/counting_tiny"), ["train.device=cpu"])
+    policy = VLMPolicy(cfg)
+    policy.configure_optimizer(cfg.train, 4)
+    policy.load(checkpoint)
+    return policy
 
 
 def test_a_rank_error_ends_every_process_with_its_message():

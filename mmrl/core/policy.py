@@ -16,10 +16,12 @@ What does not depend on the modality is written once, in :class:`PolicyBase`:
 - checkpoints: LoRA adapters through peft's state-dict helpers, full weights through the
   subclass, optimizer and scheduler state;
 - several processes: an ``accelerate.Accelerator`` prepares the trained module and the optimizer
-  (DDP, FSDP2 or DeepSpeed, chosen by the accelerate config of the launch). Training forwards run
+  (DDP or FSDP2, chosen by the accelerate config of the launch). Training forwards run
   through :meth:`PolicyBase.forward`, so the backend's hooks see them whatever submodules the
-  policy calls; gradients of all loss terms accumulate locally (``no_sync``) and one
-  synchronising backward averages them (see :meth:`PolicyBase.train_step`).
+  policy calls. DDP: gradients of all loss terms accumulate locally (``no_sync``) and one
+  synchronising backward averages them (see :meth:`PolicyBase.train_step`). FSDP2: weights are
+  gathered for the rollouts and sharded for training (:mod:`mmrl.core.sharding`), where every
+  backward reduce-scatters.
 
 A modality policy supplies sampling (``rollout``), per-micro-batch loss terms (``loss_terms``),
 its full-weight save/load and its optional capabilities, declared in ``capabilities`` and checked
@@ -39,6 +41,7 @@ import torch
 from mmrl.registry import LOSSES
 
 from . import distributed as dist
+from . import sharding
 from .oom import OOMBackoff, is_out_of_memory
 from .rollouts import Rollouts
 
@@ -131,6 +134,8 @@ class TrainForward(torch.nn.Module):
     def __init__(self, module: torch.nn.Module):
         super().__init__()
         self.module = module
+        # FSDP's transformer-based wrapping reads the layer classes from the prepared model
+        self._no_split_modules = getattr(module, "_no_split_modules", None)
 
     def forward(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)
@@ -149,7 +154,9 @@ def make_accelerator():
               "device_placement": False}
     if not dist.active():
         kwargs["mixed_precision"] = "no"
-    return Accelerator(cpu=dist.use_cpu(), **kwargs)
+    accelerator = Accelerator(cpu=dist.use_cpu(), **kwargs)
+    sharding.enable_on_cpu(accelerator)
+    return accelerator
 
 
 class PolicyBase:
@@ -239,7 +246,12 @@ class PolicyBase:
         """ProRL's reference reset: the reference becomes the current policy, optimizer state is
         cleared (LoRA is refused at setup: its reference is the base model)."""
         if self.ref_module is not None:
-            self.ref_module.load_state_dict(self.module.state_dict())
+            if self.sharded:
+                sharding.reshard_all(self.train_module)
+                self.ref_module.load_state_dict(sharding.full_model_state(self.module, everywhere=True))
+                sharding.gather_for_rollouts(self.train_module)
+            else:
+                self.ref_module.load_state_dict(self.module.state_dict())
         if self.optimizer is not None:
             self.optimizer.state.clear()
 
@@ -249,13 +261,27 @@ class PolicyBase:
         ours: accelerate's would step once per process per optimizer step."""
         optimizer, self.scheduler = make_optimizer(self.trainable_parameters(), train_cfg, total_steps)
         self.accelerator = self.accelerator or make_accelerator()
-        backend = str(self.accelerator.distributed_type).rsplit(".", 1)[-1]
-        if backend in ("FSDP", "DEEPSPEED"):
+        backend = sharding.backend(self.accelerator)
+        if backend in ("FSDP1", "DEEPSPEED"):
             raise NotImplementedError(
-                f"the accelerate config asks for {backend}; mmrl trains with DDP only so far (its synchronising "
-                "backward and checkpoints assume replicated weights, and sharded rollouts need generation in "
-                "lockstep): launch with configs/accelerate/ddp.yaml")
+                f"the accelerate config asks for {backend}; mmrl trains with DDP or FSDP2 (fsdp_version: 2): "
+                "launch with configs/accelerate/ddp.yaml or configs/accelerate/fsdp2.yaml")
+        if backend == "FSDP2":
+            self.check_shardable()
         self.train_module, self.optimizer = self.accelerator.prepare(TrainForward(self.module), optimizer)
+        if self.sharded:
+            sharding.gather_for_rollouts(self.train_module)
+
+    @property
+    def sharded(self) -> bool:
+        """The trained weights are sharded across ranks (FSDP2)."""
+        return self.train_module is not None and sharding.backend(self.accelerator) == "FSDP2"
+
+    def check_shardable(self) -> None:
+        """Stop at setup when something of this run cannot train sharded (FSDP2) yet."""
+        if self.lora:
+            raise NotImplementedError("FSDP2 with LoRA is not supported yet (adapters are small: train them "
+                                      "with DDP, configs/accelerate/ddp.yaml)")
 
     def forward(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run a training forward ``fn(*args, **kwargs)`` through the prepared module (a plain
@@ -296,7 +322,7 @@ class PolicyBase:
             try:
                 out = self._train_step(batch, objective, num_tokens, num_seqs)
             except Exception as exc:
-                if not is_out_of_memory(exc):
+                if not is_out_of_memory(exc) or self.sharded:  # sharded: every rank must redo it alike
                     raise
                 self.optimizer.zero_grad(set_to_none=True)
                 self.module.eval()
@@ -323,8 +349,13 @@ class PolicyBase:
         # Several processes: ``num_tokens`` / ``num_seqs`` are the global normalisers, and the
         # backend averages gradients over ranks, so each rank's loss is scaled by the world size.
         world = dist.world_size()
+        if self.sharded:
+            self._check_equal_shares(len(batch))
+            sharding.shard_for_training(self.train_module)
         terms = self.loss_terms(batch, objective, num_tokens, num_seqs) if len(batch) else iter(())
-        with self.accelerator.no_sync(self.train_module) if world > 1 else contextlib.nullcontext():
+        # DDP: accumulate locally, synchronise once; FSDP2: every backward reduce-scatters
+        local = world > 1 and not self.sharded
+        with self.accelerator.no_sync(self.train_module) if local else contextlib.nullcontext():
             while True:
                 with self.autocast():
                     term = next(terms, None)
@@ -335,10 +366,13 @@ class PolicyBase:
                 count += 1
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
-        if world > 1:
+        if local:
             with dist.watched("gradient all-reduce"):
                 self._synchronise_gradients()
+        if world > 1:
             sums, count = _reduce_metrics(sums, count)
+        if self.sharded:
+            sharding.reshard_all(self.train_module)  # the registered parameters are the optimizer's shards
         params = self.trainable_parameters()
         self.last_skip_cause = self._non_finite_gradient(params, sums.get("loss", 0.0))
         if self.last_skip_cause is None:
@@ -347,6 +381,8 @@ class PolicyBase:
         else:
             grad_norm = torch.tensor(float("nan"))
         self.optimizer.zero_grad(set_to_none=True)  # no gradients held through the next rollout
+        if self.sharded:
+            sharding.gather_for_rollouts(self.train_module)  # the updated weights, whole on every rank
         if self.last_skip_cause is None:
             self.after_optimizer_step()
         self.module.eval()
@@ -357,17 +393,29 @@ class PolicyBase:
         out["skipped_update"] = float(self.last_skip_cause is not None)
         return out
 
+    def _check_equal_shares(self, size: int) -> None:
+        """Sharded training forwards are collectives: every rank must run as many. The policies'
+        loss terms follow the mini-batch size, so the ranks' shares must be equal."""
+        sizes = dist.gather(size)
+        if len(set(sizes)) > 1:
+            raise RuntimeError(
+                f"FSDP2 needs every rank to train on as many samples per mini-batch; this one has {sizes} "
+                "(one per rank). Make train.prompts_per_step and train.mini_batch_size multiples of the "
+                "process count, and avoid what keeps a different number of samples per rank (dynamic "
+                "sampling, multi-turn episodes), or launch with DDP (configs/accelerate/ddp.yaml)")
+
     def _non_finite_gradient(self, params: list[torch.nn.Parameter], loss: float) -> str | None:
         """None when every gradient is finite (one norm over them all), else what went wrong:
-        the loss, or the first parameter whose gradient holds NaN / inf, by name."""
+        the loss, or the first parameter whose gradient holds NaN / inf, by name. Sharded
+        gradients are judged whole (the same verdict on every rank)."""
         grads = [p.grad for p in params if p.grad is not None]
-        if not grads or bool(torch.isfinite(torch.nn.utils.get_total_norm(grads))):
+        if not grads or bool(torch.isfinite(sharding.full_tensor(torch.nn.utils.get_total_norm(grads)))):
             return None
         if not math.isfinite(loss):
             return f"the loss is {loss}"
         names = {id(p): n for n, p in self.module.named_parameters()}
         for p in params:
-            if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
+            if p.grad is not None and not bool(torch.isfinite(sharding.full_tensor(p.grad)).all()):
                 return f"the gradient of {names.get(id(p), '?')} is not finite"
         return "the gradient norm is not finite"  # the squares overflowed: every gradient is finite
 
@@ -398,17 +446,40 @@ class PolicyBase:
     # -- checkpoints ----------------------------------------------------------------------------
     ADAPTER_FILE = "adapter_model.safetensors"
 
-    def save_weights(self, path: Path) -> None:
-        """Write the full trained weights under ``path`` (subclass)."""
+    def save_weights(self, path: Path, state: dict[str, torch.Tensor] | None = None) -> None:
+        """Write the full trained weights under ``path`` (subclass): ``state``, the whole state
+        dict gathered from sharded weights, or the module's own when None."""
         raise NotImplementedError
 
     def load_weights(self, path: Path) -> None:
-        """Read what :meth:`save_weights` wrote (subclass)."""
+        """Read what :meth:`save_weights` wrote (subclass), through :meth:`load_module_state`."""
         raise NotImplementedError
+
+    def load_module_state(self, state: dict[str, torch.Tensor]) -> None:
+        """A whole state dict into ``self.module`` (sharded into the ranks' shares under FSDP2)."""
+        if self.sharded:
+            sharding.load_full_model_state(self.module, state)
+        else:
+            self.module.load_state_dict(state)
+
+    def _inner_optimizer(self):
+        return getattr(self.optimizer, "optimizer", self.optimizer)  # under accelerate's wrapper
+
+    def _trained_names(self) -> list[str]:
+        """The trained parameters' names, in the order the optimizer was given them."""
+        return [n for n, p in self.module.named_parameters() if p.requires_grad]
 
     def save(self, path: Path) -> None:
         """Weights (LoRA: the adapters only, through peft) and optimizer + scheduler state.
-        Called on every rank (a sharding backend gathers here); rank 0 writes."""
+        Called on every rank (sharded weights and optimizer state are gathered here, keyed by
+        parameter name); rank 0 writes."""
+        weights = optimizer = None
+        if self.sharded:
+            sharding.reshard_all(self.train_module)
+            tied = sharding.tied_duplicates(self.module)
+            weights = {k: v for k, v in sharding.full_model_state(self.module).items() if k not in tied}
+            optimizer = sharding.full_optimizer_state(self.module, self._inner_optimizer())
+            sharding.gather_for_rollouts(self.train_module)
         if not dist.is_main():
             return
         path = Path(path)
@@ -420,15 +491,19 @@ class PolicyBase:
             state = get_peft_model_state_dict(self.module)
             save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(path / self.ADAPTER_FILE))
         else:
-            self.save_weights(path)
+            self.save_weights(path, weights)
         if self.optimizer is not None:
-            torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
-                       path / "optimizer.pt")
+            by_name = optimizer is not None
+            torch.save({"optimizer": optimizer if by_name else self.optimizer.state_dict(), "by_name": by_name,
+                        "scheduler": self.scheduler.state_dict()}, path / "optimizer.pt")
 
     def load(self, path: Path) -> None:
         """Restore what :meth:`save` wrote (optimizer state only when an optimizer exists); every
-        rank reads the same consolidated files, whatever number of processes wrote them."""
+        rank reads the same consolidated files, whatever number of processes wrote them, sharded
+        or not."""
         path = Path(path)
+        if self.sharded:
+            sharding.reshard_all(self.train_module)
         if self.lora:
             from peft import set_peft_model_state_dict
             from safetensors.torch import load_file
@@ -439,8 +514,16 @@ class PolicyBase:
         opt = path / "optimizer.pt"
         if opt.exists() and self.optimizer is not None:
             state = torch.load(opt, map_location="cpu", weights_only=False)
-            self.optimizer.load_state_dict(state["optimizer"])
+            saved = state["optimizer"]
+            if self.sharded or state.get("by_name"):
+                if not state.get("by_name"):
+                    saved = sharding.optimizer_state_by_name(saved, self._trained_names())
+                sharding.load_full_optimizer_state(self.module, self._inner_optimizer(), saved)
+            else:
+                self.optimizer.load_state_dict(saved)
             self.scheduler.load_state_dict(state["scheduler"])
+        if self.sharded:
+            sharding.gather_for_rollouts(self.train_module)
 
 
 def _reduce_metrics(sums: dict[str, float], count: int) -> tuple[dict[str, float], int]:

@@ -31,6 +31,7 @@ from ..runs.config_history import check_resume_config, record_start
 from ..runs.logging import RunLogger, TrainingProgress, print_before_after
 from ..task import Task
 from . import distributed as dist
+from . import sharding
 from .batch import BatchBuilder
 from .evaluation import evaluate
 from .losses import Objective, ObjectiveConfig, count_sequences, kl_penalty
@@ -196,6 +197,8 @@ class Trainer:
     def train(self) -> TrainResult:
         cfg, main = self.cfg, self.main
         self.policy.configure_optimizer(cfg.train, cfg.train.steps)
+        if main and dist.world_size() > 1:
+            print(f"mmrl: {dist.world_size()} processes, {sharding.backend(self.policy.accelerator)}", flush=True)
         logger = RunLogger(self.run_dir, tensorboard=cfg.log.tensorboard) if main else None
         log = logger.log if main else (lambda step, metrics: None)
         start, before = (self._resume() if cfg.resume else (0, {}))

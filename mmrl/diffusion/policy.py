@@ -368,10 +368,16 @@ class DiffusionPolicy(PolicyBase):
                          num_tokens=num_tokens, num_seqs=num_seqs, kl=kl)
 
     # -- checkpoints (full fine-tuning; LoRA adapters are saved by the policy base) ---------------
-    def save_weights(self, path: Path) -> None:
-        self.transformer.save_pretrained(Path(path) / "transformer")
+    def save_weights(self, path: Path, state: dict[str, torch.Tensor] | None = None) -> None:
+        """``path/transformer``, diffusers' own layout (``state``: weights gathered from shards,
+        written through a copy of the transformer: diffusers saves a module, not a state dict)."""
+        transformer = self.transformer
+        if state is not None:
+            transformer = type(transformer).from_config(transformer.config)
+            transformer.load_state_dict(state)
+        transformer.save_pretrained(Path(path) / "transformer")
 
     def load_weights(self, path: Path) -> None:
         saved = type(self.transformer).from_pretrained(Path(path) / "transformer", torch_dtype=torch.float32)
-        self.transformer.load_state_dict(saved.state_dict())
+        self.load_module_state(saved.state_dict())
         del saved

@@ -147,6 +147,12 @@ class VLMPolicy(PolicyBase):
     def after_optimizer_step(self) -> None:
         self.engine.sync_weights()
 
+    def check_shardable(self) -> None:
+        super().check_shardable()
+        if self.cfg.rollout.engine != "hf":
+            raise NotImplementedError(f"FSDP2 with rollout.engine={self.cfg.rollout.engine} is not supported yet "
+                                      "(the engine reads whole weights): use rollout.engine=hf or DDP")
+
     def begin_step(self, step: int) -> None:
         """A new RL step: forget the image and clip features kept for the last one."""
         super().begin_step(step)
@@ -428,10 +434,10 @@ class VLMPolicy(PolicyBase):
         return select_tokens(obj_cfg, logps, old, batch.advantages, batch.action_mask, ents)
 
     # -- persistence ----------------------------------------------------------------------------
-    def save_weights(self, path: Path) -> None:
+    def save_weights(self, path: Path, state: dict[str, torch.Tensor] | None = None) -> None:
         """An ordinary checkpoint directory ``path/model`` (weights and processor): loadable as
         ``model.path`` (float32 master weights, so a resumed run continues exactly)."""
-        self.module.save_pretrained(Path(path) / "model", safe_serialization=True)
+        self.module.save_pretrained(Path(path) / "model", state_dict=state, safe_serialization=True)
         self.processor.save_pretrained(Path(path) / "model")
 
     def load_weights(self, path: Path) -> None:
@@ -439,7 +445,7 @@ class VLMPolicy(PolicyBase):
         from transformers import AutoModelForImageTextToText
 
         saved = AutoModelForImageTextToText.from_pretrained(str(Path(path) / "model"), dtype=torch.float32)
-        self.module.load_state_dict(saved.state_dict())
+        self.load_module_state(saved.state_dict())
         del saved
 
 

@@ -93,7 +93,10 @@ class HFGenerate(RolloutEngine):
             inputs = {k: v.to(policy.device) for k, v in enc.items()}
             gen_kwargs: dict[str, Any] = dict(max_new_tokens=sampling.max_new_tokens, pad_token_id=policy.pad_id,
                                               eos_token_id=sorted(policy.eos_ids),
-                                              suppress_tokens=policy.suppressed_ids or None)
+                                              suppress_tokens=policy.suppressed_ids or None,
+                                              # each rank generates alone (under FSDP2 too: the
+                                              # weights are gathered for rollouts)
+                                              synced_gpus=False)
             if sampling.temperature > 0:
                 # top_k=0 / top_p=1 explicitly: the checkpoint's generation_config may set its own
                 # (transformers defaults top_k to 50), which would truncate what we sample from.
