@@ -65,3 +65,15 @@ def test_backend_names_fsdp_by_version():
     assert sharding.backend(accel(DistributedType.FSDP, 1)) == "FSDP1"
     assert sharding.backend(accel(DistributedType.MULTI_CPU)) == "MULTI_CPU"
     assert sharding.backend(accel(DistributedType.DEEPSPEED)) == "DEEPSPEED"
+
+
+def test_what_cannot_train_sharded_stops_at_setup(random_tiny_dir):
+    import pytest
+
+    from conftest import make_config
+    from mmrl.vlm.policy import VLMPolicy
+
+    model = (f"model.path={random_tiny_dir}", "train.device=cpu")
+    VLMPolicy(make_config(*model)).check_shardable()  # full fine-tuning shards
+    with pytest.raises(NotImplementedError, match="FSDP2 with LoRA"):
+        VLMPolicy(make_config(*model, "model.lora.enabled=true")).check_shardable()
