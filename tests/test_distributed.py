@@ -219,7 +219,7 @@ def vlm_weights(run: Path) -> dict[str, torch.Tensor]:
 
 def one_process_policy(checkpoint: Path):
     """The counting recipe's policy in this process, its optimizer state read from ``checkpoint``."""
-    from mmrl.config import load_config, builtin_config_path
+    from mmrl.config import builtin_config_path, load_config
     from mmrl.vlm.policy import VLMPolicy
 
     cfg = load_config(builtin_config_path("vlm/counting_tiny"), ["train.device=cpu"])

@@ -69,8 +69,8 @@ def test_backend_names_fsdp_by_version():
 
 def test_what_cannot_train_sharded_stops_at_setup(random_tiny_dir):
     import pytest
-
     from conftest import make_config
+
     from mmrl.vlm.policy import VLMPolicy
 
     model = (f"model.path={random_tiny_dir}", "train.device=cpu")

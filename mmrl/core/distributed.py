@@ -20,7 +20,8 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -240,3 +241,15 @@ def barrier() -> None:
 
         with watched("barrier"):
             dist.barrier()
+
+
+def sum_over_ranks(sums: dict[str, float], count: int) -> tuple[dict[str, float], int]:
+    """Every rank's metric sums and term counts added up: the means of a training step are then
+    over all ranks' loss terms (and a summed metric such as the loss is the global one)."""
+    total: dict[str, float] = {}
+    n = 0
+    for s, c in gather((sums, count)):
+        n += c
+        for k, v in s.items():
+            total[k] = total.get(k, 0.0) + v
+    return total, n

@@ -33,8 +33,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from typing import Any, Protocol
 
 import torch
 
@@ -42,6 +43,7 @@ from mmrl.registry import LOSSES
 
 from . import distributed as dist
 from . import sharding
+from .backend import TrainForward, make_accelerator
 from .oom import OOMBackoff, is_out_of_memory
 from .rollouts import Rollouts
 
@@ -124,39 +126,6 @@ def make_optimizer(params, train_cfg: Any, total_steps: int):
     scheduler = get_scheduler(train_cfg.lr_scheduler_type, optimizer, num_warmup_steps=train_cfg.warmup_steps,
                               num_training_steps=max(total_steps, 1))
     return optimizer, scheduler
-
-
-class TrainForward(torch.nn.Module):
-    """The module handed to ``accelerator.prepare``: its forward runs ``fn(*args)``, so a policy
-    that calls submodules of its model (a VLM's backbone then its LM head in chunks; a
-    generator's pipeline) still goes through DDP's / FSDP2's forward once per loss term."""
-
-    def __init__(self, module: torch.nn.Module):
-        super().__init__()
-        self.module = module
-        # FSDP's transformer-based wrapping reads the layer classes from the prepared model
-        self._no_split_modules = getattr(module, "_no_split_modules", None)
-
-    def forward(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return fn(*args, **kwargs)
-
-
-def make_accelerator():
-    """One ``Accelerator`` per process. Outside a launch it is forced to plain full precision
-    with no device moves, so a single-process run computes exactly what it did without it; in a
-    launch the accelerate config (DDP / FSDP2 / DeepSpeed, mixed precision) applies."""
-    from accelerate import Accelerator
-    from accelerate.utils import DistributedDataParallelKwargs
-
-    # Buffers (rotary tables) are equal on every rank; broadcasting them at each forward would be
-    # a collective per loss term, and ranks may run different numbers of terms.
-    kwargs = {"kwargs_handlers": [DistributedDataParallelKwargs(broadcast_buffers=False)],
-              "device_placement": False}
-    if not dist.active():
-        kwargs["mixed_precision"] = "no"
-    accelerator = Accelerator(cpu=dist.use_cpu(), **kwargs)
-    sharding.enable_on_cpu(accelerator)
-    return accelerator
 
 
 class PolicyBase:
@@ -370,7 +339,7 @@ class PolicyBase:
             with dist.watched("gradient all-reduce"):
                 self._synchronise_gradients()
         if world > 1:
-            sums, count = _reduce_metrics(sums, count)
+            sums, count = dist.sum_over_ranks(sums, count)
         if self.sharded:
             sharding.reshard_all(self.train_module)  # the registered parameters are the optimizer's shards
         params = self.trainable_parameters()
@@ -524,15 +493,3 @@ class PolicyBase:
             self.scheduler.load_state_dict(state["scheduler"])
         if self.sharded:
             sharding.gather_for_rollouts(self.train_module)
-
-
-def _reduce_metrics(sums: dict[str, float], count: int) -> tuple[dict[str, float], int]:
-    """Every rank's metric sums and term counts added up: the means of ``train_step`` are then
-    over all ranks' loss terms (and ``loss``, a sum, is the global mini-batch loss)."""
-    total: dict[str, float] = {}
-    n = 0
-    for s, c in dist.gather((sums, count)):
-        n += c
-        for k, v in s.items():
-            total[k] = total.get(k, 0.0) + v
-    return total, n

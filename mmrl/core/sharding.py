@@ -119,7 +119,10 @@ def tied_duplicates(module: torch.nn.Module) -> set[str]:
 
 def load_full_model_state(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Shard a whole state dict (read by every rank) into ``module``'s parameters."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+    )
 
     set_model_state_dict(module, state, options=StateDictOptions(full_state_dict=True))
 
@@ -133,7 +136,10 @@ def full_optimizer_state(module: torch.nn.Module, optimizer) -> dict[str, Any]:
 
 def load_full_optimizer_state(module: torch.nn.Module, optimizer, state: dict[str, Any]) -> None:
     """Restore a state of :func:`full_optimizer_state` (sharded or replicated ``module``)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_optimizer_state_dict,
+    )
 
     set_optimizer_state_dict(module, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
