@@ -25,7 +25,8 @@ torch.set_num_threads(1)
 
 def step(vlm_dir: str, out: str, *extra: str) -> None:
     """The same global batch (4 prompts x 2 samples, rolled out identically on every rank), each
-    rank training on its whole groups; loss, gradients and updated weights as rank 0 sees them.
+    rank training on its whole groups; loss, gradients and updated weights as rank 0 sees them,
+    and the weights after a save, another step and a load of that checkpoint.
     ``extra``: config overrides (e.g. a batch-wide token selection)."""
     from mmrl.config import load_config
     from mmrl.core import distributed as dist
@@ -54,18 +55,31 @@ def step(vlm_dir: str, out: str, *extra: str) -> None:
     local = batch.select(list(range(2 * start, 2 * stop)))
     grads = {}
     inner = getattr(policy.optimizer, "optimizer", policy.optimizer)
-    inner.register_step_pre_hook(lambda *a: grads.update(  # whole gradients (FSDP2: gathered on every rank)
-        {n: sharding.full_tensor(p.grad).clone() for n, p in policy.model.named_parameters() if p.grad is not None}))
+
+    def keep_first_gradients(*_):  # the first step's whole gradients (FSDP2: gathered on every rank)
+        if not grads:
+            grads.update({n: sharding.full_tensor(p.grad).clone() for n, p in policy.model.named_parameters()
+                          if p.grad is not None})
+
+    inner.register_step_pre_hook(keep_first_gradients)
     objective = Objective(ObjectiveConfig.from_algo(cfg.algo, max_completion_length=8))
     metrics = policy.train_step(local, objective, num_tokens=num_tokens, num_seqs=num_seqs)
     # Per-rank seeds: the same prompts sampled on each rank under the trainer's seeding differ.
     seed_everything(step_seed(cfg.train.seed, 1, salt=dist.rank_salt()))
     again = policy.rollout(examples[:1], [task.build_prompt(examples[0])], 4, "train", False, False)
     samples = dist.gather([c.tolist() for c in again.payload["completion_ids"]])
+    weights = {n: p.detach().clone() for n, p in policy.model.named_parameters()}  # whole (gathered) weights
+    # A checkpoint round trip: saved, moved away by another step, loaded back.
+    checkpoint = f"{out}.checkpoint"
+    policy.save(checkpoint)
+    policy.train_step(local, objective, num_tokens=num_tokens, num_seqs=num_seqs)
+    moved = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    policy.load(checkpoint)
+    reloaded = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
     if dist.is_main():
         torch.save({"metrics": metrics, "grads": grads, "samples": samples, "world": dist.world_size(),
-                    "backend": sharding.backend(policy.accelerator),
-                    "weights": {n: p.detach().clone() for n, p in policy.model.named_parameters()}}, out)
+                    "backend": sharding.backend(policy.accelerator), "weights": weights, "moved": moved,
+                    "reloaded": reloaded}, out)
 
 
 def run(flow_dir: str, run_dir: str, steps: str, *extra: str) -> None:

@@ -1,6 +1,7 @@
 """The single-process parts of :mod:`mmrl.core.sharding` (the sharded runs themselves are in
 tests/test_distributed.py): optimizer state re-keyed by parameter name loads back exactly, tied
-parameters are found, the backend is named for the refusal message."""
+parameters are found, the backend is named for the refusal message, peft's adapter keys are
+placed in the module."""
 
 from __future__ import annotations
 
@@ -67,13 +68,18 @@ def test_backend_names_fsdp_by_version():
     assert sharding.backend(accel(DistributedType.DEEPSPEED)) == "DEEPSPEED"
 
 
-def test_what_cannot_train_sharded_stops_at_setup(random_tiny_dir):
-    import pytest
-    from conftest import make_config
+def test_adapter_keys_are_peft_saved_keys_mapped_to_the_module(random_tiny_dir):
+    """What a sharded LoRA run loads its adapter file through: each key peft writes, placed at the
+    module's own key (the adapter name put back)."""
+    from peft import get_peft_model_state_dict
 
+    from conftest import make_config
     from mmrl.vlm.policy import VLMPolicy
 
-    model = (f"model.path={random_tiny_dir}", "train.device=cpu")
-    VLMPolicy(make_config(*model)).check_shardable()  # full fine-tuning shards
-    with pytest.raises(NotImplementedError, match="FSDP2 with LoRA"):
-        VLMPolicy(make_config(*model, "model.lora.enabled=true")).check_shardable()
+    module = VLMPolicy(make_config(f"model.path={random_tiny_dir}", "train.device=cpu",
+                                   "model.lora.enabled=true")).module
+    keys = sharding.adapter_keys(module)
+    assert keys.keys() == get_peft_model_state_dict(module).keys() and keys
+    own = module.state_dict()
+    for saved, key in keys.items():
+        assert key in own and key.replace(".default", "") == saved

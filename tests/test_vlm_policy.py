@@ -154,6 +154,29 @@ def test_freeze_vision_keeps_the_vision_tower_fixed(random_tiny_dir):
     assert not torch.equal(before_lm, policy.model.lm_head.weight)
 
 
+def test_lora_adapters_start_from_the_run_seed(random_tiny_dir):
+    """The adapters' initial weights are drawn from train.seed (the same in every run and on every
+    rank, which a sharded run needs), without touching the run's own random stream."""
+    def adapters(*extra):
+        model = _policy(random_tiny_dir, "model.lora.enabled=true", *extra).model
+        return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_A" in n}
+
+    torch.manual_seed(0)
+    first = adapters()
+    torch.manual_seed(123)  # another global state: the same adapters
+    assert all(torch.equal(w, first[n]) for n, w in adapters().items()) and first
+    assert any(not torch.equal(w, first[n]) for n, w in adapters("train.seed=7").items())
+
+    from mmrl.core.seeding import seeded
+
+    torch.manual_seed(0)
+    with seeded(5):
+        torch.rand(10)
+    resumed = torch.rand(1)
+    torch.manual_seed(0)
+    assert torch.equal(resumed, torch.rand(1))  # the block's draws left the global stream alone
+
+
 def test_lora_reference_is_the_base_model(random_tiny_dir):
     """With LoRA, disabling the adapters gives the reference policy: equal to the base before
     training, unchanged by training, while the adapted policy moves away from it."""

@@ -248,9 +248,6 @@ class PolicyBase:
 
     def check_shardable(self) -> None:
         """Stop at setup when something of this run cannot train sharded (FSDP2) yet."""
-        if self.lora:
-            raise NotImplementedError("FSDP2 with LoRA is not supported yet (adapters are small: train them "
-                                      "with DDP, configs/accelerate/ddp.yaml)")
 
     def forward(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run a training forward ``fn(*args, **kwargs)`` through the prepared module (a plain
@@ -457,7 +454,7 @@ class PolicyBase:
             from peft import get_peft_model_state_dict
             from safetensors.torch import save_file
 
-            state = get_peft_model_state_dict(self.module)
+            state = get_peft_model_state_dict(self.module, state_dict=weights)  # weights: None unless sharded
             save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(path / self.ADAPTER_FILE))
         else:
             self.save_weights(path, weights)
@@ -477,7 +474,12 @@ class PolicyBase:
             from peft import set_peft_model_state_dict
             from safetensors.torch import load_file
 
-            set_peft_model_state_dict(self.module, load_file(str(path / self.ADAPTER_FILE)))
+            adapters = load_file(str(path / self.ADAPTER_FILE))
+            if self.sharded:
+                keys = sharding.adapter_keys(self.module)
+                sharding.load_full_model_state(self.module, {keys[k]: v for k, v in adapters.items()}, strict=False)
+            else:
+                set_peft_model_state_dict(self.module, adapters)
         else:
             self.load_weights(path)
         opt = path / "optimizer.pt"

@@ -3,6 +3,7 @@ step, so a resumed run continues exactly."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import numpy as np
@@ -19,3 +20,14 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (1 << 32))
     torch.manual_seed(seed)
+
+
+@contextlib.contextmanager
+def seeded(seed: int):
+    """torch's generators (CPU and CUDA) seeded for a block and restored after it: what is drawn at
+    set-up (LoRA adapters' initial weights) is a function of the run seed, the same on every rank
+    and in every run, and the draws of the rest of the run are left as they were."""
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield

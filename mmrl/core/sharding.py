@@ -117,14 +117,32 @@ def tied_duplicates(module: torch.nn.Module) -> set[str]:
     return every - {n for n, _ in module.named_parameters()}
 
 
-def load_full_model_state(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Shard a whole state dict (read by every rank) into ``module``'s parameters."""
+def load_full_model_state(module: torch.nn.Module, state: dict[str, torch.Tensor], strict: bool = True) -> None:
+    """Shard a whole state dict (read by every rank) into ``module``'s parameters (``strict``
+    False: a part of them, such as LoRA adapters)."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         set_model_state_dict,
     )
 
-    set_model_state_dict(module, state, options=StateDictOptions(full_state_dict=True))
+    set_model_state_dict(module, state, options=StateDictOptions(full_state_dict=True, strict=strict))
+
+
+def adapter_keys(module: torch.nn.Module) -> dict[str, str]:
+    """For a peft model: the keys of its saved adapter file (peft's ``get_peft_model_state_dict``,
+    adapter name removed) -> the module's own state-dict keys, so that a sharded module loads
+    the adapters through :func:`load_full_model_state` (peft's loader copies into plain tensors).
+    peft returns the module's tensors under its keys: matched by identity, the renaming stays
+    peft's own."""
+    from peft import get_peft_model_state_dict
+
+    state = module.state_dict()
+    key_of = {id(v): k for k, v in state.items()}
+    keys = {saved: key_of.get(id(v)) for saved, v in get_peft_model_state_dict(module, state_dict=state).items()}
+    unmatched = sorted(k for k, v in keys.items() if v is None)
+    if unmatched:
+        raise RuntimeError(f"cannot place saved adapter weights {unmatched[:3]} in the sharded model")
+    return keys
 
 
 def full_optimizer_state(module: torch.nn.Module, optimizer) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from mmrl.registry import SDE_SAMPLERS
 
 from ..core.policy import PolicyBase
 from ..core.rollouts import Rollouts
-from ..core.seeding import step_seed
+from ..core.seeding import seeded, step_seed
 from .base import FlowPipeline
 from .losses import awm_log_likelihood, guard_log_ratio, nft_errors, noised
 from .plan import SDE_WINDOW_MODES, step_plan, trained_steps
@@ -138,7 +138,8 @@ class DiffusionPolicy(PolicyBase):
         targets = list(lora_cfg.target_modules or self.pipe.lora_targets)
         config = LoraConfig(r=lora_cfg.r, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout,
                             init_lora_weights="gaussian", target_modules=targets)
-        self.transformer.add_adapter(config)
+        with seeded(self.cfg.train.seed):  # the adapters' initial weights: the same on every rank and run
+            self.transformer.add_adapter(config)
         if not any(p.requires_grad for p in self.transformer.parameters()):
             raise ValueError(f"model.lora.target_modules={targets} matched no layer of the transformer")
 

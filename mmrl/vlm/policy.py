@@ -25,6 +25,7 @@ from ..core import distributed as dist
 from ..core.losses import TokenSelection, select_tokens
 from ..core.policy import PolicyBase
 from ..core.rollouts import Rollouts
+from ..core.seeding import seeded
 from .engines import Sampling
 from .loading import VLM_LORA_TARGETS, load_vlm, resolve_model_path, vision_tower
 from .logprobs import split_head, token_logprobs
@@ -139,7 +140,8 @@ class VLMPolicy(PolicyBase):
             raise ValueError(f"model.lora.target_modules={lora_cfg.target_modules} matched no Linear layer")
         config = LoraConfig(r=lora_cfg.r, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout,
                             target_modules=targets)
-        self.module = get_peft_model(self.module, config)
+        with seeded(self.cfg.train.seed):  # the adapters' initial weights: the same on every rank and run
+            self.module = get_peft_model(self.module, config)
 
     def adapters_disabled(self):
         return self.module.disable_adapter()
