@@ -442,8 +442,11 @@ class PolicyBase:
         weights = optimizer = None
         if self.sharded:
             sharding.reshard_all(self.train_module)
-            tied = sharding.tied_duplicates(self.module)
-            weights = {k: v for k, v in sharding.full_model_state(self.module).items() if k not in tied}
+            if self.lora:  # only the adapters are written: gather them, not the whole model
+                weights = {n: sharding.full_tensor(p.detach()).cpu() for n, p in self.module.named_parameters()
+                           if p.requires_grad}
+            else:
+                weights = sharding.full_model_state(self.module, drop_tied=True)
             optimizer = sharding.full_optimizer_state(self.module, self._inner_optimizer())
             sharding.gather_for_rollouts(self.train_module)
         if not dist.is_main():

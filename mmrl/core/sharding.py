@@ -102,12 +102,16 @@ def _options(everywhere: bool):
     return StateDictOptions(full_state_dict=True, cpu_offload=not everywhere)
 
 
-def full_model_state(module: torch.nn.Module, everywhere: bool = False) -> dict[str, torch.Tensor]:
+def full_model_state(module: torch.nn.Module, everywhere: bool = False,
+                     drop_tied: bool = False) -> dict[str, torch.Tensor]:
     """The whole state dict of a sharded ``module`` (call on every rank): on rank 0 only, or on
-    every rank with ``everywhere``."""
+    every rank with ``everywhere``; ``drop_tied``: each tied parameter once, as a checkpoint
+    stores it (see :func:`tied_duplicates`)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    return get_model_state_dict(module, options=_options(everywhere))
+    state = get_model_state_dict(module, options=_options(everywhere))
+    tied = tied_duplicates(module) if drop_tied else set()
+    return {k: v for k, v in state.items() if k not in tied}
 
 
 def tied_duplicates(module: torch.nn.Module) -> set[str]:
