@@ -1,26 +1,156 @@
-"""The eval gallery marks right and wrong predictions (by the task's accuracy metric)."""
+"""The eval gallery marks right and wrong by the task's own success measure (what pass@k counts),
+not by the reward; an environment task's episodes get one card each, marked by their outcome; the
+contact sheet keeps each picture's aspect ratio (a video's frame strip is a wide tile)."""
 
 from __future__ import annotations
 
 import json
+import re
 
+import numpy as np
+import torch
 from PIL import Image
 
+from conftest import make_config
+from mmrl.core.reward_computer import make_reward_computer
+from mmrl.data.shapes_t2i import render
+from mmrl.registry import TASKS, load_plugins
+from mmrl.runs.contact_sheet import TITLE
 from mmrl.runs.gallery import RIGHT, WRONG, write_gallery
-from mmrl.registry import TASKS
 
 
-def test_gallery_marks_right_and_wrong(tmp_path):
+def card_marks(page: str) -> list[bool]:
+    return [m == "right" for m in re.findall(r'class="card (right|wrong)', page)]
+
+
+def sheet_marks(sheet: Image.Image, y: int) -> list[bool]:
+    """The colours of the tiles' top borders along row ``y`` of the sheet, left to right."""
+    runs, previous = [], None
+    for x in range(sheet.width):
+        colour = sheet.getpixel((x, y))
+        if colour in (RIGHT, WRONG) and colour != previous:
+            runs.append(colour == RIGHT)
+        previous = colour
+    return runs
+
+
+def box_of(sheet: Image.Image, colour) -> tuple[int, int, int, int]:
+    """The bounding box (left, top, right, bottom; exclusive) of the pixels of ``colour``."""
+    ys, xs = np.nonzero(np.all(np.asarray(sheet) == np.array(colour, dtype=np.uint8), axis=-1))
+    return int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1
+
+
+def test_composition_marks_follow_geneval_accuracy_not_the_reward(tmp_path):
+    """A picture with one shape too many passes 3 of 4 checks (reward 0.75 >= half the best) but
+    fails GenEval; reward-based marks called it right."""
+    load_plugins()
+    task = TASKS.get("composition")()
+    spec = [{"count": 2, "color": "red", "shape": "circle", "position": None}]
+    extra = [{**spec[0], "count": 3}]
+    examples = [{"spec": spec, "prompt": "two red circles"}] * 3
+    images = [render(spec, 0), render(extra, 1), render(spec, 2)]
+    total, comps, _ = make_reward_computer(task, make_config().task)(images, examples, group_ids=torch.arange(3))
+    assert total.tolist() == [1.0, 0.75, 1.0]  # the wrong picture's reward is well above half the best
+    summary = write_gallery(tmp_path, task, images, examples, total.tolist(), comps, best=1.0)
+    solved = [task.success(im, ex) for im, ex in zip(images, examples)]
+    assert solved == [True, False, True]
+    page = (tmp_path / "index.html").read_text()
+    assert card_marks(page) == solved
+    accuracy = task.metrics(images, examples)["geneval_accuracy"]
+    assert summary["right"] == round(accuracy * 3) == 2 and summary["marked_by"] == "success"
+    assert "2 of 3 right" in page and "geneval_accuracy" in page
+    sheet = Image.open(tmp_path / "gallery.png").convert("RGB")
+    assert sheet_marks(sheet, TITLE + 6) == solved  # the first row's top borders
+
+
+def test_counting_marks_follow_accuracy_when_reward_says_otherwise(tmp_path):
+    """Rewards that disagree with the answers both ways (a right answer scored low, a wrong one
+    high): the marks and "k of n right" are the task's accuracy."""
     task = TASKS.get("counting")()
+    exs = [task.examples("eval")[i] for i in range(4)]
+    completions = [task.target(exs[0]), "<answer>99</answer>", task.target(exs[2]), "no answer"]
+    rewards = [0.1, 1.5, 1.5, 0.0]
+    summary = write_gallery(tmp_path, task, completions, exs, rewards, {"accuracy": rewards}, 1.5)
+    solved = [task.success(c, ex) for c, ex in zip(completions, exs)]
+    assert solved == [True, False, True, False]
+    page = (tmp_path / "index.html").read_text()
+    assert card_marks(page) == solved
+    assert summary == {"right": 2, "shown": 4, "marked_by": "success", "unit": "example"}
+    assert summary["right"] == task.metrics(completions, exs)["accuracy"] * 4
+    assert "2 of 4 right" in page and "&lt;answer&gt;99&lt;/answer&gt;" in page  # escaped
+    sheet = Image.open(tmp_path / "gallery.png").convert("RGB")
+    assert sheet_marks(sheet, TITLE + 6) == solved
+    assert json.loads((tmp_path / "summary.json").read_text())["right"] == 2
+
+
+def test_a_task_without_per_example_success_is_marked_by_reward_and_says_so(tmp_path):
+    class NoSuccess(TASKS.get("counting")):
+        success_metric = None
+
+    task = NoSuccess()
     exs = [task.examples("eval")[i] for i in range(3)]
     completions = [task.target(exs[0]), "<answer>99</answer>", "no answer"]
-    summary = write_gallery(tmp_path, task, completions, exs, [1.5, 0.5, 0.0], {"accuracy": [1.0, 0.0, 0.0]}, 1.5)
-    assert summary == {"right": 1, "shown": 3}
+    summary = write_gallery(tmp_path, task, completions, exs, [0.5, 1.0, 0.0], {}, 1.5)
+    assert summary["right"] == 1 and summary["marked_by"] == "reward"  # only 1.0 >= 0.75
     page = (tmp_path / "index.html").read_text()
-    assert page.count('class="card right"') == 1 and page.count('class="card wrong"') == 2
-    assert "1 of 3 right" in page and "&lt;answer&gt;99&lt;/answer&gt;" in page  # escaped
+    assert card_marks(page) == [False, True, False]
+    assert "this task has no per-example success" in page
+
+
+def gui_rows(task):
+    """Two hand-made episodes of the synthetic phone as the runner lays them out (rows by turn,
+    then episode): episode 0 succeeds in 2 steps with step rewards 0; episode 1 fails after 3
+    steps with step rewards 1 (reward and outcome disagree)."""
+    spec = task.examples("eval")[0]
+    obs = task.make_env().reset(spec["task"])
+    outcome = {0: {"episode_success": True, "episode_return": 0.0, "episode_length": 2},
+               1: {"episode_success": False, "episode_return": 3.0, "episode_length": 3}}
+    rows = []
+    for t in range(3):
+        for e in (0, 1):
+            if t < outcome[e]["episode_length"]:
+                rows.append({**task.step_example(spec, obs, []), "episode_id": e, "step_index": t,
+                             "step_reward": float(e), "step_valid": True, "step_message": f"m{e}{t}", **outcome[e]})
+    completions = [f'<answer>{{"action": "click", "point": [{10 + i}, 20]}}</answer>' for i in range(len(rows))]
+    return completions, rows
+
+
+def test_episodes_get_one_card_each_marked_by_their_outcome(tmp_path):
+    load_plugins()
+    task = TASKS.get("gui_env")()
+    completions, rows = gui_rows(task)
+    rewards = [row["step_reward"] for row in rows]
+    summary = write_gallery(tmp_path, task, completions, rows, rewards, {"env_reward": rewards}, 1.0,
+                            viewer="episodes/index.html")
+    firsts = [next(i for i, r in enumerate(rows) if r["episode_id"] == e and r["step_index"] == 0) for e in (0, 1)]
+    solved = [task.success(completions[i], rows[i]) for i in firsts]  # what pass@k judges
+    assert solved == [True, False]
+    assert summary == {"right": 1, "shown": 2, "marked_by": "success", "unit": "episode"}
+    assert summary["right"] == task.metrics(completions, rows)["success"] * 2
+    page = (tmp_path / "index.html").read_text()
+    assert card_marks(page) == solved and "1 of 2 right" in page and 'href="episodes/index.html"' in page
+    cards = page.split('<div class="card')[1:]
+    assert [c.count("<li>") for c in cards] == [2, 3]  # every action, in order
+    assert cards[1].index("m10") < cards[1].index("m11") < cards[1].index("m12")
+    step = task.visualize(rows[0], completions[0])
+    strip = Image.open(tmp_path / "001.png")  # the failed episode's three steps side by side
+    assert strip.height == step.height and strip.width > 3 * step.width
+
+
+def test_a_video_strip_keeps_its_aspect_ratio_on_the_sheet(tmp_path):
+    load_plugins()
+    task = TASKS.get("video_qa")(kinds=["appear_count"])
+    exs = [task.examples("eval")[i] for i in range(2)]
+    completions = [task.target(exs[0]), "<answer>99</answer>"]
+    write_gallery(tmp_path, task, completions, exs, [1.5, 0.0], {}, 1.5)
+    strip = task.visualize(exs[0], completions[0])
+    assert strip.width > 4 * strip.height  # a frame strip
     sheet = Image.open(tmp_path / "gallery.png").convert("RGB")
-    tile = Image.open(tmp_path / "000.png").size
-    assert sheet.getpixel((1, 1)) == RIGHT  # first tile's border
-    assert sheet.getpixel((sheet.width // 3 + 1, 1)) == WRONG  # second tile's border
-    assert json.loads((tmp_path / "summary.json").read_text())["right"] == 1 and tile[0] > 0
+    border = 3
+    right, wrong = box_of(sheet, RIGHT), box_of(sheet, WRONG)
+    for left, top, r, bottom in (right, wrong):
+        w, h = r - left - 2 * border, bottom - top - 2 * border  # the picture inside its border
+        assert abs(w * strip.height - h * strip.width) <= max(strip.size)  # the aspect kept, to a pixel
+        assert w >= 0.9 * sheet.width - 2 * border  # a wide tile across the row, not a 224-px thumbnail
+    assert wrong[1] > right[3]  # one strip per row
+    assert sheet.height < 2 * (right[3] - right[1]) + 120  # no big coloured field around thin strips

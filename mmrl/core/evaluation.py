@@ -20,7 +20,9 @@ def evaluate(policy, task: Task, rewards, cfg, num_examples: int | None = None,
              gallery_dir: Path | None = None, grid_path: Path | None = None) -> dict[str, float]:
     """The task's metrics on the eval split (its :attr:`~mmrl.task.Task.success_metric` first, then
     pass@1 / pass@k with ``eval.pass_k``), the mean reward and each reward component;
-    with ``gallery_dir``, also an HTML + PNG gallery of the first predictions (right/wrong);
+    with ``gallery_dir``, also an HTML + PNG gallery of the first predictions, marked right or
+    wrong by :meth:`~mmrl.task.Task.success` as pass@k judges them (an environment task's: of its
+    first episodes, linked to the episode viewer);
     with ``grid_path``, a PNG contact sheet of the samples (generated images or clips, or the
     task's pictures of text answers); for an environment task also an episode viewer
     (:mod:`mmrl.runs.episode_viewer`)."""
@@ -50,17 +52,19 @@ def evaluate(policy, task: Task, rewards, cfg, num_examples: int | None = None,
     if gallery_dir is not None or grid_path is not None:
         from ..runs.gallery import save_samples_grid, write_gallery
 
-        if gallery_dir is not None:
-            best = sum(w for w in rewards.weights.values() if w > 0)
-            write_gallery(gallery_dir, task, completions, scored, total.tolist(), comps, best)
-        if grid_path is not None:
-            save_samples_grid(grid_path, task, completions, scored, total.tolist())
+        viewer = None
         if is_episodic(task):  # episodes_before/, episodes_after/ in a run; <gallery>/episodes/ for mmrl eval
             from ..runs.episode_viewer import write_episode_viewer
 
             where = gallery_dir / "episodes" if gallery_dir is not None else \
                 grid_path.parent / grid_path.stem.replace("samples", "episodes")
-            write_episode_viewer(where, task, completions, scored)
+            viewer = write_episode_viewer(where, task, completions, scored)
+        if gallery_dir is not None:
+            best = sum(w for w in rewards.weights.values() if w > 0)
+            write_gallery(gallery_dir, task, completions, scored, total.tolist(), comps, best,
+                          viewer="episodes/index.html" if viewer is not None else None)
+        if grid_path is not None:
+            save_samples_grid(grid_path, task, completions, scored, total.tolist())
     return out
 
 

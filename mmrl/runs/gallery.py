@@ -1,8 +1,15 @@
 """An evaluation gallery: the first predictions drawn by the task, marked right or wrong.
 
 ``write_gallery`` writes ``index.html`` (one card per example: picture, question, completion,
-rewards, a green or red border) and ``gallery.png`` (a contact sheet of the same pictures with the
-same borders) so a run's behaviour can be looked at without any tooling.
+rewards, a green or red border; per episode for an environment task) and ``gallery.png`` (a contact sheet of the same pictures with the
+same borders, each at its own aspect ratio: :mod:`mmrl.runs.contact_sheet`) so a run's behaviour
+can be looked at without any tooling.
+
+Right or wrong is the task's own success measure, :meth:`~mmrl.task.Task.success` (what pass@k
+counts), so "k of n right" is the task's success metric on the shown examples; a task without a
+per-example success (``success`` is None) is marked by reward >= half the best, and the header
+says so. An environment task's rows are steps: it gets one card per episode, marked by the
+episode's outcome, with its steps side by side and the actions it took.
 """
 
 from __future__ import annotations
@@ -10,23 +17,49 @@ from __future__ import annotations
 import html
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from PIL import Image
 
+from ..envs.task import episode_key
+from .contact_sheet import contact_sheet, side_by_side
+
 RIGHT, WRONG = (40, 160, 60), (210, 50, 40)
+STYLE = ("body{font-family:sans-serif}.card{display:inline-block;vertical-align:top;width:260px;margin:6px;"
+         "padding:6px;border:4px solid}.card.wide{width:540px}.right{border-color:#28a03c}"
+         ".wrong{border-color:#d23228}img{max-width:100%}pre,code{white-space:pre-wrap;font-size:12px}"
+         "ol{padding-left:20px;font-size:12px}")
 
 
-def is_right(task, completion: str, ex: dict, reward: float, best: float) -> bool:
-    """Right by the task's own ``accuracy`` metric when it has one, else reward >= half the best."""
-    try:
-        acc = task.metrics([completion], [ex]).get("accuracy")
-    except Exception:  # a task's metric must not break the gallery
-        acc = None
-    if acc is not None and math.isfinite(acc):
-        return acc >= 0.5
-    return reward >= 0.5 * best
+@dataclass
+class Card:
+    """One card of the gallery: its picture (None: nothing to show), its mark and its HTML text."""
+
+    picture: Optional[Image.Image]
+    right: bool
+    body: str
+    caption: str = ""  # under its tile on the contact sheet
+
+
+def marks(task, completions: Sequence[Any], examples: Sequence[dict], rewards: Sequence[float],
+          best: float) -> tuple[list[bool], bool]:
+    """Right or wrong for each sample, and whether that is by ``task.success`` (the measure pass@k
+    uses; when it judges every sample) rather than by reward >= half the best."""
+    solved = [task.success(c, ex) for c, ex in zip(completions, examples)]
+    if all(s is not None for s in solved):
+        return [bool(s) for s in solved], True
+    return [float(r) >= 0.5 * best for r in rewards], False
+
+
+def marked_by(task, by_success: bool, best: float, episodic: bool = False) -> str:
+    """The gallery header's sentence on how its samples were marked."""
+    if by_success:
+        metric = f" ({task.success_metric})" if task.success_metric else ""
+        what = "each episode's outcome" if episodic else "the task's success measure"
+        return f"marked by {what}{metric}, as pass@k counts"
+    return f"marked by reward >= half the best ({0.5 * best:g}); this task has no per-example success"
 
 
 def is_generated_media(completion: Any) -> bool:
@@ -61,53 +94,96 @@ def _completion_text(completion: Any) -> str:
     return str(completion)
 
 
+def _tail(text: str, n: int = 26) -> str:
+    """The end of ``text`` on one line (an answer comes last), at most ``n`` characters."""
+    text = " ".join(text.split())
+    return text if len(text) <= n else ".." + text[2 - n:]
+
+
 def write_gallery(out_dir: Path, task, completions: Sequence[Any], examples: Sequence[dict],
                   rewards: Sequence[float], components: dict[str, Sequence[float]], best: float,
-                  limit: int = 16, thumb: int = 224) -> dict[str, Any]:
-    """Write the gallery of the first ``limit`` samples; returns ``{"right": k, "shown": n}``."""
+                  limit: int = 16, viewer: Optional[str] = None) -> dict[str, Any]:
+    """Write the gallery of the first ``limit`` samples (episodes, for an environment task's step
+    rows; ``viewer``: the episode viewer's address relative to ``out_dir``, linked from the page).
+    Returns ``{"right": k, "shown": n, "marked_by": "success" | "reward", "unit": "example" | "episode"}``."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    cards, tiles, right_count = [], [], 0
-    for i in range(min(limit, len(completions))):
-        ex, completion, reward = examples[i], completions[i], float(rewards[i])
-        right = is_right(task, completion, ex, reward, best)
-        right_count += right
-        pic = sample_picture(task, ex, completion)
-        name = None
-        if pic is not None:
-            name = f"{i:03d}.png"
-            pic.save(out_dir / name)
-            tile = pic.copy()
-            tile.thumbnail((thumb, thumb))
-            framed = Image.new("RGB", (thumb + 8, thumb + 8), RIGHT if right else WRONG)
-            framed.paste(tile, (4 + (thumb - tile.width) // 2, 4 + (thumb - tile.height) // 2))
-            tiles.append(framed)
-        scores = ", ".join(f"{k} {float(v[i]):.2f}" for k, v in components.items())
-        cards.append(
-            f'<div class="card {"right" if right else "wrong"}">'
-            + (f'<img src="{name}">' if name else "")
-            + f"<p><b>{html.escape(str(ex.get('question', ex.get('prompt', ''))))}</b></p>"
-            + f"<p>truth: {html.escape(str(ex.get('answer', '')))}</p>"
-            + f"<pre>{html.escape(_completion_text(completion))}</pre>"
-            + f"<p>reward {reward:.2f} ({html.escape(scores)})</p></div>"
-        )
+    episodic = bool(examples) and all(isinstance(ex, dict) and "episode_id" in ex for ex in examples)
+    if episodic:
+        cards, by_success = _episode_cards(task, completions, examples, rewards, best, limit)
+    else:
+        cards, by_success = _example_cards(task, completions, examples, rewards, components, best, limit)
+    how = marked_by(task, by_success, best, episodic)
+    right = sum(card.right for card in cards)
+    unit = "episode" if episodic else "example"
+    html_cards, pictures, colours, captions = [], [], [], []
+    for i, card in enumerate(cards):
+        img = ""
+        if card.picture is not None:
+            card.picture.save(out_dir / f"{i:03d}.png")
+            pictures.append(card.picture)
+            colours.append(RIGHT if card.right else WRONG)
+            captions.append(f"{i:03d} {card.caption}")
+            img = f'<img src="{i:03d}.png">'
+        wide = " wide" if card.picture is not None and card.picture.width >= 2 * card.picture.height else ""
+        html_cards.append(f'<div class="card {"right" if card.right else "wrong"}{wide}">{img}{card.body}</div>')
+    title = f"{right} of {len(cards)} right"
+    link = f' &middot; <a href="{html.escape(viewer)}">step through the episodes</a>' if viewer else ""
     (out_dir / "index.html").write_text(
-        "<!doctype html><meta charset='utf-8'><title>mmrl eval gallery</title><style>"
-        "body{font-family:sans-serif}.card{display:inline-block;vertical-align:top;width:260px;margin:6px;"
-        "padding:6px;border:4px solid}.right{border-color:#28a03c}.wrong{border-color:#d23228}"
-        "img{max-width:100%}pre{white-space:pre-wrap;font-size:12px}</style>"
-        f"<h3>{right_count} of {len(cards)} right</h3>" + "".join(cards), encoding="utf-8")
-    if tiles:
-        cols = min(4, len(tiles))
-        rows = math.ceil(len(tiles) / cols)
-        size = tiles[0].width
-        sheet = Image.new("RGB", (cols * size, rows * size), "white")
-        for k, tile in enumerate(tiles):
-            sheet.paste(tile, ((k % cols) * size, (k // cols) * size))
+        f"<!doctype html><meta charset='utf-8'><title>mmrl eval gallery</title><style>{STYLE}</style>"
+        f"<h3>{title}</h3><p>{'one card per episode; ' if episodic else ''}{html.escape(how)}{link}</p>"
+        + "".join(html_cards), encoding="utf-8")
+    if pictures:
+        sheet, _ = contact_sheet(pictures, colours, f"{title} ({unit}s) - {how}", captions)
         sheet.save(out_dir / "gallery.png")
-    summary = {"right": right_count, "shown": len(cards)}
+    summary = {"right": right, "shown": len(cards), "marked_by": "success" if by_success else "reward", "unit": unit}
     (out_dir / "summary.json").write_text(json.dumps(summary))
     return summary
+
+
+def _example_cards(task, completions, examples, rewards, components, best, limit) -> tuple[list[Card], bool]:
+    """One card per sample: picture, question, truth, completion, reward and its components."""
+    n = min(limit, len(completions))
+    right, by_success = marks(task, completions[:n], examples[:n], [float(r) for r in rewards[:n]], best)
+    cards = []
+    for i in range(n):
+        ex, completion = examples[i], completions[i]
+        scores = ", ".join(f"{k} {float(v[i]):.2f}" for k, v in components.items())
+        cards.append(Card(sample_picture(task, ex, completion), right[i],
+                          f"<p><b>{html.escape(str(ex.get('question', ex.get('prompt', ''))))}</b></p>"
+                          f"<p>truth: {html.escape(str(ex.get('answer', '')))}</p>"
+                          f"<pre>{html.escape(_completion_text(completion))}</pre>"
+                          f"<p>reward {float(rewards[i]):.2f} ({html.escape(scores)})</p>",
+                          f"r={float(rewards[i]):.2f} "
+                          + (str(ex.get("prompt", "")) if is_generated_media(completion) else _tail(str(completion)))))
+    return cards, by_success
+
+
+def _episode_cards(task, completions, examples, rewards, best, limit) -> tuple[list[Card], bool]:
+    """One card per episode (the first ``limit``), marked as its first step's row is judged (the
+    row pass@k judges; every row of an episode carries its outcome): its steps' pictures side by
+    side, the instruction, the outcome and the actions in order."""
+    episodes: dict[Any, list[int]] = {}
+    for i, ex in enumerate(examples):
+        episodes.setdefault(episode_key(ex), []).append(i)
+    chosen = [sorted(rows, key=lambda i: examples[i]["step_index"]) for rows in list(episodes.values())[:limit]]
+    firsts = [rows[0] for rows in chosen]
+    right, by_success = marks(task, [completions[i] for i in firsts], [examples[i] for i in firsts],
+                              [float(rewards[i]) for i in firsts], best)
+    cards = []
+    for rows, ok in zip(chosen, right):
+        first = examples[rows[0]]
+        steps = [p for p in (sample_picture(task, examples[i], completions[i]) for i in rows) if p is not None]
+        actions = "".join(
+            f"<li><code>{html.escape(str(completions[i]))}</code> {html.escape(str(examples[i].get('step_message', '')))}"
+            f" &middot; reward {float(examples[i].get('step_reward', rewards[i])):g}</li>" for i in rows)
+        outcome = "success" if first.get("episode_success") else "failure"
+        cards.append(Card(side_by_side(steps) if steps else None, ok,
+                          f"<p><b>{html.escape(str(first.get('instruction', '')))}</b></p>"
+                          f"<p>{outcome} &middot; return {float(first.get('episode_return', 0)):g} &middot; "
+                          f"{first.get('episode_length', len(rows))} steps</p><ol>{actions}</ol>",
+                          f"{outcome} in {len(rows)} steps: {first.get('instruction', '')}"))
+    return cards, by_success
 
 
 def save_samples_grid(path: Path, task, completions: Sequence[Any], examples: Sequence[dict],
