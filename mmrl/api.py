@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Sequence
 
@@ -21,7 +22,12 @@ def make_policy(cfg, task):
         return DiffusionPolicy(cfg)
     if modality == "vlm":
         from .vlm.policy import VLMPolicy
+        from .vlm.sft import untrained_task_warning
 
+        names = list(getattr(task, "sub_tasks", None) or [task.name])  # a mixture: each of its tasks
+        warning = untrained_task_warning(str(cfg.model.path), names)
+        if warning:
+            logging.getLogger("mmrl").warning("warning: %s", warning)
         return VLMPolicy(cfg)
     raise ValueError(f"task {getattr(task, 'name', '?')!r} has modality {modality!r}; no policy trains it "
                      f"(available: {', '.join(POLICY_MODALITIES)})")

@@ -3,7 +3,7 @@
     mmrl train vlm                                  # the tiny default, on CPU, in minutes
     mmrl train diffusion                            # the tiny generator with Flow-GRPO, on CPU
     mmrl train vlm configs/vlm/grounding_tiny.yaml algo.epsilon_high=0.28 rollout.num_generations=8
-    mmrl train vlm log.run_name=exp1 --resume      # continue runs/exp1 from its latest checkpoint
+    mmrl train --resume runs/exp1                   # continue runs/exp1 with its own config
     mmrl eval runs/exp1                             # score the run's final checkpoint on the eval split
     mmrl build-tiny vlm                             # rebuild the shipped tiny model
     mmrl bench algos --variants grpo,dapo --steps 40  # compare RL algorithms on the same task and seed
@@ -14,92 +14,157 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape  # error texts may hold brackets (`pip install mmrl[vllm]`)
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+from .cli_errors import console, fail, interruptions, user_errors
+from .cli_help import ARGS_HELP, ARGS_METAVAR, examples
+from .recipes import DEFAULT_RECIPES, split_args
+
+# Plain click help: rich markup would swallow `[CONFIG.yaml]`, `[key=value]` and `mmrl[video]`.
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Reinforcement learning for multimodal models.")
-console = Console(stderr=True)
 
-DEFAULT_CONFIGS = {"vlm": "vlm/counting_tiny", "video": "video/video_qa_tiny", "diffusion": "diffusion/composition_tiny"}
-MODALITIES = ("vlm", "video", "diffusion")
-# `mmrl train video` trains the VLM policy on a task whose prompts hold clips.
-POLICY_OF = {"video": "vlm"}
+MODALITIES = tuple(DEFAULT_RECIPES)
+# `mmrl train video` and `mmrl train gui` train the VLM policy on tasks whose prompts hold clips or screens.
+POLICY_OF = {"video": "vlm", "gui": "vlm"}
+def _load(modality: Optional[str], args: list[str], extra: list[str] = ()):
+    from .config import builtin_config_path, load_config
 
-
-def _split_args(args: list[str]) -> tuple[Optional[str], list[str]]:
-    """The first argument is a config file when it is not a ``key=value`` override."""
-    if args and "=" not in args[0]:
-        return args[0], args[1:]
-    return None, args
+    _check_modality(modality)
+    path, overrides = split_args(args)
+    return load_config(builtin_config_path(path or DEFAULT_RECIPES[modality]), [*overrides, *extra])
 
 
-def _load(modality: str, args: list[str], extra: list[str] = ()):
-    from .config import ConfigError, builtin_config_path, load_config
-
+def _check_modality(modality: Optional[str]) -> None:
+    if modality is None:
+        fail(f"say what to train: mmrl train {{{' | '.join(MODALITIES)}}} [CONFIG.yaml] [key=value ...] "
+              "(or mmrl train --resume runs/NAME); see mmrl train --help")
     if modality not in MODALITIES:
-        console.print(f"[red]error:[/] `mmrl train {modality}` is not available in this version "
-                      f"(available: {', '.join(MODALITIES)})")
-        raise typer.Exit(2)
-    path, overrides = _split_args(args)
+        fail(f"`mmrl train {modality}` is not available: no such modality (available: {', '.join(MODALITIES)}; "
+              "`mmrl train --resume runs/NAME` continues a run)")
+
+
+def _is_recipe(name: str) -> bool:
+    from .config import ConfigError, builtin_config_path
+
     try:
-        config_path = builtin_config_path(path or DEFAULT_CONFIGS[modality])
-        return load_config(config_path, [*overrides, *extra])
-    except ConfigError as exc:
-        console.print(f"[red]config error:[/] {escape(str(exc))}")
-        raise typer.Exit(2)
+        return builtin_config_path(name).is_file()
+    except ConfigError:
+        return False
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def _resume_config(modality: Optional[str], args: list[str], allow_change: bool):
+    """The config that resumes the run that the arguments name (``--resume runs/NAME``, ``vlm
+    --resume runs/NAME`` or ``log.run_name=NAME --resume``): the run's own ``config.yaml`` with the
+    overrides given on top, or a recipe given explicitly; exits when the run is already finished."""
+    from .config import builtin_config_path, load_config
+    from .runs.resume import find_run, finished_steps, load_run_config, resume_command, resume_overrides
+
+    target = None
+    if modality is not None and modality not in MODALITIES:  # `mmrl train --resume runs/NAME`
+        target, modality = modality, None
+    recipe, overrides = split_args(args)
+    if recipe is not None and not _is_recipe(recipe):  # `mmrl train vlm --resume runs/NAME`
+        if target is not None:
+            fail(f"--resume takes one run; got {target!r} and {recipe!r}")
+        target, recipe = recipe, None
+    extra = ["allow_config_change=true"] if allow_change else []
+    default = DEFAULT_RECIPES.get(modality) if modality else None
+    where = load_config(builtin_config_path(recipe or default) if (recipe or default) else None, overrides)
+    run_dir = find_run(target or where.log.run_name, Path(where.log.output_dir))
+    if recipe is None:
+        cfg = load_run_config(run_dir, [*overrides, *extra])
+    else:
+        cfg = load_config(builtin_config_path(recipe), [*overrides, *extra, *resume_overrides(run_dir)])
+    if finished_steps(run_dir, cfg.train.steps):
+        console.print(f"{run_dir} has trained all {cfg.train.steps} steps (held-out results in "
+                      f"{run_dir / 'summary.json'}); nothing to do. To train further, raise train.steps: "
+                      f"{resume_command(run_dir)} train.steps={2 * cfg.train.steps} --allow-config-change",
+                      highlight=False)
+        raise typer.Exit(0)
+    return cfg, modality
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, epilog=examples(
+    "mmrl train vlm                                        # the tiny default, on CPU, in minutes",
+    "mmrl train vlm configs/vlm/grounding_tiny.yaml algo.epsilon_high=0.28 rollout.num_generations=8",
+    "mmrl train gui                                        # multi-step episodes on the synthetic phone",
+    "mmrl train vlm model.path=/models/Qwen2.5-VL-3B-Instruct train.device=cuda",
+    "mmrl train --resume runs/counting-20261125-101500   # continue a run with its own config"))
 def train(
-    modality: str = typer.Argument(..., help="what to train: vlm | video | diffusion"),
-    args: Optional[List[str]] = typer.Argument(None, help="[CONFIG.yaml] [key=value overrides...]"),
-    resume: bool = typer.Option(False, "--resume", help="continue from the run's latest checkpoint"),
+    modality: Optional[str] = typer.Argument(None, metavar="MODALITY",
+                                             help=f"what to train: {' | '.join(MODALITIES)} (not needed with --resume)"),
+    args: Optional[List[str]] = typer.Argument(None, metavar=ARGS_METAVAR, help=ARGS_HELP),
+    resume: bool = typer.Option(False, "--resume", help="continue a run from its latest checkpoint with the run's own "
+                                "config: --resume runs/NAME, or log.run_name=NAME --resume"),
     allow_config_change: bool = typer.Option(False, "--allow-config-change",
-                                             help="resume with a config that differs from the run's"),
+                                             help="with --resume: continue with the overrides given, which change "
+                                             "the run's config (shown as a diff and refused without this)"),
 ):
-    """Train with RL. Without a config, trains the built-in tiny default on CPU."""
-    extra = (["resume=true"] if resume else []) + (["allow_config_change=true"] if allow_config_change else [])
-    cfg = _load(modality, list(args or []), extra)
+    """Train with RL. Without a recipe, trains the modality's built-in tiny default on CPU.
+
+    Ctrl-C finishes the step under way, saves a checkpoint and stops; a second Ctrl-C stops at once.
+    """
+    args = list(args or [])
+    with user_errors():
+        if resume:
+            cfg, modality = _resume_config(modality, args, allow_config_change)
+        else:
+            cfg = _load(modality, args, ["allow_config_change=true"] if allow_config_change else [])
     _configure_threads(cfg)
     from .api import make_policy
     from .core.trainer import Trainer, build_task
 
-    try:
+    with user_errors():
         task = build_task(cfg)
-        if getattr(task, "modality", "vlm") != POLICY_OF.get(modality, modality):
+        policy_kind = POLICY_OF.get(modality, modality)
+        if modality is not None and getattr(task, "modality", "vlm") != policy_kind:
             raise ValueError(f"task {task.name!r} is a {task.modality} task; run it with `mmrl train {task.modality}`")
         policy = make_policy(cfg, task)
         trainer = Trainer(cfg, policy, task)  # checks the config against the policy: its errors are the user's
-    except (FileNotFoundError, ValueError, KeyError, ImportError) as exc:  # ImportError: an optional engine
-        console.print(f"[red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(2)
     if trainer.main:  # one voice for several processes
         console.print(f"run directory: [bold]{trainer.run_dir}[/]")
-    result = trainer.train()
+    with user_errors(setup=False), interruptions():
+        result = trainer.train()
     if result.before and trainer.main:
-        lead = task.success_metric if task.success_metric in result.before else None
-        first = f"held-out {lead}: before {result.before[lead]:.3f} -> after {result.after[lead]:.3f}; " if lead else ""
-        console.print(f"{first}held-out reward: before {result.before['reward']:.3f} -> after {result.after['reward']:.3f}")
+        _print_headline(task, result.before, result.after)
 
 
-@app.command(name="eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def _print_headline(task, before: dict, after: dict) -> None:
+    """The run's last lines: the task's success measure, then the mean reward (named after its
+    one component when it has one, e.g. the composition score of the generator default)."""
+    lead = task.success_metric if task.success_metric in before else None
+    if lead:
+        console.print(f"held-out {lead}: before {before[lead]:.3f} -> after {after[lead]:.3f}", highlight=False)
+    parts = [k.split("/", 1)[1] for k in before if k.startswith("reward/")]
+    named = f" ({parts[0]})" if len(parts) == 1 else ""
+    console.print(f"held-out reward{named}: before {before['reward']:.3f} -> after {after['reward']:.3f}",
+                  highlight=False)
+
+
+@app.command(name="eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+             epilog=examples(
+                 "mmrl eval runs/exp1                                  # the run's latest checkpoint",
+                 "mmrl eval runs/exp1/checkpoints/step_00000050        # one checkpoint of it",
+                 "mmrl eval configs/vlm/counting_tiny.yaml eval.num_examples=500   # the starting model"))
 def eval_(
-    target: str = typer.Argument(..., help="a run directory, a checkpoint directory, or a config file"),
-    args: Optional[List[str]] = typer.Argument(None, help="[key=value overrides...]"),
+    target: str = typer.Argument(..., metavar="TARGET",
+                                 help="a run directory, one checkpoint directory of a run, or a recipe"),
+    args: Optional[List[str]] = typer.Argument(None, metavar="KEY=VALUE",
+                                               help="dotted overrides such as eval.num_examples=500"),
     num_examples: Optional[int] = typer.Option(None, help="eval examples (default: eval.num_examples)"),
     gallery: Optional[Path] = typer.Option(None, help="where to write the prediction gallery "
                                            "(default: <run dir>/eval_gallery, else ./eval_gallery)"),
 ):
-    """Score a checkpoint on its task's eval split (mean reward, each reward, task metrics)."""
+    """Score a checkpoint on its task's eval split: the task metric, pass@k, the mean reward and each
+    reward, and an HTML + PNG gallery of predictions marked by the task's own success measure."""
     import json
 
-    from .config import ConfigError, load_config
+    from .config import builtin_config_path, load_config
     from .api import make_policy
     from .core.evaluation import evaluate
     from .core.reward_computer import make_reward_computer
@@ -108,31 +173,33 @@ def eval_(
 
     path = Path(target)
     ckpt = None
-    if path.is_dir() and (path / "config.yaml").exists():  # a run directory
-        cfg_path, ckpt = path / "config.yaml", CheckpointManager(path / "checkpoints").latest()
-    elif path.is_dir() and (path / "policy").exists():  # one checkpoint of a run
-        cfg_path, ckpt = path.parent.parent / "config.yaml", path
-    else:
-        cfg_path = path
-    try:
+    with user_errors():
+        if path.is_dir() and (path / "config.yaml").exists():  # a run directory
+            cfg_path, ckpt = path / "config.yaml", CheckpointManager(path / "checkpoints").latest()
+        elif path.is_dir() and (path / "policy").exists():  # one checkpoint of a run
+            cfg_path, ckpt = path.parent.parent / "config.yaml", path
+        else:
+            cfg_path = builtin_config_path(target)
         cfg = load_config(cfg_path, list(args or []) + ["resume=false"])
-    except ConfigError as exc:
-        console.print(f"[red]config error:[/] {escape(str(exc))}")
-        raise typer.Exit(2)
-    _configure_threads(cfg)
-    task = build_task(cfg)
-    policy = make_policy(cfg, task)
-    if ckpt is not None:
-        policy.load(ckpt / "policy")
-    rewards = make_reward_computer(task, cfg.task)
+        _configure_threads(cfg)
+        task = build_task(cfg)
+        policy = make_policy(cfg, task)
+        if ckpt is not None:
+            policy.load(ckpt / "policy")
+        rewards = make_reward_computer(task, cfg.task)
     if gallery is None:
         gallery = (path if path.is_dir() and (path / "config.yaml").exists() else Path(".")) / "eval_gallery"
-    metrics = evaluate(policy, task, rewards, cfg, num_examples, gallery_dir=gallery, grid_path=gallery / "samples.png")
+    with user_errors(setup=False), interruptions():
+        metrics = evaluate(policy, task, rewards, cfg, num_examples, gallery_dir=gallery,
+                           grid_path=gallery / "samples.png")
     print(json.dumps({"checkpoint": str(ckpt) if ckpt else cfg.model.path, "task": cfg.task.name, **metrics}, indent=2))
     typer.echo(f"gallery: {gallery / 'index.html'} and {gallery / 'gallery.png'}", err=True)
 
 
-@app.command(name="build-tiny")
+@app.command(name="build-tiny", epilog=examples(
+    "mmrl build-tiny vlm                        # the tiny default (assets/tiny-qwen2.5-vl), ~10 min on CPU",
+    "mmrl build-tiny gui --out /tmp/tiny-gui    # elsewhere, leaving the shipped one alone",
+    "mmrl build-tiny diffusion --steps 1000 --seed 1"))
 def build_tiny(
     modality: str = typer.Argument("vlm", help="which tiny model: vlm | video (the tiny VLM warm-started "
                                     "on clips) | gui (the tiny VLM warm-started on the synthetic phone) | "
@@ -202,157 +269,64 @@ def build_tiny(
     console.print(f"saved tiny model to {path}")
 
 
-bench_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                        help="Compare configurations on the same task and seed.")
+from .cli_bench import bench_app  # noqa: E402
+
 app.add_typer(bench_app, name="bench")
-
-
-def _run_bench(run) -> None:
-    """Run a bench; a config or input problem is a clear one-line error and exit code 2."""
-    from .config import ConfigError
-
-    try:
-        run()
-    except ConfigError as exc:
-        console.print(f"[red]config error:[/] {escape(str(exc))}")
-        raise typer.Exit(2)
-    except (FileNotFoundError, FileExistsError, ValueError, KeyError, ImportError) as exc:
-        console.print(f"[red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(2)
-
-
-@bench_app.command(name="algos", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def bench_algos(
-    args: Optional[List[str]] = typer.Argument(None, help="[CONFIG.yaml] [key=value overrides for every variant...]"),
-    variants: str = typer.Option("grpo,dr_grpo,dapo,gspo,spo,ngrpo", help="comma-separated variants"),
-    steps: int = typer.Option(40, help="RL steps per variant"),
-    seeds: str = typer.Option("0", "--seeds", "--seed", help="one seed, or several comma-separated (0,1,2): every "
-                              "variant runs with each; the table shows mean ± sd"),
-    out: Path = typer.Option(Path("runs/bench-algos"), help="output directory (a run per variant, algos.json/md/png)"),
-    threshold: Optional[float] = typer.Option(
-        None, help="train-reward level for steps-to-threshold (default: halfway from before to the best after)"),
-):
-    """Train several RL algorithm variants on the same task and seed; print a comparison table."""
-    from .bench.algos import DESCRIPTIONS, UnknownVariantError, check_variants, run_algo_bench
-
-    try:
-        names = check_variants(variants.split(","))
-    except UnknownVariantError as exc:
-        console.print(f"[red]error:[/] {escape(str(exc))}")
-        for name, desc in DESCRIPTIONS.items():
-            console.print(f"  {name:<13} {desc}", highlight=False)
-        raise typer.Exit(2)
-    try:
-        seed_list = [int(x) for x in seeds.split(",") if x.strip()]
-    except ValueError:
-        console.print(f"[red]error:[/] --seeds {seeds!r}: give integers separated by commas, e.g. 0,1,2")
-        raise typer.Exit(2)
-    path, overrides = _split_args(list(args or []))
-    _run_bench(lambda: run_algo_bench(names, steps=steps, seed=seed_list[0] if len(seed_list) == 1 else seed_list,
-                                      out_dir=out, config=path or DEFAULT_CONFIGS["vlm"],
-                                      extra_overrides=overrides, threshold=threshold))
-
-
-@bench_app.command(name="diffusion", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def bench_diffusion(
-    args: Optional[List[str]] = typer.Argument(None, help="[CONFIG.yaml] [key=value overrides for every variant...]"),
-    variants: str = typer.Option("full_sde,sde_window,subsample", help="comma-separated variants"),
-    steps: int = typer.Option(20, help="RL steps per variant"),
-    seed: int = typer.Option(0, help="the same seed for every variant"),
-    out: Path = typer.Option(Path("runs/bench-diffusion"), help="output directory"),
-):
-    """Generator RL variants (full SDE, SDE window, timestep subsampling, ...) on the same prompts and
-    seed: time per RL iteration and held-out reward, side by side."""
-    from .bench.algos import UnknownVariantError, check_variants
-    from .bench.diffusion import DEFAULT_CONFIG, VARIANTS, run_diffusion_bench
-
-    try:
-        names = check_variants(variants.split(","), VARIANTS)
-    except UnknownVariantError as exc:
-        console.print(f"[red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(2)
-    path, overrides = _split_args(list(args or []))
-    _run_bench(lambda: run_diffusion_bench(names, steps=steps, seed=seed, out_dir=out, config=path or DEFAULT_CONFIG,
-                                           extra_overrides=overrides))
-
-
-@bench_app.command(name="speed", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def bench_speed(
-    args: Optional[List[str]] = typer.Argument(None, help="[CONFIG.yaml] [key=value overrides for the mmrl side...]"),
-    shape: str = typer.Option("tiny", help="tiny (the shipped tiny Qwen2.5-VL) | 3b (a random Qwen2.5-VL-3B-shaped "
-                              "model built under --out, no downloads)"),
-    lora: bool = typer.Option(False, "--lora", help="LoRA on both sides (model.lora.* settings)"),
-    prompts: int = typer.Option(4, help="prompts per step"),
-    generations: int = typer.Option(8, help="samples per prompt (group size)"),
-    tokens: int = typer.Option(256, help="completion tokens per sample (forced: min = max new tokens)"),
-    steps: int = typer.Option(3, help="measured steps per side"),
-    warmup: int = typer.Option(1, help="warm-up steps per side, left out of the table"),
-    micro_batch: int = typer.Option(0, help="samples per forward/backward on both sides (0: min(16, samples))"),
-    device: str = typer.Option("cpu", help="cpu | cuda"),
-    dtype: str = typer.Option("auto", help="compute dtype: auto (bfloat16 on cuda, float32 on cpu) | float32 | bfloat16"),
-    engine: str = typer.Option("hf", help="mmrl's rollout engine (rollout.engine): hf | vllm"),
-    seed: int = typer.Option(0),
-    out: Path = typer.Option(Path("runs/bench-speed"), help="output directory (speed.json, speed.md)"),
-):
-    """mmrl against TRL's GRPOTrainer on the same model, prompts, group size and forced completion
-    lengths, in one process: samples/s, tokens/s, rollout vs update time, peak memory, mmrl/TRL."""
-    from .bench.speed import DEFAULT_CONFIG, SpeedOptions, check_trl, run_speed_bench
-
-    try:
-        check_trl()
-    except ImportError as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2)
-    opts = SpeedOptions(shape=shape, lora=lora, prompts=prompts, generations=generations, tokens=tokens, steps=steps,
-                        warmup=warmup, micro_batch=micro_batch, device=device, dtype=dtype, engine=engine, seed=seed)
-    path, overrides = _split_args(list(args or []))
-    _run_bench(lambda: run_speed_bench(opts, out_dir=out, config=path or DEFAULT_CONFIG, extra_overrides=overrides))
-
-
-@bench_app.command(name="rollout", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def bench_rollout(
-    args: Optional[List[str]] = typer.Argument(None, help="[CONFIG.yaml] [key=value overrides]"),
-    prompts: int = typer.Option(4, help="training prompts of the config's task"),
-    n: int = typer.Option(8, help="samples per prompt"),
-    tokens: int = typer.Option(24, help="new tokens at most per sample"),
-    repeats: int = typer.Option(3, help="timed calls per engine (after one warm-up call)"),
-    seed: int = typer.Option(0, help="sampling seed of the first timed call"),
-):
-    """HF generate vs vLLM on the same policy, prompts and budget: samples/s side by side (needs vLLM)."""
-    from .bench.rollout import DEFAULT_CONFIG, run_rollout_bench
-
-    path, overrides = _split_args(list(args or []))
-    _run_bench(lambda: run_rollout_bench(path or DEFAULT_CONFIG, overrides, prompts=prompts, n=n, tokens=tokens,
-                                         repeats=repeats, seed=seed, echo=lambda s: print(s, flush=True)))
 
 
 @app.command()
 def demo(
     runs: Path = typer.Option(Path("runs"), help="the runs directory the Runs, Before / after and Launch tabs use"),
-    host: str = typer.Option("127.0.0.1", help="the address to bind; 0.0.0.0 exposes the demo to your network"),
+    host: str = typer.Option("127.0.0.1", help="the address to bind; any other than loopback (0.0.0.0: your "
+                             "network) needs --auth or --no-auth"),
     port: int = typer.Option(7860, help="the port"),
-    share: bool = typer.Option(False, "--share", help="also open a public gradio.live link (off by default)"),
+    share: bool = typer.Option(False, "--share", help="also open a public gradio.live link (off by default; "
+                               "needs --auth or --no-auth)"),
+    auth: Optional[str] = typer.Option(None, "--auth", envvar="MMRL_DEMO_AUTH", metavar="USER:PASSWORD",
+                                       help="the login the page asks for (or the MMRL_DEMO_AUTH variable, "
+                                       "which `ps` does not show)"),
+    no_auth: bool = typer.Option(False, "--no-auth", help="serve beyond loopback without a password "
+                                 "(the Launch tab is then off)"),
     models: Optional[List[Path]] = typer.Option(None, "--models", help="a directory of local checkpoints to "
                                                "offer (repeatable); nothing outside these, the runs and the "
                                                "assets is read"),
     device: str = typer.Option("cpu", help="where models run: cpu | cuda"),
 ):
     """A Gradio app: try a policy on a task, compare a run before and after RL, watch and launch runs."""
+    from .demo.exposure import decide, parse_auth
+
     try:
+        login = parse_auth(auth)
+        decide(host, share, login, no_auth)  # refused before gradio is even imported
         from .demo.app import launch_app
+    except ValueError as exc:  # a malformed --auth, or beyond loopback without a password
+        console.print(f"[red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(2)
     except ImportError as exc:
         console.print(f"[red]error:[/] the demo needs gradio ({escape(str(exc))}): pip install {escape('mmrl[demo]')}")
         raise typer.Exit(2)
-    console.print(f"mmrl demo on http://{host}:{port} (runs: {runs.resolve()})")
-    launch_app(runs, host, port, share, list(models or []), device=device)
+    console.print(f"mmrl demo (runs: {runs.resolve()})")
+    launch_app(runs, host, port, share, list(models or []), device=device, auth=login, no_auth=no_auth)
 
 
-@app.command(name="list")
+@app.command(name="list", epilog=examples(
+    "mmrl list                          # then run a recipe: mmrl train vlm vlm/grounding_tiny",
+    "mmrl list | grep tiny              # the recipes that run on a laptop CPU",
+    "mmrl list | grep '^rewards:'       # the reward names a task or config may use"))
 def list_plugins():
-    """List every named choice: tasks, rewards, advantage estimators, losses, prompt samplers, SDE
-    samplers, batch selections, KL schedules, image perturbations, rollout engines."""
+    """List the shipped recipes (one line each) and every named choice: tasks, rewards, advantage
+    estimators, losses, prompt samplers, SDE samplers, batch selections, KL schedules, image
+    perturbations, rollout engines."""
+    from .recipes import recipe_names, recipe_summary
     from .registry import ALL_REGISTRIES
 
+    names = recipe_names()
+    width = max(map(len, names), default=0)
+    print("recipes (run one as `mmrl train FOLDER NAME`, e.g. `mmrl train vlm vlm/grounding_tiny`; "
+          "the tiny ones run on a laptop CPU):")
+    for name in names:
+        print(f"  {name:<{width}}  {recipe_summary(name)}")
+    print()
     for title, reg in ALL_REGISTRIES.items():
         print(f"{title}: {', '.join(reg.names())}")
 
@@ -388,11 +362,7 @@ def main() -> None:
 
 def _main() -> None:
     _quiet_libraries()
-    try:
-        app()
-    except KeyboardInterrupt:
-        console.print("interrupted")
-        sys.exit(130)
+    app()
 
 
 if __name__ == "__main__":

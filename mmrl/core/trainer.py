@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,12 +29,14 @@ from ..config import check_unused_keys
 from ..registry import TASKS, load_plugins
 from ..runs.checkpoint import CheckpointManager, rng_state, set_rng_state
 from ..runs.config_history import check_resume_config, record_start
+from ..runs.resume import finished_steps
 from ..runs.logging import RunLogger, TrainingProgress, print_before_after
 from ..task import Task
 from . import distributed as dist
 from . import sharding
 from .batch import BatchBuilder
 from .evaluation import evaluate
+from .interrupt import StopOnInterrupt, TrainingInterrupted
 from .losses import Objective, ObjectiveConfig, count_sequences, kl_penalty
 from .reward_computer import make_reward_computer
 from .rollouts import Rollouts
@@ -62,6 +65,7 @@ class TrainResult:
     before: dict[str, float] = field(default_factory=dict)
     after: dict[str, float] = field(default_factory=dict)
     steps: int = 0
+    finished: bool = False  # the run had already trained every step (a resume found nothing to do)
 
 
 class Trainer:
@@ -188,6 +192,9 @@ class Trainer:
         if dist.rank() < len(rngs):
             set_rng_state(rngs[dist.rank()])
         self.batches.load_state_dict(state)
+        if int(state["step"]) > self.cfg.train.steps:
+            raise ValueError(f"{latest} is at step {state['step']}, past train.steps={self.cfg.train.steps}: "
+                             "raise train.steps to continue the run")
         return int(state["step"]), dict(state.get("before") or {})
 
     def evaluate(self, **outputs: Any) -> dict[str, float]:
@@ -195,7 +202,11 @@ class Trainer:
 
     # -- the loop ---------------------------------------------------------------------------------
     def train(self) -> TrainResult:
+        """Train to ``train.steps``. A first Ctrl-C finishes the step, saves it and raises
+        :class:`~mmrl.core.interrupt.TrainingInterrupted`; a second raises it at once."""
         cfg, main = self.cfg, self.main
+        if cfg.resume and finished_steps(self.run_dir, cfg.train.steps):
+            return self._finished()
         self.policy.configure_optimizer(cfg.train, cfg.train.steps)
         if main and dist.world_size() > 1:
             print(f"mmrl: {dist.world_size()} processes, {sharding.backend(self.policy.accelerator)}", flush=True)
@@ -206,13 +217,15 @@ class Trainer:
             record_start(self.run_dir, cfg, resumed_from=start)
         if cfg.resume and main:  # what a killed attempt logged after its checkpoint is re-run: drop it
             logger.truncate_after(start if start else -1)
-        if not start and cfg.eval.before:
-            before = self.evaluate(grid_path=self.run_dir / "samples_before.png")
-            log(0, {f"eval/{k}": v for k, v in before.items()})
-        skipped_in_a_row = 0
+        self.step_done, stopped = start, False
         try:
+            if not start and cfg.eval.before:
+                before = self.evaluate(grid_path=self.run_dir / "samples_before.png")
+                log(0, {f"eval/{k}": v for k, v in before.items()})
+            skipped_in_a_row = 0
             with TrainingProgress(cfg.train.steps, start_step=start, enabled=cfg.log.progress and main,
-                                  description=f"mmrl {self.task.name}") as progress:
+                                  description=f"mmrl {self.task.name}") as progress, \
+                    StopOnInterrupt(self._announce_stop) as interrupt:
                 for step in range(start + 1, cfg.train.steps + 1):
                     t0 = time.perf_counter()
                     batch, metrics = self.rollout_step(step)
@@ -229,14 +242,25 @@ class Trainer:
                         logger.save_rollouts(step, self._rollout_records(batch))
                     skipped_in_a_row = self._record_skips(step, skipped_in_a_row, before)
                     progress.update(step, reward=metrics["reward"], step_time=metrics["step_time"])
-                    if cfg.log.save_every and step % cfg.log.save_every == 0 and step < cfg.train.steps:
+                    self.step_done = step
+                    saved = bool(cfg.log.save_every) and step % cfg.log.save_every == 0
+                    stopped = step < cfg.train.steps and _agreed(interrupt.requested)
+                    if (saved or stopped) and step < cfg.train.steps:
                         self.save(step, before)
-            self.save(cfg.train.steps, before)
-            after = self.evaluate(grid_path=self.run_dir / "samples_after.png")
-            log(cfg.train.steps, {f"eval/{k}": v for k, v in after.items()})
+                    if stopped:
+                        break
+            if not stopped:
+                if start < cfg.train.steps:  # a resumed run that stopped in its final eval has this one
+                    self.save(cfg.train.steps, before)
+                after = self.evaluate(grid_path=self.run_dir / "samples_after.png")
+                log(cfg.train.steps, {f"eval/{k}": v for k, v in after.items()})
+        except KeyboardInterrupt as exc:  # a second Ctrl-C, or one before the loop
+            raise TrainingInterrupted(self.run_dir, self.step_done, self.ckpt.latest_step()) from exc
         finally:
             if logger is not None:
                 logger.close()
+        if stopped:
+            raise TrainingInterrupted(self.run_dir, self.step_done, self.step_done, saved=True)
         result = TrainResult(self.run_dir, before, after, cfg.train.steps)
         if main:
             (self.run_dir / "summary.json").write_text(json.dumps(
@@ -244,6 +268,19 @@ class Trainer:
             if before:
                 print_before_after(before, after, title=f"held-out eval ({self.task.name}, {cfg.eval.num_examples} examples)")
         return result
+
+    def _announce_stop(self) -> None:
+        if self.main:
+            last = self.ckpt.latest_step()
+            lost = f"the steps after step {last} are then lost" if last else "nothing has been saved yet"
+            print(f"\nCtrl-C: finishing step {self.step_done + 1}, then saving a checkpoint and stopping. "
+                  f"Press Ctrl-C again to stop at once ({lost}).", file=sys.stderr, flush=True)
+
+    def _finished(self) -> TrainResult:
+        """A resumed run that already trained every step: its summary, nothing trained again."""
+        summary = json.loads((self.run_dir / "summary.json").read_text(encoding="utf-8"))
+        return TrainResult(self.run_dir, summary.get("before") or {}, summary.get("after") or {},
+                           self.cfg.train.steps, finished=True)
 
     def _record_skips(self, step: int, in_a_row: int, before: dict[str, float]) -> int:
         """Steps whose optimizer update was skipped (a non-finite gradient): each goes to
@@ -278,6 +315,11 @@ class Trainer:
                 "advantage": float(batch.advantages[i]),
             })
         return records
+
+
+def _agreed(flag: bool) -> bool:
+    """Whether any rank's ``flag`` is set: every rank must stop after the same step."""
+    return dist.all_max(float(flag)) > 0 if dist.world_size() > 1 else flag
 
 
 def _check_eval_split(task: Task) -> None:

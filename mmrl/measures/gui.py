@@ -35,6 +35,7 @@ import math
 import re
 import string
 import unicodedata
+import warnings
 from collections import Counter
 from typing import Any, Optional, Sequence
 
@@ -200,9 +201,17 @@ def _literal(text: str) -> Any:
         except Exception:
             pass
     try:
-        return ast.literal_eval(text)
+        return _quietly(ast.literal_eval, text)
     except Exception:
         return None
+
+
+def _quietly(fn, *args):
+    """``fn(*args)`` with Python's compile-time warnings off: a model's text such as ``[1st, 2nd]``
+    makes ``ast`` print "SyntaxWarning: invalid decimal literal" to the user's terminal."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        return fn(*args)
 
 
 def _read_call(text: str) -> Optional[dict]:
@@ -243,7 +252,7 @@ def _closing(text: str, start: int) -> Optional[str]:
 def _call_arguments(inner: str) -> tuple[list, dict]:
     if len(inner) <= _MAX_LITERAL:
         try:
-            call = ast.parse(f"f({inner})", mode="eval").body
+            call = _quietly(ast.parse, f"f({inner})", "<action>", "eval").body
             args = [ast.literal_eval(a) for a in call.args]
             kwargs = {k.arg.lower(): ast.literal_eval(k.value) for k in call.keywords if k.arg is not None}
             return args, kwargs

@@ -108,6 +108,11 @@ class CheckpointManager:
         steps = self.steps()
         return self.step_dir(steps[-1]) if steps else None
 
+    def latest_step(self) -> Optional[int]:
+        """The step of :meth:`latest`, or None when there is no checkpoint."""
+        latest = self.latest()
+        return int(_STEP_RE.match(latest.name).group(1)) if latest is not None else None
+
     # -- writing ---------------------------------------------------------------------------
 
     def save(self, step: int, write: Callable[[Path], None]) -> Path:

@@ -67,9 +67,10 @@ def check_resume_config(run_dir: Path, cfg) -> None:
                                 f"that model, task and group size); start a new run (another log.run_name). "
                                 f"Differences from the run's config.yaml:\n{lines}")
     if not cfg.allow_config_change:
-        raise ConfigChangeError(f"the config differs from the one {run_dir} trained with:\n{lines}\nresume with "
-                                "--allow-config-change (allow_config_change=true) to continue with the new one, "
-                                "or drop the overrides")
+        raise ConfigChangeError(f"the config differs from the one {run_dir} trained with:\n{lines}\nadd "
+                                "--allow-config-change (allow_config_change=true) to continue with these changes; "
+                                f"to continue unchanged, resume without them (`mmrl train --resume {run_dir}` "
+                                "takes the run's own config.yaml)")
 
 
 def record_start(run_dir: Path, cfg, resumed_from: int = 0) -> Path:

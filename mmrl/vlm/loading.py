@@ -33,6 +33,9 @@ def resolve_model_path(path: str) -> Path:
             raise FileNotFoundError(f"the built-in {path} model is missing at {p}; rebuild it with `{command}`")
         return p
     p = Path(path).expanduser()
+    if (p / "model_index.json").exists() or (p / "mmrl_generator.json").exists():
+        raise ValueError(f"model.path={path!r} is an image or video generator (a diffusers pipeline), not a "
+                         f"vision-language model: train it with `mmrl train diffusion model.path={path}`")
     if not (p / "config.json").exists():
         raise FileNotFoundError(
             f"model.path={path!r} is not a local checkpoint directory (no config.json there). "

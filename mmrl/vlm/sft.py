@@ -325,6 +325,28 @@ def build_tiny_gui_grounding(out: str | Path, base: str = "tiny-gui",
                            progress=progress)
 
 
+# What each shipped tiny VLM was warm-started on (model.path name -> task names): each builds on the
+# one it starts from. ``vqa``'s synthetic questions are the counting scenes'.
+TINY_MODEL_TASKS = {"tiny": {spec["name"] for spec in DEFAULT_TINY_TASKS} | {"vqa"}}
+TINY_MODEL_TASKS["tiny-video"] = TINY_MODEL_TASKS["tiny"] | {spec["name"] for spec in DEFAULT_TINY_VIDEO_TASKS}
+TINY_MODEL_TASKS["tiny-gui"] = TINY_MODEL_TASKS["tiny"] | {spec["name"] for spec in DEFAULT_TINY_GUI_TASKS}
+TINY_MODEL_TASKS["tiny-gui-grounding"] = TINY_MODEL_TASKS["tiny-gui"]
+
+
+def untrained_task_warning(model_path: str, task_names: Sequence[str]) -> str | None:
+    """A warning when a shipped tiny model is given a task it was never warm-started on (the image
+    model on clips, say): RL then starts from a model that cannot read the prompts, and the run
+    trains to near-zero accuracy without any error. None for real checkpoints and known tasks."""
+    known = TINY_MODEL_TASKS.get(model_path)
+    missing = [name for name in task_names if known is not None and name not in known]
+    if not missing:
+        return None
+    fits = [m for m, tasks in TINY_MODEL_TASKS.items() if set(missing) <= tasks]
+    better = f"; the shipped model for it is model.path={fits[0]}" if fits else ""
+    return (f"model.path={model_path} was never warm-started on {', '.join(missing)}: RL starts from a model "
+            f"that cannot read these prompts, so expect task accuracy near 0{better}")
+
+
 def warm_start_tiny(out: str | Path, overrides: Sequence[str], task_specs: Sequence[dict], base: str = "tiny",
                     sft_steps: int = 100, decay_steps: int | None = None, batch_size: int = 32, lr: float = 1e-3,
                     seed: int = 0, progress: bool = True, before_sft: Callable | None = None) -> Path:

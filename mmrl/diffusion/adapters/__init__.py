@@ -42,6 +42,9 @@ def load_pipeline(path: str, device="cpu", dtype=torch.float32) -> FlowPipeline:
     """The adapter for the local diffusers pipeline directory ``path``, on ``device`` in ``dtype``."""
     root = Path(path).expanduser()
     index = root / "model_index.json"
+    if not index.is_file() and (root / "config.json").is_file() and (root / "tokenizer_config.json").is_file():
+        raise ValueError(f"diffusion model path {str(path)!r} is a transformers checkpoint (a vision-language "
+                         f"model?), not a generator: train it with `mmrl train vlm model.path={path}`")
     if not root.is_dir() or not index.is_file():
         what = "does not exist" if not root.exists() else "has no model_index.json"
         raise FileNotFoundError(

@@ -1,0 +1,139 @@
+"""``mmrl bench``: compare configurations, algorithms and engines on the same work and seed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.markup import escape
+
+from .cli_errors import console, user_errors
+from .cli_help import ARGS_HELP, ARGS_METAVAR, examples
+from .recipes import DEFAULT_RECIPES, split_args
+
+bench_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                        help="Compare configurations on the same task and seed.")
+
+
+def _run_bench(run) -> None:
+    """Run a bench; a config or input problem is a clear one-line error and exit code 2."""
+    with user_errors():
+        run()
+
+
+@bench_app.command(name="algos", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+                   epilog=examples("mmrl bench algos --steps 40                       # six variants on the tiny default",
+                                   "mmrl bench algos --variants grpo,dapo --seeds 0,1,2 --steps 20",
+                                   "mmrl bench algos configs/vlm/grounding_tiny.yaml --variants grpo,gspo train.prompts_per_step=8"))
+def bench_algos(
+    args: Optional[List[str]] = typer.Argument(None, metavar=ARGS_METAVAR, help=ARGS_HELP + " (for every variant)"),
+    variants: str = typer.Option("grpo,dr_grpo,dapo,gspo,spo,ngrpo", help="comma-separated variants"),
+    steps: int = typer.Option(40, help="RL steps per variant"),
+    seeds: str = typer.Option("0", "--seeds", "--seed", help="one seed, or several comma-separated (0,1,2): every "
+                              "variant runs with each; the table shows mean ± sd"),
+    out: Path = typer.Option(Path("runs/bench-algos"), help="output directory (a run per variant, algos.json/md/png)"),
+    threshold: Optional[float] = typer.Option(
+        None, help="train-reward level for steps-to-threshold (default: halfway from before to the best after)"),
+):
+    """Train several RL algorithm variants on the same task and seed; print a comparison table."""
+    from .bench.algos import DESCRIPTIONS, UnknownVariantError, check_variants, run_algo_bench
+
+    try:
+        names = check_variants(variants.split(","))
+    except UnknownVariantError as exc:
+        console.print(f"[red]error:[/] {escape(str(exc))}")
+        for name, desc in DESCRIPTIONS.items():
+            console.print(f"  {name:<13} {desc}", highlight=False)
+        raise typer.Exit(2)
+    try:
+        seed_list = [int(x) for x in seeds.split(",") if x.strip()]
+    except ValueError:
+        console.print(f"[red]error:[/] --seeds {seeds!r}: give integers separated by commas, e.g. 0,1,2")
+        raise typer.Exit(2)
+    path, overrides = split_args(list(args or []))
+    _run_bench(lambda: run_algo_bench(names, steps=steps, seed=seed_list[0] if len(seed_list) == 1 else seed_list,
+                                      out_dir=out, config=path or DEFAULT_RECIPES["vlm"],
+                                      extra_overrides=overrides, threshold=threshold))
+
+
+@bench_app.command(name="diffusion", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+                   epilog=examples("mmrl bench diffusion                             # full SDE vs window vs subsampling",
+                                   "mmrl bench diffusion --variants full_sde,sde_window --steps 10",
+                                   "mmrl bench diffusion train.prompts_per_step=8 --seed 1"))
+def bench_diffusion(
+    args: Optional[List[str]] = typer.Argument(None, metavar=ARGS_METAVAR, help=ARGS_HELP + " (for every variant)"),
+    variants: str = typer.Option("full_sde,sde_window,subsample", help="comma-separated variants"),
+    steps: int = typer.Option(20, help="RL steps per variant"),
+    seed: int = typer.Option(0, help="the same seed for every variant"),
+    out: Path = typer.Option(Path("runs/bench-diffusion"), help="output directory"),
+):
+    """Generator RL variants (full SDE, SDE window, timestep subsampling, ...) on the same prompts and
+    seed: time per RL iteration and held-out reward, side by side."""
+    from .bench.algos import UnknownVariantError, check_variants
+    from .bench.diffusion import DEFAULT_CONFIG, VARIANTS, run_diffusion_bench
+
+    try:
+        names = check_variants(variants.split(","), VARIANTS)
+    except UnknownVariantError as exc:
+        console.print(f"[red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(2)
+    path, overrides = split_args(list(args or []))
+    _run_bench(lambda: run_diffusion_bench(names, steps=steps, seed=seed, out_dir=out, config=path or DEFAULT_CONFIG,
+                                           extra_overrides=overrides))
+
+
+@bench_app.command(name="speed", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+                   epilog=examples("mmrl bench speed --prompts 2 --generations 4 --tokens 16   # tiny, on CPU",
+                                   "mmrl bench speed --shape 3b --device cuda                  # the 3B shape",
+                                   "mmrl bench speed --shape 3b --device cuda --lora"))
+def bench_speed(
+    args: Optional[List[str]] = typer.Argument(None, metavar=ARGS_METAVAR, help=ARGS_HELP + " (the mmrl side)"),
+    shape: str = typer.Option("tiny", help="tiny (the shipped tiny Qwen2.5-VL) | 3b (a random Qwen2.5-VL-3B-shaped "
+                              "model built under --out, no downloads)"),
+    lora: bool = typer.Option(False, "--lora", help="LoRA on both sides (model.lora.* settings)"),
+    prompts: int = typer.Option(4, help="prompts per step"),
+    generations: int = typer.Option(8, help="samples per prompt (group size)"),
+    tokens: int = typer.Option(256, help="completion tokens per sample (forced: min = max new tokens)"),
+    steps: int = typer.Option(3, help="measured steps per side"),
+    warmup: int = typer.Option(1, help="warm-up steps per side, left out of the table"),
+    micro_batch: int = typer.Option(0, help="samples per forward/backward on both sides (0: min(16, samples))"),
+    device: str = typer.Option("cpu", help="cpu | cuda"),
+    dtype: str = typer.Option("auto", help="compute dtype: auto (bfloat16 on cuda, float32 on cpu) | float32 | bfloat16"),
+    engine: str = typer.Option("hf", help="mmrl's rollout engine (rollout.engine): hf | vllm"),
+    seed: int = typer.Option(0),
+    out: Path = typer.Option(Path("runs/bench-speed"), help="output directory (speed.json, speed.md)"),
+):
+    """mmrl against TRL's GRPOTrainer on the same model, prompts, group size and forced completion
+    lengths, in one process: samples/s, tokens/s, rollout vs update time, peak memory, mmrl/TRL."""
+    from .bench.speed import DEFAULT_CONFIG, SpeedOptions, check_trl, run_speed_bench
+
+    try:
+        check_trl()
+    except ImportError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2)
+    opts = SpeedOptions(shape=shape, lora=lora, prompts=prompts, generations=generations, tokens=tokens, steps=steps,
+                        warmup=warmup, micro_batch=micro_batch, device=device, dtype=dtype, engine=engine, seed=seed)
+    path, overrides = split_args(list(args or []))
+    _run_bench(lambda: run_speed_bench(opts, out_dir=out, config=path or DEFAULT_CONFIG, extra_overrides=overrides))
+
+
+@bench_app.command(name="rollout", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+                   epilog=examples("mmrl bench rollout                               # HF generate vs vLLM",
+                                   "mmrl bench rollout --prompts 8 --n 8 --tokens 64",
+                                   "mmrl bench rollout configs/vlm/grounding_tiny.yaml --repeats 5"))
+def bench_rollout(
+    args: Optional[List[str]] = typer.Argument(None, metavar=ARGS_METAVAR, help=ARGS_HELP),
+    prompts: int = typer.Option(4, help="training prompts of the config's task"),
+    n: int = typer.Option(8, help="samples per prompt"),
+    tokens: int = typer.Option(24, help="new tokens at most per sample"),
+    repeats: int = typer.Option(3, help="timed calls per engine (after one warm-up call)"),
+    seed: int = typer.Option(0, help="sampling seed of the first timed call"),
+):
+    """HF generate vs vLLM on the same policy, prompts and budget: samples/s side by side (needs vLLM)."""
+    from .bench.rollout import DEFAULT_CONFIG, run_rollout_bench
+
+    path, overrides = split_args(list(args or []))
+    _run_bench(lambda: run_rollout_bench(path or DEFAULT_CONFIG, overrides, prompts=prompts, n=n, tokens=tokens,
+                                         repeats=repeats, seed=seed, echo=lambda s: print(s, flush=True)))
