@@ -116,7 +116,9 @@ def main() -> None:
     run = out / "killed"
     kills, corrupt, during_save, started = 0, 0, 0, False
     while kills < a.kills:
-        proc = subprocess.Popen(command(a.kind, out, "killed", a.steps, started), stdout=subprocess.DEVNULL,
+        # --resume only once the run exists (its config.yaml written): a resume of no run is an error
+        resumable = started and (run / "config.yaml").exists()
+        proc = subprocess.Popen(command(a.kind, out, "killed", a.steps, resumable), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True,
                                 env={**os.environ, "OMP_NUM_THREADS": "1"})
         started = True
@@ -138,7 +140,7 @@ def main() -> None:
 
             shutil.rmtree(run)
             started = False
-    run_to_end(command(a.kind, out, "killed", a.steps, True))
+    run_to_end(command(a.kind, out, "killed", a.steps, (run / "config.yaml").exists()))
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in lines if "reward" in r]
     weights = final_weights(run / "checkpoints" / f"step_{a.steps:08d}")
