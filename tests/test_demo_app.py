@@ -79,6 +79,15 @@ def _shot(page, name: str, tmp_path: Path) -> None:
     assert (where / f"{name}.png").stat().st_size > 0
 
 
+# Whether a table's column header reads `name` and lies inside the table's box (not scrolled or cut off).
+HEADER_IN_SIGHT_JS = """([id, name]) => {
+    const table = document.querySelector('#' + id), box = table.getBoundingClientRect();
+    const cells = [...table.querySelectorAll('th')].filter(c => c.innerText.trim() === name);
+    return cells.length > 0 && cells.every(c => {
+        const r = c.getBoundingClientRect(); return r.width > 0 && r.left >= box.left && r.right <= box.right + 1; });
+}"""
+
+
 def _open(page, tab: str) -> None:
     page.get_by_role("tab", name=tab).click()
 
@@ -158,6 +167,8 @@ def test_before_after_shows_both_models_and_the_summary(page, tmp_path):
     assert "error" not in text, text
     assert page.locator("#compare-before img").count() >= 1 and page.locator("#compare-after img").count() >= 1
     assert "counting" in text and "accuracy" in page.locator("#compare-summary").inner_text()
+    for table in ("compare-before-table", "compare-after-table"):  # the reward columns are not cut off
+        assert page.evaluate(HEADER_IN_SIGHT_JS, [table, "reward"]), table
     _shot(page, "before_after", tmp_path)
 
 
@@ -180,7 +191,7 @@ def test_runs_tab_shows_curves_rollouts_and_config_and_follows_a_run(page, demo_
     page.locator("#runs-run input").click()
     page.get_by_role("option", name=RUN, exact=True).click()
     _wait_status(page, "runs-status", f"{RUN}")
-    assert "step 2" in _status(page, "runs-status")
+    assert "finished, step 2 of 2" in _status(page, "runs-status")
     page.wait_for_function("() => document.querySelectorAll('#runs-rollouts img').length > 0", timeout=TIMEOUT_MS)
     page.wait_for_function("() => document.querySelector('#runs-plot-reward canvas, #runs-plot-reward svg')",
                            timeout=TIMEOUT_MS)
@@ -200,6 +211,8 @@ def test_launch_a_two_step_run_and_see_it_finish(page, demo_server, tmp_path):
     page.locator("#launch-recipe input").click()
     page.get_by_role("option", name="vlm/grounding_tiny", exact=True).click()
     page.locator("#launch-name textarea, #launch-name input").first.fill("launched")
+    page.wait_for_timeout(2500)  # a poll of the status: a name never started shows nothing
+    assert _status(page, "launch-status") == ""
     page.locator("#launch-overrides textarea, #launch-overrides input").first.fill(" ".join(QUICK))
     page.locator("#launch-start").click()
     text = _wait_status(page, "launch-status", "finished", "failed", "error")

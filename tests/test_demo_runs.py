@@ -14,7 +14,10 @@ import pytest
 from PIL import Image
 
 from mmrl.demo import launcher as L
+from mmrl.demo import overrides as O
 from mmrl.demo import runs_index as R
+from mmrl.demo import status as S
+from mmrl.demo.paths import AllowedRoots, PathRefused
 
 # Overrides that keep a real tiny run short and on one CPU thread.
 QUICK = "train.prompts_per_step=2 rollout.num_generations=2 eval.num_examples=4 eval.pass_k=0 train.threads=1"
@@ -213,17 +216,80 @@ def test_builtin_recipes_and_modalities():
 
 
 def test_parse_overrides():
-    assert L.parse_overrides("train.steps=2 algo.beta=0.0") == ["train.steps=2", "algo.beta=0.0"]
-    assert L.parse_overrides("  ") == [] and L.parse_overrides(None) == []
-    assert L.parse_overrides("task.options.query='a b'") == ["task.options.query=a b"]
-    for bad, said in (("--foo", "--foo"), ("log.output_dir=/tmp", "log.output_dir"), ("rm -rf", "rm"),
-                      ("log.run_name=x", "log.run_name"), ("train.steps=2 -x=1", "-x=1"), ("a='b", "overrides")):
+    assert O.parse_overrides("train.steps=2 algo.beta=0.0") == [("train.steps", "2"), ("algo.beta", "0.0")]
+    assert O.parse_overrides("  ") == [] and O.parse_overrides(None) == []
+    assert O.parse_overrides("task.options.query='a b'") == [("task.options.query", "a b")]
+    for bad, said in (("--foo", "--foo"), ("rm -rf", "rm"), ("train.steps=2 -x=1", "-x=1"), ("a='b", "overrides")):
         with pytest.raises(ValueError, match=said):
-            L.parse_overrides(bad)
+            O.parse_overrides(bad)
+
+
+def _roots(tmp_path):
+    (tmp_path / "served").mkdir(exist_ok=True)
+    return AllowedRoots([tmp_path / "served"])
+
+
+def test_allowed_overrides_come_back_canonical_and_quoted(tmp_path):
+    roots = _roots(tmp_path)
+    data = tmp_path / "served" / "data.json"
+    text = (f"train.steps=+20 train.learning_rate=1e-5 algo.beta=0 algo.epsilon_high=null eval.before=True "
+            f"algo.advantage=rloo algo.loss_agg_mode=seq_mean_token_mean model.path=tiny "
+            f"task.options.eval_path={tmp_path}/served/./data.json task.options.image_root=null")
+    assert O.check_overrides(text, roots, "vlm") == [
+        "train.steps=20", "train.learning_rate=1e-05", "algo.beta=0.0", "algo.epsilon_high=null",
+        "eval.before=true", "algo.advantage='rloo'", "algo.loss_agg_mode='seq_mean_token_mean'",
+        "model.path='tiny'", f"task.options.eval_path='{data}'", "task.options.image_root=null"]
+    assert O.check_overrides("model.path=tiny-t2v", roots, "diffusion") == ["model.path='tiny-t2v'"]
+
+
+@pytest.mark.parametrize("text, said", [
+    ("plugins=[/tmp/p.py]", "plugins is never accepted"),
+    ("log.output_dir=/tmp", "set by the launch tab"),
+    ("log.run_name=x", "set by the launch tab"),
+    ("resume=true", "not a key the launch tab accepts"),
+    ("'task.options={train_path: /etc/passwd}'", "not a key the launch tab accepts"),
+    ("task.reward_kwargs.clip_score.pretrained=/x.pt", "not a key the launch tab accepts"),
+    ("train.steps=0", "an integer from 1"),
+    ("train.steps=1e3", "an integer"),
+    ("train.steps='1\nplugins: [/tmp/p.py]'", "an integer"),   # YAML in a value never reaches the config
+    ("algo.beta=nan", "a number"),
+    ("algo.beta=inf", "a number"),
+    ("eval.before=yes", "true or false"),
+    ("algo.advantage='grpo\nplugins: [x]'", "advantage estimator"),
+    ("algo.advantage=[grpo]", "advantage estimator"),
+    ("algo.kl_estimator=k4", "one of k1 | k2 | k3"),
+    ("model.path=tiny-t2v", "shipped tiny model"),            # a generator's name, for a VLM recipe
+])
+def test_refused_overrides_name_the_key_and_what_it_takes(tmp_path, text, said):
+    with pytest.raises((ValueError, PermissionError), match=said):
+        O.check_overrides(text, _roots(tmp_path), "vlm")
+
+
+def test_paths_must_resolve_inside_the_roots(tmp_path):
+    roots = _roots(tmp_path)
+    (tmp_path / "secret.json").write_text("{}")
+    (tmp_path / "served" / "link").symlink_to(tmp_path / "secret.json")
+    for value in ("/etc/passwd", f"{tmp_path}/secret.json", f"{tmp_path}/served/../secret.json",
+                  f"{tmp_path}/served/link", "~/x", "relative/outside"):
+        for key in ("task.options.eval_path", "task.options.train_path", "task.options.image_root", "model.path"):
+            with pytest.raises(PathRefused, match=f"{key}=.*outside the directories this demo serves"):
+                O.check_overrides(f"{key}={value}", roots, "vlm")
+
+
+def test_the_config_a_recipe_names_is_checked_too(tmp_path):
+    roots = _roots(tmp_path)
+    recipe = L.recipe_path("vlm/qwen2_5_vl_3b_counting")
+    with pytest.raises(PermissionError, match="model.path=/models/Qwen2.5-VL-3B-Instruct .*--models"):
+        O.check_config(recipe, [], roots, "vlm")
+    O.check_config(recipe, [f"model.path='{tmp_path / 'served'}'"], roots, "vlm")  # served: accepted
+    with pytest.raises(ValueError, match="plugins"):
+        O.check_config(recipe, ["plugins=[x]"], roots, "vlm")  # a recipe with plugins is never started
+    with pytest.raises(ValueError, match="algo.epsilon"):
+        O.check_config(L.recipe_path("vlm/counting_tiny"), ["algo.epsilon=null"], roots, "vlm")
 
 
 def test_start_refuses_bad_requests(tmp_path):
-    launcher = L.Launcher(tmp_path)
+    launcher = L.Launcher(tmp_path, AllowedRoots([tmp_path]))
     with pytest.raises(ValueError, match="unknown recipe"):
         launcher.start("vlm/nope", "", "x")
     with pytest.raises(ValueError, match="key=value"):
@@ -235,12 +301,15 @@ def test_start_refuses_bad_requests(tmp_path):
     with pytest.raises(ValueError, match="already exists"):
         launcher.start("vlm/counting_tiny", "", "taken")
     assert launcher.running() == [] and sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
-    assert launcher.status("never")["state"] == "unknown"
+    assert launcher.status("never")["state"] == "not started"
+    assert S.describe("never", launcher.status("never")) == ""  # the Launch tab shows nothing for it
 
 
 def test_command_quotes_the_log_settings(tmp_path):
-    cmd = L.Launcher(tmp_path, python="py").command("gui/synthetic_gui_tiny", ["train.steps=2"], "007")
-    assert cmd[:6] == ["py", "-m", "mmrl", "train", "vlm", "gui/synthetic_gui_tiny"]
+    cmd = L.Launcher(tmp_path, AllowedRoots([tmp_path]), python="py").command("gui/synthetic_gui_tiny",
+                                                                             ["train.steps=2"], "007")
+    assert cmd[:6] == ["py", "-m", "mmrl", "train", "vlm", str(L.recipe_path("gui/synthetic_gui_tiny"))]
+    assert L.recipe_path("gui/synthetic_gui_tiny").is_file() and L.recipe_path("gui/synthetic_gui_tiny").is_absolute()
     assert cmd[6:] == ["train.steps=2", f"log.output_dir='{tmp_path.resolve()}'", "log.run_name='007'",
                        "log.progress=false"]
 
@@ -257,7 +326,7 @@ def _wait(launcher, name, until, timeout):
 
 @pytest.mark.slow
 def test_launch_a_real_tiny_run(tmp_path):
-    launcher = L.Launcher(tmp_path)
+    launcher = L.Launcher(tmp_path, AllowedRoots([tmp_path]))
     try:
         assert launcher.start("vlm/counting_tiny", f"train.steps=2 {QUICK}", "t1") == "t1"
         with pytest.raises(ValueError, match="already running"):
@@ -274,7 +343,7 @@ def test_launch_a_real_tiny_run(tmp_path):
 
 @pytest.mark.slow
 def test_stop_ends_a_running_run(tmp_path):
-    launcher = L.Launcher(tmp_path)
+    launcher = L.Launcher(tmp_path, AllowedRoots([tmp_path]))
     try:
         launcher.start("vlm/counting_tiny", f"train.steps=500 {QUICK}", "long")
         pid = launcher._procs["long"].pid
@@ -289,3 +358,49 @@ def test_stop_ends_a_running_run(tmp_path):
     assert launcher.running() == []
     with pytest.raises(ProcessLookupError):
         os.killpg(pid, 0)  # the whole process group is gone
+
+
+def test_a_start_that_fails_before_training_leaves_its_name_free(tmp_path):
+    """A process that ends before training (a config or model error) leaves only its launch.log:
+    the name can be used again. It ran in its own run directory."""
+    fake = tmp_path / "fake-python"
+    fake.write_text("#!/bin/sh\npwd\necho 'error: the model is missing'\nexit 2\n")
+    fake.chmod(0o755)
+    runs = tmp_path / "runs"
+    launcher = L.Launcher(runs, AllowedRoots([runs]), python=str(fake))
+    launcher.start("vlm/counting_tiny", "train.steps=2", "x")
+    status = _wait(launcher, "x", lambda s: s["state"] != "running", timeout=30)
+    assert status["state"] == "failed" and status["returncode"] == 2
+    assert status["log_tail"].splitlines() == [str((runs / "x").resolve()), "error: the model is missing"]
+    assert S.describe("x", status) == "**x**: failed at step 0 (exit code 2; see the log)"
+    assert launcher.start("vlm/counting_tiny", "train.steps=3", "x") == "x"  # not "already exists"
+    _wait(launcher, "x", lambda s: s["state"] != "running", timeout=30)
+    (runs / "trained").mkdir()
+    (runs / "trained" / "launch.log").write_text("")
+    (runs / "trained" / "config.yaml").write_text("train:\n  steps: 2\n")
+    with pytest.raises(ValueError, match="already exists"):  # a run that started training keeps its name
+        launcher.start("vlm/counting_tiny", "", "trained")
+
+
+def test_run_state_and_the_status_line(tmp_path):
+    run = make_run(tmp_path, "r1", steps=8)
+    launcher = L.Launcher(tmp_path, AllowedRoots([tmp_path]))
+    assert S.run_state(run) == "finished" and S.run_state(tmp_path / "nope") == "not started"
+    (run / "summary.json").unlink()
+    assert S.run_state(run) == "running"  # written a moment ago
+    assert S.run_state(run, now=time.time() + S.STALE_S + 60) == "stopped"
+    old = time.time() - S.STALE_S - 60
+    for name in ("metrics.jsonl", "config.yaml", "checkpoints"):
+        os.utime(run / name, (old, old))
+    status = launcher.status("r1")
+    assert status["state"] == "stopped" and (status["step"], status["steps"]) == (3, 8)
+    assert S.describe("r1", status) == "**r1**: stopped at step 3 of 8, reward 1.0"
+    assert S.describe("r1", {**status, "state": "running", "reward": 0.1234567}) == \
+        "**r1**: running, step 3 of 8, reward 0.123"
+
+
+def test_metrics_are_rounded_for_reading():
+    assert S.rounded(1.1100000143051147) == 1.11 and S.rounded(0.000123456) == 0.0001235
+    assert S.rounded(123456.7) == 123500.0 and S.rounded(2.0) == 2.0 and S.rounded(0.0) == 0.0
+    assert S.rounded(3) == 3 and S.rounded(None) is None and S.rounded(True) is True and S.rounded("a") == "a"
+    assert S.rounded(float("inf")) == float("inf")

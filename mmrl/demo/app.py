@@ -10,21 +10,26 @@ model cannot run) is shown in the page's status line and the server goes on. Ele
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import traceback
 from functools import wraps
 from pathlib import Path
 from typing import Sequence
 
+from .exposure import decide
 from .launcher import Launcher, builtin_recipes
 from .paths import AllowedRoots
 from .playground import DemoError, Playground, Samples
-from .runs_index import curve_frames, eval_pictures, list_runs, progress, read_config_text, read_summary, \
-    rollout_gallery, rollout_steps, run_path
+from .runs_index import curve_frames, eval_pictures, list_runs, read_config_text, read_summary, rollout_gallery, \
+    rollout_steps, run_path
+from .status import describe, rounded
 
 CURVES = ("reward", "KL", "entropy", "clip fraction", "step time", "eval")
 MAX_UPLOAD = "50mb"
 CSS = "#launch-log textarea, #try-table td, #runs-config {font-family: ui-monospace, monospace}"
+# Characters of a completion shown in the half-width before / after tables (a click shows all).
+COMPARE_CELL_CHARS = 40
 
 
 def _message(exc: BaseException) -> str:
@@ -51,23 +56,31 @@ def _guarded(n_outputs: int):
     return wrap
 
 
-def _table(samples: Samples):
+def _table(samples: Samples, numbers_first: bool = False):
+    """The samples as a DataFrame; ``numbers_first`` moves the (long) completion and the parsed
+    answer to the end, so in a half-width table the reward columns stay in sight."""
     import pandas as pd
 
-    return pd.DataFrame(samples.rows, columns=samples.columns)
+    frame = pd.DataFrame(samples.rows, columns=samples.columns)
+    if numbers_first:
+        text = [c for c in ("parsed answer", "completion") if c in frame.columns]
+        frame = frame[[c for c in frame.columns if c not in text] + text]
+    return frame
 
 
 def build_app(runs_dir: str | Path = "runs", upload_dir: str | Path | None = None,
-              model_roots: Sequence[str | Path] = (), device: str = "cpu"):
-    """The app (a ``gr.Blocks``), its playground and its launcher."""
+              model_roots: Sequence[str | Path] = (), device: str = "cpu", launch: bool = True):
+    """The app (a ``gr.Blocks``), its playground and its launcher. ``launch=False`` leaves the
+    Launch tab's handlers out (a demo served beyond loopback without a password)."""
     import gradio as gr
+    from mmrl.assets import ASSETS_DIR
 
     runs_dir = Path(runs_dir).resolve()
     upload_dir = Path(upload_dir or Path(tempfile.gettempdir()) / "mmrl-demo-uploads").resolve()
     upload_dir.mkdir(parents=True, exist_ok=True)
     os.environ["GRADIO_TEMP_DIR"] = str(upload_dir)  # uploads land where the playground may read them
     play = Playground(runs_dir, upload_dir, model_roots, device)
-    launcher = Launcher(runs_dir)
+    launcher = Launcher(runs_dir, AllowedRoots([runs_dir, ASSETS_DIR, upload_dir, *model_roots]))
 
     with gr.Blocks(title="mmrl demo", analytics_enabled=False) as app:
         gr.Markdown("# mmrl demo\nTry a policy, compare it before and after RL, watch and launch runs.")
@@ -78,9 +91,14 @@ def build_app(runs_dir: str | Path = "runs", upload_dir: str | Path | None = Non
         with gr.Tab("Generators", elem_id="tab-generators"):
             _generators_tab(gr, play)
         with gr.Tab("Runs", elem_id="tab-runs"):
-            run, show_run, run_outputs = _runs_tab(gr, runs_dir)
+            run, show_run, run_outputs = _runs_tab(gr, runs_dir, launcher)
         with gr.Tab("Launch", elem_id="tab-launch"):
-            _launch_tab(gr, launcher)
+            if launch:
+                _launch_tab(gr, launcher)
+            else:
+                gr.Markdown("Launching is off: this demo is served beyond this machine without a password. "
+                            "Restart it with `--auth user:password` to launch runs from here.",
+                            elem_id="launch-off")
         app.load(show_run, [run], run_outputs)
     return app, play, launcher
 
@@ -152,11 +170,11 @@ def _compare_tab(gr, play: Playground):
         with gr.Column():
             gr.Markdown("### before RL (the run's starting model)")
             before_gallery = gr.Gallery(object_fit="contain", columns=2, height=300, elem_id="compare-before")
-            before_table = gr.Dataframe(wrap=True, elem_id="compare-before-table")
+            before_table = gr.Dataframe(max_chars=COMPARE_CELL_CHARS, elem_id="compare-before-table")
         with gr.Column():
             gr.Markdown("### after RL (the run's latest checkpoint)")
             after_gallery = gr.Gallery(object_fit="contain", columns=2, height=300, elem_id="compare-after")
-            after_table = gr.Dataframe(wrap=True, elem_id="compare-after-table")
+            after_table = gr.Dataframe(max_chars=COMPARE_CELL_CHARS, elem_id="compare-after-table")
 
     @_guarded(6)
     def compare(name, seed_, n_, temp, upload_, record_):
@@ -166,7 +184,8 @@ def _compare_tab(gr, play: Playground):
         task_name = play.default_task(label, _modality_of_run(play, name))
         before = play.sample(label, task_name, seed_, n_, temp, upload_, record_, checkpoint=False)
         after = play.sample(label, task_name, seed_, n_, temp, upload_, record_, checkpoint=True)
-        return (_summary_table(play.runs_dir, name), before.pictures, _table(before), after.pictures, _table(after),
+        return (_summary_table(play.runs_dir, name), before.pictures, _table(before, True), after.pictures,
+                _table(after, True),
                 f"{task_name}: the same input (\"{after.input_text}\") and seed through the starting model "
                 "and the checkpoint")
 
@@ -198,7 +217,8 @@ def _summary_table(runs_dir: Path, name: str):
     before, after = summary.get("before", {}), summary.get("after", {})
     keys = [k for k in before if isinstance(before[k], (int, float))] or \
         [k for k in after if isinstance(after[k], (int, float))]
-    return pd.DataFrame([[k, before.get(k), after.get(k)] for k in keys], columns=["held-out", "before", "after"])
+    return pd.DataFrame([[k, rounded(before.get(k)), rounded(after.get(k))] for k in keys],
+                        columns=["held-out", "before", "after"])
 
 
 def _generators_tab(gr, play: Playground):
@@ -231,11 +251,11 @@ def _generators_tab(gr, play: Playground):
         before = play.sample(label, task_name, seed_, n_, 1.0, prompt=prompt_ or "")
         if after_label:
             later = play.sample(after_label, task_name, seed_, n_, 1.0, prompt=prompt_ or "")
-            after_out = (gr.update(value=later.pictures, visible=True), gr.update(value=_table(later), visible=True))
+            after_out = (gr.update(value=later.pictures, visible=True), gr.update(value=_table(later, True), visible=True))
         else:
             after_out = (gr.update(value=[], visible=False), gr.update(visible=False))
         note = before.message or f"{len(before.rows)} sample(s) of {task_name} by {label} for \"{before.input_text}\""
-        return before.pictures, _table(before), *after_out, note
+        return before.pictures, _table(before, bool(after_label)), *after_out, note
 
     @_guarded(2)
     def on_model(label):
@@ -246,7 +266,7 @@ def _generators_tab(gr, play: Playground):
     model.change(on_model, [model], [task, status])
 
 
-def _runs_tab(gr, runs_dir: Path):
+def _runs_tab(gr, runs_dir: Path, launcher: Launcher):
     runs = list_runs(runs_dir)
     with gr.Row():
         run = gr.Dropdown(runs, value=runs[0] if runs else None, label="run", elem_id="runs-run")
@@ -271,9 +291,7 @@ def _runs_tab(gr, runs_dir: Path):
         where = run_path(runs_dir, name)
         frames = curve_frames(where)
         steps = rollout_steps(where)
-        p = progress(where)
-        line = f"**{name}**: step {p['step']}" + (f" of {p['steps']}" if p.get("steps") else "") + \
-            (f", reward {p['reward']:.3f}" if p.get("reward") is not None else "")
+        line = describe(name, launcher.status(name))
         plotted = [gr.update(value=frames[c], visible=True) if c in frames else gr.update(visible=False)
                    for c in CURVES]
         return (*plotted, gr.update(choices=[str(s) for s in steps],
@@ -307,56 +325,64 @@ def _launch_tab(gr, launcher: Launcher):
         first = "vlm/counting_tiny" if "vlm/counting_tiny" in recipes else (recipes[0] if recipes else None)
         recipe = gr.Dropdown(recipes, value=first, label="recipe", elem_id="launch-recipe")
         name = gr.Textbox(label="run name", value="demo-run", elem_id="launch-name")
-    overrides = gr.Textbox(label="overrides (key=value ...)", value="train.steps=2", elem_id="launch-overrides")
+    overrides = gr.Textbox(label="overrides (key=value ...: allow-listed keys, paths inside the served directories; "
+                                 "see the README's demo section)", value="train.steps=2", elem_id="launch-overrides")
     with gr.Row():
         start = gr.Button("Start", variant="primary", elem_id="launch-start")
         stop = gr.Button("Stop", variant="stop", elem_id="launch-stop")
     status = gr.Markdown(elem_id="launch-status")
     log = gr.Textbox(label="log", lines=12, max_lines=12, elem_id="launch-log")
 
-    def describe(run_name):
+    def describe_run(run_name):
         s = launcher.status(run_name)
-        steps = f" of {s['steps']}" if s.get("steps") else ""
-        return f"**{run_name}**: {s['state']}, step {s.get('step', 0)}{steps}", s.get("log_tail", "")
+        return describe(run_name, s), s["log_tail"]
 
     @_guarded(2)
     def on_start(recipe_, overrides_, run_name):
         launcher.start(recipe_, overrides_, run_name)
-        line, _ = describe(run_name)
+        line, _ = describe_run(run_name)
         return "", line
 
     @_guarded(2)
     def on_stop(run_name):
         launcher.stop(run_name)
-        line, tail = describe(run_name)
+        line, tail = describe_run(run_name)
         return tail, line
 
     @_guarded(2)
     def poll(run_name):
         if not run_name:
             return gr.skip(), gr.skip()
-        line, tail = describe(run_name)
+        line, tail = describe_run(run_name)
         return tail, line
 
-    start.click(on_start, [recipe, overrides, name], [log, status])
-    stop.click(on_stop, [name], [log, status])
+    start.click(on_start, [recipe, overrides, name], [log, status], api_name="launch_start")
+    stop.click(on_stop, [name], [log, status], api_name="launch_stop")
     gr.Timer(2.0).tick(poll, [name], [log, status])
 
 
 def launch_app(runs_dir: str | Path = "runs", host: str = "127.0.0.1", port: int = 7860, share: bool = False,
                model_roots: Sequence[str | Path] = (), upload_dir: str | Path | None = None, device: str = "cpu",
-               block: bool = True, max_upload: str = MAX_UPLOAD):
+               block: bool = True, max_upload: str = MAX_UPLOAD, auth: tuple[str, str] | None = None,
+               no_auth: bool = False):
     """Build and serve the app; files are served only from the runs, assets, upload and model
-    directories. ``block=False`` returns ``(app, playground, launcher)`` with the server running
-    (the tests)."""
+    directories. Beyond loopback (a non-loopback ``host``, or ``share``) it needs ``auth`` (Gradio's
+    login), or ``no_auth`` and then has no Launch tab (:func:`~mmrl.demo.exposure.decide`, which
+    raises ExposureRefused before anything starts). ``block=False`` returns ``(app, playground,
+    launcher)`` with the server running (the tests)."""
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    from mmrl.assets import ASSETS_DIR
-
-    app, play, launcher = build_app(runs_dir, upload_dir, model_roots, device)
-    roots = AllowedRoots([play.runs_dir, ASSETS_DIR, play.upload_dir, *model_roots])
-    app.launch(server_name=host, server_port=port, share=share, allowed_paths=[str(r) for r in roots.roots],
-               max_file_size=max_upload, ssr_mode=False, prevent_thread_lock=not block, quiet=not block,
-               show_error=True, css=CSS)
-    if block:
-        launcher.close()
+    exposure = decide(host, share, auth, no_auth)
+    if exposure.warning:
+        print(f"mmrl demo: warning: {exposure.warning}", file=sys.stderr, flush=True)
+    app, play, launcher = build_app(runs_dir, upload_dir, model_roots, device, launch=exposure.launch)
+    app.launch(server_name=host, server_port=port, share=share, auth=exposure.auth,
+               allowed_paths=[str(r) for r in launcher.roots.roots], max_file_size=max_upload, ssr_mode=False,
+               prevent_thread_lock=True, quiet=True, show_error=True, css=CSS)
+    if block:  # Gradio's own banner would suggest `share=True in launch()`; this is the command line's
+        print(f"mmrl demo: {app.local_url}" + (f" and {app.share_url}" if app.share_url else
+              " (for a public gradio.live link: mmrl demo --share --auth user:password)"), flush=True)
+        try:
+            app.block_thread()
+        finally:
+            launcher.close()
     return app, play, launcher

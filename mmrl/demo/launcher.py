@@ -5,15 +5,17 @@ process group), so a crash or an out-of-memory kill of the run never takes the a
 ends the run with everything it started. Its terminal output goes to ``<runs_dir>/<name>/launch.log``
 and its progress is read from the run directory like any other run (:mod:`.runs_index`).
 
-Overrides come from a text box on a web page: each must be a plain ``key=value`` (no options, no
-shell), and the tab itself decides where the run writes (``log.output_dir``, ``log.run_name``).
+What a page may ask for is narrow on purpose (:mod:`.overrides`): a shipped recipe, overrides of
+allow-listed keys whose values are checked by kind, paths only inside the directories the demo
+serves, never ``plugins``; the tab itself decides where the run writes. All of it is checked
+before a process starts. The process starts in its own (new, empty) run directory, so nothing
+beside the recipe and the checked overrides can reach ``sys.path`` or a relative path.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shlex
 import shutil
 import signal
 import subprocess
@@ -23,16 +25,17 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from ..config import builtin_config_names
+from .overrides import check_config, check_overrides, yaml_quoted
+from .paths import AllowedRoots
 from .runs_index import check_run_name, progress
+from .status import run_state
 
-__all__ = ["Launcher", "builtin_recipes", "modality_of", "parse_overrides"]
+__all__ = ["Launcher", "builtin_recipes", "modality_of", "recipe_path"]
 
-_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
-# The tab sets these (the run must land in the runs directory under the name it shows).
-RESERVED_KEYS = ("log.output_dir", "log.run_name")
 # A new run's name also passes through the config's YAML override parser and names a directory:
 # letters, digits, '.', '_' and '-' keep both unsurprising.
 _LAUNCH_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+LOG = "launch.log"
 LOG_TAIL_LINES = 30
 STOP_GRACE_S = 10.0
 
@@ -44,37 +47,23 @@ def builtin_recipes() -> list[str]:
     return sorted(names, key=lambda n: ("tiny" not in n, n))
 
 
+def recipe_path(recipe: str) -> Path:
+    """The shipped file of ``recipe`` (a name from :func:`builtin_recipes`), never a file of the
+    same name relative to the working directory; ValueError for any other name."""
+    from ..configs import CONFIGS_DIR
+
+    if recipe in builtin_recipes():
+        for suffix in (".yaml", ".yml"):
+            if (CONFIGS_DIR / f"{recipe}{suffix}").is_file():
+                return CONFIGS_DIR / f"{recipe}{suffix}"
+    raise ValueError(f"unknown recipe {recipe!r}; shipped recipes: {', '.join(builtin_recipes())}")
+
+
 def modality_of(recipe: str) -> str:
     """The ``mmrl train`` modality of a recipe: its folder, except that GUI recipes train the VLM
     policy (``mmrl train vlm configs/gui/...``); see ``MODALITIES`` in :mod:`mmrl.cli`."""
     folder = recipe.split("/", 1)[0]
     return {"diffusion": "diffusion", "video": "video"}.get(folder, "vlm")
-
-
-def parse_overrides(text: Optional[str]) -> list[str]:
-    """The ``key=value`` overrides in ``text`` (shell-quoted as on a command line).
-
-    Only dotted config keys are accepted: the text becomes arguments of a subprocess, so an
-    option (``--foo``) or anything else that is not an override is refused with the token named.
-    """
-    try:
-        tokens = shlex.split(text or "")
-    except ValueError as exc:  # an unclosed quote
-        raise ValueError(f"cannot read the overrides ({exc}); write key=value pairs, e.g. train.steps=20") from None
-    for token in tokens:
-        key, eq, _ = token.partition("=")
-        if not eq or not _KEY.match(key):
-            raise ValueError(f"override {token!r} is not of the form key=value with a dotted config key "
-                             "(e.g. train.steps=20 algo.beta=0.0)")
-        if key in RESERVED_KEYS:
-            raise ValueError(f"override {token!r}: {key} is set by the launch tab (the runs directory and the run name)")
-    return tokens
-
-
-def _yaml_quoted(text: str) -> str:
-    """``text`` as a YAML single-quoted string: override values are parsed as YAML, where a name
-    like ``007`` would become the number 7 (and the run would write to ``runs/7``)."""
-    return "'" + str(text).replace("'", "''") + "'"
 
 
 def _tail(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 64 * 1024) -> str:
@@ -93,45 +82,60 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 64 * 1024) -
 class Launcher:
     """Training runs started from the app, one subprocess each, by run name.
 
+    ``roots`` are the directories the demo serves: a path an override names must lie inside them.
     Thread-safe: Gradio calls the tab's handlers from worker threads.
     """
 
-    def __init__(self, runs_dir: Union[str, Path], python: str = sys.executable):
+    def __init__(self, runs_dir: Union[str, Path], roots: AllowedRoots, python: str = sys.executable):
         self.runs_dir = Path(runs_dir).resolve()
+        self.roots = roots
         self.python = python
         self._procs: dict[str, subprocess.Popen] = {}
         self._stopped: set[str] = set()
         self._lock = threading.RLock()
 
     def command(self, recipe: str, overrides: list[str], name: str) -> list[str]:
-        """The command line of a run (the log settings last, so they win over the recipe's)."""
-        return [self.python, "-m", "mmrl", "train", modality_of(recipe), recipe, *overrides,
-                f"log.output_dir={_yaml_quoted(str(self.runs_dir))}", f"log.run_name={_yaml_quoted(name)}",
+        """The command line of a run: the shipped recipe's file, the checked overrides, then the
+        log settings (last, so they win over the recipe's)."""
+        return [self.python, "-m", "mmrl", "train", modality_of(recipe), str(recipe_path(recipe)), *overrides,
+                f"log.output_dir={yaml_quoted(str(self.runs_dir))}", f"log.run_name={yaml_quoted(name)}",
                 "log.progress=false"]
+
+    def check(self, recipe: str, overrides_text: str) -> list[str]:
+        """The canonical overrides of a request, after every check that needs no process: the
+        recipe is shipped, each override allow-listed and of its kind, the config loads and reads
+        no path outside the roots. ValueError / PermissionError saying what was refused."""
+        path, modality = recipe_path(recipe), modality_of(recipe)
+        overrides = check_overrides(overrides_text, self.roots, modality)
+        check_config(path, overrides, self.roots, modality)
+        return overrides
 
     def start(self, recipe: str, overrides_text: str, run_name: str) -> str:
         """Start training ``recipe`` as run ``run_name``; returns the name. ValueError for an unknown
-        recipe, a bad override or name, or a name already taken (a new run never writes into an old one)."""
-        if recipe not in builtin_recipes():
-            raise ValueError(f"unknown recipe {recipe!r}; shipped recipes: {', '.join(builtin_recipes())}")
-        overrides = parse_overrides(overrides_text)
+        recipe, a refused override or name, or a name already taken (a new run never writes into an
+        old one; the directory of a start that failed before training, holding only its launch.log,
+        is reused)."""
         name = check_run_name(run_name)
         if not _LAUNCH_NAME.match(name):
             raise ValueError(f"run name {name!r}: use letters, digits, '.', '_' and '-' (at most 100 characters)")
+        overrides = self.check(recipe, overrides_text)
         with self._lock:
             if name in self.running():
                 raise ValueError(f"run {name!r} is already running")
             run_dir = self.runs_dir / name
             self.runs_dir.mkdir(parents=True, exist_ok=True)
+            if _failed_start(run_dir):
+                shutil.rmtree(run_dir)
             try:
                 run_dir.mkdir()
             except FileExistsError:
                 raise ValueError(f"a run named {name!r} already exists in {self.runs_dir}; choose another name") from None
             env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # launch.log follows the run as it goes
             try:
-                with open(run_dir / "launch.log", "wb") as log:
-                    proc = subprocess.Popen(self.command(recipe, overrides, name), stdin=subprocess.DEVNULL,
-                                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                with open(run_dir / LOG, "wb") as log:
+                    proc = subprocess.Popen(self.command(recipe, overrides, name), cwd=run_dir,
+                                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                            env=env, start_new_session=True)
             except BaseException:
                 shutil.rmtree(run_dir, ignore_errors=True)  # nothing ran: leave the name free
                 raise
@@ -139,10 +143,12 @@ class Launcher:
             self._stopped.discard(name)
         return name
 
-    def _state(self, name: str) -> tuple[str, Optional[int]]:
+    def _state(self, name: str) -> tuple[Optional[str], Optional[int]]:
+        """This launcher's knowledge of run ``name``'s process: (state, return code), or
+        (None, None) for a run it did not start (or started before a restart of the app)."""
         proc = self._procs.get(name)
         if proc is None:
-            return "unknown", None  # not started by this app (or before a restart)
+            return None, None
         rc = proc.poll()
         if rc is None:
             return "running", None
@@ -151,15 +157,15 @@ class Launcher:
         return ("finished" if rc == 0 else "failed"), rc
 
     def status(self, name: str) -> dict[str, Any]:
-        """{"state", "returncode", "step", "steps", "log_tail"} of a run; "unknown" for a run this
-        launcher did not start (its progress is still read from its directory when there is one)."""
+        """{"state", "returncode", "step", "steps", "reward", "log_tail"} of a run. The state is the
+        process's when this launcher started it, else read from the run's files
+        (:func:`~mmrl.demo.status.run_state`: "not started", "running", "finished", "stopped")."""
         check_run_name(name)
         with self._lock:
             state, rc = self._state(name)
         run_dir = self.runs_dir / name
         info = progress(run_dir)
-        return {"state": state, "returncode": rc, "step": info["step"], "steps": info["steps"],
-                "log_tail": _tail(run_dir / "launch.log")}
+        return {"state": state or run_state(run_dir), "returncode": rc, **info, "log_tail": _tail(run_dir / LOG)}
 
     def running(self) -> list[str]:
         """Names of the runs still going."""
@@ -172,7 +178,7 @@ class Launcher:
         with self._lock:
             proc = self._procs.get(name)
             if proc is None or proc.poll() is not None:
-                return self._state(name)[0]
+                return self.status(name)["state"]
             self._stopped.add(name)
         _signal_group(proc.pid, signal.SIGTERM)
         try:
@@ -189,6 +195,15 @@ class Launcher:
         """Stop every run still going (the app calls this when it exits)."""
         for name in self.running():
             self.stop(name)
+
+
+def _failed_start(run_dir: Path) -> bool:
+    """A run directory holding nothing but the launch.log of a start that ended before training
+    (a config or model error): its name is free again."""
+    try:
+        return [p.name for p in run_dir.iterdir()] == [LOG]
+    except OSError:
+        return False
 
 
 def _signal_group(pgid: int, sig: int) -> None:
