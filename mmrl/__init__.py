@@ -15,6 +15,7 @@ from .core.policy import Policy, PolicyBase, pick_device
 from .envs import Env, Observation, register_env
 from .public import PUBLIC_MODULES
 from .registry import (
+    Registry,
     UnknownNameError,
     load_plugins,
     register_advantage,
@@ -56,6 +57,7 @@ __all__ = [
     "load_plugins",
     "make_task",
     "UnknownNameError",
+    "Registry",
     "pick_device",
     "PUBLIC_MODULES",
 ]

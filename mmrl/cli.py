@@ -274,7 +274,10 @@ from .cli_bench import bench_app  # noqa: E402
 app.add_typer(bench_app, name="bench")
 
 
-@app.command()
+@app.command(epilog=examples(
+    "mmrl demo                                      # http://127.0.0.1:7860 over ./runs",
+    "mmrl demo --runs runs --models /models --device cuda",
+    "mmrl demo --host 0.0.0.0 --auth me:secret     # reachable on your network, with a password"))
 def demo(
     runs: Path = typer.Option(Path("runs"), help="the runs directory the Runs, Before / after and Launch tabs use"),
     host: str = typer.Option("127.0.0.1", help="the address to bind; any other than loopback (0.0.0.0: your "

@@ -77,12 +77,10 @@ class RolloutConfig:
 
 
 @dataclass
-class AlgoConfig:
-    # -- advantages (see the README's algorithm table) -------------------------------------------
-    advantage: str = "grpo"  # grpo | dr_grpo | rloo | reinforce_pp | ngrpo | bnpo | stratified_grpo | spo
-    advantage_kwargs: dict[str, Any] = field(default_factory=dict)  # estimator options, e.g. {alpha: 0.5}
-    scale_rewards: bool = True  # grpo: divide by the group std
-    reward_aggregation: str = "weighted_sum"  # weighted_sum | zscore | group_zscore (per reward, then weighted)
+class LossConfig:
+    """The policy loss's settings (``algo.*``), declared once: the run's :class:`AlgoConfig` has them,
+    and the core's ``ObjectiveConfig`` is built from exactly these fields (no copy to drift)."""
+
     # -- the surrogate ------------------------------------------------------------------------------
     loss_type: str = "clip"  # clip (PPO/GRPO/DAPO) | gspo | reg_grpo | cispo
     epsilon: float = 0.2  # lower clip range
@@ -92,13 +90,9 @@ class AlgoConfig:
     dual_clip_c: Optional[float] = None  # dual-clip cap for negative advantages (e.g. 3.0)
     reg_scale: float = 10.0  # reg_grpo: target log-ratio = A / reg_scale
     loss_agg_mode: str = "token_mean"  # token_mean | seq_mean_token_sum | seq_mean_token_mean | seq_mean_token_sum_norm
-    num_iterations: int = 1  # optimisation epochs per rollout batch (GRPO's mu)
     # -- KL to the reference ------------------------------------------------------------------------
     beta: float = 0.0  # KL weight (the peak of kl_schedule); 0 = no reference model is loaded
     kl_estimator: str = "k3"  # k1 | k2 | k3
-    kl_schedule: str = "constant"  # constant | linear_decay | grpo_d (OThink-MR1)
-    kl_schedule_kwargs: dict[str, Any] = field(default_factory=dict)  # beta_end, beta_min, ramp_frac
-    ref_reset_every: int = 0  # ProRL: copy the policy into the reference every N steps (0 = never)
     # -- entropy control ----------------------------------------------------------------------------
     entropy_coef: float = 0.0  # entropy bonus
     top_entropy_quantile: Optional[float] = None  # Beyond 80/20: gradient only on the top-q entropy tokens
@@ -108,6 +102,31 @@ class AlgoConfig:
     kl_cov_ratio: Optional[float] = None  # KL-Cov: fraction of top-covariance tokens KL-penalised
     kl_cov_coef: float = 1.0
     kl_cov_clip: bool = False  # KL-Cov keeps the PPO clip too (default: the paper's unclipped -A * ratio)
+    # -- off-policy rows and the rollout-engine mismatch (TRL's names) ------------------------------
+    off_policy_gamma: float = 0.1  # LUFFY policy shaping f(p) = p / (p + gamma) on off-policy tokens
+    # Truncated importance sampling ("Your Efficient RL Framework Secretly Brings You Off-Policy RL
+    # Training"): weight each token's loss by min(pi_train_old / pi_engine, clip_max) when the rollout
+    # engine reports its own log-probs.
+    vllm_importance_sampling_correction: bool = True
+    vllm_importance_sampling_mode: str = "token_truncate"  # token_truncate | token_mask | sequence_truncate | sequence_mask
+    vllm_importance_sampling_clip_max: float = 2.0
+    vllm_importance_sampling_clip_min: Optional[float] = None
+
+
+@dataclass
+class AlgoConfig(LossConfig):
+    """``algo.*``: the loss's settings (:class:`LossConfig`) and everything else of the algorithm."""
+
+    # -- advantages (see the README's algorithm table) -------------------------------------------
+    advantage: str = "grpo"  # grpo | dr_grpo | rloo | reinforce_pp | ngrpo | bnpo | stratified_grpo | spo
+    advantage_kwargs: dict[str, Any] = field(default_factory=dict)  # estimator options, e.g. {alpha: 0.5}
+    scale_rewards: bool = True  # grpo: divide by the group std
+    reward_aggregation: str = "weighted_sum"  # weighted_sum | zscore | group_zscore (per reward, then weighted)
+    num_iterations: int = 1  # optimisation epochs per rollout batch (GRPO's mu)
+    # -- KL schedule and reference resets (the weight, beta, is a LossConfig field) ----------------
+    kl_schedule: str = "constant"  # constant | linear_decay | grpo_d (OThink-MR1)
+    kl_schedule_kwargs: dict[str, Any] = field(default_factory=dict)  # beta_end, beta_min, ramp_frac
+    ref_reset_every: int = 0  # ProRL: copy the policy into the reference every N steps (0 = never)
     # -- length shaping (DAPO) ----------------------------------------------------------------------
     overlong_filter: bool = False  # truncated completions are left out of the loss
     soft_overlong_buffer: int = 0  # tokens before max_completion_length where the penalty ramps
@@ -120,19 +139,10 @@ class AlgoConfig:
     difficulty_augmentation: bool = False  # DeepVideo-R1: re-roll all-solved groups harder, all-failed easier
     difficulty_augmentation_kwargs: dict[str, Any] = field(default_factory=dict)  # noise_std, solved_reward
     off_policy_guidance: int = 0  # TempSamp-R1: reference completions injected per group (of num_generations)
-    off_policy_gamma: float = 0.1  # LUFFY policy shaping f(p) = p / (p + gamma) on off-policy tokens
     # T-GRPO (Video-R1): per clip question, samples on shuffled frames too; the correct ordered
     # answers of a group that beats its shuffled twin (p > mu * p~) get +alpha.
     temporal_grpo: bool = False
     temporal_grpo_kwargs: dict[str, Any] = field(default_factory=dict)  # alpha, mu, shuffled_generations, reward
-    # -- rollout-engine mismatch (TRL's names) -------------------------------------------------------
-    # Truncated importance sampling ("Your Efficient RL Framework Secretly Brings You Off-Policy RL
-    # Training"): weight each token's loss by min(pi_train_old / pi_engine, clip_max) when the rollout
-    # engine reports its own log-probs.
-    vllm_importance_sampling_correction: bool = True
-    vllm_importance_sampling_mode: str = "token_truncate"  # token_truncate | token_mask | sequence_truncate | sequence_mask
-    vllm_importance_sampling_clip_max: float = 2.0
-    vllm_importance_sampling_clip_min: Optional[float] = None
 
 
 @dataclass

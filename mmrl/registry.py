@@ -27,12 +27,14 @@ class Registry(Generic[T]):
         self.kind = kind
         self._items: dict[str, T] = {}
 
-    def register(self, name: str, obj: T) -> T:
-        if name in self._items and self._items[name] is not obj:
-            existing = self._items[name]
-            # Re-importing the same module (e.g. a plugin file loaded twice) is harmless.
-            if getattr(existing, "__qualname__", None) != getattr(obj, "__qualname__", object()):
-                raise ValueError(f"{self.kind} {name!r} is already registered by {existing!r}")
+    def register(self, name: str, obj: T, override: bool = False) -> T:
+        """Register ``obj`` as ``name``. A name taken by another object is an error unless
+        ``override=True``: a user's ``@register_reward("iou")`` must not silently replace the
+        built-in. The same definition registered again (a plugin file imported twice) is harmless."""
+        existing = self._items.get(name)
+        if existing is not None and existing is not obj and not override and _origin(existing) != _origin(obj):
+            raise ValueError(f"{self.kind} {name!r} is already registered by {_origin(existing)}; register "
+                             f"{_origin(obj)} under another name, or pass override=True to replace it")
         self._items[name] = obj
         return obj
 
@@ -58,6 +60,11 @@ class Registry(Generic[T]):
         return name in self._items
 
 
+def _origin(obj: Any) -> str:
+    """Where ``obj`` was defined: ``module.qualname`` (the same for a module imported twice)."""
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__qualname__)}"
+
+
 TASKS: Registry[type] = Registry("task")
 REWARDS: Registry[Callable[..., Any]] = Registry("reward")
 ADVANTAGES: Registry[Callable[..., Any]] = Registry("advantage estimator")
@@ -65,18 +72,19 @@ PROMPT_SAMPLERS: Registry[type] = Registry("data sampler")  # data.sampler: whic
 REWARD_MEDIA = ("any", "image", "video")  # register_reward(media=...): what a reward scores
 
 
-def register_task(name: str):
-    """Class decorator: ``@register_task("counting")`` makes the task available by name."""
+def register_task(name: str, override: bool = False):
+    """Class decorator: ``@register_task("counting")`` makes the task available by name
+    (``override=True`` replaces a task registered under that name)."""
 
     def wrap(cls):
         cls.name = name
-        return TASKS.register(name, cls)
+        return TASKS.register(name, cls, override)
 
     return wrap
 
 
 def register_reward(name: str, minimum: float = 0.0, check: Callable[..., None] | None = None,
-                    media: str = "any"):
+                    media: str = "any", override: bool = False):
     """Function decorator for a batched reward ``fn(completions, examples, **ctx) -> list``.
 
     A reward returns one float per completion, or ``None`` where the text cannot be parsed;
@@ -106,12 +114,12 @@ def register_reward(name: str, minimum: float = 0.0, check: Callable[..., None] 
         fn.reward_minimum = minimum
         fn.reward_check = checked
         fn.reward_media = media
-        return REWARDS.register(name, fn)
+        return REWARDS.register(name, fn, override)
 
     return wrap
 
 
-def register_advantage(name: str, inputs: tuple[str, ...] = ()):
+def register_advantage(name: str, inputs: tuple[str, ...] = (), override: bool = False):
     """Function decorator for an advantage estimator (see :mod:`mmrl.core.advantages`).
 
     ``inputs`` names the per-batch values the estimator needs beyond rewards and group ids, which
@@ -126,17 +134,17 @@ def register_advantage(name: str, inputs: tuple[str, ...] = ()):
     def wrap(fn):
         fn.estimator_name = name
         fn.estimator_inputs = tuple(inputs)
-        return ADVANTAGES.register(name, fn)
+        return ADVANTAGES.register(name, fn, override)
 
     return wrap
 
 
-def register_sampler(name: str):
+def register_sampler(name: str, override: bool = False):
     """Class decorator for a prompt sampler (``data.sampler``; see :mod:`mmrl.core.batch.prompts`)."""
 
     def wrap(cls):
         cls.name = name
-        return PROMPT_SAMPLERS.register(name, cls)
+        return PROMPT_SAMPLERS.register(name, cls, override)
 
     return wrap
 
@@ -152,7 +160,7 @@ ENGINES: Registry[type] = Registry("rollout engine")
 ENVS: Registry[type] = Registry("environment")  # multi-step environments (mmrl.envs)
 
 
-def register_loss(name: str, requires: tuple[str, ...] = ("logps",)):
+def register_loss(name: str, requires: tuple[str, ...] = ("logps",), override: bool = False):
     """Function decorator for a policy loss (``algo.loss_type``; see :mod:`mmrl.core.losses`).
 
     ``requires`` names what the policy must compute for it: ``logps`` (per-action log-probs) for
@@ -163,16 +171,16 @@ def register_loss(name: str, requires: tuple[str, ...] = ("logps",)):
     def wrap(fn):
         fn.loss_name = name
         fn.loss_requires = tuple(requires)
-        return LOSSES.register(name, fn)
+        return LOSSES.register(name, fn, override)
 
     return wrap
 
 
 def _register_as(registry: Registry, attribute: str):
-    def decorator(name: str):
+    def decorator(name: str, override: bool = False):
         def wrap(obj):
             setattr(obj, attribute, name)
-            return registry.register(name, obj)
+            return registry.register(name, obj, override)
 
         return wrap
 

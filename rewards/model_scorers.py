@@ -28,10 +28,10 @@ from typing import Callable, Sequence
 
 from PIL import Image
 
-from mmrl import pick_device, register_reward
+from mmrl import Registry, pick_device, register_reward
 from mmrl.judge import VLMJudge, resolve_checkpoint
 
-_SCORERS: dict[str, Callable] = {}
+_SCORERS: Registry[Callable] = Registry("image scorer")  # one registry implementation: mmrl's
 _CACHE: dict[tuple, object] = {}  # loaded models, per (kind, name, path, device)
 
 
@@ -163,23 +163,19 @@ def clip_score(completions, examples, model: str = "ViT-B-32", pretrained: str |
 
 # -- pluggable learned scorers ---------------------------------------------------------------------
 
-def register_scorer(name: str):
+def register_scorer(name: str, override: bool = False):
     """Decorator for a learned scorer's loader ``fn(path: str, device) -> score`` where
     ``score(images: list[PIL.Image], prompts: list[str]) -> list[float]``; the reward
     ``image_scorer`` (``scorer: name, path: ...``) then loads it once and calls it."""
 
     def wrap(fn):
-        existing = _SCORERS.get(name)
-        if existing is not None and existing is not fn and existing.__qualname__ != fn.__qualname__:
-            raise ValueError(f"image scorer {name!r} is already registered by {existing!r}")
-        _SCORERS[name] = fn
-        return fn
+        return _SCORERS.register(name, fn, override)
 
     return wrap
 
 
 def scorer_names() -> list[str]:
-    return sorted(_SCORERS)
+    return _SCORERS.names()
 
 
 @register_reward("image_scorer", check=_check_scorer, media="image")
@@ -195,7 +191,7 @@ def image_scorer(completions, examples, scorer: str | None = None, path: str | N
     if not valid:
         return out
     dev = _device(device)
-    score = _cached(("scorer", scorer, str(where), str(dev)), lambda: _SCORERS[scorer](str(where), dev))
+    score = _cached(("scorer", scorer, str(where), str(dev)), lambda: _SCORERS.get(scorer)(str(where), dev))
     values = list(score([completions[i] for i in valid], [_prompt(examples[i]) for i in valid]))
     if len(values) != len(valid):
         raise ValueError(f"image scorer {scorer!r} returned {len(values)} scores for {len(valid)} images")

@@ -65,8 +65,10 @@ def test_grpo_without_scaling_and_dr_grpo():
     expected = [0.5, 0.0, -0.5, 2.0, -2.0]
     assert close(grpo(REWARDS, GROUPS, scale_rewards=False), expected)
     assert close(dr_grpo(REWARDS, GROUPS), expected)
-    # Dr. GRPO ignores scale_rewards and any other config keys.
-    assert close(dr_grpo(REWARDS, GROUPS, scale_rewards=True, beta=0.1), expected)
+    # Dr. GRPO has no std division: it takes no scale_rewards (or any other key), and the config's
+    # algo.scale_rewards=false under dr_grpo is an error at setup (test_estimator_options_are_checked).
+    with pytest.raises(TypeError, match="scale_rewards"):
+        dr_grpo(REWARDS, GROUPS, scale_rewards=True)
 
 
 def test_rloo_hand_values():
@@ -119,10 +121,9 @@ def test_integer_rewards_and_dtype():
 def test_registry_lookup():
     assert {"grpo", "dr_grpo", "rloo"} <= set(ADVANTAGES.names())
     assert close(compute_advantages("rloo", REWARDS, GROUPS), [1.0, 0.0, -1.0, 3.0, -3.0])
-    assert close(
-        compute_advantages("grpo", REWARDS, GROUPS, scale_rewards=False, num_iterations=2),
-        [0.5, 0.0, -0.5, 2.0, -2.0],
-    )
+    assert close(compute_advantages("grpo", REWARDS, GROUPS, scale_rewards=False), [0.5, 0.0, -0.5, 2.0, -2.0])
+    with pytest.raises(TypeError, match="num_iterations"):  # no **kwargs: a key it does not take is an error
+        compute_advantages("grpo", REWARDS, GROUPS, num_iterations=2)
     with pytest.raises(UnknownNameError, match="rloo"):
         compute_advantages("rlo", REWARDS, GROUPS)
 
@@ -130,3 +131,23 @@ def test_registry_lookup():
 def test_shape_mismatch_raises():
     with pytest.raises(ValueError, match="same length"):
         grpo(torch.zeros(3), torch.zeros(4, dtype=torch.long))
+
+
+def test_estimator_options_are_checked_against_the_signature():
+    """A typo in algo.advantage_kwargs, or algo.scale_rewards=false where the estimator has no std
+    to drop, is a ConfigError naming the options the estimator takes (it was silently ignored)."""
+    from mmrl.config import ConfigError
+    from mmrl.core.advantages import estimator_options
+
+    assert estimator_options("grpo", {}, True) == {"scale_rewards": True}
+    assert estimator_options("grpo", {"eps": 1e-4}, False) == {"eps": 1e-4, "scale_rewards": False}
+    assert estimator_options("rloo", {}, True) == {}  # the default is not passed where it means nothing
+    with pytest.raises(ConfigError, match=r"algo.advantage_kwargs: the grpo estimator takes no alhpa "
+                                          r"\(it takes: eps, scale_rewards\)"):
+        estimator_options("grpo", {"alhpa": 0.5}, True)
+    for name in ("rloo", "dr_grpo", "bnpo", "spo", "stratified_grpo", "reinforce_pp"):
+        with pytest.raises(ConfigError, match=f"algo.scale_rewards=false: the {name} estimator divides by no"):
+            estimator_options(name, {}, False)
+    # declared inputs (supplied by the trainer) are not options a config may set
+    with pytest.raises(ConfigError, match="takes no episode_ids"):
+        estimator_options("gigpo", {"episode_ids": [0]}, True)

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-import rewards.screen  # noqa: F401  (registers the rewards)
+import mmrl.rewards.screen  # noqa: F401  (registers the rewards)
 from mmrl.media.coords import Frame
 from mmrl.measures.screen import gui_g1_box_reward, gui_g1_box_score, gui_g1_box_term
 from mmrl.registry import REWARDS

@@ -1,7 +1,6 @@
 """Hand-worked checks of the clipped policy-gradient objective in mmrl.core.losses."""
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -255,10 +254,12 @@ def test_metrics_are_token_means_and_loss_is_the_aggregate():
 
 
 def test_from_algo():
-    algo = SimpleNamespace(epsilon=0.1, epsilon_high=0.3, beta=0.04, kl_estimator="k2",
-                           loss_agg_mode="seq_mean_token_sum_norm", advantage="grpo")
+    from mmrl.config_schema import AlgoConfig
+
+    algo = AlgoConfig(epsilon=0.1, epsilon_high=0.3, beta=0.04, kl_estimator="k2", loss_agg_mode="seq_mean_token_sum_norm")
     cfg = ObjectiveConfig.from_algo(algo, max_completion_length=64)
-    assert cfg == ObjectiveConfig(0.1, 0.3, 0.04, "k2", "seq_mean_token_sum_norm", 64)
+    assert cfg == ObjectiveConfig(epsilon=0.1, epsilon_high=0.3, beta=0.04, kl_estimator="k2",
+                                  loss_agg_mode="seq_mean_token_sum_norm", max_completion_length=64)
     assert cfg.clip_high == 0.3
     assert ObjectiveConfig(epsilon=0.2).clip_high == 0.2
 
@@ -268,6 +269,27 @@ def test_from_real_algo_config():
 
     cfg = ObjectiveConfig.from_algo(AlgoConfig())
     assert cfg == ObjectiveConfig()
+
+
+def test_every_loss_setting_of_the_algo_config_reaches_the_objective():
+    """One source of truth: each LossConfig field set away from its default on the run's config
+    arrives in the ObjectiveConfig (a renamed field would fail here, not fall back silently)."""
+    from dataclasses import fields
+
+    from mmrl.config_schema import AlgoConfig, LossConfig
+
+    changed = {"loss_type": "gspo", "epsilon": 0.1, "epsilon_high": 0.3, "clip_pos": [0.1, 0.2],
+               "clip_neg": [0.3, 0.4], "dual_clip_c": 3.0, "reg_scale": 5.0, "loss_agg_mode": "seq_mean_token_mean",
+               "beta": 0.04, "kl_estimator": "k1", "entropy_coef": 0.01, "top_entropy_quantile": 0.2,
+               "clip_cov_ratio": None, "clip_cov_lb": 2.0, "clip_cov_ub": 6.0, "kl_cov_ratio": None,
+               "kl_cov_coef": 2.0, "kl_cov_clip": True, "off_policy_gamma": 0.2,
+               "vllm_importance_sampling_correction": False, "vllm_importance_sampling_mode": "token_mask",
+               "vllm_importance_sampling_clip_max": 3.0, "vllm_importance_sampling_clip_min": 0.5}
+    assert set(changed) == {f.name for f in fields(LossConfig)}
+    cfg = ObjectiveConfig.from_algo(AlgoConfig(**changed))
+    for name, value in changed.items():
+        got = getattr(cfg, name)
+        assert (list(got) if isinstance(got, tuple) else got) == value, name
 
 
 def test_bad_names_raise_with_valid_values():

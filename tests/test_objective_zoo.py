@@ -2,7 +2,6 @@
 (mmrl.core.losses) and their helpers (mmrl.core.losses)."""
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -440,9 +439,9 @@ def test_config_validation():
 
 
 def test_from_algo_copies_zoo_fields():
-    algo = SimpleNamespace(epsilon=0.2, epsilon_high=None, beta=0.0, kl_estimator="k3",
-                           loss_agg_mode="token_mean", loss_type="gspo", dual_clip_c=3.0,
-                           clip_pos=[0.2, 0.3], top_entropy_quantile=0.2)
+    from mmrl.config_schema import AlgoConfig
+
+    algo = AlgoConfig(loss_type="gspo", dual_clip_c=3.0, clip_pos=[0.2, 0.3], top_entropy_quantile=0.2)
     cfg = ObjectiveConfig.from_algo(algo)
     assert cfg.loss_type == "gspo" and cfg.dual_clip_c == 3.0 and cfg.clip_pos == (0.2, 0.3)
     assert cfg.top_entropy_quantile == 0.2 and cfg.kl_cov_ratio is None

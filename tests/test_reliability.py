@@ -222,7 +222,7 @@ def test_boxes_that_cannot_be_targets_are_skipped_and_counted(tmp_path):
 
 def test_a_segment_outside_its_clip_is_skipped(tmp_path):
     from test_video_reader import write_clip
-    from tasks.temporal_grounding import check_segment_in_clip
+    from mmrl.tasks.temporal_grounding import check_segment_in_clip
     from mmrl.data.records import BadRecord
 
     assert check_segment_in_clip({"segment": (1.0, 3.2), "video_duration": 3.0})["segment"] == (1.0, 3.2)

@@ -98,5 +98,5 @@ def test_make_sampler_errors():
         make_sampler("vas", {"t": 3}, 2, 0)
     with pytest.raises(ValueError, match="task.name=mixture"):
         make_sampler("dump", {"t": 3}, 2, 0)
-    with pytest.raises(ValueError, match="sampler_kwargs for 'variance'"):
+    with pytest.raises(ValueError, match=r"data.sampler_kwargs: the variance sampler takes no lamda \(it takes: alpha, beta"):
         make_sampler("variance", {"t": 3}, 2, 0, lamda=0.3)

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from typing import Optional
 
+from mmrl.options import check_options
 from mmrl.registry import KL_SCHEDULES, register_kl_schedule
 
-__all__ = ["kl_coef_at", "should_reset_reference"]
+__all__ = ["kl_coef_at", "check_kl_schedule", "should_reset_reference"]
 
 
 def _progress(step: int, span: Optional[float], schedule: str) -> float:
@@ -40,6 +41,13 @@ def kl_coef_at(step: int, beta: float, schedule: str = "constant", *, total_step
     is needed" stays ``beta > 0``.
     """
     return float(KL_SCHEDULES.get(schedule, "algo.kl_schedule")(step, beta, total_steps, **kwargs))
+
+
+def check_kl_schedule(schedule: str, kwargs: dict) -> None:
+    """``algo.kl_schedule`` and its ``algo.kl_schedule_kwargs`` at setup: an unknown name, or an
+    option the schedule does not take, is an error before the first step."""
+    fn = KL_SCHEDULES.get(schedule, "algo.kl_schedule")
+    check_options(fn, kwargs, "algo.kl_schedule_kwargs", f"the {schedule} KL schedule", ("step", "beta", "total_steps"))
 
 
 @register_kl_schedule("constant")

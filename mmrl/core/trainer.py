@@ -40,7 +40,7 @@ from .interrupt import StopOnInterrupt, TrainingInterrupted
 from .losses import Objective, ObjectiveConfig, count_sequences, kl_penalty
 from .reward_computer import make_reward_computer
 from .rollouts import Rollouts
-from .schedules import kl_coef_at, should_reset_reference
+from .schedules import check_kl_schedule, kl_coef_at, should_reset_reference
 from .seeding import seed_everything, step_seed
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,7 @@ class Trainer:
         self.rewards = make_reward_computer(self.task, cfg.task)
         self.batches = BatchBuilder(cfg, self.task, policy, self.rewards)
         self.objective_cfg = ObjectiveConfig.from_algo(cfg.algo, max_completion_length=policy.max_actions)
+        check_kl_schedule(cfg.algo.kl_schedule, dict(cfg.algo.kl_schedule_kwargs))
         if self.batches.tracks_policy_kl and "scoring" not in policy.capabilities:
             raise ValueError(f"algo.advantage={cfg.algo.advantage!r} measures each update's policy KL by "
                              f"re-scoring the batch, which a {type(policy).__name__} cannot; set "

@@ -107,7 +107,7 @@ def nft_loss(velocity_pred: Tensor, old_velocity: Tensor, x0: Tensor, noise: Ten
 
 
 @register_loss("awm", requires=("flow_matching_logps",))
-def awm(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, cfg, **_) -> Surrogate:
+def awm(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, cfg) -> Surrogate:
     """"Advantage Weighted Matching": the clipped surrogate over the flow-matching log-likelihood
     :func:`awm_log_likelihood` of the final sample (the policy passes it as ``logps``)."""
     return clip_loss(logps, old_logps, advantages, mask, cfg)
@@ -115,7 +115,7 @@ def awm(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, cfg,
 
 @register_loss("nft", requires=("nft_errors",))
 def nft(logps, old_logps, advantages: Tensor, mask: Tensor, cfg, *, positive: Tensor, negative: Tensor,
-        adv_max: float, **_) -> Surrogate:
+        adv_max: float) -> Surrogate:
     """DiffusionNFT, likelihood-free: ``r(A) * positive + (1 - r(A)) * negative`` per action, with
     the positive / negative velocity errors of :func:`nft_errors` (B, T) and r = clip(A / adv_max /
     2 + 0.5, 0, 1) (:func:`nft_optimality`)."""

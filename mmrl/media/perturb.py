@@ -19,11 +19,12 @@ to a task example (its ``image``, ``image_size``, ``box``, ``boxes`` and ``objec
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 from PIL import Image
 
+from mmrl.options import accepted
 from mmrl.registry import PERTURBATIONS, register_perturbation
 
 Box = tuple[float, float, float, float]
@@ -101,17 +102,17 @@ def _with_boxes(ex: dict, image: Image.Image, boxes: list[Box]) -> dict:
 
 
 @register_perturbation("rotation")
-def _rotation(image, boxes, rng, other, max_angle: float = 30.0, **_):
+def _rotation(image, boxes, rng, other, max_angle: float = 30.0):
     return rotate(image, boxes, float(rng.uniform(-max_angle, max_angle)))
 
 
 @register_perturbation("distractor")
-def _distractor(image, boxes, rng, other, **_):
+def _distractor(image, boxes, rng, other):
     return concat_distractor(image, boxes, other, left=bool(rng.random() < 0.5))
 
 
 @register_perturbation("mixup")
-def _mixup(image, boxes, rng, other, max_mix: float = 0.3, **_):
+def _mixup(image, boxes, rng, other, max_mix: float = 0.3):
     return mixup(image, other, float(rng.uniform(0.0, max_mix))), list(boxes)
 
 
@@ -120,22 +121,16 @@ _distractor.needs_other = _mixup.needs_other = True
 
 
 def perturb_example(ex: dict, kind: str, rng: np.random.Generator, other: Optional[Image.Image] = None,
-                    max_angle: float = 30.0, max_mix: float = 0.3) -> dict:
+                    **options: float) -> dict:
     """A perturbed copy of ``ex`` (``kind`` a registered perturbation); ``other`` is the image the
-    distractor / mixup perturbations use. Examples without a PIL ``image`` come back unchanged."""
+    distractor / mixup perturbations use; ``options`` (``data.perturbation_kwargs``, checked at
+    setup against the perturbations' signatures) reach the perturbations that take them. Examples without
+    a PIL ``image`` come back unchanged."""
     fn = PERTURBATIONS.get(kind)
     image = ex.get("image")
     if not isinstance(image, Image.Image):
         return ex
     if fn.needs_other and other is None:
         raise ValueError(f"the {kind} perturbation needs another image")
-    image, boxes = fn(image, _boxes_of(ex), rng, other, max_angle=max_angle, max_mix=max_mix)
+    image, boxes = fn(image, _boxes_of(ex), rng, other, **accepted(fn, options))
     return _with_boxes(ex, image, boxes)
-
-
-def perturbation_options(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Validate ``data.perturbation_kwargs``."""
-    unknown = set(kwargs) - {"max_angle", "max_mix"}
-    if unknown:
-        raise ValueError(f"unknown data.perturbation_kwargs {sorted(unknown)} (valid: max_angle, max_mix)")
-    return dict(kwargs)

@@ -14,6 +14,7 @@ from .base import (
     as_float_tensor,
     compute_advantages,
     constant_groups,
+    estimator_options,
     finalize_advantages,
     group_index,
     group_stats,
@@ -30,7 +31,7 @@ from .stratified import stratified_grpo
 
 __all__ = [
     "EstimatorState", "BNPOState", "SPOState", "as_float_tensor", "compute_advantages", "constant_groups",
-    "finalize_advantages", "group_index", "group_stats", "make_advantage_state", "whiten_batch",
+    "estimator_options", "finalize_advantages", "group_index", "group_stats", "make_advantage_state", "whiten_batch",
     "grpo", "dr_grpo", "rloo", "reinforce_pp", "ngrpo", "bnpo", "stratified_grpo", "spo",
     "episode_grpo", "gigpo",
 ]

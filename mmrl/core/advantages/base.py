@@ -3,13 +3,13 @@ batch whitening, the estimator-state base class and the lookup by name.
 
 Every estimator has the signature
 
-    fn(rewards: Tensor (N,), group_ids: Tensor (N,) long, *, eps=1e-6, **kw) -> Tensor (N,)
+    fn(rewards: Tensor (N,), group_ids: Tensor (N,) long, *, eps=1e-6, <its options>) -> Tensor (N,)
 
 Samples drawn for the same prompt share a group id. Groups may be interleaved in any order and
 may have different sizes (e.g. after filtering), so statistics are computed per group id with
 ``torch.unique(return_inverse=True)`` and ``index_add_``: one pass over the batch, no Python loop
-over groups. Unknown keyword arguments are accepted and ignored. Extra per-batch inputs an
-estimator needs (``lengths``, ``prompt_keys``, ``task_ids``, ``r_max``, ``policy_kl``) are declared
+over groups. No estimator takes ``**kwargs``: a key it does not take is an error at setup
+(:mod:`mmrl.options`). Extra per-batch inputs an estimator needs (``lengths``, ``prompt_keys``, ``task_ids``, ``r_max``, ``policy_kl``) are declared
 with ``@register_advantage(name, inputs=(...))`` and supplied by the trainer.
 
 Stateful estimators (BNPO's running Beta moments, SPO's per-prompt value tracker) keep their
@@ -27,6 +27,9 @@ import torch
 from torch import Tensor
 
 from mmrl.registry import ADVANTAGES
+
+from ...config import ConfigError
+from ...options import check_options, keyword_options
 
 class EstimatorState(abc.ABC):
     """Mutable state of a stateful advantage estimator, carried across training steps.
@@ -128,8 +131,27 @@ def whiten_batch(x: Tensor, eps: float, weights: Tensor | None = None) -> Tensor
 
 
 def compute_advantages(name: str, rewards: Tensor, group_ids: Tensor, **kwargs) -> Tensor:
-    """Look up the estimator registered as ``name`` and apply it to the batch."""
+    """Look up the estimator registered as ``name`` and apply it to the batch (``kwargs``: its
+    options and declared inputs; a name it does not take is a TypeError)."""
     return ADVANTAGES.get(name)(rewards, group_ids, **kwargs)
+
+
+def estimator_options(name: str, advantage_kwargs: dict, scale_rewards: bool) -> dict:
+    """The options the estimator ``name`` is called with (``algo.advantage_kwargs`` and
+    ``algo.scale_rewards``), checked against its signature at setup: a key it does not take, or
+    ``scale_rewards: false`` for an estimator with no std division to turn off, is a ConfigError
+    naming the options it does take."""
+    estimator = ADVANTAGES.get(name, "algo.advantage")
+    supplied = ("rewards", "group_ids", "state", *estimator.estimator_inputs)
+    what = f"the {name} estimator"
+    check_options(estimator, advantage_kwargs, "algo.advantage_kwargs", what, supplied)
+    options = dict(advantage_kwargs)
+    if "scale_rewards" in keyword_options(estimator):
+        options.setdefault("scale_rewards", scale_rewards)
+    elif not scale_rewards:
+        raise ConfigError(f"algo.scale_rewards=false: {what} divides by no group std, so there is nothing to "
+                          f"turn off (its options: {', '.join(keyword_options(estimator, supplied))})")
+    return options
 
 
 def make_advantage_state(name: str) -> EstimatorState | None:

@@ -59,7 +59,6 @@ def bnpo(
     r_min: float = 0.0,
     r_max: float = 1.0,
     max_weight: float = 1e6,
-    **_,
 ) -> Tensor:
     """BNPO: the group baseline, divided by a Beta density fitted to the prompts' success rates.
 

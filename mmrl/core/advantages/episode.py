@@ -97,7 +97,6 @@ def episode_grpo(
     eps: float = 1e-6,
     scale_rewards: bool = True,
     episode_ids: Tensor | None = None,
-    **_,
 ) -> Tensor:
     """GRPO over whole episodes of a multi-step environment task.
 
@@ -181,7 +180,6 @@ def gigpo(
     anchor_keys: Sequence[Any] | None = None,
     gamma: float = 0.95,
     step_weight: float = 1.0,
-    **_,
 ) -> Tensor:
     """GiGPO: episode-level plus anchor-state step-level group-relative advantages.
 

@@ -10,7 +10,7 @@ from .base import as_float_tensor, constant_groups, finalize_advantages, group_s
 
 @register_advantage("grpo")
 def grpo(
-    rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6, scale_rewards: bool = True, **_
+    rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6, scale_rewards: bool = True
 ) -> Tensor:
     """GRPO outcome advantage.
 
@@ -31,7 +31,7 @@ def grpo(
 
 
 @register_advantage("dr_grpo")
-def dr_grpo(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6, **_) -> Tensor:
+def dr_grpo(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6) -> Tensor:
     """Dr. GRPO advantage: the group mean baseline without std normalisation.
 
     From "Understanding R1-Zero-Like Training: A Critical Perspective" (Liu et al., 2025), which
@@ -46,7 +46,7 @@ def dr_grpo(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6, **_) -> Te
 
 
 @register_advantage("rloo")
-def rloo(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6, **_) -> Tensor:
+def rloo(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6) -> Tensor:
     """REINFORCE leave-one-out advantage.
 
     From "Buy 4 REINFORCE Samples, Get a Baseline for Free!" (Kool et al., 2019) and "Back to

@@ -19,7 +19,6 @@ def ngrpo(
     r_max: float = 1.0,
     num_virtual: int = 1,
     scale_rewards: bool = True,
-    **_,
 ) -> Tensor:
     """NGRPO advantage calibration: a virtual max-reward sample joins every group's statistics.
 

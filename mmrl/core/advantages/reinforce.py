@@ -19,7 +19,6 @@ def reinforce_pp(
     group_baseline: bool = True,
     lengths: Tensor | None = None,
     whiten: str = "token",
-    **_,
 ) -> Tensor:
     """REINFORCE++ outcome advantage: normalisation over the whole batch, not per group.
 

@@ -68,7 +68,6 @@ def spo(
     d_half: float = 0.06,
     prior_count: float = 1.0,
     init_value: float | None = None,
-    **_,
 ) -> Tensor:
     """SPO: a persistent per-prompt value tracker replaces the group baseline; batch-wide norm.
 

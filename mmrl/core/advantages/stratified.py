@@ -19,7 +19,6 @@ def stratified_grpo(
     task_ids: Tensor | None = None,
     strata: Tensor | None = None,
     alpha: float = 1.0,
-    **_,
 ) -> Tensor:
     """Stratified advantage normalisation, blended with global normalisation.
 

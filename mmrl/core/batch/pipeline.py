@@ -35,10 +35,11 @@ import torch
 from mmrl.registry import ADVANTAGES, PERTURBATIONS, SELECTIONS
 
 from .. import distributed as dist
-from ..advantages import compute_advantages, make_advantage_state
+from ..advantages import compute_advantages, estimator_options, make_advantage_state
 from ..episodes import episode_metrics, is_episodic, rollout_task
 from ..rollouts import Rollouts
 from ..seeding import step_seed
+from ...options import check_options
 from .aggregation import aggregate_rewards
 from .guidance import augment_flat_groups, scaffold
 from .prompts import make_sampler
@@ -47,7 +48,6 @@ from .shaping import overlong_mask, soft_overlong_penalty
 from .temporal import shuffle_frames, temporal_contrast_bonus
 from .whole import gather_whole
 
-PERTURBATION_OPTIONS = ("max_angle", "max_mix")
 TEMPORAL_GRPO_OPTIONS = ("alpha", "mu", "shuffled_generations", "reward")
 
 
@@ -63,7 +63,9 @@ class BatchBuilder:
         self.sampler = make_sampler(data.sampler, sizes, cfg.train.prompts_per_step, cfg.train.seed,
                                     **dict(data.sampler_kwargs))
         self.select = SELECTIONS.get(algo.selection, "algo.selection")
-        self.estimator_inputs = ADVANTAGES.get(algo.advantage, "algo.advantage").estimator_inputs
+        estimator = ADVANTAGES.get(algo.advantage, "algo.advantage")
+        self.estimator_inputs = estimator.estimator_inputs
+        self.estimator_options = estimator_options(algo.advantage, algo.advantage_kwargs, algo.scale_rewards)
         self.adv_state = make_advantage_state(algo.advantage)
         self.policy_kl: float | None = None  # KL(pi_old || pi_new) of the last update, when tracked
         self._check(cfg, policy)
@@ -78,11 +80,13 @@ class BatchBuilder:
             if "image_inputs" not in policy.capabilities:
                 raise ValueError(f"data.perturbation={data.perturbation!r} perturbs input images; a "
                                  f"{type(policy).__name__} reads none")
-            if data.perturbation != "random":
-                PERTURBATIONS.get(data.perturbation, "data.perturbation")  # unknown names fail here
-        unknown = set(data.perturbation_kwargs) - set(PERTURBATION_OPTIONS)
-        if unknown:
-            raise ValueError(f"unknown data.perturbation_kwargs {sorted(unknown)} (valid: {', '.join(PERTURBATION_OPTIONS)})")
+            kinds = PERTURBATIONS.names() if data.perturbation == "random" else [data.perturbation]
+            check_options([PERTURBATIONS.get(k, "data.perturbation") for k in kinds], data.perturbation_kwargs,
+                          "data.perturbation_kwargs", f"the {data.perturbation} perturbation",
+                          ("image", "boxes", "rng", "other"))
+        elif data.perturbation_kwargs:
+            raise ValueError(f"data.perturbation_kwargs {dict(data.perturbation_kwargs)} set without a "
+                             "data.perturbation: set one (e.g. rotation, random) or remove the kwargs")
         if not 0 <= algo.off_policy_guidance < n:
             raise ValueError(
                 f"algo.off_policy_guidance={algo.off_policy_guidance} reference completions per group must leave "
@@ -291,7 +295,7 @@ class BatchBuilder:
             if "overlong_penalty" in batch.reward_components:
                 weights["overlong_penalty"] = 1.0
             signal = aggregate_rewards(batch.reward_components, weights, algo.reward_aggregation, group_ids=batch.group_ids)
-        extra = dict(algo.advantage_kwargs)
+        extra = dict(self.estimator_options)
         for name in self.estimator_inputs:
             if name not in extra:
                 value = self._estimator_input(name, batch)
@@ -299,7 +303,7 @@ class BatchBuilder:
                     extra[name] = value
         if self.adv_state is not None:
             extra["state"] = self.adv_state
-        return compute_advantages(algo.advantage, signal, batch.group_ids, scale_rewards=algo.scale_rewards, **extra)
+        return compute_advantages(algo.advantage, signal, batch.group_ids, **extra)
 
     def _estimator_input(self, name: str, batch: Rollouts) -> Any:
         """One declared estimator input for ``batch`` (None = not available: left out)."""
@@ -383,3 +387,4 @@ class BatchBuilder:
             self.adv_state.load_state_dict(state["advantage_state"])
         self.sampler.load_state_dict(state.get("sampler_state") or {})
         self.policy_kl = state.get("policy_kl")
+

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 import torch
 
+from mmrl.options import check_options
 from mmrl.registry import PROMPT_SAMPLERS, register_sampler
 
 from ..seeding import step_seed
@@ -278,8 +279,8 @@ class DUMPSampler(PromptSampler):
 
 
 def make_sampler(name: str, sizes: dict[str, int], batch: int, seed: int, **kwargs: Any) -> PromptSampler:
+    """The registered prompt sampler ``name`` (``data.sampler``) with ``data.sampler_kwargs``, which
+    are checked against its constructor (an option it does not take is a ConfigError)."""
     cls = PROMPT_SAMPLERS.get(name, "data.sampler")  # unknown names raise, listing the registered samplers
-    try:
-        return cls(sizes, batch, seed, **kwargs)
-    except TypeError as exc:
-        raise ValueError(f"data.sampler_kwargs for {name!r}: {exc}") from None
+    check_options(cls, kwargs, "data.sampler_kwargs", f"the {name} sampler", ("sizes", "batch", "seed"))
+    return cls(sizes, batch, seed, **kwargs)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Optional
 
+from mmrl.config_schema import LossConfig
 from mmrl.registry import LOSSES
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -22,15 +23,6 @@ def check_choice(value: str, valid: tuple[str, ...], what: str) -> None:
         raise ValueError(f"unknown {what} {value!r}; valid values: {', '.join(valid)}")
 
 
-# Zoo fields: (name, default); ``from_algo`` copies each one the algo object has.
-VARIANT_FIELDS = (
-    "loss_type", "reg_scale", "clip_pos", "clip_neg", "dual_clip_c", "entropy_coef",
-    "top_entropy_quantile", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio",
-    "kl_cov_coef", "kl_cov_clip", "off_policy_gamma", "vllm_importance_sampling_correction",
-    "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min",
-)
-
-
 def _fraction(value: Optional[float], what: str) -> None:
     if value is not None and not 0 < value <= 1:
         raise ValueError(f"{what} must be in (0, 1], got {value}")
@@ -46,36 +38,13 @@ def _pair(value: Any, what: str) -> Optional[tuple[float, float]]:
 
 
 @dataclass
-class ObjectiveConfig:
-    """Hyper-parameters of :func:`policy_loss`. Every zoo field defaults to "off", which is the
-    plain PPO/GRPO/DAPO clipped surrogate (bit-identical to the objective before the zoo)."""
+class ObjectiveConfig(LossConfig):
+    """Hyper-parameters of :func:`policy_loss`: the loss's config fields (:class:`LossConfig`,
+    declared once in the schema, so ``algo.*`` and the objective cannot drift apart) and the
+    completion-length divisor the policy knows. Every zoo field defaults to "off", which is the
+    plain PPO/GRPO/DAPO clipped surrogate."""
 
-    epsilon: float = 0.2  # lower clip: ratio >= 1 - epsilon
-    epsilon_high: Optional[float] = None  # upper clip: ratio <= 1 + epsilon_high; None -> epsilon
-    beta: float = 0.0  # KL weight; 0 disables the KL term (no reference model needed)
-    kl_estimator: str = "k3"  # k1 | k2 | k3
-    loss_agg_mode: str = "token_mean"  # see LOSS_AGG_MODES
     max_completion_length: Optional[int] = None  # constant divisor for seq_mean_token_sum_norm
-    # ---- policy-optimisation zoo (see mmrl.core.losses) ----
-    loss_type: str = "clip"  # a registered loss: clip | gspo | reg_grpo | cispo (core); awm | nft (generators)
-    reg_scale: float = 10.0  # reg_grpo: beta of the regression target r_i = A_i / reg_scale
-    clip_pos: Optional[tuple[float, float]] = None  # (eps_low, eps_high) where A >= 0 (NGRPO)
-    clip_neg: Optional[tuple[float, float]] = None  # (eps_low, eps_high) where A < 0
-    dual_clip_c: Optional[float] = None  # cap the loss of A < 0 tokens at c * |A| (c > 1, e.g. 3)
-    entropy_coef: float = 0.0  # entropy bonus: loss -= entropy_coef * H (needs entropies)
-    top_entropy_quantile: Optional[float] = None  # pg only on the top-q entropy tokens (e.g. 0.2)
-    clip_cov_ratio: Optional[float] = None  # Clip-Cov: fraction of tokens to detach (e.g. 2e-4)
-    clip_cov_lb: float = 1.0  # Clip-Cov candidates: clip_cov_lb < cov < clip_cov_ub
-    clip_cov_ub: float = 5.0
-    kl_cov_ratio: Optional[float] = None  # KL-Cov: fraction of top-cov tokens (e.g. 2e-3)
-    kl_cov_coef: float = 1.0  # KL-Cov: weight of |logp - old_logp| on those tokens
-    kl_cov_clip: bool = False  # KL-Cov keeps the PPO clip (off: the paper's unclipped -A * ratio)
-    # ---- rollout-engine mismatch: truncated importance sampling (see rollout_is_weight) ----
-    vllm_importance_sampling_correction: bool = True
-    vllm_importance_sampling_mode: str = "token_truncate"
-    vllm_importance_sampling_clip_max: Optional[float] = 2.0
-    vllm_importance_sampling_clip_min: Optional[float] = None
-    off_policy_gamma: float = 0.1  # LUFFY policy shaping f(p) = p / (p + gamma) of off-policy rows
 
     def __post_init__(self) -> None:
         # Fail when the config is built, not on the first training step.
@@ -134,19 +103,7 @@ class ObjectiveConfig:
         )
 
     @classmethod
-    def from_algo(cls, algo: Any, max_completion_length: Optional[int] = None) -> "ObjectiveConfig":
-        """Build from an object with ``epsilon, epsilon_high, beta, kl_estimator, loss_agg_mode``
-        attributes (e.g. the run's ``AlgoConfig``); each zoo field (``VARIANT_FIELDS``) is taken
-        from ``algo`` when it has an attribute of that name, else left at its default."""
-        extra = {name: getattr(algo, name) for name in VARIANT_FIELDS if hasattr(algo, name)}
-        return cls(
-            epsilon=algo.epsilon,
-            epsilon_high=algo.epsilon_high,
-            beta=algo.beta,
-            kl_estimator=algo.kl_estimator,
-            loss_agg_mode=algo.loss_agg_mode,
-            max_completion_length=max_completion_length,
-            **extra,
-        )
-
-
+    def from_algo(cls, algo: LossConfig, max_completion_length: Optional[int] = None) -> "ObjectiveConfig":
+        """Build from the run's ``AlgoConfig`` (any :class:`LossConfig`): every loss field, by name."""
+        return cls(**{f.name: getattr(algo, f.name) for f in fields(LossConfig)},
+                   max_completion_length=max_completion_length)

@@ -234,7 +234,7 @@ def _bounds(advantages: Tensor, cfg) -> tuple[Bound, Bound]:
 
 
 @register_loss("clip")
-def clip_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, cfg, **_) -> Surrogate:
+def clip_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, cfg) -> Surrogate:
     """PPO / GRPO / DAPO: ``-min(ratio A, clamp(ratio, low, high) A)`` (asymmetric bounds with
     ``clip_pos``/``clip_neg``, dual-clip with ``dual_clip_c``). With KL-Cov in the paper's form
     (``kl_cov_ratio`` set, ``kl_cov_clip`` off) the unclipped ``-A ratio``: the KL-Cov penalty on
@@ -248,7 +248,7 @@ def clip_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor
 
 
 @register_loss("gspo", requires=("logps", "whole_sequences"))
-def gspo_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, cfg, **_) -> Surrogate:
+def gspo_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, cfg) -> Surrogate:
     """GSPO: the clipped surrogate on the length-normalised sequence ratio (:func:`gspo_ratio`);
     the clip fractions refer to the sequence ratio."""
     seq_ratio = gspo_ratio(logps, old_logps, mask)
@@ -258,7 +258,7 @@ def gspo_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor
 
 
 @register_loss("cispo")
-def cispo(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, cfg, **_) -> Surrogate:
+def cispo(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, cfg) -> Surrogate:
     """CISPO: the clipped importance weight times the log-prob gradient (:func:`cispo_loss`)."""
     ratio = torch.exp(logps - old_logps)
     low, high = _bounds(advantages, cfg)
@@ -266,6 +266,6 @@ def cispo(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, cf
 
 
 @register_loss("reg_grpo", requires=("logps", "whole_sequences"))
-def reg_grpo(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, cfg, **_) -> Surrogate:
+def reg_grpo(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, cfg) -> Surrogate:
     """Reg-GRPO: regress the advantage, no clip (:func:`reg_grpo_loss`)."""
     return Surrogate(reg_grpo_loss(logps, old_logps, advantages, mask, cfg.reg_scale))
