@@ -142,7 +142,7 @@ class AlgoConfig(LossConfig):
     # T-GRPO (Video-R1): per clip question, samples on shuffled frames too; the correct ordered
     # answers of a group that beats its shuffled twin (p > mu * p~) get +alpha.
     temporal_grpo: bool = False
-    temporal_grpo_kwargs: dict[str, Any] = field(default_factory=dict)  # alpha, mu, shuffled_generations, reward
+    temporal_grpo_kwargs: dict[str, Any] = field(default_factory=dict)  # alpha, mu, shuffled_generations, reward, comparison
 
 
 @dataclass

@@ -84,6 +84,36 @@ def test_episode_statistics_are_over_episodes_not_rows():
     assert close(gigpo(r, g, episode_ids=e, step_indices=s, anchor_keys=keys), [v] * 5 + [-v])
 
 
+def test_episode_stats_steps_is_the_authors_code():
+    """``episode_stats="steps"`` is verl-agent's ``episode_norm_reward`` with its default
+    ``compute_mean_std_cross_steps=True``: every step row adds its episode's return to the group's
+    scores (``id2score[index[i]].append(scores[i])`` for each row), then ``(score - mean) / (std +
+    eps)`` with ``torch.std`` (unbiased over rows). The episodes of the test above: scores
+    [1, 1, 1, 1, 1, 0], mean 5/6, squared deviations 5 * (1/6)^2 + (5/6)^2 = 5/6, std
+    sqrt((5/6) / 5) = sqrt(1/6) = 0.408248; A = (1/6) / 0.408248 = 0.408248 on the long episode's
+    rows and -(5/6) / 0.408248 = -2.041241 on the short one's; without std [1/6 x5, -5/6]."""
+    r = torch.tensor([0, 0, 0, 0, 1, 0], dtype=F64)
+    g = torch.zeros(6, dtype=torch.long)
+    e = torch.tensor([0, 0, 0, 0, 0, 1])
+    std = math.sqrt(1 / 6)
+    expected = [(1 / 6) / (std + EPS)] * 5 + [-(5 / 6) / (std + EPS)]
+    assert close(episode_grpo(r, g, episode_ids=e, episode_stats="steps"), expected, 1e-12)
+    assert close(episode_grpo(r, g, episode_ids=e, episode_stats="steps", scale_rewards=False),
+                 [1 / 6] * 5 + [-5 / 6], 1e-12)
+    keys = [f"s{i}" for i in range(6)]  # all anchors distinct: A^S = 0, the episode term alone
+    steps = torch.tensor([0, 1, 2, 3, 4, 0])
+    assert close(gigpo(r, g, episode_ids=e, step_indices=steps, anchor_keys=keys, episode_stats="steps"),
+                 expected, 1e-12)
+    # equal-length episodes: the two statistics agree (each episode counted the same number of times,
+    # except the unbiased std's n - 1: 2 episodes x 2 rows -> std over rows = std over episodes * sqrt(2/3))
+    r2, e2 = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=F64), torch.tensor([0, 0, 1, 1])
+    g2 = torch.zeros(4, dtype=torch.long)
+    assert close(episode_grpo(r2, g2, episode_ids=e2, episode_stats="steps", scale_rewards=False),
+                 episode_grpo(r2, g2, episode_ids=e2, scale_rewards=False), 1e-12)
+    with pytest.raises(ValueError, match="episode_stats must be one of episodes, steps"):
+        episode_grpo(r, g, episode_ids=e, episode_stats="rows")
+
+
 def test_episode_grpo_without_episode_ids_equals_grpo():
     r = torch.tensor([1.0, 2.0, 0.0, 4.0, 0.0], dtype=F64)
     g = torch.tensor([7, 3, 7, 3, 3])

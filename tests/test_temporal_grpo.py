@@ -44,6 +44,28 @@ def test_the_comparison_is_strict():
     assert torch.equal(bonus, torch.zeros(5)) and metrics["temporal/bonus_groups"] == 0.0
 
 
+def test_the_codes_comparison_gives_the_tie_its_bonus():
+    """G = 5, G~ = 2, ordered [1, 1, 0, 0, 0] against shuffled [1, 0]: 2/5 = 0.4 = 0.8 * 1/2, a tie at
+    nonzero accuracy. Video-R1's code (``if acc_mean >= 0.8 * shuffled_acc_mean``) gives the two
+    right answers 0.3; the paper's strict rule (the default, above) gives nothing."""
+    correct = torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0])
+    bonus, metrics = temporal_contrast_bonus(correct, torch.zeros(5, dtype=torch.long), torch.tensor([1.0, 0.0]),
+                                             torch.tensor([0, 0]), mu=0.8, comparison="ge")
+    assert torch.equal(bonus, torch.tensor([0.3, 0.3, 0.0, 0.0, 0.0])) and metrics["temporal/bonus_groups"] == 1.0
+    # with G = 8, G~ = 4 the two rules differ only when both groups score 0 (no right answer to reward)
+    for k in range(9):
+        for k_shuffled in range(5):
+            ordered = torch.tensor([1.0] * k + [0.0] * (8 - k))
+            shuffled = torch.tensor([1.0] * k_shuffled + [0.0] * (4 - k_shuffled))
+            ids, sids = torch.zeros(8, dtype=torch.long), torch.zeros(4, dtype=torch.long)
+            gt = temporal_contrast_bonus(ordered, ids, shuffled, sids)[0]
+            ge = temporal_contrast_bonus(ordered, ids, shuffled, sids, comparison="ge")[0]
+            assert torch.equal(gt, ge), (k, k_shuffled)
+    with pytest.raises(ValueError, match="comparison must be one of gt, ge"):
+        temporal_contrast_bonus(correct, torch.zeros(5, dtype=torch.long), torch.tensor([1.0]), torch.tensor([0]),
+                                comparison=">=")
+
+
 def test_graded_accuracy_threshold_and_alpha():
     # graded rewards (ROUGE, 1 - WER) enter the means with their value; "correct" is accuracy > 0.1
     correct = torch.tensor([0.05, 0.1, 0.15, 0.9])  # p = 1.2 / 4 = 0.3

@@ -41,7 +41,7 @@ from .losses import Objective, ObjectiveConfig, count_sequences, kl_penalty
 from .reward_computer import make_reward_computer
 from .rollouts import Rollouts
 from .schedules import check_kl_schedule, kl_coef_at, should_reset_reference
-from .seeding import seed_everything, step_seed
+from .seeding import STREAMS, seed_everything, stream_seed
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,8 @@ class Trainer:
         self.batches = BatchBuilder(cfg, self.task, policy, self.rewards)
         self.objective_cfg = ObjectiveConfig.from_algo(cfg.algo, max_completion_length=policy.max_actions)
         check_kl_schedule(cfg.algo.kl_schedule, dict(cfg.algo.kl_schedule_kwargs))
+        if not 1 <= cfg.algo.num_iterations <= STREAMS["minibatch_order"][1]:
+            raise ValueError(f"algo.num_iterations={cfg.algo.num_iterations}: use 1 to {STREAMS['minibatch_order'][1]}")
         if self.batches.tracks_policy_kl and "scoring" not in policy.capabilities:
             raise ValueError(f"algo.advantage={cfg.algo.advantage!r} measures each update's policy KL by "
                              f"re-scoring the batch, which a {type(policy).__name__} cannot; set "
@@ -101,7 +103,7 @@ class Trainer:
     # -- one RL step ------------------------------------------------------------------------------
     def rollout_step(self, step: int) -> tuple[Rollouts, dict[str, float]]:
         """The trained batch of ``step`` (rollouts, rewards, advantages) and its metrics."""
-        seed_everything(step_seed(self.cfg.train.seed, step, salt=dist.rank_salt()))  # rank 0: salt 0
+        seed_everything(stream_seed(self.cfg.train.seed, step, "step", rank_salt=dist.rank_salt()))  # rank 0: salt 0
         self.policy.begin_step(step)
         return self.batches.build(step)
 
@@ -126,7 +128,7 @@ class Trainer:
         count = 0
         self.skip_causes = []
         for it in range(cfg.algo.num_iterations):
-            g = torch.Generator().manual_seed(step_seed(cfg.train.seed, step, salt=11 + it))
+            g = torch.Generator().manual_seed(stream_seed(cfg.train.seed, step, "minibatch_order", it))
             order = torch.randperm(n, generator=g) if mini < n else torch.arange(n)
             for c in range(chunks):
                 sub = batch.select(order[c * mini:(c + 1) * mini])

@@ -81,11 +81,22 @@ def _normalise(x: Tensor, ids: Tensor, dtype: torch.dtype, eps: float, scale: bo
     return torch.where(flat, torch.zeros_like(adv), adv)
 
 
-def _episode_advantage(r: Tensor, group_ids, episode_ids, eps: float, scale: bool) -> tuple[Tensor, Tensor]:
-    """Per-row A^E in float64 and the rows' episode index (see the module docstring)."""
+EPISODE_STATS = ("episodes", "steps")  # the paper's Eq. 3; verl-agent's compute_mean_std_cross_steps=True
+
+
+def _episode_advantage(r: Tensor, group_ids, episode_ids, eps: float, scale: bool,
+                       stats: str = "episodes") -> tuple[Tensor, Tensor]:
+    """Per-row A^E in float64 and the rows' episode index (see the module docstring).
+
+    ``stats="episodes"``: the group's mean and std over its episodes, one vote each (the paper's
+    Eq. 3). ``stats="steps"``: over the group's step rows, each carrying its episode's return, so an
+    episode of L steps counts L times (verl-agent's default, ``compute_mean_std_cross_steps``)."""
+    if stats not in EPISODE_STATS:
+        raise ValueError(f"episode_stats must be one of {', '.join(EPISODE_STATS)}, got {stats!r}")
     inverse, episode_group, n = _episode_index(r, group_ids, episode_ids)
     returns = torch.zeros(n, dtype=torch.float64, device=r.device).index_add_(0, inverse, r.to(torch.float64))
-    # Why per episode: the baseline is the mean over the group's episodes, one vote each.
+    if stats == "steps":
+        return _normalise(returns[inverse], _per_row(group_ids, r, "group_ids"), r.dtype, eps, scale), inverse
     return _normalise(returns, episode_group, r.dtype, eps, scale)[inverse], inverse
 
 
@@ -97,6 +108,7 @@ def episode_grpo(
     eps: float = 1e-6,
     scale_rewards: bool = True,
     episode_ids: Tensor | None = None,
+    episode_stats: str = "episodes",
 ) -> Tensor:
     """GRPO over whole episodes of a multi-step environment task.
 
@@ -109,12 +121,13 @@ def episode_grpo(
     (unbiased std over EPISODES, not rows), and every row of tau gets A(tau). With
     ``scale_rewards=False`` the std division is dropped, ``A = R - mean_g R``. A group whose
     episode returns are all equal (including a group of one episode) gets exactly 0. Without
-    ``episode_ids`` each row is its own episode and this equals ``grpo``.
+    ``episode_ids`` each row is its own episode and this equals ``grpo``. ``episode_stats="steps"``
+    takes the statistics over step rows instead (see :func:`gigpo`).
     """
     r = as_float_tensor(rewards)
     if r.numel() == 0:
         return r.clone()
-    adv, _ = _episode_advantage(r, group_ids, episode_ids, eps, scale_rewards)
+    adv, _ = _episode_advantage(r, group_ids, episode_ids, eps, scale_rewards, episode_stats)
     return finalize_advantages(adv, r)
 
 
@@ -180,6 +193,7 @@ def gigpo(
     anchor_keys: Sequence[Any] | None = None,
     gamma: float = 0.95,
     step_weight: float = 1.0,
+    episode_stats: str = "episodes",
 ) -> Tensor:
     """GiGPO: episode-level plus anchor-state step-level group-relative advantages.
 
@@ -206,14 +220,16 @@ def gigpo(
     gives such an episode its raw return (mean 0, std 1); mmrl gives a sample without a baseline
     no signal, as ``grpo`` does.
 
-    Differences from verl-agent's ``compute_gigpo_outcome_advantage``: there the episode
-    statistics are by default taken over the group's step rows (``compute_mean_std_cross_steps``),
-    so a long episode weighs more; here they are over episodes, as the paper's Eq. 3 states. Rows
-    are ordered by ``step_indices`` for the discounted return rather than by their batch order.
+    The episode statistics: ``episode_stats="episodes"`` (the default) takes A^E's mean and std over
+    the group's episodes, as the paper's Eq. 3 states; ``episode_stats="steps"`` takes them over
+    the group's step rows, each carrying its episode's return, so an episode of L steps counts L
+    times: what the authors' code (verl-agent's ``episode_norm_reward``) does by default
+    (``compute_mean_std_cross_steps=True``). Rows are ordered by ``step_indices`` for the discounted
+    return rather than by their batch order.
 
     Keyword arguments: ``gamma`` (default 0.95, the paper's experiments), ``step_weight`` = omega
-    (default 1.0, the paper's), ``eps``, ``scale_rewards``, and the episode runner's
-    ``episode_ids``, ``step_indices``, ``anchor_keys`` (all three required).
+    (default 1.0, the paper's), ``episode_stats``, ``eps``, ``scale_rewards``, and the episode
+    runner's ``episode_ids``, ``step_indices``, ``anchor_keys`` (all three required).
     """
     missing = [name for name, value in (("episode_ids", episode_ids), ("step_indices", step_indices),
                                         ("anchor_keys", anchor_keys)) if value is None]
@@ -229,7 +245,7 @@ def gigpo(
         raise ValueError(f"anchor_keys must have one entry per row: got {len(anchor_keys)} for {r.numel()} rows")
     if r.numel() == 0:
         return r.clone()
-    a_episode, episode_index = _episode_advantage(r, group_ids, episode_ids, eps, scale_rewards)
+    a_episode, episode_index = _episode_advantage(r, group_ids, episode_ids, eps, scale_rewards, episode_stats)
     steps = _per_row(step_indices, r, "step_indices")
     returns = discounted_returns(r, episode_index, steps, gamma)
     a_step = _normalise(returns, anchor_groups(group_ids, anchor_keys, r.device), r.dtype, eps, scale_rewards)

@@ -38,17 +38,17 @@ from .. import distributed as dist
 from ..advantages import compute_advantages, estimator_options, make_advantage_state
 from ..episodes import episode_metrics, is_episodic, rollout_task
 from ..rollouts import Rollouts
-from ..seeding import step_seed
+from ..seeding import STREAMS, stream_seed
 from ...options import check_options
 from .aggregation import aggregate_rewards
 from .guidance import augment_flat_groups, scaffold
 from .prompts import make_sampler
 from .selection import group_has_variance
 from .shaping import overlong_mask, soft_overlong_penalty
-from .temporal import shuffle_frames, temporal_contrast_bonus
+from .temporal import COMPARISONS, shuffle_frames, temporal_contrast_bonus
 from .whole import gather_whole
 
-TEMPORAL_GRPO_OPTIONS = ("alpha", "mu", "shuffled_generations", "reward")
+TEMPORAL_GRPO_OPTIONS = ("alpha", "mu", "shuffled_generations", "reward", "comparison")
 
 
 class BatchBuilder:
@@ -87,6 +87,8 @@ class BatchBuilder:
         elif data.perturbation_kwargs:
             raise ValueError(f"data.perturbation_kwargs {dict(data.perturbation_kwargs)} set without a "
                              "data.perturbation: set one (e.g. rotation, random) or remove the kwargs")
+        if not 1 <= algo.max_num_gen_batches <= STREAMS["perturbation"][1]:
+            raise ValueError(f"algo.max_num_gen_batches={algo.max_num_gen_batches}: use 1 to {STREAMS['perturbation'][1]}")
         if not 0 <= algo.off_policy_guidance < n:
             raise ValueError(
                 f"algo.off_policy_guidance={algo.off_policy_guidance} reference completions per group must leave "
@@ -99,6 +101,9 @@ class BatchBuilder:
         unknown = set(algo.temporal_grpo_kwargs) - set(TEMPORAL_GRPO_OPTIONS)
         if unknown:
             raise ValueError(f"unknown algo.temporal_grpo_kwargs {sorted(unknown)} (valid: {', '.join(TEMPORAL_GRPO_OPTIONS)})")
+        if algo.temporal_grpo_kwargs.get("comparison", "gt") not in COMPARISONS:
+            raise ValueError(f"algo.temporal_grpo_kwargs.comparison: one of {', '.join(COMPARISONS)} (gt: the "
+                             "paper's p > mu * p~; ge: Video-R1's code's >=)")
         unknown = set(algo.scaffold_kwargs) - {"exempt_frac", "solved_reward"}
         unknown |= {f"difficulty_augmentation_kwargs.{k}" for k in
                     set(algo.difficulty_augmentation_kwargs) - {"noise_std", "solved_reward"}}
@@ -176,7 +181,7 @@ class BatchBuilder:
             metrics.update(stats)
         if algo.difficulty_augmentation:
             kw = algo.difficulty_augmentation_kwargs
-            rng = np.random.default_rng(step_seed(cfg.train.seed, step, salt=200 + round + dist.rank_salt()))
+            rng = np.random.default_rng(stream_seed(cfg.train.seed, step, "difficulty_augmentation", round, dist.rank_salt()))
             options = {"noise_std": kw["noise_std"]} if "noise_std" in kw else {}
             augment = lambda ex, d: self.task.augment(ex, d, rng, **options)  # noqa: E731
             batch, stats = augment_flat_groups(batch, self._solved(kw), augment, regenerate, n_on)
@@ -197,7 +202,7 @@ class BatchBuilder:
         name = kw.get("reward") or next(n for n in self.rewards.weights if n != "format")
         n = batch.group_ids.bincount().max().item() if len(batch) else 0
         n_shuffled = int(kw.get("shuffled_generations", max(1, n // 2)))
-        rng = np.random.default_rng(step_seed(self.cfg.train.seed, step, salt=300 + round + dist.rank_salt()))
+        rng = np.random.default_rng(stream_seed(self.cfg.train.seed, step, "temporal_shuffle", round, dist.rank_salt()))
         firsts = {int(g): i for i, g in reversed(list(enumerate(batch.group_ids.tolist())))}
         groups, shuffled = [], []
         for g, i in sorted(firsts.items()):
@@ -216,7 +221,8 @@ class BatchBuilder:
             twin_groups = torch.tensor(groups)[twin.group_ids]
             bonus, metrics = temporal_contrast_bonus(batch.reward_components[name], batch.group_ids, comps[name],
                                                      twin_groups, alpha=float(kw.get("alpha", 0.3)),
-                                                     mu=float(kw.get("mu", 0.8)))
+                                                     mu=float(kw.get("mu", 0.8)),
+                                                     comparison=str(kw.get("comparison", "gt")))
         batch.rewards = batch.rewards + bonus
         batch.reward_components["temporal_bonus"] = bonus
         return metrics
@@ -258,7 +264,7 @@ class BatchBuilder:
         another training example."""
         data = self.cfg.data
         kinds = PERTURBATIONS.names()
-        rng = np.random.default_rng(step_seed(self.cfg.train.seed, step, salt=300 + round + dist.rank_salt()))
+        rng = np.random.default_rng(stream_seed(self.cfg.train.seed, step, "perturbation", round, dist.rank_salt()))
         out = []
         for ex in examples:
             if rng.random() >= data.perturbation_prob:

@@ -23,7 +23,7 @@ import torch
 from mmrl.options import check_options
 from mmrl.registry import PROMPT_SAMPLERS, register_sampler
 
-from ..seeding import step_seed
+from ..seeding import stream_seed
 
 
 class PromptSampler:
@@ -48,7 +48,7 @@ class PromptSampler:
     # -- what every sampler shares ----------------------------------------------------------------
     def _permutation(self, epoch: int) -> torch.Tensor:
         if self._perm is None or self._perm[0] != epoch:
-            g = torch.Generator().manual_seed(step_seed(self.seed, epoch, salt=7))
+            g = torch.Generator().manual_seed(stream_seed(self.seed, epoch, "epoch_order"))
             self._perm = (epoch, torch.randperm(self.size, generator=g))
         return self._perm[1]
 
@@ -62,7 +62,7 @@ class PromptSampler:
 
     def refill_indices(self, step: int, round: int, k: int) -> list[int]:
         """``k`` uniform random draws for refill round ``round`` of ``step``."""
-        g = torch.Generator().manual_seed(step_seed(self.seed, step, salt=1000 + round))
+        g = torch.Generator().manual_seed(stream_seed(self.seed, step, "prompt_refill", round))
         return torch.randint(self.size, (k,), generator=g).tolist()
 
     def source_of(self, index: int) -> str:
@@ -156,7 +156,7 @@ class VarianceAwareSampler(PromptSampler):
         if k > 0:
             keys = [i for i, s in self.scores.items() if s > 0]
             weights = torch.tensor([self.scores[i] for i in keys], dtype=torch.double)
-            g = torch.Generator().manual_seed(step_seed(self.seed, step, salt=31))
+            g = torch.Generator().manual_seed(stream_seed(self.seed, step, "variance_sampler"))
             picked = [keys[j] for j in torch.multinomial(weights, k, replacement=False, generator=g).tolist()]
         chosen = set(picked)
         rest = [i for i in self.uniform_indices(step) if i not in chosen][: self.batch - len(picked)]
@@ -245,7 +245,7 @@ class DUMPSampler(PromptSampler):
         return dict(zip(scores, probs.tolist()))
 
     def indices(self, step: int, round: int = 0) -> list[int]:
-        g = torch.Generator().manual_seed(step_seed(self.seed, step, salt=53 + round))
+        g = torch.Generator().manual_seed(stream_seed(self.seed, step, "dump_sampler", round))
         probs = self.probabilities()
         names = list(probs)
         draws = torch.multinomial(torch.tensor([probs[s] for s in names], dtype=torch.double), self.batch,

@@ -24,9 +24,13 @@ Read against Video-R1's code (``src/r1-v/src/open_r1/trainer/grpo_trainer.py``, 
   the means are taken per group id);
 - "correct" is ``accuracy > 0.1`` (``correct_threshold``), as in the code: a graded answer with a
   tenth of the credit already counts;
-- the comparison is the paper's strict ``p > mu * p~``; the code's ``>=`` differs only at equality,
-  which with binary accuracy, G = 8 and G~ = 4 happens only when both groups scored 0, and then
-  no answer is correct to get the bonus anyway.
+- the comparison is the paper's strict ``p > mu * p~`` (``comparison="gt"``, the default); the
+  code's ``p >= mu * p~`` is ``comparison="ge"``. They differ exactly when ``p == mu * p~``. With
+  binary accuracy and mu = 4/5 that is ``5 k G~ = 4 k~ G`` for k of G ordered and k~ of G~ shuffled
+  answers right: with Video-R1's G = 8, G~ = 4 only at k = k~ = 0 (no answer then gets a bonus
+  either way), but with G = 5, G~ = 2 also at k = 2, k~ = 1 (ordered [1, 1, 0, 0, 0] against
+  shuffled [1, 0]: 0.4 = 0.8 * 0.5), where the code gives the two right answers the bonus and the
+  paper's rule does not.
 
 A group with no shuffled samples (an image question, or a clip of one frame) gets no bonus and is
 left out of the metrics.
@@ -40,18 +44,21 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["non_identity_permutation", "shuffle_frames", "temporal_contrast_bonus"]
+__all__ = ["COMPARISONS", "non_identity_permutation", "shuffle_frames", "temporal_contrast_bonus"]
+
+COMPARISONS = ("gt", "ge")  # the paper's p > mu * p~, Video-R1's code's p >= mu * p~
 
 def temporal_contrast_bonus(correct: Tensor, group_ids: Tensor, shuffled_correct: Tensor,
                             shuffled_group_ids: Tensor, alpha: float = 0.3, mu: float = 0.8,
-                            correct_threshold: float = 0.1) -> tuple[Tensor, dict[str, float]]:
+                            correct_threshold: float = 0.1, comparison: str = "gt") -> tuple[Tensor, dict[str, float]]:
     """The per-sample T-GRPO bonus (same length and float dtype as ``correct``) and its metrics.
 
     ``correct``/``group_ids``: the accuracy reward (in [0, 1]) and group id of each answer on
     ordered frames; ``shuffled_correct``/``shuffled_group_ids``: the same for the answers on
     shuffled frames, whose ids name the ordered group of the same question. For each group with
-    shuffled samples, ``p = mean(correct)``, ``p~ = mean(shuffled_correct)``; if ``p > mu * p~``,
-    every sample of the group with ``correct > correct_threshold`` gets ``alpha``, all others 0.
+    shuffled samples, ``p = mean(correct)``, ``p~ = mean(shuffled_correct)``; if ``p > mu * p~``
+    (``comparison="ge"``: ``p >= mu * p~``, Video-R1's code), every sample of the group with
+    ``correct > correct_threshold`` gets ``alpha``, all others 0.
 
     Metrics: ``temporal/ordered_acc`` and ``temporal/shuffled_acc``, the mean accuracy over the
     samples of the contrasted groups (those with shuffled samples); ``temporal/bonus_groups``, the
@@ -61,6 +68,8 @@ def temporal_contrast_bonus(correct: Tensor, group_ids: Tensor, shuffled_correct
     0.8 * 0.25 = 0.2, so its three correct answers get 0.3; group 1 ordered [0, 1, 0, 0], shuffled
     [1, 1, 0, 0]: p = 0.25 < 0.8 * 0.5 = 0.4, no bonus.
     """
+    if comparison not in COMPARISONS:
+        raise ValueError(f"temporal_contrast_bonus: comparison must be one of {', '.join(COMPARISONS)}, got {comparison!r}")
     correct = torch.as_tensor(correct)
     if not correct.is_floating_point():
         correct = correct.to(torch.get_default_dtype())
@@ -86,7 +95,7 @@ def temporal_contrast_bonus(correct: Tensor, group_ids: Tensor, shuffled_correct
         in_group = group_ids == g
         ordered, shuffled = correct[in_group], shuffled_correct[shuffled_group_ids == g]
         p, p_shuffled = ordered.double().mean().item(), shuffled.double().mean().item()
-        if p > mu * p_shuffled:
+        if p > mu * p_shuffled or (comparison == "ge" and p == mu * p_shuffled):
             bonus[in_group & (correct > correct_threshold)] = alpha
             bonus_groups += 1
         ordered_sum += ordered.double().sum().item()
