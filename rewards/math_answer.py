@@ -1,28 +1,18 @@
 """``math_answer``: is the ``<answer>`` block mathematically equal to the example's ``answer``?
 
-Equivalence follows Math-Verify (huggingface/Math-Verify, https://github.com/huggingface/Math-Verify:
-``from math_verify import parse, verify``), the answer checker of Open-R1 and TRL's math rewards.
-Which checker runs here is fixed at import time and recorded in :data:`USES_MATH_VERIFY` /
-:data:`CHECKER` (also ``math_answer.uses_math_verify`` / ``math_answer.checker``):
-
-- numbers, fractions, percentages, thousand separators, LaTeX wrappers and multiple-choice
-  letters are always settled by the built-in rules of :mod:`mmrl.measures.math_equivalence`
-  (fast, no per-call timeouts), whether or not Math-Verify is installed;
-- anything else (symbolic expressions, ...) goes to Math-Verify when ``math_verify`` is
-  importable, else to the built-in sympy checker (whitelisted input only), else to string
-  equality.
-
-See :mod:`mmrl.measures.math_equivalence` for the full rule list (including the percent rule and
-the "final form" rule: "3 + 8" does not answer 11).
+Math-Verify (huggingface/Math-Verify, ``from math_verify import parse, verify``; a base dependency)
+decides, called as TRL's ``accuracy_reward`` calls it: ``verify(parse(gold), parse(pred))``, both
+parsed with ``extraction_mode="first_match"``. mmrl adds seven documented rules (multiple-choice
+letters and options, the final-form rule: "3 + 8" does not answer 11, number words, counted things
+such as "7 shapes", word answers compared as text, a final period or degree sign, a time bound);
+see :mod:`mmrl.measures.math_equivalence` for each, and Math-Verify's own verdict beside it.
 """
 
 from __future__ import annotations
 
 from mmrl import register_reward
-from mmrl.measures.math_equivalence import CHECKER, MATH_VERIFY_AVAILABLE, compare
+from mmrl.measures.math_equivalence import compare
 from mmrl.parsing import extract_answer
-
-USES_MATH_VERIFY: bool = MATH_VERIFY_AVAILABLE
 
 
 @register_reward("math_answer")
@@ -44,7 +34,3 @@ def math_answer(completions, examples, **ctx) -> list:
         equal, _ = compare(pred, truth, ex.get("options"))
         out.append(1.0 if equal else 0.0)
     return out
-
-
-math_answer.uses_math_verify = USES_MATH_VERIFY
-math_answer.checker = CHECKER

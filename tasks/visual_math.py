@@ -19,7 +19,8 @@ Real data: MathVista / MathVerse-style JSONL (``train_path`` / ``eval_path``, im
 A, B, C, ...) or a letter -> text object. An answer given as an option's text becomes its letter.
 Bad records are skipped and counted (:class:`mmrl.data.records.FileExamples`).
 
-Scored by ``math_answer`` (Math-Verify-style equivalence, :mod:`mmrl.measures.math_equivalence`).
+Scored by ``math_answer`` (Math-Verify's equivalence with mmrl's documented rules,
+:mod:`mmrl.measures.math_equivalence`).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ functions instead of each keeping its own copy. Public: plugins may import them 
 - :mod:`~mmrl.measures.answers`: exact answers (numeric-aware accuracy, No-Thinking equality);
 - :mod:`~mmrl.measures.text`: Levenshtein, edit similarity, ANLS;
 - :mod:`~mmrl.measures.relaxed`: ChartQA's relaxed accuracy;
-- :mod:`~mmrl.measures.math_equivalence`: mathematical answer equivalence (Math-Verify-style);
+- :mod:`~mmrl.measures.math_equivalence`: mathematical answer equivalence (Math-Verify, plus mmrl's documented rules);
 - :mod:`~mmrl.measures.jigsaw`: tile-position answers;
 - :mod:`~mmrl.measures.composition`: the GenEval-style checker of generated shape scenes;
 - :mod:`~mmrl.measures.motion`: the same checks tracked through a generated clip (colour, shape, direction);
