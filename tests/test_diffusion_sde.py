@@ -115,11 +115,20 @@ def test_recompute_with_prev_sample_gives_identical_log_prob(kind):
 
 
 def test_log_prob_gradient_flows_through_mean_only():
+    """The sampled action is held fixed, so d log p / d v runs through the step's mean alone:
+    mean = x (...) + v c with c = (1 + std_t^2 (1 - sigma) / (2 sigma)) dt, and log p is the mean
+    over the D elements of -(x_prev - mean)^2 / (2 s^2) + const, so d log p / d v = c (x_prev - mean)
+    / (s^2 D). At sigma 0.6 -> 0.5, a = 0.7: std_t = 0.7 sqrt(0.6 / 0.4) = 0.857321, std_t^2 = 0.735,
+    dt = -0.1, c = (1 + 0.735 * 0.4 / 1.2) * -0.1 = -0.1245, s^2 = 0.735 * 0.1 = 0.0735. A
+    reparametrised action (x_prev differentiated too) would make x_prev - mean constant in v and
+    the gradient 0."""
     v, x, _ = _inputs(2)
     v.requires_grad_(True)
     out = flow_sde_step(v, x, 0.6, 0.5, 0.7, generator=torch.Generator().manual_seed(0))
     (grad,) = torch.autograd.grad(out.log_prob.sum(), v)
-    assert grad.abs().sum() > 0  # a reparametrised (non-detached) action would cancel it to ~0
+    d = v[0].numel()
+    expected = -0.1245 * (out.prev_sample - out.mean).detach() / (0.0735 * d)
+    assert grad.abs().sum() > 0 and torch.allclose(grad, expected, rtol=1e-4, atol=1e-7)
 
 
 def test_flow_sde_noise_level_zero_equals_diffusers_euler():

@@ -145,11 +145,14 @@ def test_dump_and_stratified_on_a_task_mixture(random_tiny_dir, tmp_path):
     batch, m = t.rollout_step(1)
     assert set(ex["source"] for ex in batch.examples) <= {"counting", "grounding"}
     assert abs(m["sampler/p/counting"] + m["sampler/p/grounding"] - 1) < 1e-9
-    for source in {ex["source"] for ex in batch.examples}:
-        rows = [i for i, ex in enumerate(batch.examples) if ex["source"] == source]
-        a = batch.advantages[rows]
-        if len(rows) > 1 and a.abs().sum() > 0:
-            assert abs(float(a.mean())) < 1e-4  # zero mean within each stratum
+    # The random model scores zeros: give each group a reward spread by hand, then every stratum
+    # (task) has zero mean and unit std, whatever its reward scale (grounding's 10x here).
+    sources = [ex["source"] for ex in batch.examples]
+    batch.rewards = torch.tensor([(10.0 if s == "grounding" else 1.0) * (i % 3) for i, s in enumerate(sources)])
+    a = t.batches._advantages(batch)
+    for source in set(sources):
+        rows = [i for i, s in enumerate(sources) if s == source]
+        assert abs(float(a[rows].mean())) < 1e-6 and abs(float(a[rows].std()) - 1) < 1e-4, (source, a[rows])
 
 
 def test_perturbations_reach_the_rollouts(random_tiny_dir, tmp_path):

@@ -38,14 +38,22 @@ def test_spo_state_survives_resume_exactly(random_tiny_dir, tmp_path):
 
 
 def test_single_sample_groups_get_signal_with_spo_not_grpo(random_tiny_dir, tmp_path):
-    t = _trainer(_cfg(random_tiny_dir, tmp_path, 1, "algo.advantage=spo", "rollout.num_generations=1",
-                      "train.prompts_per_step=6"))
-    batch, _ = t.rollout_step(1)
-    if batch.rewards.unique().numel() > 1:
-        assert batch.advantages.abs().sum() > 0
+    """One sample per prompt, rewards [1, 0, 1, 0, 1, 0] (set by hand: the random model scores all
+    zeros). GRPO: every group of one carries nothing. SPO: a = r - v(x) with a fresh tracker's
+    v = the batch mean 0.5 (no prior value), so a = +-0.5, batch-normalised to +-0.5 / std(a) =
+    +-0.5 / sqrt(0.3) = +-0.9129: signal from single samples."""
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 0.0])
+    spo = _trainer(_cfg(random_tiny_dir, tmp_path, 1, "algo.advantage=spo", "rollout.num_generations=1",
+                        "train.prompts_per_step=6"))
+    batch, _ = spo.rollout_step(1)
+    spo.batches.adv_state = type(spo.batches.adv_state)()  # a fresh tracker: rollout_step saw zeros
+    batch.rewards = rewards
+    a = spo.batches._advantages(batch)
+    assert torch.allclose(a, (rewards - 0.5) / (rewards - 0.5).std(), atol=1e-4), a
     g = _trainer(_cfg(random_tiny_dir, tmp_path / "g", 1, "rollout.num_generations=1", "train.prompts_per_step=6"))
     batch, _ = g.rollout_step(1)
-    assert torch.equal(batch.advantages, torch.zeros(6))  # GRPO: a group of one carries nothing
+    batch.rewards = rewards
+    assert torch.equal(g.batches._advantages(batch), torch.zeros(6))  # GRPO: a group of one carries nothing
 
 
 def test_overlong_filter_and_soft_penalty(random_tiny_dir, tmp_path):
@@ -83,12 +91,31 @@ def test_reference_reset_copies_the_policy(random_tiny_dir, tmp_path):
 
 
 def test_zscore_aggregation_changes_the_learning_signal_not_the_logged_reward(random_tiny_dir, tmp_path):
+    """The same rollouts under weighted_sum and zscore: the logged reward is the same, the advantages
+    are not. Components set by hand (the random model scores zeros): format [1, 1, 1, 0, 1, 1] and
+    accuracy [1, 0, 0, 0, 0, 1] in two groups of three, weights 0.5 and 1. Weighted sum: [1.5, 0.5,
+    0.5, 0, 0.5, 1.5]; zscore standardises each reward over the batch first (mean 5/6 and 1/3, std
+    sqrt(1/6) and sqrt(4/15)) then weights them, which ranks the samples differently."""
     ws = _trainer(_cfg(random_tiny_dir, tmp_path / "w", 1))
     zs = _trainer(_cfg(random_tiny_dir, tmp_path / "z", 1, "algo.reward_aggregation=zscore"))
     a, ma = ws.rollout_step(1)
     b, mb = zs.rollout_step(1)
     assert a.completions == b.completions and ma["reward"] == mb["reward"]
-    assert torch.isfinite(b.advantages).all()
+    comps = {"format": torch.tensor([1.0, 1, 1, 0, 1, 1]), "accuracy": torch.tensor([1.0, 0, 0, 0, 0, 1])}
+    for batch, t in ((a, ws), (b, zs)):
+        batch.reward_components = dict(comps)
+        batch.rewards = 0.5 * comps["format"] + comps["accuracy"]
+        batch.group_ids = torch.tensor([0, 0, 0, 1, 1, 1])
+    weighted, zscored = ws.batches._advantages(a), zs.batches._advantages(b)
+    # weighted sum, GRPO: group 0 [1.5, 0.5, 0.5] -> mean 5/6, std sqrt(1/3): [2/3, -1/3, -1/3] / 0.57735
+    assert torch.allclose(weighted[:3], torch.tensor([2 / 3, -1 / 3, -1 / 3]) / (1 / 3) ** 0.5, atol=1e-4)
+    fmt = (comps["format"] - 5 / 6) / (1 / 6) ** 0.5
+    acc = (comps["accuracy"] - 1 / 3) / (4 / 15) ** 0.5
+    signal = 0.5 * fmt + acc
+    for g in (slice(0, 3), slice(3, 6)):
+        centred = signal[g] - signal[g].mean()
+        assert torch.allclose(zscored[g], centred / centred.std(), atol=1e-4)
+    assert not torch.allclose(weighted, zscored, atol=1e-2)
 
 
 def _update_with(path, micro, obj_cfg):
