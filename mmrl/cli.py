@@ -170,6 +170,7 @@ def eval_(
     from .core.reward_computer import make_reward_computer
     from .core.trainer import build_task
     from .runs.checkpoint import CheckpointManager
+    from .runs.logging import to_jsonable
 
     path = Path(target)
     ckpt = None
@@ -192,7 +193,8 @@ def eval_(
     with user_errors(setup=False), interruptions():
         metrics = evaluate(policy, task, rewards, cfg, num_examples, gallery_dir=gallery,
                            grid_path=gallery / "samples.png")
-    print(json.dumps({"checkpoint": str(ckpt) if ckpt else cfg.model.path, "task": cfg.task.name, **metrics}, indent=2))
+    report = {"checkpoint": str(ckpt) if ckpt else cfg.model.path, "task": cfg.task.name, **metrics}
+    print(json.dumps(to_jsonable(report), indent=2, allow_nan=False))  # a NaN metric (nothing parsed) is null
     typer.echo(f"gallery: {gallery / 'index.html'} and {gallery / 'gallery.png'}", err=True)
 
 

@@ -135,12 +135,14 @@ def parse_exact_number(text: str) -> Optional[float]:
     return float(_WORDS.index(word)) if word in _WORDS else None
 
 
-def parse_box(text: str) -> Optional[tuple[float, float, float, float]]:
+def parse_box(text: str, order: bool = True) -> Optional[tuple[float, float, float, float]]:
     """A box ``(x1, y1, x2, y2)`` from common answer styles, corners ordered, or None.
 
     Accepts ``[x1, y1, x2, y2]``, ``(x1, y1), (x2, y2)``, JSON such as ``{"bbox_2d": [...]}`` or
     ``[{"bbox_2d": [...], "label": ...}]`` (the first box wins), inside code fences or not, and
     as a last resort text with exactly four numbers. Non-finite coordinates give None.
+    ``order=False`` keeps the numbers as written: a dataset's label is checked, not mended (an
+    inverted box may be another layout, such as ``[x, y, w, h]``).
     """
     if not isinstance(text, str):
         return None
@@ -155,7 +157,7 @@ def parse_box(text: str) -> Optional[tuple[float, float, float, float]]:
     if any(v is None for v in values):
         return None
     x1, y1, x2, y2 = values
-    return (min(x1, x2), min(y1, y2), max(x1, x2), max(y1, y2))
+    return (min(x1, x2), min(y1, y2), max(x1, x2), max(y1, y2)) if order else (x1, y1, x2, y2)
 
 
 def parse_point(text: str) -> Optional[tuple[float, float]]:

@@ -21,9 +21,10 @@ from typing import Any, Callable, Sequence
 from .data.sequence import LazySequence
 
 # Options of every task that reads files (has a ``train_path``): how the file's keys map to the
-# task's (``{question: problem, answer: solution, image: images}``; see mmrl.data.fields) and where
-# relative image paths start (default: the data file's folder).
-FILE_OPTIONS: dict[str, Any] = {"fields": None, "image_root": None}
+# task's (``{question: problem, answer: solution, image: images}``; see mmrl.data.fields), where
+# relative image paths start (default: the data file's folder), and the image file of a record that
+# names its image by a bare name or id (``"{}.jpg"`` for GQA's imageId; see FileExamples).
+FILE_OPTIONS: dict[str, Any] = {"fields": None, "image_root": None, "image_template": None}
 
 SYSTEM_FORMAT_HINT = (
     "Think briefly inside <think> </think>, then give the final answer inside <answer> </answer>."
@@ -81,11 +82,12 @@ class Task:
     def read_examples(self, path, parse: Callable[[dict], Any], split: str = "train", **reader_kwargs: Any):
         """The examples of a data file or folder (JSONL, JSON, parquet, a ``datasets`` directory;
         see :class:`mmrl.data.records.FileExamples`), read with ``parse`` after the ``fields``
-        option mapped the record's keys, images under the ``image_root`` option."""
+        option mapped the record's keys, images under the ``image_root`` option (named through the
+        ``image_template`` option when set)."""
         from .data.records import FileExamples
 
         return FileExamples(path, parse, self.options.get("image_root"), fields=self.options.get("fields"),
-                            split=split, **reader_kwargs)
+                            split=split, image_template=self.options.get("image_template"), **reader_kwargs)
 
     def file_or_synthetic(self, split: str, seeds: dict[str, int], parse: Callable[[dict], Any],
                           **reader_kwargs: Any):

@@ -42,7 +42,7 @@ from mmrl import SyntheticExamples, Task, register_task
 from mmrl.data.images import IMAGE_EXTENSIONS, ImageFiles, find_images
 from mmrl.data.records import BadRecord, require_image
 from mmrl.data.scenes import COLORS, SHAPES, SceneObject, render_scene
-from mmrl.data.sequence import LazySequence
+from mmrl.data.sequence import LazySequence, split_stats, usable_item
 from mmrl.measures.answers import accuracy_score, equality_score
 from mmrl.media.draw import FOOTER, PRED, TRUE, canvas, draw_box, draw_label
 from mmrl.parsing import answer_text, extract_answer, normalize
@@ -111,7 +111,14 @@ class _Labelled(LazySequence):
         return len(self.base)
 
     def item(self, i: int) -> dict:
-        ex = dict(self.base[i])
+        return self._labelled(self.base[i])
+
+    def usable(self, i: int) -> Optional[dict]:
+        ex = usable_item(self.base, i)
+        return None if ex is None else self._labelled(ex)
+
+    def _labelled(self, ex: dict) -> dict:
+        ex = dict(ex)
         if self.size and ex["image"].size != (self.size, self.size):
             ex["image"] = ex["image"].resize((self.size, self.size))
             ex["image_size"] = ex["image"].size
@@ -122,7 +129,7 @@ class _Labelled(LazySequence):
         return ex
 
     def stats(self) -> dict[str, Any]:
-        return self.base.stats() if hasattr(self.base, "stats") else {"examples": len(self)}
+        return split_stats(self.base)
 
 
 @register_task("classification")

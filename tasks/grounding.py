@@ -26,13 +26,14 @@ def format_box(box) -> str:
 def parse_rec_record(record: dict) -> dict:
     """One VLM-R1 / RefCOCO-style REC record: ``image``, ``question`` (or ``problem`` /
     ``normal_caption``), ``answer`` (or ``solution`` / ``box``: a box as a list, or text such as
-    "<answer>[..]</answer>"). VLM-R1's ``conversations`` layout gives question and answer."""
+    "<answer>[..]</answer>"). VLM-R1's ``conversations`` layout gives question and answer. A box
+    is kept as written, list or text: an inverted one is refused once the image is read."""
     image = require_image(record)
     question = record.get("question") or record.get("problem") or record.get("normal_caption")
     if not question:
         raise BadRecord("no 'question' (or 'problem' / 'normal_caption') text")
     solution = next((record[k] for k in ("answer", "solution", "box") if record.get(k) is not None), None)
-    box = tuple(float(v) for v in solution) if isinstance(solution, (list, tuple)) else parse_box(str(solution))
+    box = tuple(float(v) for v in solution) if isinstance(solution, (list, tuple)) else parse_box(str(solution), order=False)
     if box is None or len(box) != 4:
         raise BadRecord(f"the answer is not a box: {solution!r}")
     return {"image": image, "question": str(question).strip(), "file_box": box}

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mmrl import Task, UnknownNameError, make_task, register_task
-from mmrl.data.sequence import LazySequence
+from mmrl.data.sequence import LazySequence, split_stats, usable_item
 
 
 class SourceConcat(LazySequence):
@@ -107,10 +107,25 @@ class SourceConcat(LazySequence):
     # -- items ------------------------------------------------------------------------------------
     def item(self, i: int) -> dict:
         name, local = self.locate(i)
-        ex = dict(self.sources[name][local])
-        ex["source"] = name
-        ex["source_id"] = self._names.index(name)
-        return ex
+        return self._tagged(self.sources[name][local], name)
+
+    def usable(self, i: int) -> dict | None:
+        name, local = self.locate(i)
+        ex = usable_item(self.sources[name], local)
+        return None if ex is None else self._tagged(ex, name)
+
+    def _tagged(self, ex: dict, name: str) -> dict:
+        return {**ex, "source": name, "source_id": self._names.index(name)}
+
+    def stats(self) -> dict[str, Any]:
+        """Each count summed over the sources, and each source's under its name."""
+        per_source = {name: split_stats(s) for name, s in self.sources.items()}
+        out: dict[str, Any] = {}
+        for counts in per_source.values():
+            for k, v in counts.items():
+                if isinstance(v, (int, float)):
+                    out[k] = out.get(k, 0) + v
+        return {**out, "sources": per_source}
 
     def __repr__(self) -> str:
         return f"SourceConcat({self.source_sizes}, order={self.order!r})"

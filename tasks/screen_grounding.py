@@ -22,7 +22,7 @@ import random
 from mmrl import Task, register_task
 from mmrl.data.images import load_image
 from mmrl.data.screenspot import read_screenspot, read_screenspot_pro
-from mmrl.data.sequence import LazySequence
+from mmrl.data.sequence import LazySequence, SkippingSequence
 from mmrl.envs import make_env
 from mmrl.measures.boxes import answer_box, answer_iou
 from mmrl.measures.screen import answer_point, click_score
@@ -152,28 +152,44 @@ class SyntheticScreens(LazySequence):
                 "element": element["name"], "image_size": tuple(obs.image.size), "id": i}
 
 
-class ScreenFiles(LazySequence):
-    """ScreenSpot records with their screenshots loaded on access."""
+class ScreenFiles(SkippingSequence):
+    """ScreenSpot records with their screenshots loaded on access. A screenshot that does not open
+    is counted in ``bad_images``, an entry whose box lies off its screenshot (a file without
+    ``img_size`` is checked only now) in ``bad_targets``, each by its ``file:line (entry N)``;
+    training then uses the next entry, evaluation skips it (:class:`mmrl.data.sequence.SkippingSequence`)."""
 
     def __init__(self, records):
         self.records = records
+        self.bad_images: dict[str, str] = {}
         self.bad_targets: dict[str, str] = {}
 
     def __len__(self) -> int:
         return len(self.records)
 
-    def item(self, i: int) -> dict:
-        """Entry ``i`` with its screenshot; an entry whose box lies off its screenshot (a file
-        without ``img_size`` is checked only now) is counted in ``bad_targets`` and the next one
-        is used."""
-        n = len(self)
-        for k in range(n):
-            record = self.records[(i + k) % n]
+    def usable(self, i: int):
+        record, where = self.records[i], self.records.where[i]
+        try:
             image = load_image(record["image"])
-            problem = box_problem(record["box"], *image.size)
-            if problem is None:
-                return {**record, "image": image, "image_size": tuple(image.size), "box": tuple(record["box"])}
-            if record["image"] not in self.bad_targets:
-                self.bad_targets[str(record["image"])] = problem
-                log.warning("%s skipped: %s; using the next entry", record["image"], problem)
-        raise ValueError(f"no ScreenSpot entry has a box on its screenshot (e.g. {next(iter(self.bad_targets.items()))})")
+        except Exception as exc:  # PIL raises many types for corrupt files ("image file is truncated")
+            if where not in self.bad_images:
+                self.bad_images[where] = f"{type(exc).__name__}: {exc}"
+                log.warning("%s: cannot open the screenshot %s (%s); skipped", where, record["image"], exc)
+            return None
+        problem = box_problem(record["box"], *image.size)
+        if problem is not None:
+            if where not in self.bad_targets:
+                self.bad_targets[where] = problem
+                log.warning("%s skipped: %s", where, problem)
+            return None
+        return {**record, "image": image, "image_size": tuple(image.size), "box": tuple(record["box"])}
+
+    def nothing_usable(self) -> str:
+        problems = {**self.bad_images, **self.bad_targets}
+        return f"no ScreenSpot entry can be used: no screenshot opens or no box lies on it (e.g. {next(iter(problems.items()))})"
+
+    def stats(self) -> dict:
+        """The file's counts (``skipped_lines``; ``bad_images``: missing screenshots, and those that
+        do not open) and ``bad_targets``."""
+        out = self.records.stats()
+        out.update(bad_images=out["bad_images"] + len(self.bad_images), bad_targets=len(self.bad_targets))
+        return out

@@ -141,6 +141,10 @@ class _FromImages(LazySequence):
     def item(self, i: int) -> dict:
         return self._make(self.images[i], self._seed * 1_000_003 + i)
 
+    def usable(self, i: int) -> Optional[dict]:
+        image = self.images.usable(i)
+        return None if image is None else self._make(image, self._seed * 1_000_003 + i)
+
     def stats(self) -> dict[str, Any]:
         return self.images.stats()
 

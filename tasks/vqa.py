@@ -11,11 +11,12 @@ has, so the label-free mode can be tried (and checked against the hidden counts)
 from __future__ import annotations
 
 import random
+from typing import Optional
 
-from mmrl import SyntheticExamples, Task, register_task
+from mmrl import Task, register_task
 from mmrl.data.records import BadRecord, require_image
 from mmrl.data.scenes import random_scene
-from mmrl.data.sequence import LazySequence
+from mmrl.data.sequence import LazySequence, split_stats, usable_item
 from mmrl.parsing import answer_correct, extract_answer
 
 SPLIT_SEEDS = {"train": 21, "eval": 22}
@@ -30,6 +31,8 @@ def parse_vqa_record(record: dict) -> dict:
     if not question:
         raise BadRecord("no 'question' (or 'problem') text")
     ex = {"image": image, "question": str(question).strip()}
+    if record.get("id") is not None:  # e.g. a GQA question's id, the key of its record
+        ex["id"] = record["id"]
     answer = record.get("answer", record.get("solution"))
     if answer is not None:
         ex["answer"] = str(answer).strip()
@@ -71,13 +74,7 @@ class VQA(Task):
                 "image_size": scene.image.size}
 
     def examples(self, split: str):
-        if split not in SPLIT_SEEDS:
-            raise ValueError(f"vqa: unknown split {split!r}; valid splits: {sorted(SPLIT_SEEDS)}")
-        path = self.options[f"{split}_path"]
-        if path:
-            data = self.read_examples(path, parse_vqa_record, split)
-        else:
-            data = SyntheticExamples(self.make, self.options[f"{split}_size"], SPLIT_SEEDS[split])
+        data = self.file_or_synthetic(split, SPLIT_SEEDS, parse_vqa_record)  # a file is read once
         return data if self.options["labels"] else _Unlabelled(data)
 
 
@@ -111,10 +108,21 @@ class _Unlabelled(LazySequence):
         return len(self.data)
 
     def item(self, i: int) -> dict:
-        ex = dict(self.data[i])
-        if "answer" in ex:
-            ex["hidden_answer"] = ex.pop("answer")
-        return ex
+        return _hide_answer(self.data[i])
 
-    def __getattr__(self, name):  # stats(), source sizes ...
+    def usable(self, i: int) -> Optional[dict]:
+        ex = usable_item(self.data, i)
+        return None if ex is None else _hide_answer(ex)
+
+    def stats(self) -> dict:
+        return split_stats(self.data)
+
+    def __getattr__(self, name):  # skipped, bad_images, source sizes ...
         return getattr(self.data, name)
+
+
+def _hide_answer(ex: dict) -> dict:
+    ex = dict(ex)
+    if "answer" in ex:
+        ex["hidden_answer"] = ex.pop("answer")
+    return ex

@@ -137,7 +137,7 @@ def test_json_array_chartqa_style(tmp_path, caplog):
     data = mmrl.make_task("chart_qa", train_path=str(path), eval_path=str(path)).examples("train")
     assert len(data) == 2
     assert [n for n, _ in data.skipped] == [7]  # the line the second record starts on
-    assert f"{path}:7 skipped" in caplog.text
+    assert f"{path}:7 (entry 1) skipped" in caplog.text
     assert data[1]["answer"] == "yes" and data[1]["image"].size == (333, 500)
     assert data[1]["image_path"] == str(tmp_path / "b.jpg")
 
@@ -149,6 +149,86 @@ def test_json_object_holding_the_record_list(tmp_path):
         {"image": "a.jpg", "question": "What is x?", "answer": "12", "choices": ["3", "12"]}]}))
     ex = mmrl.make_task("visual_math", train_path=str(path), eval_path=str(path)).examples("train")[0]
     assert ex["answer"] == "B" and ex["image"].size == (640, 427)
+
+
+def test_clevr_questions_on_one_line_name_each_skip_by_entry(tmp_path, caplog):
+    """CLEVR's questions file as it ships: one object on one line, ``info`` and the ``questions``
+    list; every record is on line 1, so a skip names its entry (index in the list, from 0)."""
+    write_images(tmp_path)
+    questions = [{"image_index": 0, "image_filename": "a.jpg", "question": "How many cubes are there?",
+                  "answer": "3", "split": "val"},
+                 {"image_index": 1, "image_filename": "b.jpg", "question": "Is it red?", "answer": "yes",
+                  "split": "val"},
+                 {"image_index": 1, "image_filename": "b.jpg", "question": "How many spheres?", "answer": "0",
+                  "split": "val"}]
+    path = tmp_path / "CLEVR_val_questions.json"
+    path.write_text(json.dumps({"info": {"split": "val", "version": "1.0"}, "questions": questions}))
+    assert len(path.read_text().splitlines()) == 1
+    data = mmrl.make_task("counting", train_path=str(path), fields={"image": "image_filename"}).examples("train")
+    assert [data[i]["answer"] for i in range(len(data))] == ["3", "0"]
+    ((line, reason),) = data.skipped
+    assert line == 1 and "not a count: 'yes'" in reason
+    assert f"{path}:1 (entry 1) skipped: the answer is not a count" in caplog.text
+
+
+def gqa_questions(tmp_path):
+    """GQA's question files as they ship: one object keyed by question id on one line, each
+    question naming its image by ``imageId`` (the file images/<imageId>.jpg)."""
+    (tmp_path / "images").mkdir()
+    Image.new("RGB", (64, 48), "white").save(tmp_path / "images" / "2354786.jpg")
+    Image.new("RGB", (32, 40), "white").save(tmp_path / "images" / "n161313.jpg")
+    questions = {
+        "02930152": {"semantic": [{"operation": "select", "argument": "sky (2486325)", "dependencies": []}],
+                     "entailed": ["02930160"], "equivalent": ["02930152"], "question": "Is the sky dark?",
+                     "imageId": "2354786", "isBalanced": True, "answer": "yes", "fullAnswer": "Yes, the sky is dark.",
+                     "types": {"structural": "verify", "semantic": "attr", "detailed": "verifyAttr"}},
+        "07333408": {"question": "What is on the white wall?", "imageId": "n161313", "isBalanced": True,
+                     "answer": "pipe", "fullAnswer": "The pipe is on the wall."},
+        "07333409": {"imageId": "n161313", "answer": "pipe"},  # no question: skipped, named by entry and id
+        "07333410": ["not", "an", "object"],
+    }
+    path = tmp_path / "val_balanced_questions.json"
+    path.write_text(json.dumps(questions))
+    return path
+
+
+def test_gqa_questions_keyed_by_id_with_images_named_by_id(tmp_path, caplog):
+    path = gqa_questions(tmp_path)
+    task = mmrl.make_task("vqa", train_path=str(path), eval_path=str(path), fields={"image": "imageId"},
+                          image_template="{}.jpg", image_root=str(tmp_path / "images"))
+    data = task.examples("eval")
+    assert len(data) == 2 and task.examples("eval") is data  # the file is read once
+    first, second = data[0], data[1]
+    assert first["id"] == "02930152" and first["question"] == "Is the sky dark?" and first["answer"] == "yes"
+    assert first["image_size"] == (64, 48) and first["image_path"] == str(tmp_path / "images" / "2354786.jpg")
+    assert second["id"] == "07333408" and second["image_size"] == (32, 40)
+    assert [line for line, _ in data.skipped] == [1, 1]
+    assert f"{path}:1 (entry 2, 07333409) skipped: no 'question'" in caplog.text
+    assert f"{path}:1 (entry 3, 07333410) skipped: expected a JSON object, got list" in caplog.text
+    assert data.stats() == {"examples": 2, "skipped_lines": 2, "bad_images": 0, "bad_targets": 0}
+    # without the template a bare id names no file: no image opens, and the error names the entry
+    bare = mmrl.make_task("vqa", train_path=str(path), fields={"image": "imageId"},
+                          image_root=str(tmp_path / "images")).examples("train")
+    with pytest.raises(ValueError, match=r"no example could be used.*:1 \(entry 0, 02930152\): FileNotFoundError"):
+        bare[0]
+    with pytest.raises(ValueError, match=r"image_template must be a path with \{\} .*got 'images/%s.jpg'"):
+        mmrl.make_task("vqa", train_path=str(path), image_template="images/%s.jpg").examples("train")
+
+
+def test_errors_about_huge_files_stay_short(tmp_path):
+    """An object of another layout is refused quoting a few of its keys, not all 100,000; a record's
+    skip reason quotes at most a few hundred characters of its value."""
+    path = tmp_path / "ids.json"
+    path.write_text(json.dumps({f"{i:08d}": i for i in range(100_000)}))
+    with pytest.raises(ValueError) as info:
+        mmrl.make_task("vqa", train_path=str(path)).examples("train")
+    message = str(info.value)
+    assert len(message) < 600 and "'00000000', '00000001'" in message and "(100,000 in all)" in message
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"image": "a.jpg", "question": "How many?", "answer": "x" * 50_000}) + "\n")
+    with pytest.raises(ValueError) as info:
+        mmrl.make_task("counting", train_path=str(long)).examples("train")
+    assert len(str(info.value)) < 700 and "more characters)" in str(info.value)
 
 
 def test_unreadable_json_and_urls_name_the_file(tmp_path):
@@ -210,11 +290,26 @@ def test_vlm_r1_conversations_read_by_grounding_and_scored_in_each_family_space(
 
 
 def test_grounding_trains_a_step_on_vlm_r1_conversations(random_tiny_dir, tmp_path):
+    """... and what it skipped is on the record, per split: the train file's unreadable box
+    (``skipped_lines``), the eval file's too, and its first record's image that does not open,
+    which the evaluation skips (``eval/skipped``) rather than scoring another example twice."""
     path = write_rec_conversations(tmp_path)
+    (tmp_path / "broken.jpg").write_bytes(b"not a jpeg")
+    eval_path = tmp_path / "rec_eval.jsonl"
+    broken = {"image": "broken.jpg", "conversations": [{"from": "human", "value": "<image>Where?"},
+                                                       {"from": "gpt", "value": "[1, 2, 30, 40]"}]}
+    eval_path.write_text(json.dumps(broken) + "\n" + path.read_text())
     cfg = tiny_run_config(random_tiny_dir, tmp_path / "runs", 1, "task.name=grounding",
-                          f"task.options.train_path={path}", f"task.options.eval_path={path}",
+                          f"task.options.train_path={path}", f"task.options.eval_path={eval_path}",
                           "vlm.max_pixels=50176")
     result = mmrl.train(cfg)
     assert result.steps == 1
     lines = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     assert any("reward/iou" in x for x in lines)
+    assert all(x["data/train/skipped_lines"] == 1 and x["data/eval/skipped_lines"] == 1 for x in lines)
+    final = lines[-1]  # the evaluation after training: 2 examples scored, the broken one skipped
+    assert final["eval/skipped"] == 1 and final["data/eval/bad_images"] == 1 and final["data/eval/examples"] == 3
+    summary = json.loads((result.run_dir / "summary.json").read_text())
+    assert summary["after"]["skipped"] == 1
+    assert summary["data"]["train"] == {"examples": 2, "skipped_lines": 1, "bad_images": 0, "bad_targets": 0}
+    assert summary["data"]["eval"] == {"examples": 3, "skipped_lines": 1, "bad_images": 1, "bad_targets": 0}

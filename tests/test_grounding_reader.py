@@ -68,3 +68,24 @@ def test_counting_reads_clevr_style_jsonl(tmp_path):
     assert target == "<think>I count 3.</think><answer>3</answer>"
     assert REWARDS.get("accuracy")([target], [ex]) == [1.0]
     assert task.hints(ex)[-1] == "The answer is 3." and task.visualize(ex, target) is not None
+
+
+def test_an_inverted_box_written_as_text_in_a_conversation_is_refused(tmp_path):
+    """VLM-R1's ``conversations`` carry the box as text in the gpt turn. An inverted one, as text
+    or as a list, is refused and counted, not reordered into a box the file may not mean (it may
+    be another layout); a model's answer is still read with its corners ordered."""
+    from mmrl.parsing import parse_box
+
+    assert parse_box("[300, 40, 100, 200]") == (100, 40, 300, 200)  # answers: lenient
+    assert parse_box("[300, 40, 100, 200]", order=False) == (300, 40, 100, 200)  # labels: as written
+
+    def conversation(box_text):
+        return {"image": "img.jpg", "conversations": [{"from": "human", "value": "<image>Where is the car?"},
+                                                      {"from": "gpt", "value": box_text}]}
+    p = fixture(tmp_path, [conversation("[10, 20, 50, 80]"), conversation("[300, 40, 100, 200]"),
+                           {"image": "img.jpg", "problem": "the car", "solution": [150, 40, 100, 90]}])
+    ds = TASKS.get("grounding")(train_path=str(p)).examples("train")
+    assert {ds[i]["box"] for i in range(len(ds))} == {(10, 20, 50, 80)}
+    assert sorted(ds.bad_targets) == [f"{p}:2", f"{p}:3"]
+    assert all("inverted" in reason for reason in ds.bad_targets.values())
+    assert ds.stats()["bad_targets"] == 2

@@ -97,3 +97,40 @@ def test_before_after_table(capsys):
     for s in ("eval", "reward", "accuracy", "0.2500", "0.7500", "+0.5000", "+0.2000", "before", "after", "change"):
         assert s in text
     assert "0.7500" in capsys.readouterr().out
+
+
+def strict_json(text):
+    """json.loads refusing NaN / Infinity, which Python writes by default and JSON does not have."""
+    def refuse(name):
+        raise ValueError(f"{name} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_nan_metric_is_written_as_null(tmp_path):
+    """``mae`` is NaN when no answer parses (nothing to average): metrics.jsonl, summary.json and
+    ``mmrl eval`` write it as null, so every line is JSON any reader takes."""
+    from mmrl.runs.logging import write_summary
+
+    with RunLogger(tmp_path, tensorboard=False) as log:
+        log.log(3, {"eval/mae": float("nan"), "eval/accuracy": torch.tensor(0.0), "x": np.float32("inf")})
+    (row,) = [strict_json(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert row["eval/mae"] is None and row["x"] is None and row["eval/accuracy"] == 0.0
+    write_summary(tmp_path, before={"mae": float("nan")}, after={"mae": 1.5}, steps=3, data={"train": {"bad_images": 2}})
+    summary = strict_json((tmp_path / "summary.json").read_text())
+    assert summary == {"before": {"mae": None}, "after": {"mae": 1.5}, "steps": 3, "data": {"train": {"bad_images": 2}}}
+
+
+def test_mmrl_eval_prints_a_nan_metric_as_null(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import mmrl.api
+    import mmrl.core.evaluation
+    from mmrl.cli import app
+
+    monkeypatch.setattr(mmrl.api, "make_policy", lambda cfg, task: object())  # no model needed here
+    monkeypatch.setattr(mmrl.core.evaluation, "evaluate",
+                        lambda *args, **kwargs: {"accuracy": 0.0, "mae": float("nan"), "skipped": 0.0})
+    result = CliRunner().invoke(app, ["eval", "vlm/counting_tiny", "--gallery", str(tmp_path / "gallery")])
+    assert result.exit_code == 0, result.output
+    out = strict_json(result.stdout[result.stdout.index("{"):result.stdout.rindex("}") + 1])
+    assert out["mae"] is None and out["accuracy"] == 0.0 and out["task"] == "counting"

@@ -254,3 +254,68 @@ def test_a_click_off_its_screenshot_is_skipped():
         examples = StepExamples(steps)
         assert [examples[i]["action"]["point"] for i in range(2)] == [[10, 10], [10, 10]]
         assert list(examples.bad_targets) == ["e step 1"] and examples.stats()["bad_targets"] == 1
+
+
+def test_evaluation_scores_each_usable_clip_once_and_counts_the_skipped(tmp_path):
+    """The issue's case: 8 Charades-STA lines, 2 of whose clips are corrupt. Training's indexing
+    still moves on to the next clip; evaluation scores the 6 usable clips once each (before, one
+    of them stood in for a bad one and was scored twice) and reports the 2 skipped."""
+    from test_video_reader import write_clip
+
+    from mmrl.core.evaluation import usable_share
+
+    write_clip(tmp_path / "GOOD.mp4", frames=30, fps=10)
+    for name in ("BAD1", "BAD2"):
+        (tmp_path / f"{name}.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42 but no video after this")
+    videos = ["GOOD", "GOOD", "BAD1", "GOOD", "GOOD", "BAD2", "GOOD", "GOOD"]
+    lines = [f"{v} 0.5 1.{k} ##person does thing {k}." for k, v in enumerate(videos)]
+    (tmp_path / "charades_sta_test.txt").write_text("\n".join(lines) + "\n")
+    task = TASKS.get("temporal_grounding")(train_path=str(tmp_path / "charades_sta_test.txt"),
+                                            eval_path=str(tmp_path / "charades_sta_test.txt"))
+    examples = task.examples("eval")
+    assert examples[2]["question"] == examples[3]["question"]  # training: the next clip stands in
+    picked, positions, skipped = usable_share(examples, 8)
+    sentences = [ex["question"] for ex in picked]
+    assert sentences == [f"When does this happen: person does thing {k}?" for k in (0, 1, 3, 4, 6, 7)]
+    assert positions == list(range(6)) and skipped == 2
+    assert examples.stats() == {"examples": 8, "skipped_lines": 0, "bad_images": 2, "bad_targets": 0}
+    # with enough clips, the first n usable are taken: n = 4 reads 5 lines, skipping one
+    picked, positions, skipped = usable_share(examples, 4)
+    assert [ex["question"][-2:] for ex in picked] == ["0?", "1?", "3?", "4?"] and skipped == 1
+
+
+def test_skips_go_to_the_run_record_per_split(tmp_path):
+    """SkipRecord: each split's counts as ``data/<split>/<count>`` metrics (non-numbers left
+    out), and summary.json's ``data``, the train split's with the rollout time-outs of
+    metrics.jsonl summed."""
+    from mmrl.core.skip_record import SkipRecord
+    from mmrl.data.sequence import LazySequence
+
+    class Counted(LazySequence):
+        def __init__(self, counts):
+            self.counts = counts
+
+        def __len__(self):
+            return self.counts["examples"]
+
+        def item(self, i):
+            return {}
+
+        def stats(self):
+            return dict(self.counts)
+
+    train = Counted({"examples": 5, "skipped_lines": 2, "bad_images": 0, "bad_targets": 1, "sources": {"a": {}}})
+    skips = SkipRecord({"train": train, "eval": [{"image": None}] * 3})
+    logged = []
+    skips.with_counts(lambda step, metrics: logged.append((step, metrics)))(4, {"reward": 0.5})
+    assert logged == [(4, {"reward": 0.5, "data/train/examples": 5.0, "data/train/skipped_lines": 2.0,
+                           "data/train/bad_images": 0.0, "data/train/bad_targets": 1.0,
+                           "data/eval/examples": 3.0})]
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(row) + "\n" for row in
+                               ({"step": 1, "rollout_timeouts": 2.0}, {"step": 2, "rollout_timeouts": 1.0},
+                                {"step": 2, "eval/reward": 0.1})))
+    assert skips.summary(metrics) == {
+        "train": {"examples": 5, "skipped_lines": 2, "bad_images": 0, "bad_targets": 1, "sources": {"a": {}},
+                  "rollout_timeouts": 3.0},
+        "eval": {"examples": 3}}

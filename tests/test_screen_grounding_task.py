@@ -97,3 +97,47 @@ def test_visualize_draws_truth_and_click():
     assert scale == 2  # a 224-px-high screen drawn at 448 px
     assert picture.getpixel((int(cx * scale), int(cy * scale))) == (255, 0, 0)  # the click's centre dot
     assert picture.getpixel((int(x1 * scale), int(cy * scale))) == (0, 200, 0)  # the element's box edge
+
+
+def truncated_png(path, size=(96, 64)):
+    """A screenshot cut off half-way, as an interrupted download leaves it: PIL opens the header
+    and fails on the pixels (``OSError: image file is truncated``)."""
+    import io
+
+    import numpy as np
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)).save(buffer, "PNG")
+    path.write_bytes(buffer.getvalue()[: len(buffer.getvalue()) // 2])
+
+
+def test_a_corrupt_screenshot_is_skipped_and_bad_boxes_are_counted_per_entry(tmp_path, caplog):
+    """ScreenSpot-v2 as it ships (no img_size: a box off its screenshot is found on access).
+    Entries 0 and 3 are usable; entry 1's screenshot is truncated; entries 2 and 4 are two bad
+    boxes on the same screenshot, which count twice (once per entry, not once per screenshot)."""
+    Image.new("RGB", (100, 80), "white").save(tmp_path / "ok.png")
+    truncated_png(tmp_path / "cut.png")
+    row = {"instruction": "the menu", "data_type": "icon", "data_source": "ios"}
+    rows = [{**row, "img_filename": "ok.png", "bbox": [10, 10, 20, 20]},
+            {**row, "img_filename": "cut.png", "bbox": [10, 10, 20, 20]},
+            {**row, "img_filename": "ok.png", "bbox": [90, 10, 50, 20]},   # x2 = 140 > 100
+            {**row, "img_filename": "ok.png", "bbox": [30, 40, 10, 10]},
+            {**row, "img_filename": "ok.png", "bbox": [10, 70, 20, 30]}]   # y2 = 100 > 80
+    path = tmp_path / "screenspot_mobile_v2.json"
+    path.write_text(json.dumps(rows, indent=2))
+    task = make_task("screen_grounding", train_path=str(path), eval_path=str(path))
+    examples = task.examples("eval")
+    got = [examples[i]["box"] for i in range(len(examples))]  # training's indexing never raises
+    assert set(got) == {(10, 10, 30, 30), (30, 40, 40, 50)}
+    assert examples.stats() == {"examples": 5, "skipped_lines": 0, "bad_images": 1, "bad_targets": 2}
+    (cut,) = examples.bad_images
+    assert cut.startswith(f"{path}:") and cut.endswith("(entry 1)") and "truncated" in examples.bad_images[cut]
+    assert sorted(w.rsplit(" ", 1)[-1] for w in examples.bad_targets) == ["2)", "4)"]
+    assert all("outside the 100x80 image" in r for r in examples.bad_targets.values())
+    assert "(entry 1): cannot open the screenshot" in caplog.text
+    # evaluation takes each usable entry once and says how many it skipped
+    from mmrl.core.evaluation import usable_share
+
+    picked, positions, skipped = usable_share(examples, 5)
+    assert [ex["box"] for ex in picked] == [(10, 10, 30, 30), (30, 40, 40, 50)]
+    assert positions == [0, 1] and skipped == 3

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from ..measures.pass_at_k import mean_pass_at_k
+from ..data.sequence import split_stats, usable_item
 from ..task import Task
 from . import distributed as dist
 from .episodes import is_episodic, rollout_task
@@ -19,19 +20,18 @@ from .episodes import is_episodic, rollout_task
 def evaluate(policy, task: Task, rewards, cfg, num_examples: int | None = None,
              gallery_dir: Path | None = None, grid_path: Path | None = None) -> dict[str, float]:
     """The task's metrics on the eval split (its :attr:`~mmrl.task.Task.success_metric` first, then
-    pass@1 / pass@k with ``eval.pass_k``), the mean reward and each reward component;
+    pass@1 / pass@k with ``eval.pass_k``), the mean reward and each reward component, and
+    ``skipped``: the examples that proved unusable as they were read (each usable example is scored
+    once: :func:`usable_share`);
     with ``gallery_dir``, also an HTML + PNG gallery of the first predictions, marked right or
     wrong by :meth:`~mmrl.task.Task.success` as pass@k judges them (an environment task's: of its
     first episodes, linked to the episode viewer);
     with ``grid_path``, a PNG contact sheet of the samples (generated images or clips, or the
     task's pictures of text answers); for an environment task also an episode viewer
     (:mod:`mmrl.runs.episode_viewer`)."""
-    examples_all = task.examples("eval")
-    n = min(num_examples or cfg.eval.num_examples, len(examples_all))
-    shard = range(*dist.shard_bounds(n))
-    examples = [examples_all[i] for i in shard]
+    examples, positions, skipped = usable_share(task.examples("eval"), num_examples or cfg.eval.num_examples)
     if dist.world_size() > 1:  # seeds keyed by example index: those of one process, not of the share
-        examples = [{"_index": i, **ex} if isinstance(ex, dict) else ex for i, ex in zip(shard, examples)]
+        examples = [{"_index": i, **ex} if isinstance(ex, dict) else ex for i, ex in zip(positions, examples)]
     if not is_episodic(task):  # an environment task's step examples are prepared as they happen
         examples = policy.prepare_examples(examples)
     batch = rollout_task(policy, task, examples, cfg.eval.num_generations, "eval")
@@ -43,10 +43,15 @@ def evaluate(policy, task: Task, rewards, cfg, num_examples: int | None = None,
         scored = [e for p in parts for e in p[1]]
         total = torch.cat([p[2] for p in parts])
         comps = {k: torch.cat([p[3][k] for p in parts]) for k in comps}
+        # the shares of later rounds (usable_share) come after each rank's first: back to one order
+        order = sorted(range(len(scored)), key=lambda k: scored[k].get("_index", 0) if isinstance(scored[k], dict) else 0)
+        completions, scored = [completions[k] for k in order], [scored[k] for k in order]
+        total, comps = total[order], {k: v[order] for k, v in comps.items()}
     out = _task_metrics_first(task, task.metrics(completions, scored))
     out.update(_pass_at_k(policy, task, examples, cfg.eval.pass_k, seed=cfg.train.seed))
     out["reward"] = float(total.mean())
     out.update({f"reward/{k}": float(v.mean()) for k, v in comps.items()})
+    out["skipped"] = float(skipped)
     if not dist.is_main():
         return out
     if gallery_dir is not None or grid_path is not None:
@@ -66,6 +71,34 @@ def evaluate(policy, task: Task, rewards, cfg, num_examples: int | None = None,
         if grid_path is not None:
             save_samples_grid(grid_path, task, completions, scored, total.tolist())
     return out
+
+
+def usable_share(examples, n: int) -> tuple[list, list[int], int]:
+    """This process's share of the first ``n`` usable examples of ``examples``, each once, their
+    positions among those ``n``, and how many examples were skipped on the way (all processes').
+
+    An example that proves unusable only as it is read (an image that does not open, a box off its
+    image: :class:`~mmrl.data.sequence.SkippingSequence`) is skipped, and the next index is read
+    in its place; training's indexing would return that next example for it, which evaluation
+    would then score twice. Indices are read in rounds: the next ``n - found`` of them, split over
+    the processes, then the count found by all; so the examples scored are the first ``n`` usable
+    ones, whatever the number of processes, and the count skipped is logged (``eval/skipped``)."""
+    picked: list = []
+    positions: list[int] = []
+    found = skipped = start = 0
+    while found < n and start < len(examples):
+        take = min(n - found, len(examples) - start)
+        lo, hi = dist.shard_bounds(take)
+        mine = [ex for ex in (usable_item(examples, i) for i in range(start + lo, start + hi)) if ex is not None]
+        counts = dist.gather(len(mine))
+        first = found + sum(counts[:dist.rank()])
+        picked += mine
+        positions += range(first, first + len(mine))
+        found, skipped, start = found + sum(counts), skipped + take - sum(counts), start + take
+    if n and not found:
+        raise ValueError(f"the eval split has no usable example: the {skipped} read were skipped "
+                         f"({split_stats(examples)}; the warnings name each)")
+    return picked, positions, skipped
 
 
 def _task_metrics_first(task: Task, metrics: dict[str, float]) -> dict[str, float]:

@@ -30,7 +30,7 @@ from ..registry import TASKS, load_plugins
 from ..runs.checkpoint import CheckpointManager, rng_state, set_rng_state
 from ..runs.config_history import check_resume_config, record_start
 from ..runs.resume import finished_steps
-from ..runs.logging import RunLogger, TrainingProgress, print_before_after
+from ..runs.logging import RunLogger, TrainingProgress, print_before_after, write_summary
 from ..task import Task
 from . import distributed as dist
 from . import sharding
@@ -42,6 +42,7 @@ from .reward_computer import make_reward_computer
 from .rollouts import Rollouts
 from .schedules import check_kl_schedule, kl_coef_at, should_reset_reference
 from .seeding import STREAMS, seed_everything, stream_seed
+from .skip_record import SkipRecord
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +215,8 @@ class Trainer:
         if main and dist.world_size() > 1:
             print(f"mmrl: {dist.world_size()} processes, {sharding.backend(self.policy.accelerator)}", flush=True)
         logger = RunLogger(self.run_dir, tensorboard=cfg.log.tensorboard) if main else None
-        log = logger.log if main else (lambda step, metrics: None)
+        skips = SkipRecord({"train": self.batches.train_examples, "eval": self.task.examples("eval")})
+        log = skips.with_counts(logger.log if main else None)  # + data/<split>/<count> of what was skipped
         start, before = (self._resume() if cfg.resume else (0, {}))
         if main:
             record_start(self.run_dir, cfg, resumed_from=start)
@@ -266,8 +268,8 @@ class Trainer:
             raise TrainingInterrupted(self.run_dir, self.step_done, self.step_done, saved=True)
         result = TrainResult(self.run_dir, before, after, cfg.train.steps)
         if main:
-            (self.run_dir / "summary.json").write_text(json.dumps(
-                {"before": before, "after": after, "steps": cfg.train.steps}, indent=2))
+            write_summary(self.run_dir, before=before, after=after, steps=cfg.train.steps,
+                          data=skips.summary(self.run_dir / "metrics.jsonl"))
             if before:
                 print_before_after(before, after, title=f"held-out eval ({self.task.name}, {cfg.eval.num_examples} examples)")
         return result

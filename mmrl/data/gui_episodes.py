@@ -44,7 +44,7 @@ from .gui_labels import parse_android_control, parse_gui_odyssey
 from ..media.coords import box_problem, point_problem
 from .images import load_image
 from .records import BadRecord
-from .sequence import LazySequence
+from .sequence import SkippingSequence
 from .sources import JsonlRecords, JsonRecords
 
 log = logging.getLogger(__name__)
@@ -184,13 +184,13 @@ def fit_to_image(ex: dict, size: Sequence[float]) -> dict:
     return ex
 
 
-class StepExamples(LazySequence):
+class StepExamples(SkippingSequence):
     """Step examples (:func:`episode_steps`) whose screenshot is opened on access: item i is the
     example with ``image`` an RGB PIL image, ``image_path`` and ``image_size`` its size (labels
     rescaled by :func:`fit_to_image` if it differs from the recorded one), then ``finish(ex)``.
     An unreadable screenshot is counted in ``bad_images``, a click or box off the screenshot (or
     not finite, or inverted) in ``bad_targets`` (each warned once), and the next example is
-    returned instead, so indexing never raises for bad data (only when none can be used)."""
+    returned instead (evaluation skips it), so indexing never raises for bad data (but for none usable)."""
 
     def __init__(self, steps: Sequence[dict], finish: Optional[Callable[[dict], dict]] = None,
                  name: str = "GUI steps", episodes: Optional[GuiEpisodes] = None):
@@ -203,29 +203,29 @@ class StepExamples(LazySequence):
     def __len__(self) -> int:
         return len(self.steps)
 
-    def item(self, i: int) -> dict:
-        n = len(self)
-        for k in range(n):
-            ex = self.steps[(i + k) % n]
-            try:
-                image = load_image(Path(ex["image"]))
-            except Exception as exc:  # PIL raises many types for corrupt files
-                if ex["image"] not in self.bad_images:
-                    self.bad_images[ex["image"]] = f"{type(exc).__name__}: {exc}"
-                    log.warning("%s: cannot open screenshot %s (%s); using the next step", self.name, ex["image"], exc)
-                continue
-            out = fit_to_image({**ex, "image": image, "image_path": ex["image"]}, image.size)
-            problem = _target_problem(out)
-            if problem is not None:
-                where = f"{ex.get('source_episode', '?')} step {ex.get('step_index', '?')}"
-                if where not in self.bad_targets:
-                    self.bad_targets[where] = problem
-                    log.warning("%s: %s skipped: %s; using the next step", self.name, where, problem)
-                continue
-            return self.finish(out)
+    def usable(self, i: int) -> Optional[dict]:
+        ex = self.steps[i]
+        try:
+            image = load_image(Path(ex["image"]))
+        except Exception as exc:  # PIL raises many types for corrupt files
+            if ex["image"] not in self.bad_images:
+                self.bad_images[ex["image"]] = f"{type(exc).__name__}: {exc}"
+                log.warning("%s: cannot open screenshot %s (%s); skipped", self.name, ex["image"], exc)
+            return None
+        out = fit_to_image({**ex, "image": image, "image_path": ex["image"]}, image.size)
+        problem = _target_problem(out)
+        if problem is not None:
+            where = f"{ex.get('source_episode', '?')} step {ex.get('step_index', '?')}"
+            if where not in self.bad_targets:
+                self.bad_targets[where] = problem
+                log.warning("%s: %s skipped: %s", self.name, where, problem)
+            return None
+        return self.finish(out)
+
+    def nothing_usable(self) -> str:
         problems = {**self.bad_images, **self.bad_targets}
-        raise ValueError(f"{self.name}: no step could be used (a screenshot that does not open or a click off "
-                         f"it; e.g. {next(iter(problems.items()))})")
+        return (f"{self.name}: no step could be used (a screenshot that does not open or a click off "
+                f"it; e.g. {next(iter(problems.items()))})")
 
     def stats(self) -> dict[str, Any]:
         out = dict(self.episodes.stats()) if self.episodes is not None else {}

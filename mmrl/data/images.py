@@ -19,7 +19,8 @@ import re
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .sequence import LazySequence
+from .messages import shorten
+from .sequence import SkippingSequence
 
 log = logging.getLogger(__name__)
 
@@ -105,13 +106,13 @@ def find_images(folder: str | Path, extensions: Sequence[str] = IMAGE_EXTENSIONS
     return sorted(found, key=lambda p: p.relative_to(folder).as_posix())
 
 
-class ImageFiles(LazySequence):
+class ImageFiles(SkippingSequence):
     """Images from a list of files, opened (and resized to ``size`` x ``size`` when ``size``) on
     access. Item i is ``{"image": PIL RGB, "image_path": str, "image_size": (w, h), **meta[i]}``.
 
     An unreadable file is counted in ``bad_images`` (path -> error, warned once) and the next file
     is returned instead, deterministically, so indexing never raises for bad data (only when no
-    file at all can be opened)."""
+    file at all can be opened); evaluation skips it (``usable``)."""
 
     def __init__(self, paths: Sequence[str | Path], meta: Optional[Sequence[dict]] = None,
                  size: Optional[int] = None, name: str = "images"):
@@ -128,22 +129,21 @@ class ImageFiles(LazySequence):
     def __len__(self) -> int:
         return len(self.paths)
 
-    def item(self, i: int) -> dict:
-        n = len(self)
-        for k in range(n):
-            j = (i + k) % n
-            path = self.paths[j]
-            try:
-                image = load_image(path)
-            except Exception as exc:  # PIL raises many types for corrupt files
-                if str(path) not in self.bad_images:
-                    self.bad_images[str(path)] = f"{type(exc).__name__}: {exc}"
-                    log.warning("%s: cannot open image %s (%s); using the next one", self.name, path, exc)
-                continue
-            if self.size:
-                image = image.resize((self.size, self.size))
-            return {**self.meta[j], "image": image, "image_path": str(path), "image_size": image.size}
-        raise ValueError(f"{self.name}: no image could be opened (e.g. {next(iter(self.bad_images))})")
+    def usable(self, i: int) -> Optional[dict]:
+        path = self.paths[i]
+        try:
+            image = load_image(path)
+        except Exception as exc:  # PIL raises many types for corrupt files
+            if str(path) not in self.bad_images:
+                self.bad_images[str(path)] = shorten(f"{type(exc).__name__}: {exc}")
+                log.warning("%s: cannot open image %s (%s); skipped", self.name, path, exc)
+            return None
+        if self.size:
+            image = image.resize((self.size, self.size))
+        return {**self.meta[i], "image": image, "image_path": str(path), "image_size": image.size}
+
+    def nothing_usable(self) -> str:
+        return f"{self.name}: no image could be opened (e.g. {next(iter(self.bad_images))})"
 
     def stats(self) -> dict[str, Any]:
         return {"examples": len(self), "bad_images": len(self.bad_images)}

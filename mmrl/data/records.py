@@ -6,9 +6,10 @@ JSON, parquet, a ``datasets`` directory: :mod:`mmrl.data.sources`), maps each re
 the task's ``fields`` (:mod:`mmrl.data.fields`) and keeps the records that the task's ``parse``
 function accepts and whose image reference is usable (and video file exists); the others are
 skipped and reported with their ``file:line`` or row number (a warning and ``skipped``). Images and
-videos are read when an example is accessed; one that cannot be read is counted and the next
-example is returned instead, so indexing never raises for bad data. A missing file or one with no
-usable record is an error that names the file.
+videos are read when an example is accessed; one that cannot be read is counted and, as every
+:class:`~mmrl.data.sequence.SkippingSequence` does, indexing returns the next example instead (so it
+never raises for bad data) while evaluation skips it. A missing file or one with no usable record is
+an error that names the file. Reasons are cut to a readable length (:mod:`mmrl.data.messages`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Any, Callable, Optional
 
 from .fields import FieldError, check_fields, normalize_record
 from .images import image_problem, open_image
-from .sequence import LazySequence
+from .messages import shorten
+from .sequence import SkippingSequence
 from .sources import open_records
 
 log = logging.getLogger(__name__)
@@ -57,7 +59,26 @@ def _check_video_options(options: Optional[Mapping]) -> dict:
     return options
 
 
-class FileExamples(LazySequence):
+def _check_image_template(template: Any) -> Optional[str]:
+    if template is None:
+        return None
+    if not isinstance(template, str) or "{}" not in template:
+        raise ValueError("task.options.image_template must be a path with {} where the record's image name "
+                         f"goes, e.g. '{{}}.jpg' or 'images/{{}}.jpg'; got {template!r}")
+    return template
+
+
+def _fill_template(template: str, image: Any) -> Any:
+    """The record's image names (a name or id, or a list of them) put into ``template``; bytes and
+    decoded images are left as they are."""
+    if isinstance(image, (list, tuple)):
+        return [_fill_template(template, x) for x in image]
+    if isinstance(image, str) or (isinstance(image, int) and not isinstance(image, bool)):
+        return template.replace("{}", str(image).strip())
+    return image
+
+
+class FileExamples(SkippingSequence):
     """Examples from a data file or folder. ``parse(record)`` turns one record (its keys mapped by
     ``fields``) into an example dict (raise :class:`BadRecord` or return None to skip it); a key
     ``image`` holding an image reference (a path relative to ``image_root``, default the data
@@ -69,12 +90,16 @@ class FileExamples(LazySequence):
     A key ``video`` (a video file or frame folder relative to ``image_root``, or a list of frame
     paths) is likewise replaced by :func:`mmrl.media.video.read_video`'s ``Clip``, read with
     ``video_options`` (its keyword arguments: fps, max_pixels, backend ...); the path is kept as
-    ``video_path`` and ``video_duration`` is set. ``bad_images`` counts unreadable videos too."""
+    ``video_path`` and ``video_duration`` is set. ``bad_images`` counts unreadable videos too.
+
+    ``image_template`` (``task.options.image_template``) names the image file of records whose
+    ``image`` is a bare name or id: ``"{}.jpg"`` for GQA's ``imageId`` (with ``fields: {image:
+    imageId}``), ``"train/{}.png"``; its ``{}`` is replaced by the record's value."""
 
     def __init__(self, path: str | Path, parse: Parse, image_root: str | Path | None = None,
                  max_skip_warnings: int = 10, finish: Optional[Callable[[dict], dict]] = None,
                  fields: Optional[Mapping] = None, split: str = "train",
-                 video_options: Optional[Mapping] = None):
+                 video_options: Optional[Mapping] = None, image_template: Optional[str] = None):
         self.source = open_records(path, split)
         self.path = self.source.path
         self.parse = parse
@@ -82,6 +107,7 @@ class FileExamples(LazySequence):
         self.fields = check_fields(fields)
         self.image_root = Path(image_root).expanduser() if image_root else self.source.folder
         self.video_options = _check_video_options(video_options)
+        self.image_template = _check_image_template(image_template)
         self.skipped: list[tuple[int, str]] = []  # (line or row number, reason) of records left out
         self.bad_images: dict[str, str] = {}  # record (file:line) -> error of its image or video, on access
         # record (file:line) -> why its target (a box, a segment) cannot be trained on, found on access
@@ -98,6 +124,7 @@ class FileExamples(LazySequence):
                     self._index.append(i)
                     continue
                 number, where, short = self.source.locate(i)
+            reason = shorten(reason)
             self.skipped.append((number, reason))
             first = first or f"{short}: {reason}"
             if len(self.skipped) <= max_skip_warnings:
@@ -108,7 +135,10 @@ class FileExamples(LazySequence):
             raise ValueError(f"{self.path} has no usable example" + (f"; first problem: {first}" if first else ""))
 
     def _example(self, raw: Mapping) -> Optional[dict]:
-        return self.parse(normalize_record(raw, self.fields))
+        record = normalize_record(raw, self.fields)
+        if self.image_template is not None and record.get("image") is not None:
+            record["image"] = _fill_template(self.image_template, record["image"])
+        return self.parse(record)
 
     def _check(self, raw: Mapping) -> Optional[str]:
         """None when the record is usable, else why not."""
@@ -142,37 +172,40 @@ class FileExamples(LazySequence):
     def __len__(self) -> int:
         return len(self._index)
 
-    def item(self, i: int) -> dict:
-        n = len(self)
-        for k in range(n):  # a bad image moves on to the next example, deterministically
-            j = self._index[(i + k) % n]
-            ex = dict(self._example(self.source.record(j)))
-            what = "image"
-            try:
-                if ex.get("image") is not None:
-                    self._open_image(ex)
-                what = "video"
-                if ex.get("video") is not None:
-                    self._open_video(ex)
-            except ImportError:  # a missing decoder is the install's problem, not the example's
-                raise
-            except Exception as exc:  # PIL and the video decoders raise many types for corrupt files
-                where = self.source.locate(j)[1]
-                if where not in self.bad_images:
-                    self.bad_images[where] = f"{type(exc).__name__}: {exc}"
-                    log.warning("%s: cannot open the %s (%s); using the next example", where, what, exc)
-                continue
-            try:
-                return self.finish(ex)
-            except BadRecord as exc:  # e.g. a box outside its image, known only now
-                where = self.source.locate(j)[1]
-                if where not in self.bad_targets:
-                    self.bad_targets[where] = str(exc)
-                    log.warning("%s skipped: %s; using the next example", where, exc)
+    def usable(self, i: int) -> Optional[dict]:
+        """Example ``i`` with its image or clip, or None when that does not open (counted in
+        ``bad_images``) or its target is invalid once the size is known (``bad_targets``)."""
+        j = self._index[i]
+        ex = dict(self._example(self.source.record(j)))
+        what = "image"
+        try:
+            if ex.get("image") is not None:
+                self._open_image(ex)
+            what = "video"
+            if ex.get("video") is not None:
+                self._open_video(ex)
+        except ImportError:  # a missing decoder is the install's problem, not the example's
+            raise
+        except Exception as exc:  # PIL and the video decoders raise many types for corrupt files
+            where = self.source.locate(j)[1]
+            if where not in self.bad_images:
+                self.bad_images[where] = shorten(f"{type(exc).__name__}: {exc}")
+                log.warning("%s: cannot open the %s (%s); skipped", where, what, self.bad_images[where])
+            return None
+        try:
+            return self.finish(ex)
+        except BadRecord as exc:  # e.g. a box outside its image, known only now
+            where = self.source.locate(j)[1]
+            if where not in self.bad_targets:
+                self.bad_targets[where] = shorten(str(exc))
+                log.warning("%s skipped: %s", where, self.bad_targets[where])
+            return None
+
+    def nothing_usable(self) -> str:
         problems = {**self.bad_images, **self.bad_targets}
         example = next(iter(problems.items()))
-        raise ValueError(f"{self.path}: no example could be used: every image or video failed to open or its "
-                         f"target is invalid (e.g. {example[0]}: {example[1]})")
+        return (f"{self.path}: no example could be used: every image or video failed to open or its "
+                f"target is invalid (e.g. {example[0]}: {example[1]})")
 
     def _open_image(self, ex: dict) -> None:
         ex["image"], path = open_image(ex["image"], self.image_root)

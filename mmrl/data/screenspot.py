@@ -27,8 +27,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
+from .json_files import JsonRecords
+from .messages import shorten
 from .records import BadRecord
-from .sources import JsonRecords
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +41,13 @@ _MAX_WARNINGS = 10
 
 class ScreenSpotRecords(list):
     """The usable records (a plain list) and what was left out: ``skipped`` (where, reason) of
-    malformed entries, ``missing_images`` (where, path) of entries whose screenshot is absent."""
+    malformed entries, ``missing_images`` (where, path) of entries whose screenshot is absent.
+    ``where[i]`` is record i's ``file:line (entry N)``."""
 
-    def __init__(self, records, path: Path, skipped: list, missing_images: list):
+    def __init__(self, records, path: Path, skipped: list, missing_images: list, where: Optional[list] = None):
         super().__init__(records)
         self.path, self.skipped, self.missing_images = path, skipped, missing_images
+        self.where = list(where) if where is not None else [f"{path} (entry {i})" for i in range(len(records))]
 
     def stats(self) -> dict[str, Any]:
         """The counts :meth:`mmrl.data.records.FileExamples.stats` reports, under the same keys."""
@@ -132,6 +135,7 @@ def _files(path) -> list[Path]:
 def _read(path, image_root, layout: str, strict: bool) -> ScreenSpotRecords:
     root = Path(str(image_root)).expanduser() if image_root else None
     records: list[dict] = []
+    wheres: list[str] = []
     skipped: list[tuple[str, str]] = []
     missing: list[tuple[str, str]] = []
     first = None
@@ -146,12 +150,13 @@ def _read(path, image_root, layout: str, strict: bool) -> ScreenSpotRecords:
                 try:
                     entry = parse_entry(item, layout)
                 except BadRecord as exc:
-                    reason = str(exc)
+                    reason = shorten(str(exc))
             where = f"{file}:{line} (entry {index})"
             if reason is None:
                 image = folder / entry["image"]
                 if image.is_file():
                     records.append({**entry, "image": str(image)})
+                    wheres.append(where)
                     continue
                 reason = (f"image {image} does not exist (img_filename paths start at {folder}; "
                           "set image_root to the folder holding the screenshots)")
@@ -170,4 +175,4 @@ def _read(path, image_root, layout: str, strict: bool) -> ScreenSpotRecords:
                     path, left_out, len(skipped), len(missing))
     if not records:
         raise ValueError(f"{path} has no usable entry" + (f"; first problem: {first}" if first else ""))
-    return ScreenSpotRecords(records, Path(str(path)), skipped, missing)
+    return ScreenSpotRecords(records, Path(str(path)), skipped, missing, wheres)

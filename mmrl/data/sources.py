@@ -10,8 +10,8 @@ the format. A record that cannot even be read (a JSONL line that is not JSON) is
 
 - ``*.jsonl``: one JSON object a line, indexed by byte offset (lazy, any size);
 - ``*.json``: an array of objects (ChartQA, MathVista, ScreenSpot, LLaVA/VLM-R1 conversation
-  files), or an object whose one list value holds the records; a ``.json`` file that is really
-  JSONL is read as JSONL;
+  files), an object whose one list value holds the records (CLEVR), or an object of records keyed
+  by id (GQA; :mod:`mmrl.data.json_files`); a ``.json`` file that is really JSONL is read as JSONL;
 - ``*.parquet``: read with ``datasets.load_dataset("parquet", data_files=...)`` (local files only;
   ``datasets`` caches an Arrow copy under ``HF_DATASETS_CACHE``);
 - a directory written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``:
@@ -35,22 +35,14 @@ import glob
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
+
+from .json_files import HeldRecords, JsonRecords, Problem
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 # Names a split goes by in file names and DatasetDict keys; "eval" reads the first one present.
 SPLIT_NAMES = {"train": ("train",), "eval": ("validation", "val", "eval", "dev", "test")}
 _GLOB_CHARS = re.compile(r"[*?\[]")
-
-
-class Problem(NamedTuple):
-    """A record that could not be read: its line / row ``number``, ``where`` in full
-    (``file:line``), ``short`` (``line 12``) and the ``reason``."""
-
-    number: int
-    where: str
-    short: str
-    reason: str
 
 
 Scan = Iterator[tuple[Optional[int], Any]]  # (record index, record) or (None, Problem)
@@ -102,107 +94,6 @@ def _json_object(raw: bytes) -> tuple[Optional[dict], Optional[str]]:
     if not isinstance(record, dict):
         return None, f"expected a JSON object, got {type(record).__name__}"
     return record, None
-
-
-class HeldRecords:
-    """Records held in memory as ``(line, record)`` in ``_records``, filled by ``scan``."""
-
-    path: Path
-    _records: list[tuple[int, dict]]
-
-    def __len__(self) -> int:
-        return len(self._records)
-
-    def record(self, i: int) -> dict:
-        return self._records[i][1]
-
-    def locate(self, i: int) -> tuple[int, str, str]:
-        n = self._records[i][0]
-        return n, f"{self.path}:{n}", f"line {n}"
-
-
-class JsonRecords(HeldRecords):
-    """A JSON array of objects (or an object whose one list value is that array), held in memory
-    with the line each element starts on. A file that does not parse is an error naming its line."""
-
-    def __init__(self, path: Path):
-        self.path, self.folder = path, path.parent
-        text = path.read_text(encoding="utf-8")
-        self._newlines = [m.start() for m in re.finditer("\n", text)]
-        items, self.key = _json_records(text, path)
-        self._items = [(self._line(offset), value) for offset, value in items]
-        self._records: list[tuple[int, dict]] = []
-
-    def _line(self, offset: int) -> int:
-        return bisect.bisect_left(self._newlines, offset) + 1
-
-    def scan(self) -> Scan:
-        for line, value in self._items:
-            if isinstance(value, dict):
-                self._records.append((line, value))
-                yield len(self._records) - 1, value
-            else:
-                yield None, Problem(line, f"{self.path}:{line}", f"line {line}",
-                                    f"expected a JSON object, got {type(value).__name__}")
-
-
-def _json_records(text: str, path: Path) -> tuple[list[tuple[int, Any]], Optional[str]]:
-    """``(start offset, value)`` of each record of a JSON file, and the key holding them (None for
-    a top-level array)."""
-    decoder = json.JSONDecoder()
-    start = len(text) - len(text.lstrip())
-    try:
-        if text[start:start + 1] == "[":
-            return _array_items(decoder, text, start), None
-        whole, end = decoder.raw_decode(text, start)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-    if isinstance(whole, dict):
-        lists = [k for k, v in whole.items() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v[:10])]
-        if len(lists) == 1:
-            key = lists[0]
-            at = _value_offset(text, start, key)
-            return _array_items(decoder, text, at), key
-    raise ValueError(
-        f"{path}: expected a JSON array of records, or an object whose one list value holds them "
-        f"(got {type(whole).__name__}{' with keys ' + ', '.join(map(str, whole)) if isinstance(whole, dict) else ''}); "
-        "one record per line is JSONL (name the file .jsonl)")
-
-
-def _array_items(decoder: json.JSONDecoder, text: str, at: int) -> list[tuple[int, Any]]:
-    """The elements of the JSON array opening at ``text[at] == "["``, each with its offset."""
-    items, i = [], _skip_space(text, at + 1)
-    if text[i:i + 1] == "]":
-        return items
-    while True:
-        value, end = decoder.raw_decode(text, i)
-        items.append((i, value))
-        i = _skip_space(text, end)
-        if text[i:i + 1] == "]":
-            return items
-        if text[i:i + 1] != ",":
-            raise json.JSONDecodeError("expected ',' or ']'", text, i)
-        i = _skip_space(text, i + 1)
-
-
-def _value_offset(text: str, start: int, key: str) -> int:
-    """Where the value of top-level ``key`` starts in the JSON object opening at ``start``."""
-    decoder = json.JSONDecoder()
-    i = _skip_space(text, start + 1)
-    while text[i:i + 1] == '"':
-        name, i = json.decoder.scanstring(text, i + 1)
-        i = _skip_space(text, _skip_space(text, i) + 1)  # past ':'
-        if name == key:
-            return i
-        _, i = decoder.raw_decode(text, i)
-        i = _skip_space(text, _skip_space(text, i) + 1)  # past ','
-    raise ValueError(f"key {key!r} not found")
-
-
-def _skip_space(text: str, i: int) -> int:
-    while i < len(text) and text[i] in " \t\r\n":
-        i += 1
-    return i
 
 
 class TableRecords:

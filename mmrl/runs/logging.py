@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-__all__ = ["RunLogger", "TrainingProgress", "print_before_after", "to_jsonable"]
+__all__ = ["RunLogger", "TrainingProgress", "print_before_after", "to_jsonable", "write_summary"]
 
 
 def _scalar(value: Any) -> Any:
@@ -50,8 +50,12 @@ def _scalar(value: Any) -> Any:
 
 
 def to_jsonable(value: Any) -> Any:
-    """Recursively make ``value`` JSON-serialisable (tensors and NumPy to floats/lists, else str)."""
+    """Recursively make ``value`` JSON-serialisable (tensors and NumPy to floats/lists, else str).
+    NaN and infinity become None (``null``): they are not JSON (a metric with nothing to average,
+    such as ``mae`` when no answer parses, is NaN in Python)."""
     value = _scalar(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, Mapping):
@@ -61,6 +65,13 @@ def to_jsonable(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     return str(value)
+
+
+def write_summary(run_dir: Union[str, Path], **summary: Any) -> None:
+    """``summary.json``: what a finished run reports (before / after metrics, steps, the data it
+    skipped), as strict JSON: a NaN metric is ``null``."""
+    text = json.dumps(to_jsonable(summary), indent=2, allow_nan=False)
+    (Path(run_dir) / "summary.json").write_text(text, encoding="utf-8")
 
 
 def _is_pil(value: Any) -> bool:
@@ -91,7 +102,7 @@ class RunLogger:
         record = {"step": int(step), "time": time.time(), **clean}
         if self._file is None:
             self._file = open(self.metrics_path, "a", encoding="utf-8")
-        self._file.write(json.dumps(record) + "\n")
+        self._file.write(json.dumps(record, allow_nan=False) + "\n")
         self._file.flush()
         writer = self._tb()
         if writer is not None:
