@@ -1,5 +1,7 @@
 """``video_qa``: questions about a clip, answered as Video-R1 answers them (a choice letter, a
-number, free text, OCR text or a regression value), rewarded by ``video_r1_accuracy``.
+number, free text, OCR text or a regression value), rewarded by ``video_r1_accuracy`` (Video-R1's
+reward as its code computes it; ``task.rewards`` may name mmrl's more tolerant
+``video_answer_accuracy`` instead).
 
 Synthetic clips (:mod:`mmrl.data.motion`) ask two things a single frame cannot answer: which way
 a shape moves (multiple choice) and how many shapes appear after the start (a number). Real data
@@ -17,7 +19,7 @@ from mmrl.data.records import BadRecord
 from mmrl.data.scenes import position_word
 from mmrl.media.draw import FOOTER, PRED, TRUE, draw_label, frame_strip
 from mmrl.media.video import Clip
-from mmrl.measures.video_r1 import answer_accuracies
+from mmrl.measures.video_r1 import video_r1_accuracies
 from mmrl.parsing import extract_answer
 
 SPLIT_SEEDS = {"train": 1, "eval": 2}
@@ -57,7 +59,7 @@ def parse_video_r1_record(record: dict) -> dict:
 @register_task("video_qa")
 class VideoQA(Task):
     """Video questions; ``accuracy`` is the mean ``video_r1_accuracy`` (exact for choices and
-    numbers, graded for regression, ROUGE and OCR answers)."""
+    numbers, graded for regression, ROUGE and OCR answers, as Video-R1's code grades them)."""
 
     modality = "vlm"
     rewards = {"format": 0.5, "video_r1_accuracy": 1.0}
@@ -127,7 +129,7 @@ class VideoQA(Task):
 
     def metrics(self, completions, examples) -> dict[str, float]:
         """accuracy: the mean Video-R1 accuracy reward; per problem type as ``accuracy/<type>``."""
-        scores = answer_accuracies(completions, examples)
+        scores = video_r1_accuracies(completions, examples)
         values = [float(s or 0.0) for s in scores]
         out = {"accuracy": sum(values) / max(1, len(values)),
                "parsed": sum(extract_answer(c) is not None for c in completions) / max(1, len(values))}
@@ -147,7 +149,7 @@ class VideoQA(Task):
         frames = media.images() if isinstance(media, Clip) else [media]
         strip, draw = frame_strip(frames, footer=FOOTER)
         pred = extract_answer(completion)
-        right = (answer_accuracies([completion], [ex])[0] or 0.0) >= 1.0  # as the reward scores it
+        right = (video_r1_accuracies([completion], [ex])[0] or 0.0) >= 1.0  # as the reward scores it
         draw_label(draw, f"{ex['question'][:90]}  true {ex['answer']}  pred {pred if pred is not None else '?'}",
                    TRUE if right else PRED)
         return strip

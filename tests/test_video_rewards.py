@@ -1,5 +1,5 @@
-"""Video rewards (``tiou``, ``video_r1_accuracy``) and their measures: hand-worked cases and
-never-raise properties."""
+"""Video rewards (``tiou``, ``video_r1_accuracy``, ``video_answer_accuracy``) and their measures:
+Video-R1's reward worked out by hand from its code, mmrl's variant, never-raise properties."""
 
 import math
 
@@ -7,7 +7,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmrl.measures.rouge import lcs_length, rouge_l, rouge_mean, rouge_n, rouge_tokens, word_error_rate
+from mmrl.measures.porter import measure, stem
+from mmrl.measures.rouge import (
+    lcs_length,
+    rouge_l,
+    rouge_mean,
+    rouge_n,
+    rouge_score_tokens,
+    rouge_tokens,
+    word_error_rate,
+)
 from mmrl.measures.temporal import as_segment, parse_segment, temporal_iou
 from mmrl.registry import REWARDS
 
@@ -16,9 +25,13 @@ def tiou(answer, segment):
     return REWARDS.get("tiou")([f"<think>t</think><answer>{answer}</answer>"], [{"segment": segment}])[0]
 
 
-def acc(answer, solution, problem_type, key="solution"):
+def acc(answer, solution, problem_type, key="solution", name="video_answer_accuracy"):
     ex = {key: solution, "problem_type": problem_type}
-    return REWARDS.get("video_r1_accuracy")([f"<think>t</think><answer>{answer}</answer>"], [ex])[0]
+    return REWARDS.get(name)([f"<think>t</think><answer>{answer}</answer>"], [ex])[0]
+
+
+def video_r1(completion, solution, problem_type):
+    return REWARDS.get("video_r1_accuracy")([completion], [{"solution": solution, "problem_type": problem_type}])[0]
 
 
 # -- segments and temporal IoU ---------------------------------------------------------------------
@@ -140,7 +153,103 @@ def test_word_error_rate_hand_worked():
     assert word_error_rate("", "") == 0.0 and word_error_rate("a b", "") == 2.0  # denominator max(1, 0)
 
 
-# -- video_r1_accuracy -----------------------------------------------------------------------------
+# -- the Porter stemmer and rouge_score's tokens (Video-R1's free-form reward) -----------------------
+def test_porter_measure_as_in_the_paper():
+    """Porter (1980): "m=0 TR, EE, TREE, Y, BY. m=1 TROUBLE, OATS, TREES, IVY. m=2 TROUBLES,
+    PRIVATE, OATEN, ORRERY." """
+    for words, m in (("tr ee tree y by", 0), ("trouble oats trees ivy", 1), ("troubles private oaten orrery", 2)):
+        assert [measure(w) for w in words.split()] == [m] * len(words.split())
+
+
+@pytest.mark.parametrize("word,expected", [
+    ("caresses", "caress"), ("ponies", "poni"), ("cats", "cat"),  # step 1a: sses -> ss, ies -> i, s ->
+    ("ties", "tie"),  # NLTK: "ies" of a 4-letter word -> "ie"
+    ("feed", "feed"), ("agreed", "agre"),  # 1b: (m>0) eed -> ee (m(f) = 0); 5a then drops the e of "agree"
+    ("plastered", "plaster"), ("motoring", "motor"), ("sing", "sing"),  # (*v*) ed, ing; "s" has no vowel
+    ("conflated", "conflat"), ("hopping", "hop"), ("falling", "fall"), ("hissing", "hiss"), ("filing", "file"),
+    ("happy", "happi"),  # 1c: y -> i after a consonant
+    ("relational", "relat"), ("generalization", "gener"),  # steps 2-4 in turn
+    ("running", "run"), ("opened", "open"),
+    ("skies", "sky"), ("dying", "die"),  # NLTK's irregular forms
+])
+def test_porter_stems(word, expected):
+    assert stem(word) == expected
+
+
+def test_rouge_score_tokens():
+    """rouge_score's tokenize.tokenize: text.lower(); NON_ALPHANUM_RE ([^a-z0-9]+) -> " "; stem
+    tokens longer than 3 ("cats" -> "cat", "are" kept); non-ASCII letters are separators."""
+    assert rouge_score_tokens("The CATS are Running!") == ["the", "cat", "are", "run"]
+    assert rouge_score_tokens("Café 3.5") == ["caf", "3", "5"]
+    assert rouge_score_tokens(None) == []
+
+
+# -- video_r1_accuracy: Video-R1's accuracy_reward, worked out by hand from its code -------------------
+# src/r1-v/src/open_r1/grpo.py (github.com/tulerfeng/Video-R1), accuracy_reward:
+#   pattern = r'<answer>\s*(.*?)\s*</answer>'; match = re.search(pattern, text, re.DOTALL)
+#   "multiple choice": reward = 1.0 if output_ans.strip() == gt_ans.strip() else 0.0
+#   "numerical": gt_has_decimal = ("." in gt_ans) or ("," in gt_ans) ... if gt_has_decimal != out_has_decimal:
+#       reward = 0.0 ... reward = 1.0 if round(gt_number, 2) == round(out_number, 2) else 0.0
+#   "OCR": error_rate = wer(gt_ans, output_ans); reward = max(0.0, min(1.0, 1 - error_rate))
+#   "free-form": compute_rouge_score(gt_ans, output_ans) (rouge1, rouge2, rougeL fmeasure / 3, use_stemmer=True)
+#   "regression": rel_diff = (abs(out_number - gt_number) + 1e-9) / (abs(gt_number) + 1e-9)
+#       rel_diff = min(1.0, max(0.0, rel_diff)); reward = 1 - rel_diff
+#   else: reward = 0.0;  except Exception: reward = 0.0
+VIDEO_R1_TABLE = [
+    # (completion, solution, problem_type, Video-R1's value, video_answer_accuracy's value)
+    # two answer blocks: re.search finds the first, "A"; mmrl's variant reads the last
+    ("<answer>A</answer> no, <answer>B</answer>", "<answer>B</answer>", "multiple choice", 0.0, 1.0),
+    ("<answer>B</answer>", "<answer> B </answer>", "multiple choice", 1.0, 1.0),  # \s* around the content
+    ("<answer>B.</answer>", "<answer>B</answer>", "multiple choice", 0.0, 1.0),  # "B." != "B"
+    ("<answer>b</answer>", "<answer>B</answer>", "multiple choice", 0.0, 1.0),  # case-sensitive
+    ("<answer>(B) red</answer>", "<answer>B</answer>", "multiple choice", 0.0, 1.0),
+    ("B", "<answer>B</answer>", "multiple choice", 0.0, None),  # no block: output_ans = "" != "B"
+    # number words: float("three") raises -> normalize_number returns None -> 0.0
+    ("<answer>three</answer>", "<answer>3</answer>", "numerical", 0.0, 1.0),
+    ("<answer>3</answer>", "<answer>3</answer>", "numerical", 1.0, 1.0),
+    ("<answer>3.0</answer>", "<answer>3</answer>", "numerical", 0.0, 1.0),  # gt_has_decimal False, out True
+    ("<answer>1,000</answer>", "<answer>1000</answer>", "numerical", 0.0, 1.0),  # "," counts as a decimal mark
+    ("<answer>3.14159</answer>", "<answer>3.14</answer>", "numerical", 1.0, 1.0),  # round(3.14159, 2) = 3.14
+    ("<answer>12 apples</answer>", "<answer>12</answer>", "numerical", 0.0, 1.0),  # float("12 apples") raises
+    # regression: (|8 - 10| + 1e-9) / (10 + 1e-9) = 0.19999999998 -> 1 - 0.19999999998 = 0.80000000002
+    ("<answer>8</answer>", "<answer>10</answer>", "regression", 1 - (2 + 1e-9) / (10 + 1e-9), 0.8),
+    ("<answer>0</answer>", "<answer>0</answer>", "regression", 0.0, 1.0),  # (0 + 1e-9) / (0 + 1e-9) = 1 -> 0
+    ("<answer>nan</answer>", "<answer>3.5</answer>", "regression", 1.0, None),  # max(0.0, nan) = 0.0 -> 1 - 0
+    ("<answer>inf</answer>", "<answer>3.5</answer>", "regression", 0.0, None),  # min(1.0, inf) = 1 -> 0
+    ("<answer>about 3</answer>", "<answer>3</answer>", "regression", 0.0, 1.0),  # float("about 3") raises
+    # OCR: wer("the cat sat", "the cat sit") = 1 substitution / 3 reference words
+    ("<answer>the cat sit</answer>", "<answer>the cat sat</answer>", "OCR", 1 - 1 / 3, 1 - 1 / 3),
+    ("<answer>The</answer>", "<answer>the</answer>", "OCR", 0.0, 0.0),  # case kept: 1 substitution / 1
+    # free-form, stemmed: pred [the, cat, are, run], ref [the, cat, is, run]: ROUGE-1 3/4 (the, cat, run),
+    # ROUGE-2 1/3 (the cat), ROUGE-L 3/4 (LCS the cat run): (3/4 + 1/3 + 3/4) / 3 = 11/18. Unstemmed
+    # (mmrl's variant): [the, cats, are, running] vs [the, cat, is, running]: 1/2, 0, 1/2 -> 1/3
+    ("<answer>the cats are running</answer>", "<answer>the cat is running</answer>", "free-form", 11 / 18, 1 / 3),
+    ("<answer>Paris</answer>", "<answer>Paris</answer>", "geography", 0.0, 1.0),  # else: reward = 0.0
+]
+
+
+@pytest.mark.parametrize("completion,solution,problem_type,reference,variant", VIDEO_R1_TABLE)
+def test_video_r1_accuracy_is_video_r1s_code(completion, solution, problem_type, reference, variant):
+    assert video_r1(completion, solution, problem_type) == pytest.approx(reference, abs=1e-12)
+    mine = REWARDS.get("video_answer_accuracy")([completion], [{"solution": solution, "problem_type": problem_type}])[0]
+    assert mine == (None if variant is None else pytest.approx(variant))
+
+
+def test_video_r1_exact_regression_answer_is_not_quite_one():
+    """(0 + 1e-9) / (3.5 + 1e-9) = 2.857e-10: Video-R1's exact answer scores 1 - 2.857e-10."""
+    assert video_r1("<answer>3.5</answer>", "<answer>3.5</answer>", "regression") == 1 - 1e-9 / (3.5 + 1e-9)
+
+
+def test_video_r1_problem_type_spellings_and_batch():
+    """Each example is graded by its own type (Video-R1 reads kwargs['problem_type'][0] for a batch
+    of one question); the spelling of the five names is free."""
+    fn = REWARDS.get("video_r1_accuracy")
+    examples = [{"solution": "<answer>B</answer>", "problem_type": "Multiple_Choice"},
+                {"solution": "<answer>3</answer>", "problem_type": "numerical"}, {"answer": "B"}]
+    assert fn(["<answer>B</answer>", "<answer>3</answer>", "<answer>B</answer>"], examples) == [1.0, 1.0, 0.0]
+
+
+# -- video_answer_accuracy (mmrl's reading) --------------------------------------------------------
 @pytest.mark.parametrize("answer", ["B", "b", "B.", "(B)", "[B]", "**B**", "B. red", "(B) red", "B) red",
                                     "B: red", "The answer is (B)", "Option B"])
 def test_multiple_choice_letter_forms(answer):
@@ -169,7 +278,7 @@ def test_numerical(answer, solution, expected):
     ("10", "10", 1.0),
     ("25", "10", 0.0),  # 150 % error: clipped at 0
     ("-2", "4", 0.0),  # 6 / 4 -> clipped
-    ("0", "0", 1.0),  # exact at truth 0 (Video-R1's +1e-9 form scored this 0)
+    ("0", "0", 1.0),  # exact at truth 0 (video_r1_accuracy, Video-R1's +1e-9 form, scores this 0)
     ("0.5", "0", 0.0),  # 0.5 / 1e-6
 ])
 def test_regression(answer, solution, expected):
@@ -192,12 +301,15 @@ def test_problem_type_spellings_and_unknown_types():
 
 
 def test_truth_from_answer_key_and_missing_truth():
-    assert acc("B", "B", "multiple choice", key="answer") == 1.0
-    fn = REWARDS.get("video_r1_accuracy")
-    assert fn(["<answer>B</answer>"], [{"problem_type": "multiple choice"}]) == [None]
-    assert fn(["B"], [{"solution": "B", "problem_type": "multiple choice"}]) == [None]  # no answer block
-    with pytest.raises(ValueError):
-        fn(["a"], [])
+    for name in ("video_answer_accuracy", "video_r1_accuracy"):
+        assert acc("B", "B", "multiple choice", key="answer", name=name) == 1.0
+        fn = REWARDS.get(name)
+        assert fn(["<answer>B</answer>"], [{"problem_type": "multiple choice"}]) == [None]
+        with pytest.raises(ValueError):
+            fn(["a"], [])
+    # no answer block: unparsable for mmrl's variant; Video-R1 reads "" and scores 0
+    assert REWARDS.get("video_answer_accuracy")(["B"], [{"solution": "B", "problem_type": "multiple choice"}]) == [None]
+    assert REWARDS.get("video_r1_accuracy")(["B"], [{"solution": "B", "problem_type": "multiple choice"}]) == [0.0]
 
 
 @pytest.mark.parametrize("problem_type,truth", [
@@ -226,7 +338,10 @@ def _check(values, n):
         assert v is None or (isinstance(v, float) and 0.0 <= v <= 1.0 and not math.isnan(v))
 
 
-@pytest.mark.parametrize("name", ["tiou", "video_r1_accuracy"])
+VIDEO_REWARDS = ("tiou", "video_r1_accuracy", "video_answer_accuracy")
+
+
+@pytest.mark.parametrize("name", VIDEO_REWARDS)
 def test_nasty_text_never_raises(name):
     fn = REWARDS.get(name)
     texts = NASTY + [f"<answer>{t}</answer>" for t in NASTY] + [None, 3, ["frame"]]
@@ -234,8 +349,9 @@ def test_nasty_text_never_raises(name):
         _check(fn(texts, [ex] * len(texts)), len(texts))
 
 
-def test_nasty_truths_never_raise():
-    fn = REWARDS.get("video_r1_accuracy")
+@pytest.mark.parametrize("name", ["video_r1_accuracy", "video_answer_accuracy"])
+def test_nasty_truths_never_raise(name):
+    fn = REWARDS.get(name)
     answers = [f"<answer>{t}</answer>" for t in NASTY]
     # truths come from data files, not from the policy: short ones are enough (a number followed by
     # thousands of spaces takes mmrl.parsing.parse_exact_number quadratic time)
@@ -251,7 +367,7 @@ def test_nasty_truths_never_raise():
 @given(st.text(), st.text(), st.sampled_from(["multiple choice", "numerical", "regression", "free-form", "OCR", "x"]))
 def test_video_rewards_never_raise(text, truth, problem_type):
     ex = {"segment": (1.0, 3.0), "solution": truth, "problem_type": problem_type}
-    for name in ("tiou", "video_r1_accuracy"):
+    for name in VIDEO_REWARDS:
         _check(REWARDS.get(name)([text, f"<answer>{text}</answer>"], [ex, ex]), 2)
     segment = parse_segment(text)
     if segment is not None:

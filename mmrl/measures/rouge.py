@@ -6,10 +6,11 @@ OCR answers ``1 - WER`` clipped to [0, 1]. ROUGE is from "ROUGE: A Package for A
 of Summaries" (Lin, 2004); the definitions follow Google's ``rouge_score`` package (which Video-R1
 calls), written out here so that mmrl does not depend on it:
 
-- tokens: the case-folded text split into runs of word characters (punctuation and whitespace
-  separate tokens). ``rouge_score`` keeps ASCII ``[a-z0-9]`` only and Video-R1 turns on its Porter
-  stemmer; here non-ASCII letters and digits are kept (an answer in another script still scores) and
-  nothing is stemmed ("cats" and "cat" are different tokens);
+- tokens, two tokenizers: :func:`rouge_score_tokens` is ``rouge_score``'s with ``use_stemmer=True``
+  (Video-R1's call: lower-cased, every run of characters other than ``a-z0-9`` a separator, tokens
+  of more than 3 characters Porter-stemmed, :mod:`mmrl.measures.porter`); :func:`rouge_tokens`,
+  the default here, keeps non-ASCII letters and digits (an answer in another script still scores)
+  and stems nothing ("cats" and "cat" are different tokens);
 - ROUGE-N: ``overlap = sum over n-grams of min(count in pred, count in ref)``,
   ``P = overlap / #pred n-grams``, ``R = overlap / #ref n-grams``, ``F1 = 2PR / (P + R)``;
 - ROUGE-L: the same with ``overlap = LCS(pred, ref)`` (longest common token subsequence) and the
@@ -28,16 +29,28 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Sequence
+from typing import Callable, Sequence
 
+from mmrl.measures.porter import stem
 from mmrl.measures.text import levenshtein
 
 _WORD_RE = re.compile(r"\w+")
+_NON_ALNUM_RE = re.compile(r"[^a-z0-9]+")
+Tokenizer = Callable[[str], list]
 
 
 def rouge_tokens(text: str) -> list[str]:
     """The case-folded runs of word characters of ``text``: "The cat, sat!" -> [the, cat, sat]."""
     return _WORD_RE.findall(text.casefold()) if isinstance(text, str) else []
+
+
+def rouge_score_tokens(text: str) -> list[str]:
+    """``rouge_score``'s tokens with its Porter stemmer (``tokenize.tokenize``: ``text.lower()``,
+    ``[^a-z0-9]+`` -> " ", split, ``stemmer.stem(x) if len(x) > 3 else x``):
+    "The cats, running!" -> [the, cat, run]; "Café" -> [caf]."""
+    if not isinstance(text, str):
+        return []
+    return [stem(t) if len(t) > 3 else t for t in _NON_ALNUM_RE.sub(" ", text.lower()).split()]
 
 
 def _f1(overlap: int, n_pred: int, n_ref: int) -> float:
@@ -50,7 +63,7 @@ def _ngrams(tokens: Sequence[str], n: int) -> Counter:
     return Counter(tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1))
 
 
-def rouge_n(pred: str, ref: str, n: int) -> float:
+def rouge_n(pred: str, ref: str, n: int, tokenize: Tokenizer = rouge_tokens) -> float:
     """ROUGE-N F1 of ``pred`` against ``ref`` (clipped n-gram overlap, see the module docstring).
 
     >>> round(rouge_n("the cat sat on mat", "the cat lay on the mat", 1), 4)  # overlap 4: P 4/5, R 4/6
@@ -58,7 +71,7 @@ def rouge_n(pred: str, ref: str, n: int) -> float:
     """
     if n < 1:
         raise ValueError(f"rouge_n: n must be >= 1, got {n}")
-    p, r = _ngrams(rouge_tokens(pred), n), _ngrams(rouge_tokens(ref), n)
+    p, r = _ngrams(tokenize(pred), n), _ngrams(tokenize(ref), n)
     overlap = sum(min(count, r[gram]) for gram, count in p.items())
     return _f1(overlap, sum(p.values()), sum(r.values()))
 
@@ -81,16 +94,16 @@ def lcs_length(a: Sequence, b: Sequence) -> int:
     return previous[-1]
 
 
-def rouge_l(pred: str, ref: str) -> float:
+def rouge_l(pred: str, ref: str, tokenize: Tokenizer = rouge_tokens) -> float:
     """ROUGE-L F1 of ``pred`` against ``ref``: ``P = LCS / #pred tokens``, ``R = LCS / #ref tokens``."""
-    p, r = rouge_tokens(pred), rouge_tokens(ref)
+    p, r = tokenize(pred), tokenize(ref)
     return _f1(lcs_length(p, r), len(p), len(r))
 
 
-def rouge_mean(pred: str, ref: str) -> float:
+def rouge_mean(pred: str, ref: str, tokenize: Tokenizer = rouge_tokens) -> float:
     """The mean of the ROUGE-1, ROUGE-2 and ROUGE-L F-measures, in [0, 1] (Video-R1's free-form
-    reward, without its stemmer)."""
-    return (rouge_n(pred, ref, 1) + rouge_n(pred, ref, 2) + rouge_l(pred, ref)) / 3.0
+    reward with ``tokenize=rouge_score_tokens``)."""
+    return (rouge_n(pred, ref, 1, tokenize) + rouge_n(pred, ref, 2, tokenize) + rouge_l(pred, ref, tokenize)) / 3.0
 
 
 def word_error_rate(pred: str, ref: str) -> float:
