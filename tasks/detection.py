@@ -94,7 +94,9 @@ def _parse_record(record: dict, box_space: str) -> dict:
         if limit is not None and max(b) > limit * 1.001:
             raise BadRecord(f"box {b} exceeds {limit:g}, the range of box_space {box_space!r}; is box_space right?")
         x1, y1, x2, y2 = (float(v) for v in b)
-        parsed.append((min(x1, x2), min(y1, y2), max(x1, x2), max(y1, y2)))
+        if x2 < x1 or y2 < y1:  # not reordered: the file may mean another layout ([x, y, w, h]?)
+            raise BadRecord(f"box {b} is inverted (x2 < x1 or y2 < y1); boxes are [x1, y1, x2, y2]")
+        parsed.append((x1, y1, x2, y2))
     labels = record.get("labels")
     if labels is None:
         labels = ["object"] * len(parsed)

@@ -318,14 +318,15 @@ def test_jsonl_reader_converts_norm_boxes_and_skips_bad_lines(tmp_path):
         {"image": "b.png", "problem": "Find every dog.", "boxes": [[10, 20, 30, 40]]},  # not in 0..1: skipped
         {"image": "b.png", "problem": "Find every cat.", "boxes": []},  # nothing to find
         {"image": "b.png", "problem": "Find every cat.", "boxes": [[0, 0, 1, 1]], "labels": ["cat", "dog"]},  # label count
+        {"image": "b.png", "problem": "Find every cat.", "boxes": [[0.5, 0.1, 0.2, 0.3]]},  # inverted: refused
     ]
     path = tmp_path / "train.jsonl"
     path.write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n")
     task = TASKS.get("detection")(train_path=str(path), image_root=str(tmp_path / "img"), box_space="norm")
     ds = task.examples("train")
     assert len(ds) == 2
-    assert [n for n, _ in ds.skipped] == [2, 3, 5]
-    assert "box_space" in ds.skipped[1][1]
+    assert [n for n, _ in ds.skipped] == [2, 3, 5, 6]
+    assert "box_space" in ds.skipped[1][1] and "is inverted" in ds.skipped[3][1]
     ex = ds[0]
     assert ex["image"].size == (200, 100) and ex["image_size"] == (200, 100)
     assert ex["boxes"] == [pytest.approx((20, 20, 60, 40)), pytest.approx((100, 50, 200, 100))]
