@@ -10,7 +10,9 @@ The answer is one JSON action of :mod:`mmrl.measures.gui`'s space in ``<answer>`
 policy's coordinate space (``ex["pred_space"]``/``ex["frame"]``, recorded by the trainer: Qwen2.5-VL
 resized-image pixels, Qwen2-VL / Qwen3-VL 0-1000); labels stay in original pixels and rewards and
 metrics convert. Earlier actions in the prompt are written in the same space as the answer.
-Rewards (UI-R1): ``gui_action_type`` + ``gui_action_args`` + ``format``.
+Rewards, UI-R1's recipe with mmrl's checks: ``gui_action_type`` + ``gui_action_args`` + ``format``. The
+papers' own rewards (``ui_r1_action_type``, ``ui_r1_coord``, ``gui_r1``) read only their papers' answer
+format (``[{'action': 'click', ...}]``, single quotes), not the JSON action this task asks for.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from mmrl.measures.gui import (
 from mmrl.media.coords import Frame, qwen_resized_size
 from mmrl.registry import REWARDS
 
-GUI_REWARDS = ("gui_action_type", "gui_action_args", "gui_r1", "gui_type_f1")
+GUI_REWARDS = ("gui_action_type", "gui_action_args", "gui_action_score", "gui_type_f1")
 CLICK = {"action": "click", "point": [10.0, 20.0]}
 
 
@@ -188,7 +188,7 @@ def test_point_in_box(point, box, inside):
 BUTTON = {"action": {"action": "click", "point": [150, 250], "bbox": [100, 200, 200, 300]}, "image_size": (1000, 2000)}
 
 
-def test_click_rewards_and_the_gui_r1_split():
+def test_click_rewards_and_the_gui_action_score_split():
     completions = [
         think('{"action": "click", "point": [150, 250]}'),        # right everything
         think('{"action": "click", "point": [500, 500]}'),        # right type, wrong point
@@ -202,7 +202,7 @@ def test_click_rewards_and_the_gui_r1_split():
     got = rewards(completions, BUTTON)
     assert got["gui_action_type"] == [1.0, 1.0, 0.0, 1.0, 0.0, None, None, 1.0]
     assert got["gui_action_args"] == [1.0, 0.0, 0.0, 1.0, 0.0, None, None, 1.0]
-    assert got["gui_r1"] == [1.0, 0.2, 0.2, 0.8, 0.0, None, None, 1.0]  # 0.8 accuracy + 0.2 format
+    assert got["gui_action_score"] == [1.0, 0.2, 0.2, 0.8, 0.0, None, None, 1.0]  # 0.8 accuracy + 0.2 format
     assert got["gui_type_f1"] == [None] * 8  # the label is not a type action
     # the format part is the `format` reward's strict layout
     fmt = REWARDS.get("format")(completions[:5], [BUTTON] * 5)
@@ -230,7 +230,7 @@ def test_type_rewards_use_text_f1():
     got = rewards(completions, ex)
     assert got["gui_action_type"] == [1.0, 1.0, 1.0, 0.0, None]
     assert got["gui_action_args"] == [1.0, 1.0, 0.0, 0.0, None]  # F1 1, 0.5, 0.4: threshold 0.5
-    assert got["gui_r1"] == [1.0, 1.0, 0.2, 0.2, None]
+    assert got["gui_action_score"] == [1.0, 1.0, 0.2, 0.2, None]
     assert got["gui_type_f1"][:4] == pytest.approx([1.0, 0.5, 0.4, 0.0]) and got["gui_type_f1"][4] is None
     assert action_match({"action": "type", "text": "york bay"}, ex) == {"type": 1.0, "args": 1.0, "text_f1": 0.5}
 
@@ -245,14 +245,14 @@ def test_argument_rewards(truth, right, wrong_args):
     got = rewards([think(right), think(wrong_args), think("wait")], {"action": truth})
     assert got["gui_action_type"] == [1.0, 1.0, 0.0]
     assert got["gui_action_args"] == [1.0, 0.0, 0.0]
-    assert got["gui_r1"] == [1.0, 0.2, 0.2]
+    assert got["gui_action_score"] == [1.0, 0.2, 0.2]
 
 
 @pytest.mark.parametrize("name", ["navigate_back", "navigate_home", "wait"])
 def test_argument_free_actions_are_right_when_the_type_is(name):
     got = rewards([ans(f"{name}()"), ans("click(1, 2)")], {"action": {"action": name}})
     assert got["gui_action_type"] == [1.0, 0.0] and got["gui_action_args"] == [1.0, 0.0]
-    assert got["gui_r1"] == [0.8, 0.0]
+    assert got["gui_action_score"] == [0.8, 0.0]
 
 
 def test_label_given_as_text_or_missing():
@@ -286,7 +286,7 @@ def test_qwen2_5_vl_resized_click_on_a_phone_screen():
           "frame": Frame(*PHONE, 672, 1456), "pred_space": "resized"}
     perfect, next_door = think("click(143.6, 1308.2)"), think("click(315.9, 1308.2)")
     assert REWARDS.get("gui_action_args")([perfect, next_door], [ex, ex]) == [1.0, 0.0]
-    assert REWARDS.get("gui_r1")([perfect, next_door], [ex, ex]) == [1.0, 0.2]
+    assert REWARDS.get("gui_action_score")([perfect, next_door], [ex, ex]) == [1.0, 0.2]
     as_pixels = {k: v for k, v in ex.items() if k not in ("frame", "pred_space")}
     assert REWARDS.get("gui_action_args")([perfect], [as_pixels]) == [0.0]
     # Qwen2-VL / Qwen3-VL write 0-1000: (250 / 1170 * 1000, 2275 / 2532 * 1000) = (213.7, 898.5)
@@ -356,6 +356,6 @@ def test_gui_rewards_never_raise(cases):
         assert len(values) == len(cases)
         for v in values:
             assert v is None or (type(v) is float and 0.0 <= v <= 1.0 and not math.isnan(v)), (name, v)
-    for i, v in enumerate(out["gui_r1"]):  # 0.8 * (type and args) + 0.2 * the format reward's layout
+    for i, v in enumerate(out["gui_action_score"]):  # 0.8 * (type and args) + 0.2 * the format reward's layout
         if v is not None:
             assert v == pytest.approx(0.8 * out["gui_action_args"][i] + 0.2 * fmt[i])

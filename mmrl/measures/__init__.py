@@ -14,10 +14,13 @@ functions instead of each keeping its own copy. Public: plugins may import them 
 - :mod:`~mmrl.measures.composition`: the GenEval-style checker of generated shape scenes;
 - :mod:`~mmrl.measures.motion`: the same checks tracked through a generated clip (colour, shape, direction);
 - :mod:`~mmrl.measures.gui`: the GUI action space, its tolerant parser, text F1 and action matching;
+- :mod:`~mmrl.measures.ui_r1`, :mod:`~mmrl.measures.gui_r1`: UI-R1's and GUI-R1's rewards as their code computes them;
 - :mod:`~mmrl.measures.screen`: screen grounding clicks: point in box, GUI-G² Gaussian point and coverage;
 - :mod:`~mmrl.measures.pass_at_k`: the unbiased pass@k estimator over several samples per example;
 - :mod:`~mmrl.measures.temporal`: time segments in answers and their temporal IoU;
-- :mod:`~mmrl.measures.rouge`: ROUGE-N / ROUGE-L and word error rate (Video-R1's free-form and OCR rewards).
+- :mod:`~mmrl.measures.video_r1`: Video-R1's accuracy reward as its code computes it; :mod:`~mmrl.measures.video_answers`: mmrl's reading;
+- :mod:`~mmrl.measures.rouge`: ROUGE-N / ROUGE-L and word error rate (Video-R1's free-form and OCR rewards),
+  with :mod:`~mmrl.measures.porter`, the Porter stemmer of ``rouge_score``.
 
 Like :mod:`mmrl.parsing`, nothing here raises on model output.
 """

@@ -365,9 +365,9 @@ def truth_action(ex) -> Optional[dict]:
     return read_action(raw) if isinstance(raw, str) else normalize_action(raw)
 
 
-def _truth_bbox(ex: dict) -> Optional[list]:
-    raw = ex.get("action")
-    box = raw.get("bbox") if isinstance(raw, dict) else None
+def truth_bbox(ex: dict) -> Optional[list]:
+    """The labelled element's box ``ex["action"]["bbox"]`` (x1, y1, x2, y2, original pixels), or None."""
+    box = ex["action"].get("bbox") if isinstance(ex.get("action"), dict) else None
     if not isinstance(box, (list, tuple)) or len(box) != 4:
         return None
     numbers = [_number(v) for v in box]
@@ -394,7 +394,7 @@ def click_correct(pred: dict, ex: dict) -> bool:
     point = pixel_point(pred, ex)
     if point is None:
         return False
-    box = _truth_bbox(ex)
+    box = truth_bbox(ex)
     if box is not None:
         return point_in_box(point, box)
     truth, size = truth_action(ex), screen_size(ex)
