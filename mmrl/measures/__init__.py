@@ -18,7 +18,8 @@ functions instead of each keeping its own copy. Public: plugins may import them 
 - :mod:`~mmrl.measures.screen`: screen grounding clicks: point in box, GUI-G² Gaussian point and coverage;
 - :mod:`~mmrl.measures.pass_at_k`: the unbiased pass@k estimator over several samples per example;
 - :mod:`~mmrl.measures.temporal`: time segments in answers and their temporal IoU;
-- :mod:`~mmrl.measures.video_r1`: Video-R1's accuracy reward as its code computes it; :mod:`~mmrl.measures.video_answers`: mmrl's reading;
+- :mod:`~mmrl.measures.video_r1`: Video-R1's accuracy reward as its code computes it;
+  :mod:`~mmrl.measures.video_answers`: mmrl's reading of the same grading;
 - :mod:`~mmrl.measures.rouge`: ROUGE-N / ROUGE-L and word error rate (Video-R1's free-form and OCR rewards),
   with :mod:`~mmrl.measures.porter`, the Porter stemmer of ``rouge_score``.
 
