@@ -11,12 +11,12 @@ symmetric). TRL parses a whole completion and reads the prediction only from ``\
 "final answer is" anchor; here the prediction is already the ``<answer>`` block's content, so it is
 parsed like the gold, and both sides are read as LaTeX (``$...$`` added to a text holding no
 ``$``, ``\\(`` or ``\\[``). Math-Verify's own rules therefore hold: 6-place rounding when a
-decimal is involved ("0.333333" = 1/3, "0.333" != 1/3), percentages ("50%" = 0.5 = "50%"),
+decimal is involved ("0.333333" = 1/3, "0.333" != 1/3), percentages ("50%" = 0.5, and = 50),
 intervals and tuples ("[1, 2]" != "(1, 2)": a closed and an open interval), sets, equations
 ("x = 5" = 5), units it knows ("30 cm" = 30), symbolic equality ("2(x+1)" = "2x+2").
 
-**mmrl's rules**, applied before Math-Verify, each a documented improvement with its case in
-``tests/test_math_answer.py`` (Math-Verify's own verdict written beside it):
+**mmrl's rules**, each a documented improvement with its case in ``tests/test_math_answer.py``
+(Math-Verify's own verdict written beside it); 3 and 4 are tried only when Math-Verify says no:
 
 1. **Multiple choice.** A truth that is one capital letter (``"B"``, ``"(B)"``, ``"B."``) is a
    choice letter; a prediction names a letter as ``B``, ``(B)``, ``B.``, ``B) 12``, ``option B``,
@@ -38,10 +38,10 @@ intervals and tuples ("[1, 2]" != "(1, 2)": a closed and an open interval), sets
    1,000 characters, a power tower (an exponent holding an exponent: ``9^9^9``, ``10^{10^{10}}``),
    an exponent of 7 or more digits, a bracketed sum with variables raised above 12
    (``(a+b+c)^{99}``), a factorial of a number of 5 or more digits, brackets nested more than 10
-   deep. Math-Verify gives these 0 after its 5-second timeout (its one way to stop), so text
-   equality differs from it only for two identical costly answers. Outside the main thread
-   Math-Verify's signal-based timeouts cannot run and are turned off; this bound is what keeps a
-   call short there.
+   deep. Math-Verify times out on many of these (after 5 s, scoring 0); on the others text
+   equality can differ from it (``2^{2^{10}}`` equals ``2^{1024}`` there, not here). Outside the
+   main thread Math-Verify's signal-based timeouts cannot run and are turned off; this bound is
+   what keeps a call short there.
 
 Nothing here raises: any failure reads as "not equal".
 """
