@@ -94,11 +94,13 @@ def test_off_policy_gamma_is_configurable_and_validated():
     for bad in (0.0, -0.1):
         with pytest.raises(ValueError, match="off_policy_gamma"):
             ObjectiveConfig(off_policy_gamma=bad)
-    algo = SimpleNamespace(epsilon=0.2, epsilon_high=None, beta=0.0, kl_estimator="k3",
-                           loss_agg_mode="token_mean", off_policy_gamma=0.3)
-    assert ObjectiveConfig.from_algo(algo).off_policy_gamma == 0.3
-    del algo.off_policy_gamma
-    assert ObjectiveConfig.from_algo(algo).off_policy_gamma == 0.1
+    from mmrl.config_schema import AlgoConfig
+
+    assert ObjectiveConfig.from_algo(AlgoConfig(off_policy_gamma=0.3)).off_policy_gamma == 0.3
+    assert ObjectiveConfig.from_algo(AlgoConfig()).off_policy_gamma == 0.1
+    with pytest.raises(AttributeError, match="off_policy_gamma"):  # one source of truth: no silent default
+        ObjectiveConfig.from_algo(SimpleNamespace(**{k: v for k, v in vars(AlgoConfig()).items()
+                                                     if k != "off_policy_gamma"}))
     with pytest.raises(ValueError, match="off_policy must have shape"):
         policy_loss(t([[0.0]]), None, t([1.0]), t([[1.0]]), ObjectiveConfig(), off_policy=torch.tensor([True, False]))
 

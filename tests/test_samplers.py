@@ -13,15 +13,15 @@ from mmrl.core.batch.prompts import (
     VarianceAwareSampler,
     make_sampler,
     outcome_variance,
-    step_seed,
     trajectory_diversity,
 )
+from mmrl.core.seeding import stream_seed
 
 
 def test_uniform_is_seeded_epochs():
     s = UniformSampler({"t": 10}, batch=4, seed=3)
-    perm0 = torch.randperm(10, generator=torch.Generator().manual_seed(step_seed(3, 0, salt=7))).tolist()
-    perm1 = torch.randperm(10, generator=torch.Generator().manual_seed(step_seed(3, 1, salt=7))).tolist()
+    perm0 = torch.randperm(10, generator=torch.Generator().manual_seed(stream_seed(3, 0, "epoch_order"))).tolist()
+    perm1 = torch.randperm(10, generator=torch.Generator().manual_seed(stream_seed(3, 1, "epoch_order"))).tolist()
     assert s.indices(0) == perm0[:4] and s.indices(1) == perm0[4:8]
     assert s.indices(2) == perm0[8:] + perm1[:2]  # crosses into epoch 1
     assert sorted(s.indices(0) + s.indices(1) + perm0[8:]) == list(range(10))
