@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from learning_cases import CASES
 from learning_runs import train_quietly as _train
 
-EPISODE_GAIN = 0.15  # the GUI issue's bar
-POINT_GAIN = 0.05  # in 24 steps at the recipe's peak rate (measured +0.085; the full recipe +0.17)
+EPISODES, GROUNDING = CASES["gui_episodes"], CASES["gui_grounding"]  # runs and thresholds: learning_cases.py
 
 
 @pytest.mark.slow
@@ -20,9 +20,8 @@ def test_tiny_gui_episodes_raise_heldout_success_with_gigpo_and_show_them(tmp_pa
     2026-11-24: 0.00 -> 0.34, 94 s; the 24-step recipe ends at 0.40 on 100); every step logs the
     episode metrics, and the evaluation writes the episode viewer and the saved rollouts show the
     steps' screenshots."""
-    result = _train("gui/synthetic_gui_tiny", tmp_path, "episodes", "train.steps=6", "eval.num_examples=50",
-                    "log.save_rollouts_every=4")
-    assert result.after["success"] - result.before["success"] >= EPISODE_GAIN, (result.before, result.after)
+    result = _train(EPISODES.recipe, tmp_path, "episodes", *EPISODES.overrides)
+    assert result.after["success"] - result.before["success"] >= EPISODES.gain, (result.before, result.after)
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "reward" in r]
     assert len(steps) == 6
@@ -42,7 +41,6 @@ def test_tiny_grounding_raises_heldout_point_accuracy(tmp_path):
     120 steps at its peak learning rate throughout: greedy held-out point accuracy rises (measured
     2026-11-24: 0.375 -> 0.46 here; the full recipe passes 0.505 at step 40 and ends at 0.545) while
     every answer keeps the format."""
-    result = _train("gui/screen_grounding_tiny", tmp_path, "grounding", "train.steps=24",
-                    "train.lr_scheduler_type=constant", "eval.pass_k=0")
-    assert result.after["point_accuracy"] - result.before["point_accuracy"] >= POINT_GAIN, (result.before, result.after)
+    result = _train(GROUNDING.recipe, tmp_path, "grounding", *GROUNDING.overrides)
+    assert result.after["point_accuracy"] - result.before["point_accuracy"] >= GROUNDING.gain, (result.before, result.after)
     assert result.after["parsed"] == 1.0, result.after
