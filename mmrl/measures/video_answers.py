@@ -26,7 +26,7 @@ import re
 from typing import Optional
 
 from .rouge import rouge_mean, word_error_rate
-from .video_r1 import problem_type_key
+from .video_r1 import problem_type_key, stored_solution
 from mmrl.parsing import extract_answer, normalize, parse_exact_number, parse_number
 
 REL_EPS = 1e-6  # regression: the relative error's denominator is max(|truth|, REL_EPS)
@@ -67,14 +67,9 @@ def _number(text: str, exact: bool = False) -> Optional[float]:
 def gold_answer(ex) -> Optional[str]:
     """The example's true answer: ``ex["solution"]`` (Video-R1's key) or else ``ex["answer"]``, the
     content of its ``<answer>`` block when it has one, stripped; None when there is neither."""
-    if not isinstance(ex, dict):
+    text = stored_solution(ex)
+    if text is None:
         return None
-    value = ex.get("solution")
-    if value is None:
-        value = ex.get("answer")
-    if value is None:
-        return None
-    text = str(value)
     inner = extract_answer(text)
     return (inner if inner is not None else text).strip()
 

@@ -94,15 +94,20 @@ def video_r1_reward(content, solution, problem_type) -> float:
 def gold_solution(ex) -> Optional[str]:
     """The example's solution as Video-R1 holds it: ``ex["solution"]`` (or ``ex["answer"]``), with
     ``<answer>..</answer>`` around it when it has no such block; None when there is neither."""
+    text = stored_solution(ex)
+    if text is None:
+        return None
+    return text if _VIDEO_R1_ANSWER_RE.search(text) else f"<answer>{text}</answer>"
+
+
+def stored_solution(ex) -> Optional[str]:
+    """``ex["solution"]`` (Video-R1's key), else ``ex["answer"]``, as text; None when there is neither."""
     if not isinstance(ex, dict):
         return None
     value = ex.get("solution")
     if value is None:
         value = ex.get("answer")
-    if value is None:
-        return None
-    text = str(value)
-    return text if _VIDEO_R1_ANSWER_RE.search(text) else f"<answer>{text}</answer>"
+    return None if value is None else str(value)
 
 
 def video_r1_accuracies(completions, examples) -> list:
