@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from mmrl import register_reward
 from mmrl.measures.answers import accuracy_score
+from mmrl.measures.batch import score_each
 
 
 @register_reward("accuracy")
@@ -13,7 +14,5 @@ def accuracy(completions, examples, **ctx) -> list:
     Numeric truths compare as numbers ("2" == "2.0" == "two" == "2 circles"), others as
     normalised strings; see :func:`mmrl.measures.answers.accuracy_score`.
     """
-    if len(completions) != len(examples):
-        raise ValueError(f"accuracy: {len(completions)} completions for {len(examples)} examples")
-    return [accuracy_score(c, ex.get("answer") if isinstance(ex, dict) else None)
-            for c, ex in zip(completions, examples)]
+    return score_each("accuracy", completions, examples,
+                      lambda c, ex: accuracy_score(c, ex.get("answer") if isinstance(ex, dict) else None))

@@ -12,20 +12,18 @@ from __future__ import annotations
 from PIL import Image
 
 from mmrl import register_reward
+from mmrl.measures.batch import score_each
 from mmrl.measures.composition import composition_checks
 
 
 def _scores(completions, examples, min_area, reduce) -> list:
-    if len(completions) != len(examples):
-        raise ValueError(f"composition: {len(completions)} images for {len(examples)} examples")
-    out = []
-    for image, ex in zip(completions, examples):
+    def score(image, ex):
         spec = ex.get("spec") if isinstance(ex, dict) else None
         if spec is None or not isinstance(image, Image.Image):
-            out.append(None)
-            continue
-        out.append(reduce(list(composition_checks(image, spec, min_area).values())))
-    return out
+            return None
+        return reduce(list(composition_checks(image, spec, min_area).values()))
+
+    return score_each("composition", completions, examples, score, items="images")
 
 
 @register_reward("composition", media="image")

@@ -27,21 +27,20 @@ predictions vs truths  det_iou     ap50                   det_criterion
 from __future__ import annotations
 
 from mmrl import register_reward
+from mmrl.measures.batch import score_each
 from mmrl.measures.detection import answer_boxes, ap50_score, criterion_score, det_iou_score, truth_boxes
 
 
 def _score(name, completions, examples, score) -> list:
-    if len(completions) != len(examples):
-        raise ValueError(f"{name}: {len(completions)} completions for {len(examples)} examples")
-    out = []
-    for c, ex in zip(completions, examples):
+    def one(completion, ex):
         try:
             truths = truth_boxes(ex)
         except (TypeError, ValueError):
             truths = None
-        preds = answer_boxes(c, ex) if truths is not None else None
-        out.append(None if preds is None else float(score(preds, truths)))
-    return out
+        preds = answer_boxes(completion, ex) if truths is not None else None
+        return None if preds is None else float(score(preds, truths))
+
+    return score_each(name, completions, examples, one)
 
 
 @register_reward("det_iou")

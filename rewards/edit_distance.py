@@ -10,6 +10,7 @@ similarity ``1 - d(pred, truth) / max(len(pred), len(truth))`` is the per-answer
 from __future__ import annotations
 
 from mmrl import register_reward
+from mmrl.measures.batch import score_each
 from mmrl.measures.text import answer_similarity
 
 
@@ -22,10 +23,5 @@ def edit_similarity(completions, examples, case_sensitive: bool = True, **ctx) -
     ``case_sensitive=False``; an empty answer block for an empty truth -> 1.0. None when there is
     no answer block (or the example has no answer).
     """
-    if len(completions) != len(examples):
-        raise ValueError(f"edit_similarity: {len(completions)} completions for {len(examples)} examples")
-    out = []
-    for c, ex in zip(completions, examples):
-        truth = ex.get("answer") if isinstance(ex, dict) else None
-        out.append(answer_similarity(c, truth, case_sensitive=bool(case_sensitive)))
-    return out
+    return score_each("edit_similarity", completions, examples, lambda c, ex: answer_similarity(
+        c, ex.get("answer") if isinstance(ex, dict) else None, case_sensitive=bool(case_sensitive)))

@@ -10,12 +10,12 @@ return, which is what ``episode_grpo`` and ``gigpo`` compare within a group.
 from __future__ import annotations
 
 from mmrl import register_reward
+from mmrl.measures.batch import score_each
 
 
 @register_reward("env_reward")
 def env_reward(completions, examples, **ctx) -> list:
     """The step reward of each row; None for a row that has none (not a step of an environment
     episode: the reward then scores 0 and is counted as unparsable in the run's metrics)."""
-    if len(completions) != len(examples):
-        raise ValueError(f"env_reward: {len(completions)} completions for {len(examples)} examples")
-    return [float(ex["step_reward"]) if isinstance(ex, dict) and "step_reward" in ex else None for ex in examples]
+    return score_each("env_reward", completions, examples, lambda _, ex: (
+        float(ex["step_reward"]) if isinstance(ex, dict) and "step_reward" in ex else None))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from mmrl import register_reward
 from mmrl.measures.answers import equality_score
+from mmrl.measures.batch import score_each
 
 
 @register_reward("equality")
@@ -21,7 +22,5 @@ def equality(completions, examples, **ctx) -> list[float]:
     completion or an example without an answer scores 0.0); only a batch length mismatch, a
     caller bug, raises like the other rewards.
     """
-    if len(completions) != len(examples):
-        raise ValueError(f"equality: {len(completions)} completions for {len(examples)} examples")
-    return [equality_score(c, ex.get("answer") if isinstance(ex, dict) else None)
-            for c, ex in zip(completions, examples)]
+    return score_each("equality", completions, examples,
+                      lambda c, ex: equality_score(c, ex.get("answer") if isinstance(ex, dict) else None))

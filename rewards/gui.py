@@ -30,6 +30,7 @@ part).
 from __future__ import annotations
 
 from mmrl import register_reward
+from mmrl.measures.batch import score_each
 from mmrl.measures.gui import action_match, parse_action, truth_action
 from mmrl.measures.gui_r1 import gui_r1_score
 from mmrl.measures.ui_r1 import action_type_reward, coord_reward
@@ -38,19 +39,13 @@ from mmrl.parsing import follows_layout
 ACCURACY_WEIGHT, FORMAT_WEIGHT = 0.8, 0.2  # GUI-R1's weights, in gui_action_score
 
 
-def _check_batch(name, completions, examples):
-    if len(completions) != len(examples):
-        raise ValueError(f"{name}: {len(completions)} completions for {len(examples)} examples")
-
-
 def _matches(name, completions, examples):
     """(completion, action_match or None) per pair; None when either action is unreadable."""
-    _check_batch(name, completions, examples)
-    out = []
-    for c, ex in zip(completions, examples):
+    def match(c, ex):
         pred = parse_action(c)
-        out.append((c, action_match(pred, ex) if pred is not None and truth_action(ex) is not None else None))
-    return out
+        return c, action_match(pred, ex) if pred is not None and truth_action(ex) is not None else None
+
+    return score_each(name, completions, examples, match)
 
 
 # -- the papers' rewards -----------------------------------------------------------------------------
@@ -58,8 +53,7 @@ def _matches(name, completions, examples):
 def ui_r1_action_type(completions, examples, **ctx) -> list:
     """UI-R1's ``accuracy_reward_action``: 1.0 when the ``'action': '...'`` string of the first
     answer block is the label's (UI-R1's names: ``input_text`` for type), else 0.0."""
-    _check_batch("ui_r1_action_type", completions, examples)
-    return [action_type_reward(c, ex) for c, ex in zip(completions, examples)]
+    return score_each("ui_r1_action_type", completions, examples, action_type_reward)
 
 
 @register_reward("ui_r1_coord")
@@ -67,16 +61,14 @@ def ui_r1_coord(completions, examples, **ctx) -> list:
     """UI-R1's ``accuracy_reward_coord``: types equal and a click whose integer point, scaled to the
     screenshot, lies in the element's box (edges included): 1.0; types equal, any other action: 1.0;
     else 0.0. None for a click label without a box."""
-    _check_batch("ui_r1_coord", completions, examples)
-    return [coord_reward(c, ex) for c, ex in zip(completions, examples)]
+    return score_each("ui_r1_coord", completions, examples, coord_reward)
 
 
 @register_reward("gui_r1")
 def gui_r1(completions, examples, **ctx) -> list:
     """GUI-R1's ``r1gui_compute_score``: 0.8 * accuracy + 0.2 * format, as its code computes them
     (:mod:`mmrl.measures.gui_r1`)."""
-    _check_batch("gui_r1", completions, examples)
-    return [gui_r1_score(c, ex) for c, ex in zip(completions, examples)]
+    return score_each("gui_r1", completions, examples, gui_r1_score)
 
 
 # -- mmrl's versions ---------------------------------------------------------------------------------

@@ -17,11 +17,13 @@ from PIL import Image
 
 from mmrl import register_reward
 from mmrl.data.shapes_t2i import COLORS
+from mmrl.measures.batch import score_each
 
 
-def _check(completions, examples, name: str) -> None:
-    if len(completions) != len(examples):
-        raise ValueError(f"{name}: {len(completions)} images for {len(examples)} examples")
+def _each_image(name: str, completions, examples, score) -> list:
+    """``score(image, example)`` for each completion that is a PIL image, None for the others."""
+    return score_each(name, completions, examples,
+                      lambda im, ex: score(im, ex) if isinstance(im, Image.Image) else None, items="images")
 
 
 def _pixels(image: Image.Image) -> np.ndarray:
@@ -43,30 +45,25 @@ def jpeg_compressibility(completions, examples, scale: float = 1.0, quality: int
     near a unit range (a 512x512 image is ~10-100 kB; a 32x32 one ~1 kB). A non-image completion
     (None) scores the registry default 0, above every real score: only a broken generator yields
     one, never a policy's choice, so it cannot be exploited."""
-    _check(completions, examples, "jpeg_compressibility")
-    return [-scale * jpeg_size_kb(im, quality) if isinstance(im, Image.Image) else None for im in completions]
+    return _each_image("jpeg_compressibility", completions, examples, lambda im, _: -scale * jpeg_size_kb(im, quality))
 
 
 @register_reward("jpeg_incompressibility", media="image")
 def jpeg_incompressibility(completions, examples, scale: float = 1.0, quality: int = 95, **ctx) -> list:
     """``+scale * size_kb`` of the JPEG (quality 95), DDPO's incompressibility reward."""
-    _check(completions, examples, "jpeg_incompressibility")
-    return [scale * jpeg_size_kb(im, quality) if isinstance(im, Image.Image) else None for im in completions]
+    return _each_image("jpeg_incompressibility", completions, examples, lambda im, _: scale * jpeg_size_kb(im, quality))
 
 
 @register_reward("brightness", media="image")
 def brightness(completions, examples, target: float | None = None, **ctx) -> list:
     """Mean of all RGB values / 255, in [0, 1]; with ``target``, ``1 - |mean - target|`` instead
     (a reward that peaks at a brightness rather than growing without end)."""
-    _check(completions, examples, "brightness")
-    out = []
-    for im in completions:
-        if not isinstance(im, Image.Image):
-            out.append(None)
-            continue
+
+    def score(im, _):
         mean = float(_pixels(im).mean() / 255.0)
-        out.append(mean if target is None else 1.0 - abs(mean - float(target)))
-    return out
+        return mean if target is None else 1.0 - abs(mean - float(target))
+
+    return _each_image("brightness", completions, examples, score)
 
 
 def parse_color(color) -> np.ndarray:
@@ -86,13 +83,12 @@ def color_target(completions, examples, color=None, **ctx) -> list:
     """``1 - mean_pixels(||rgb - color||) / (255 * sqrt(3))``, in [0, 1] (1: every pixel is the
     colour). The colour is the example's ``target_color`` when it has one (per-prompt targets),
     else the ``color`` kwarg; None when neither is given."""
-    _check(completions, examples, "color_target")
-    out = []
-    for im, ex in zip(completions, examples):
+
+    def score(im, ex):
         target = ex.get("target_color", color) if isinstance(ex, dict) else color
-        if target is None or not isinstance(im, Image.Image):
-            out.append(None)
-            continue
+        if target is None:
+            return None
         dist = np.linalg.norm(_pixels(im) - parse_color(target), axis=-1).mean()
-        out.append(float(1.0 - dist / (255.0 * math.sqrt(3))))
-    return out
+        return float(1.0 - dist / (255.0 * math.sqrt(3)))
+
+    return _each_image("color_target", completions, examples, score)

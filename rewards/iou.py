@@ -9,12 +9,11 @@ original-image pixels, the space of the example's ``box``, before comparing.
 from __future__ import annotations
 
 from mmrl import register_reward
+from mmrl.measures.batch import score_each
 from mmrl.measures.boxes import answer_iou
 
 
 @register_reward("iou")
 def iou(completions, examples, **ctx) -> list:
     """IoU in [0, 1]; None when there is no answer block or no parsable box in it."""
-    if len(completions) != len(examples):
-        raise ValueError(f"iou: {len(completions)} completions for {len(examples)} examples")
-    return [answer_iou(c, ex) for c, ex in zip(completions, examples)]
+    return score_each("iou", completions, examples, answer_iou)

@@ -6,6 +6,7 @@ How answers are read and scored is :mod:`mmrl.measures.jigsaw`; this module regi
 from __future__ import annotations
 
 from mmrl import register_reward
+from mmrl.measures.batch import score_each
 from mmrl.measures.jigsaw import tile_score
 
 
@@ -20,6 +21,5 @@ def jigsaw_position(completions, examples, require_permutation: bool = False, **
     ``require_permutation=True`` scores answers that are not a permutation of 0..n-1 at 0.0.
     Never raises on any text; a batch length mismatch (a caller bug) does.
     """
-    if len(completions) != len(examples):
-        raise ValueError(f"jigsaw_position: {len(completions)} completions for {len(examples)} examples")
-    return [tile_score(c, ex, require_permutation) for c, ex in zip(completions, examples)]
+    return score_each("jigsaw_position", completions, examples,
+                      lambda c, ex: tile_score(c, ex, require_permutation))

@@ -11,6 +11,7 @@ see :mod:`mmrl.measures.math_equivalence` for each, and Math-Verify's own verdic
 from __future__ import annotations
 
 from mmrl import register_reward
+from mmrl.measures.batch import score_each
 from mmrl.measures.math_equivalence import compare
 from mmrl.parsing import extract_answer
 
@@ -22,15 +23,13 @@ def math_answer(completions, examples, **ctx) -> list:
     -> text, or a list read as A, B, ...) lets an option's text answer for its letter and the
     other way round. Never raises on any text or example; only a batch length mismatch (a
     caller bug) raises, like the other rewards."""
-    if len(completions) != len(examples):
-        raise ValueError(f"math_answer: {len(completions)} completions for {len(examples)} examples")
-    out = []
-    for c, ex in zip(completions, examples):
-        pred = extract_answer(c)
-        truth = ex.get("answer") if isinstance(ex, dict) else None
-        if pred is None or truth is None:
-            out.append(None)
-            continue
-        equal, _ = compare(pred, truth, ex.get("options"))
-        out.append(1.0 if equal else 0.0)
-    return out
+    return score_each("math_answer", completions, examples, _score)
+
+
+def _score(completion, ex):
+    pred = extract_answer(completion)
+    truth = ex.get("answer") if isinstance(ex, dict) else None
+    if pred is None or truth is None:
+        return None
+    equal, _ = compare(pred, truth, ex.get("options"))
+    return 1.0 if equal else 0.0

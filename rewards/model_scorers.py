@@ -30,6 +30,7 @@ from PIL import Image
 
 from mmrl import Registry, pick_device, register_reward
 from mmrl.judge import VLMJudge, resolve_checkpoint
+from mmrl.measures.batch import check_batch
 
 _SCORERS: Registry[Callable] = Registry("image scorer")  # one registry implementation: mmrl's
 _CACHE: dict[tuple, object] = {}  # loaded models, per (kind, name, path, device)
@@ -64,8 +65,7 @@ def clear_cache() -> None:
 
 def _valid(completions, examples, name: str) -> list[int]:
     """Indices of the completions that are PIL images (the others score None)."""
-    if len(completions) != len(examples):
-        raise ValueError(f"{name}: {len(completions)} images for {len(examples)} examples")
+    check_batch(name, completions, examples, items="images")
     return [i for i, im in enumerate(completions) if isinstance(im, Image.Image)]
 
 

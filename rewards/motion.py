@@ -14,24 +14,20 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from mmrl import register_reward
+from mmrl.measures.batch import score_each
 from mmrl.measures.motion import as_frames, motion_checks
 
 
 def _scores(completions, examples, min_area, min_shift, reduce: Callable[[list[bool]], float], name: str) -> list:
-    if len(completions) != len(examples):
-        raise ValueError(f"{name}: {len(completions)} clips for {len(examples)} examples")
-    out: list[Any] = []
-    for clip, ex in zip(completions, examples):
+    def score(clip, ex) -> Any:
         spec = ex.get("spec") if isinstance(ex, dict) else None
         try:
             frames = as_frames(clip) if spec is not None else []
         except ValueError:  # text, or anything that is not a clip or an image
             frames = []
-        if not frames:
-            out.append(None)
-            continue
-        out.append(reduce(list(motion_checks(frames, spec, min_area, min_shift).values())))
-    return out
+        return reduce(list(motion_checks(frames, spec, min_area, min_shift).values())) if frames else None
+
+    return score_each(name, completions, examples, score, items="clips")
 
 
 @register_reward("motion", media="video")

@@ -6,6 +6,7 @@ The rule and its paper are in :mod:`mmrl.measures.relaxed`; this module register
 from __future__ import annotations
 
 from mmrl import register_reward
+from mmrl.measures.batch import score_each
 from mmrl.measures.relaxed import MAX_RELATIVE_ERROR, relaxed_correct
 from mmrl.parsing import extract_answer
 
@@ -18,11 +19,10 @@ def relaxed_accuracy(completions, examples, max_relative_error: float = MAX_RELA
     truth "0": "0" and "0.0" -> 1.0, "0.01" -> 0.0; truth "yes": "Yes." -> 1.0, "no" -> 0.0;
     truth "B": " b " -> 1.0. None when there is no answer block (or the example has no answer).
     """
-    if len(completions) != len(examples):
-        raise ValueError(f"relaxed_accuracy: {len(completions)} completions for {len(examples)} examples")
-    out = []
-    for c, ex in zip(completions, examples):
-        pred = extract_answer(c)
+
+    def score(completion, ex):
+        pred = extract_answer(completion)
         truth = ex.get("answer") if isinstance(ex, dict) else None
-        out.append(None if pred is None or truth is None else relaxed_correct(pred, truth, max_relative_error))
-    return out
+        return None if pred is None or truth is None else relaxed_correct(pred, truth, max_relative_error)
+
+    return score_each("relaxed_accuracy", completions, examples, score)

@@ -13,6 +13,7 @@ paper's scale).
 from __future__ import annotations
 
 from mmrl import register_reward
+from mmrl.measures.batch import check_batch, score_each
 from mmrl.measures.screen import (
     ALPHA,
     GUI_G1_ALPHA,
@@ -26,8 +27,7 @@ from mmrl.measures.screen import (
 
 
 def _check_call(name, completions, examples, alpha: float = ALPHA) -> None:
-    if len(completions) != len(examples):
-        raise ValueError(f"{name}: {len(completions)} completions for {len(examples)} examples")
+    check_batch(name, completions, examples)
     if not (isinstance(alpha, (int, float)) and alpha > 0):
         raise ValueError(f"{name}: alpha (sigma / element size) must be a positive number, got {alpha!r}")
 
@@ -36,8 +36,7 @@ def _check_call(name, completions, examples, alpha: float = ALPHA) -> None:
 def click_accuracy(completions, examples, **ctx) -> list:
     """1 if the answer's click (a box answer: its centre) is inside ``ex["box"]``, else 0 (the
     ScreenSpot criterion); None when the answer holds no point."""
-    _check_call("click_accuracy", completions, examples)
-    return [click_score(c, ex) for c, ex in zip(completions, examples)]
+    return score_each("click_accuracy", completions, examples, click_score)
 
 
 @register_reward("gui_g2_point")
@@ -74,8 +73,7 @@ def gui_g1_box(completions, examples, alpha: float = GUI_G1_ALPHA, beta: float =
     ``normalize=False``, gives the paper's scale). None when the answer holds no box (a bare
     click). Needs each example's screen size (``image_size`` or ``frame``): an example with a box
     but no size is a ValueError, not a silent None."""
-    if len(completions) != len(examples):
-        raise ValueError(f"gui_g1_box: {len(completions)} completions for {len(examples)} examples")
+    check_batch("gui_g1_box", completions, examples)
     _check_g1_weights(alpha, beta)
     for ex in examples:
         if isinstance(ex, dict) and ex.get("box") is not None and screen_size(ex) is None:

@@ -42,6 +42,7 @@ from collections.abc import Hashable
 from typing import Optional
 
 from mmrl import register_reward
+from mmrl.measures.batch import check_batch
 from mmrl.parsing import extract_answer, normalize, parse_exact_number
 
 
@@ -76,11 +77,6 @@ def _members(groups: list) -> dict:
     return out
 
 
-def _check(name: str, completions, examples) -> None:
-    if len(completions) != len(examples):
-        raise ValueError(f"{name}: {len(completions)} completions for {len(examples)} examples")
-
-
 @register_reward("ttrv_agreement")
 def ttrv_agreement(completions, examples, group_ids=None, **ctx) -> list:
     """``c(a_i) / K``: the fraction of sample i's group (K samples) that gave its answer.
@@ -89,7 +85,7 @@ def ttrv_agreement(completions, examples, group_ids=None, **ctx) -> list:
     scores 1/4, the unparsable one None. Never raises on any text; a batch length mismatch or
     ``group_ids`` of the wrong length (caller bugs) do.
     """
-    _check("ttrv_agreement", completions, examples)
+    check_batch("ttrv_agreement", completions, examples)
     keys = [answer_key(c) for c in completions]
     out: list = [None] * len(completions)
     for members in _members(_groups(group_ids, len(completions))).values():
@@ -108,7 +104,7 @@ def ttrv_low_entropy(completions, examples, group_ids=None, **ctx) -> list[float
     0.25 ln 0.25) = 0.5623, log 4 = 1.3863, score 1 - 0.4056 = 0.5944. Answers a, a, b, b:
     H = ln 2, score 1 - ln 2 / ln 4 = 0.5. Never None; never raises on any text.
     """
-    _check("ttrv_low_entropy", completions, examples)
+    check_batch("ttrv_low_entropy", completions, examples)
     keys = [answer_key(c) for c in completions]
     out: list[float] = [0.0] * len(completions)
     for members in _members(_groups(group_ids, len(completions))).values():

@@ -19,13 +19,9 @@ finite relative error at truth 0, unreadable answers counted as unparsable).
 from __future__ import annotations
 
 from mmrl import register_reward
+from mmrl.measures.batch import check_batch
 from mmrl.measures.video_answers import answer_accuracies
 from mmrl.measures.video_r1 import answer_tious, video_r1_accuracies
-
-
-def _check_batch(name, completions, examples):
-    if len(completions) != len(examples):
-        raise ValueError(f"{name}: {len(completions)} completions for {len(examples)} examples")
 
 
 @register_reward("tiou")
@@ -33,7 +29,7 @@ def tiou(completions, examples, **ctx) -> list:
     """Temporal IoU in [0, 1] of the answer block's segment with ``ex["segment"]`` (``(start,
     end)`` seconds). Hand-worked: "<answer>[2, 6]</answer>" for (4, 10) -> 2 / 8 = 0.25. None where
     unparsable (:func:`mmrl.measures.video_r1.answer_tious`)."""
-    _check_batch("tiou", completions, examples)
+    check_batch("tiou", completions, examples)
     return answer_tious(completions, examples)
 
 
@@ -42,7 +38,7 @@ def video_r1_accuracy(completions, examples, **ctx) -> list:
     """Video-R1's accuracy reward by ``ex["problem_type"]`` against ``ex["solution"]`` (or
     ``ex["answer"]``), as Video-R1's code computes it (:func:`mmrl.measures.video_r1.video_r1_reward`);
     None only for an example without a solution."""
-    _check_batch("video_r1_accuracy", completions, examples)
+    check_batch("video_r1_accuracy", completions, examples)
     return video_r1_accuracies(completions, examples)
 
 
@@ -50,5 +46,5 @@ def video_r1_accuracy(completions, examples, **ctx) -> list:
 def video_answer_accuracy(completions, examples, **ctx) -> list:
     """mmrl's reading of Video-R1's grading (:func:`mmrl.measures.video_answers.answer_score`); None
     for no answer block, no truth, or an answer unreadable for its type."""
-    _check_batch("video_answer_accuracy", completions, examples)
+    check_batch("video_answer_accuracy", completions, examples)
     return answer_accuracies(completions, examples)

@@ -4,6 +4,7 @@ A reward and the metric of the task it scores must agree to the digit (a gallery
 answer right that the reward scored 0 is a bug report waiting to happen), so both call these
 functions instead of each keeping its own copy. Public: plugins may import them (:mod:`mmrl.public`).
 
+- :mod:`~mmrl.measures.batch`: the batch-length check and per-pair loop every reward shares;
 - :mod:`~mmrl.measures.boxes`: box IoU, the IoU of a completion's box with the example's;
 - :mod:`~mmrl.measures.detection`: multi-box answers, greedy matching, det_iou, AP50, criterion;
 - :mod:`~mmrl.measures.answers`: exact answers (numeric-aware accuracy, No-Thinking equality);
