@@ -93,6 +93,17 @@ class ObjectiveConfig(LossConfig):
         return self.entropy_coef != 0 or self.top_entropy_quantile is not None
 
     @property
+    def needs_reference(self) -> bool:
+        """True when the loss has a KL to the reference (``beta > 0``): the policy then hands the
+        objective the reference's log-probs, or its Gaussian actions (:class:`~.penalties.GaussianActions`)."""
+        return self.beta > 0
+
+    @property
+    def requires(self) -> tuple[str, ...]:
+        """What the loss ``loss_type`` needs the policy to compute (``register_loss(requires=)``)."""
+        return LOSSES.get(self.loss_type).loss_requires
+
+    @property
     def needs_selection(self) -> bool:
         """True when the loss uses batch-dependent token selections; compute them once per
         mini-batch with :func:`select_tokens` and pass ``selection=`` to every micro-batch."""

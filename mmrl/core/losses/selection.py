@@ -15,7 +15,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from .surrogates import clip_bounds
+from .clipping import clip_bounds
 
 __all__ = ["token_covariance", "top_entropy_mask", "clip_cov_mask", "kl_cov_mask", "TokenSelection", "select_tokens"]
 

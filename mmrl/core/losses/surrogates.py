@@ -1,8 +1,9 @@
 """The registered policy losses of the core: per-token surrogates on (B, T) log-probs.
 
 A loss is a pure function registered with ``@register_loss(name)`` and looked up by
-``algo.loss_type``; :func:`mmrl.core.losses.objective.policy_loss` adds what every loss shares
-(off-policy shaping, token selections, KL-Cov, KL, entropy bonus, aggregation). Signature:
+``algo.loss_type``; :func:`mmrl.core.losses.objective.policy_loss` composes it with what every loss
+shares (off-policy shaping, token selections, the rollout IS weight, penalties, aggregation).
+Signature:
 
     fn(logps, old_logps, advantages, mask, cfg, **inputs) -> Surrogate
 
@@ -10,7 +11,8 @@ with (B, T) tensors (advantages (B, 1) or (B, T)) and ``cfg`` the :class:`Object
 ``inputs`` are extra per-action tensors a likelihood-free loss declared in ``requires``.
 ``requires`` names what a policy must provide: ``logps``; ``whole_sequences`` for losses over a
 sequence's mean log-ratio (GSPO, Reg-GRPO), which a policy that computes one action per call (a
-generator's per-timestep backward) cannot give.
+generator's per-timestep backward) cannot give. A loss builds on the pieces of :mod:`.ratios`
+(its ratio) and :mod:`.clipping` (its clip mode).
 
 Papers (titles, so they can be looked up):
 
@@ -20,9 +22,6 @@ Papers (titles, so they can be looked up):
 - Reg-GRPO: "DeepVideo-R1: Video Reinforcement Fine-Tuning via Difficulty-aware Regressive GRPO"
   (Park et al., 2025).
 - CISPO: "MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention" (MiniMax, 2025).
-- Asymmetric clipping: "NGRPO: Negative-enhanced Group Relative Policy Optimization" (2025).
-- Dual-clip: "Mastering Complex Control in MOBA Games with Deep Reinforcement Learning"
-  (Ye et al., 2020), in verl's form.
 - KL-Cov's unclipped surrogate: "The Entropy Mechanism of Reinforcement Learning for Reasoning
   Language Models" (Cui et al., 2025).
 - Off-policy guidance: "TempSamp-R1: Effective Temporal Sampling with Reinforcement Fine-Tuning
@@ -33,22 +32,23 @@ Papers (titles, so they can be looked up):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
 
 from mmrl.registry import register_loss
 
+from .clipping import Bound, clip_bounds, clipped_surrogate
+from .ratios import gspo_ratio, seq_mean, token_ratio
+
 __all__ = [
     "Surrogate",
-    "clip_bounds",
-    "clipped_surrogate",
-    "gspo_ratio",
     "reg_grpo_loss",
     "cispo_loss",
     "off_policy_shaped_loss",
-    "seq_mean",
+    "off_policy_rows",
+    "shape_off_policy_rows",
 ]
 
 
@@ -66,92 +66,6 @@ class Surrogate:
     clip_both_sides: bool = False
     dual: Optional[Tensor] = None
     metrics: dict[str, Tensor] = field(default_factory=dict)
-
-
-Bound = Union[float, Tensor]
-
-
-# ---- clipping --------------------------------------------------------------------------------
-
-
-def clip_bounds(
-    advantages: Tensor,
-    epsilon: float,
-    epsilon_high: float,
-    clip_pos: Optional[tuple[float, float]] = None,
-    clip_neg: Optional[tuple[float, float]] = None,
-) -> tuple[Bound, Bound]:
-    """Ratio bounds ``(low, high)`` of the clipped surrogate.
-
-    Without overrides: the python floats ``1 - epsilon, 1 + epsilon_high`` (the PPO/DAPO path,
-    unchanged). Asymmetric clipping (NGRPO, "NGRPO: Negative-enhanced Group Relative Policy
-    Optimization": looser updates for positive samples): ``clip_pos = (eps_low, eps_high)`` is
-    used where A >= 0 and ``clip_neg = (eps_low, eps_high)`` where A < 0; a side left ``None``
-    falls back to ``(epsilon, epsilon_high)``. The result is then a tensor broadcastable to the
-    ratio. Under the PPO ``min`` only the upper bound binds for A > 0 and only the lower bound
-    for A < 0, so effectively ``clip_pos[1]`` and ``clip_neg[0]`` matter there (CISPO clips its
-    weight on both sides, so both numbers matter for it).
-    """
-    if clip_pos is None and clip_neg is None:
-        return 1 - epsilon, 1 + epsilon_high
-    pos = clip_pos if clip_pos is not None else (epsilon, epsilon_high)
-    neg = clip_neg if clip_neg is not None else (epsilon, epsilon_high)
-    is_pos = advantages >= 0
-    like = advantages
-    low = torch.where(is_pos, like.new_tensor(1 - pos[0]), like.new_tensor(1 - neg[0]))
-    high = torch.where(is_pos, like.new_tensor(1 + pos[1]), like.new_tensor(1 + neg[1]))
-    return low, high
-
-
-def clipped_surrogate(
-    ratio: Tensor,
-    advantages: Tensor,
-    low: Bound,
-    high: Bound,
-    dual_clip_c: Optional[float] = None,
-) -> tuple[Tensor, Optional[Tensor]]:
-    """Per-token clipped surrogate loss ``-min(ratio*A, clamp(ratio, low, high)*A)``.
-
-    Dual-clip ("Mastering Complex Control in MOBA Games with Deep Reinforcement Learning", as in
-    verl): for A < 0 the PPO loss ``|A| * max(ratio, clamp(ratio))`` is unbounded in the ratio;
-    with ``dual_clip_c = c > 1`` it is capped at ``c * |A|``:
-
-        pg = min(pg_clip, -c * A)   where A < 0;   pg = pg_clip  otherwise
-
-    and the capped tokens get no gradient. Returns ``(pg, dual_clipped)``, the second a bool
-    (B, T) mask of capped tokens (``None`` without dual-clip).
-    """
-    pg = -torch.min(ratio * advantages, torch.clamp(ratio, low, high) * advantages)
-    if dual_clip_c is None:
-        return pg, None
-    cap = -advantages * dual_clip_c
-    dual = (advantages < 0) & (pg > cap)
-    return torch.where(advantages < 0, torch.min(pg, cap), pg), dual
-
-
-# ---- sequence-level and clip-free losses ----------------------------------------------------------
-
-
-def seq_mean(x: Tensor, mask: Tensor) -> Tensor:
-    """(B,) masked mean over T (0 for a sequence with no tokens)."""
-    return (x * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-
-
-def gspo_ratio(logps: Tensor, old_logps: Tensor, mask: Tensor) -> Tensor:
-    """GSPO-token importance ratio ("Group Sequence Policy Optimization"), shape (B, T).
-
-    The sequence ratio is length-normalised, a geometric mean of the token ratios:
-
-        s_i = (pi(y_i) / pi_old(y_i)) ** (1/|y_i|) = exp( (1/|y_i|) sum_t (logp - old_logp) )
-
-    and the token form ``s_{i,t} = sg[s_i] * pi(y_it) / sg[pi(y_it)]`` has the *value* s_i on
-    every token of sequence i while its gradient flows through token t only:
-    ``d s_{i,t} / d logp_t = s_i``. Used in the clipped surrogate with a sequence advantage this
-    is exactly GSPO (the whole sequence is clipped or not); with per-token advantages it is the
-    paper's GSPO-token.
-    """
-    seq_log_ratio = seq_mean(logps - old_logps, mask)
-    return torch.exp(logps - logps.detach() + seq_log_ratio.detach().unsqueeze(-1))
 
 
 def reg_grpo_loss(
@@ -224,6 +138,25 @@ def off_policy_shaped_loss(logps: Tensor, advantages: Tensor, gamma: float) -> T
     return -(p / (p + gamma)) * advantages.to(logps.dtype)
 
 
+def off_policy_rows(off_policy: Optional[Tensor], like: Tensor) -> Optional[Tensor]:
+    """The (B,) bool marks of off-policy rows as a (B, 1) bool tensor on ``like``'s device (None
+    stays None); a mark per row of ``like`` (B, T) or the error says the shapes."""
+    if off_policy is None:
+        return None
+    if off_policy.shape != like.shape[:1]:
+        raise ValueError(f"off_policy must have shape (B,) = {tuple(like.shape[:1])}, "
+                         f"got {tuple(off_policy.shape)}")
+    return off_policy.to(device=like.device, dtype=torch.bool).unsqueeze(-1)
+
+
+def shape_off_policy_rows(pg: Tensor, logps: Tensor, advantages: Tensor, rows: Optional[Tensor],
+                          gamma: float) -> Tensor:
+    """``pg`` with the rows marked in ``rows`` (B, 1) replaced by :func:`off_policy_shaped_loss`
+    (no clip); ``pg`` itself when no row is marked. E.g. pg [[0.3], [0.3]], rows [[False], [True]],
+    logp 0 (p = 1), A 1, gamma 0.1: [[0.3], [-1 / 1.1]] = [[0.3], [-0.9091]]."""
+    if rows is None or not bool(rows.any()):
+        return pg
+    return torch.where(rows, off_policy_shaped_loss(logps, advantages, gamma), pg)
 
 
 # ---- the registered losses ------------------------------------------------------------------------
@@ -239,7 +172,7 @@ def clip_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor
     ``clip_pos``/``clip_neg``, dual-clip with ``dual_clip_c``). With KL-Cov in the paper's form
     (``kl_cov_ratio`` set, ``kl_cov_clip`` off) the unclipped ``-A ratio``: the KL-Cov penalty on
     the high-covariance tokens is then the trust region."""
-    ratio = torch.exp(logps - old_logps)
+    ratio = token_ratio(logps, old_logps)
     if cfg.unclipped:
         return Surrogate(-advantages * ratio)
     low, high = _bounds(advantages, cfg)
@@ -260,7 +193,7 @@ def gspo_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor
 @register_loss("cispo")
 def cispo(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, cfg) -> Surrogate:
     """CISPO: the clipped importance weight times the log-prob gradient (:func:`cispo_loss`)."""
-    ratio = torch.exp(logps - old_logps)
+    ratio = token_ratio(logps, old_logps)
     low, high = _bounds(advantages, cfg)
     return Surrogate(cispo_loss(ratio, logps, advantages, low, high), ratio, low, high, clip_both_sides=True)
 
