@@ -24,6 +24,7 @@ from typing import Any
 
 from mmrl import Task, UnknownNameError, make_task, register_task
 from mmrl.data.sequence import LazySequence, split_stats, usable_item
+from mmrl.measures.batch import check_batch
 
 
 class SourceConcat(LazySequence):
@@ -243,8 +244,7 @@ class Mixture(Task):
     def metrics(self, completions, examples) -> dict[str, float]:
         """Each source's own metrics on its samples, as ``<source>/<metric>``, plus
         ``<source>/count`` (its number of samples; 0, with no other keys, when absent)."""
-        if len(completions) != len(examples):
-            raise ValueError(f"mixture.metrics: {len(completions)} completions for {len(examples)} examples")
+        check_batch("mixture.metrics", completions, examples)
         by_source: dict[str, list[int]] = {name: [] for name in self.sources}
         for i, ex in enumerate(examples):
             by_source[self.source_of(ex)].append(i)
