@@ -10,7 +10,15 @@ A task is written exactly like the built-in ones in ``tasks/``::
         rewards = {"format": 0.5, "accuracy": 1.0}   # reward names -> default weights
         def examples(self, split): ...               # a sequence of dicts
         def prompt(self, ex): ...                    # chat messages with images
-        def target(self, ex): ...                    # a reference completion (SFT warm start)
+        def reference_answer(self, ex): ...          # the answer of a reference completion (SFT warm start)
+        def reasoning(self, ex): ...                 # the thought before it
+
+A task with the ``thinking`` option (``default_options`` holds ``"thinking": True``) has two
+layouts. True: ``<think>...</think><answer>...</answer>``. False: the answer block alone, the
+No-Thinking layout of CLS-RL / No-Thinking-RL ("Think or Not Think: A Study of Explicit Thinking in
+Rule-Based Visual Reinforcement Fine-Tuning"). The base class switches the prompt's instruction
+(:meth:`Task.instruction`), the reference completion (:meth:`Task.target`) and the rewards
+(:attr:`Task.answer_only_rewards`, else the format reward's ``answer_only`` mode) in one place.
 """
 
 from __future__ import annotations
@@ -39,6 +47,9 @@ class Task:
     rewards: dict[str, float] = {}
     # Extra keyword arguments passed to individual rewards, e.g. {"format": {"mode": "lenient"}}.
     reward_kwargs: dict[str, dict[str, Any]] = {}
+    # The rewards with the ``thinking`` option False (e.g. {"equality": 1.0}: an exact answer and
+    # nothing else); None: ``rewards`` still, the format reward (if used) in its ``answer_only`` mode.
+    answer_only_rewards: dict[str, float] | None = None
     # The task metric a report leads with, and whose per-example value 1.0 counts as solved for
     # pass@k (``eval.pass_k``); None where no metric is a per-example success (e.g. detection AP).
     success_metric: str | None = "accuracy"
@@ -51,6 +62,11 @@ class Task:
                 f"valid options: {sorted(self.option_names())}"
             )
         self.options = {**self._defaults(), **options}
+        if not self.thinking:  # instance attributes: the class defaults stay those of the thinking layout
+            if self.answer_only_rewards is not None:
+                self.rewards, self.reward_kwargs = dict(self.answer_only_rewards), {}
+            elif "format" in self.rewards:
+                self.reward_kwargs = {**self.reward_kwargs, "format": {"mode": "answer_only"}}
 
     # -- options --------------------------------------------------------------------------------
     def default_options(self) -> dict[str, Any]:
@@ -73,6 +89,12 @@ class Task:
         if not isinstance(value, bool):
             raise ValueError(f"{self.name}: option {name} must be true or false, got {value!r}")
         return value
+
+    @property
+    def thinking(self) -> bool:
+        """Whether completions reason before they answer: the ``thinking`` option (a real bool),
+        True for a task without one."""
+        return self.bool_option("thinking") if "thinking" in self.options else True
 
     # -- data -----------------------------------------------------------------------------------
     def examples(self, split: str) -> Sequence[dict]:
@@ -108,20 +130,36 @@ class Task:
     # ``prompt``; a task sets it, or overrides ``prompt`` for anything else.
     instructions: tuple[str, str] | None = None
 
+    def instruction(self) -> str:
+        """The one of ``instructions`` that the ``thinking`` option picks."""
+        if self.instructions is None:
+            raise NotImplementedError(f"task {self.name!r} must implement prompt(ex) or set instructions")
+        thinking, answer_only = self.instructions
+        return thinking if self.thinking else answer_only
+
     def prompt(self, ex: dict) -> list[dict]:
         """Chat messages for one example; images go in as ``{"type": "image", "image": PIL}``.
 
         Default: the image and ``"<question> <instruction>"``, the instruction chosen by the
         ``thinking`` option from ``instructions``."""
-        if self.instructions is None:
-            raise NotImplementedError(f"task {self.name!r} must implement prompt(ex) or set instructions")
-        thinking, answer_only = self.instructions
-        instruction = thinking if self.options.get("thinking", True) else answer_only
-        return image_prompt(ex["image"], f"{ex['question']} {instruction}")
+        return image_prompt(ex["image"], f"{ex['question']} {self.instruction()}")
 
     def target(self, ex: dict) -> str:
-        """A reference completion for ``ex`` (used by the SFT warm start)."""
+        """A reference completion for ``ex`` (used by the SFT warm start):
+        ``<think>{reasoning(ex)}</think><answer>{reference_answer(ex)}</answer>``, or the answer
+        block alone when the ``thinking`` option is off. A task with another layout overrides it."""
+        answer = self.reference_answer(ex)
+        if not self.thinking:
+            return f"<answer>{answer}</answer>"
+        return f"<think>{self.reasoning(ex)}</think><answer>{answer}</answer>"
+
+    def reference_answer(self, ex: dict) -> str:
+        """The text of the answer block of :meth:`target`."""
         raise NotImplementedError(f"task {self.name!r} has no reference completions")
+
+    def reasoning(self, ex: dict) -> str:
+        """The text of the think block of :meth:`target`, a short thought that leads to the answer."""
+        raise NotImplementedError(f"task {self.name!r} has no reference reasoning")
 
     # Keys of an example that the usual readers read back from a data file (see file_record).
     RECORD_KEYS = ("question", "problem", "instruction", "answer", "solution", "box", "boxes", "labels", "label",

@@ -145,11 +145,6 @@ class ChartQA(Task):
             raise ValueError(f"chart_qa: need integers 2 <= min_categories <= max_categories <= 10, got {lo!r}, {hi!r}")
         if not isinstance(size, int) or size < MIN_IMAGE_SIZE:
             raise ValueError(f"chart_qa: image_size must be an integer >= {MIN_IMAGE_SIZE}, got {size!r}")
-        thinking = self.bool_option("thinking")
-        # Instance attributes: the class defaults stay those of the thinking layout. Relaxed
-        # accuracy already checks the answer; format only checks the bare layout.
-        self.rewards = {"format": 0.5, "relaxed_accuracy": 1.0}
-        self.reward_kwargs = {} if thinking else {"format": {"mode": "answer_only"}}
 
     def make(self, seed: int) -> dict:
         """Example ``seed``: kind, number of categories, values (redrawn until the maximum is
@@ -192,17 +187,17 @@ class ChartQA(Task):
     def _value(ex: dict, label: str) -> int:
         return ex["values"][ex["labels"].index(label)]
 
-    def target(self, ex: dict) -> str:
-        """The answer, after (thinking) the values of the categories it rests on: "B is at 7."."""
-        answer = ex["answer"]
-        if not self.options["thinking"]:
-            return f"<answer>{answer}</answer>"
+    def reference_answer(self, ex: dict) -> str:
+        return ex["answer"]
+
+    def reasoning(self, ex: dict) -> str:
+        """The values of the categories the answer rests on: "B is at 7."."""
         if ex.get("values") is None:  # real data: no drawn values to reason from
-            return f"<think>I read the chart.</think><answer>{answer}</answer>"
+            return "I read the chart."
         said = ", ".join(f"{a} is at {self._value(ex, a)}" for a in ex["asked"])
         if ex["qtype"] == "max":
             said += ", the highest"
-        return f"<think>{said}.</think><answer>{answer}</answer>"
+        return f"{said}."
 
     def hints(self, ex: dict) -> list[str]:
         """Scaf-GRPO's three tiers, least to most revealing: which bar or point to look at

@@ -43,9 +43,9 @@ from mmrl.data.images import IMAGE_EXTENSIONS, ImageFiles, find_images
 from mmrl.data.records import BadRecord, require_image
 from mmrl.data.scenes import COLORS, SHAPES, SceneObject, render_scene
 from mmrl.data.sequence import LazySequence, split_stats, usable_item
-from mmrl.measures.answers import accuracy_score, equality_score
+from mmrl.measures.answers import layout_answer, layout_score
 from mmrl.media.draw import FOOTER, PRED, TRUE, canvas, draw_box, draw_label
-from mmrl.parsing import answer_text, extract_answer, normalize
+from mmrl.parsing import normalize
 
 LABELS = ("shape", "color")
 SYNTHETIC_CLASSES = {"shape": tuple(SHAPES), "color": tuple(sorted(COLORS))}
@@ -137,6 +137,7 @@ class Classification(Task):
     modality = "vlm"
     instructions = (FORMAT_INSTRUCTION, ANSWER_ONLY_INSTRUCTION)
     rewards = {"format": 0.5, "accuracy": 1.0}
+    answer_only_rewards = {"equality": 1.0}
 
     def default_options(self):
         return {
@@ -187,10 +188,6 @@ class Classification(Task):
                 raise ValueError(
                     f"classification: synthetic {o['label']} classes are {SYNTHETIC_CLASSES[o['label']]}; got {unknown}"
                 )
-        if not self.bool_option("thinking"):
-            # Instance attributes: the class defaults stay those of the thinking layout.
-            self.rewards = {"equality": 1.0}
-            self.reward_kwargs = {}
         self._cache: dict[str, Sequence[dict]] = {}
 
     # -- data ---------------------------------------------------------------------------------
@@ -257,13 +254,12 @@ class Classification(Task):
 
     # -- prompting ------------------------------------------------------------------------------
 
-    def target(self, ex: dict) -> str:
-        label = ex["answer"]
-        if not self.options["thinking"]:
-            return f"<answer>{label}</answer>"
+    def reference_answer(self, ex: dict) -> str:
+        return ex["answer"]
+
+    def reasoning(self, ex: dict) -> str:
         obj = ex.get("object")
-        why = f"It is a {obj['color']} {obj['shape']}." if obj else f"This is {label}."
-        return f"<think>{why}</think><answer>{label}</answer>"
+        return f"It is a {obj['color']} {obj['shape']}." if obj else f"This is {ex['answer']}."
 
     def hints(self, ex: dict) -> list[str]:
         """Scaf-GRPO's three tiers: what to look at (knowledge), a cue that narrows the options
@@ -289,14 +285,10 @@ class Classification(Task):
     def _scores(self, completions, examples) -> list[float]:
         """Per-sample correctness, exactly as the task's answer reward grades it (accuracy with
         thinking, equality without); unparsable is wrong."""
-        if self.options["thinking"]:
-            return [accuracy_score(c, ex.get("answer")) or 0.0 for c, ex in zip(completions, examples)]
-        return [equality_score(c, ex.get("answer")) for c, ex in zip(completions, examples)]
+        return [layout_score(c, ex.get("answer"), self.thinking) for c, ex in zip(completions, examples)]
 
     def _prediction(self, completion) -> Optional[str]:
-        if not isinstance(completion, str):
-            return None
-        return extract_answer(completion) if self.options["thinking"] else answer_text(completion)
+        return layout_answer(completion, self.thinking)
 
     def metrics(self, completions, examples) -> dict[str, float]:
         """accuracy: graded like the answer reward; ``accuracy/<class>``: the same over the

@@ -57,6 +57,7 @@ class Counting(Task):
     modality = "vlm"
     instructions = (FORMAT_INSTRUCTION, ANSWER_ONLY_INSTRUCTION)
     rewards = {"format": 0.5, "accuracy": 1.0}
+    answer_only_rewards = {"equality": 1.0}
 
     def default_options(self):
         return {
@@ -90,10 +91,6 @@ class Counting(Task):
                 f"counting: max_count + max_distractors must be within 0..{DEFAULT_GRID ** 2} "
                 f"(one object per grid cell), got {most}"
             )
-        if not self.bool_option("thinking"):
-            # Instance attributes: the class defaults stay those of the thinking layout.
-            self.rewards = {"equality": 1.0}
-            self.reward_kwargs = {}
 
     def make(self, seed: int) -> dict:
         """Example ``seed``: the count is drawn first (uniform 0..max_count), then the scene."""
@@ -119,16 +116,17 @@ class Counting(Task):
         return self.file_or_synthetic(split, SPLIT_SEEDS, parse_count_record)
 
 
-    def target(self, ex: dict) -> str:
+    def reference_answer(self, ex: dict) -> str:
+        return str(int(ex["answer"]))
+
+    def reasoning(self, ex: dict) -> str:
         k = int(ex["answer"])
-        if not self.options["thinking"]:
-            return f"<answer>{k}</answer>"
         q = ex.get("query")
         what = f" {noun_phrase(q['color'], q['shape'], k)}" if q else ""
         thought = f"I count {k}{what}."
         if self.options["reasoning"] == "enumerate" and q and "objects" in ex:
             thought = f"{enumeration(ex)}: {thought}"
-        return f"<think>{thought}</think><answer>{k}</answer>"
+        return thought
 
     def hints(self, ex: dict) -> list[str]:
         """Scaf-GRPO's three tiers, least to most revealing: which objects count (knowledge), in

@@ -156,10 +156,6 @@ class Detection(Task):
             )
         if o["box_space"] not in BOX_SPACES:
             raise ValueError(f"detection: box_space must be one of {BOX_SPACES}, got {o['box_space']!r}")
-        if not self.bool_option("thinking"):
-            # Instance attributes: the class defaults stay those of the thinking layout.
-            self.rewards = {"format": 0.5, "det_iou": 1.0}
-            self.reward_kwargs = {"format": {"mode": "answer_only"}}
 
     # -- data -----------------------------------------------------------------------------------
     def make(self, seed: int) -> dict:
@@ -213,7 +209,7 @@ class Detection(Task):
 
     # -- prompting ------------------------------------------------------------------------------
 
-    def _answer(self, ex: dict) -> str:
+    def reference_answer(self, ex: dict) -> str:
         """The true boxes in the policy's coordinate space when the example says which
         (``pred_space``/``frame``, set by the trainer), else in pixels."""
         return format_boxes(pixels_to_prediction(b, ex) for b in ex["boxes"])
@@ -227,11 +223,8 @@ class Detection(Task):
             return f"1 {ex['labels'][0]}"
         return f"{k} {query_phrase(ex['query'], k)}"
 
-    def target(self, ex: dict) -> str:
-        answer = self._answer(ex)
-        if not self.options["thinking"]:
-            return f"<answer>{answer}</answer>"
-        return f"<think>I count {self._count_text(ex)}.</think><answer>{answer}</answer>"
+    def reasoning(self, ex: dict) -> str:
+        return f"I count {self._count_text(ex)}."
 
     def hints(self, ex: dict) -> list[str]:
         """Scaf-GRPO's three tiers, least to most revealing: what to find (knowledge), how many
@@ -247,7 +240,7 @@ class Detection(Task):
             planning = f"There {'is' if len(boxes) == 1 else 'are'} {len(boxes)}: {where}."
         else:
             planning = "There are none."
-        return [knowledge, planning, f"The answer is {self._answer(ex)}."]
+        return [knowledge, planning, f"The answer is {self.reference_answer(ex)}."]
 
     # -- evaluation -----------------------------------------------------------------------------
     def metrics(self, completions, examples) -> dict[str, float]:

@@ -80,11 +80,6 @@ class Grounding(Task):
         lo, hi = self.options["min_objects"], self.options["max_objects"]
         if not 1 <= lo <= hi <= 12:  # 4 colours x 3 shapes distinct pairs
             raise ValueError(f"grounding: need 1 <= min_objects <= max_objects <= 12, got {lo}, {hi}")
-        if not self.bool_option("thinking"):
-            # Instance attributes: the class defaults stay those of the thinking layout. IoU is
-            # already graded, so no equality reward here; format only checks the bare layout.
-            self.rewards = {"format": 0.5, "iou": 1.0}
-            self.reward_kwargs = {"format": {"mode": "answer_only"}}
 
     def make(self, seed: int) -> dict:
         """Example ``seed``: 2-4 objects with unique (colour, shape), so the query names one."""
@@ -109,16 +104,15 @@ class Grounding(Task):
                                       finish=lambda ex: finish_rec_example(ex, self.options["box_space"]))
 
 
-    def target(self, ex: dict) -> str:
-        """The reference answer, its box in the policy's coordinate space when the example says
-        which (``pred_space``/``frame``, set by the trainer), else in pixels."""
-        answer = format_box(round(v) for v in pixels_to_prediction(ex["box"], ex))
-        if not self.options["thinking"]:
-            return f"<answer>{answer}</answer>"
+    def reference_answer(self, ex: dict) -> str:
+        """The box in the policy's coordinate space when the example says which
+        (``pred_space``/``frame``, set by the trainer), else in pixels."""
+        return format_box(round(v) for v in pixels_to_prediction(ex["box"], ex))
+
+    def reasoning(self, ex: dict) -> str:
         t = ex.get("query")
         thing = f"{t['color']} {t['shape']}" if t else "object"
-        where = position_word(ex["box"], ex["image_size"])
-        return f"<think>The {thing} is at the {where}.</think><answer>{answer}</answer>"
+        return f"The {thing} is at the {position_word(ex['box'], ex['image_size'])}."
 
     def hints(self, ex: dict) -> list[str]:
         """Scaf-GRPO's three tiers, least to most revealing: what to look for (knowledge), which

@@ -53,6 +53,7 @@ class GuiActions(Task):
     action out. ``success_metric`` is ``step_success`` (type and arguments right)."""
 
     modality = "vlm"
+    instructions = (FORMAT_INSTRUCTION, ANSWER_ONLY_INSTRUCTION)  # with a {space} to fill
     rewards = {"gui_action_type": 1.0, "gui_action_args": 1.0, "format": 1.0}
     success_metric = "step_success"
 
@@ -84,9 +85,6 @@ class GuiActions(Task):
                              "AndroidControl / GUI-Odyssey layouts (see mmrl.data.gui_episodes)")
         for name in ("strict", "step_instruction"):
             self.bool_option(name)
-        if not self.bool_option("thinking"):
-            self.rewards = dict(self.rewards)
-            self.reward_kwargs = {"format": {"mode": "answer_only"}}
 
     # -- data -----------------------------------------------------------------------------------
     def examples(self, split: str):
@@ -133,7 +131,7 @@ class GuiActions(Task):
         if self.options["step_instruction"] and step:
             parts.append(f"Step: {str(step).strip().rstrip('.')}.")
         parts.append(f"Previous actions: {format_history(ex, lambda p: self._point(p, ex))}.")
-        template = FORMAT_INSTRUCTION if self.options["thinking"] else ANSWER_ONLY_INSTRUCTION
+        template = self.instruction()
         space = SPACE_WORDS.get(ex.get("pred_space") if ex.get("frame") is not None else None, DEFAULT_SPACE_WORDS)
         parts += [ACTIONS, template.replace("{space}", space)]
         return " ".join(parts)
@@ -141,30 +139,25 @@ class GuiActions(Task):
     def prompt(self, ex: dict) -> list[dict]:
         return image_prompt(ex["image"], self.text(ex))
 
-    def answer(self, ex: dict) -> str:
+    def reference_answer(self, ex: dict) -> str:
         """The labelled action as the policy should write it (point in its space, integers)."""
         action = normalize_action(ex["action"])
         if "point" in action:
             action["point"] = self._point(action["point"], ex)
         return format_action(action)
 
-    def target(self, ex: dict) -> str:
-        answer = self.answer(ex)
-        if not self.options["thinking"]:
-            return f"<answer>{answer}</answer>"
+    def reasoning(self, ex: dict) -> str:
         action, query = ex["action"], ex.get("query")
         if query and action["action"] == "click":
             size = ex.get("image_size") or ex["image"].size
-            thought = f"The {query['color']} {query['shape']} is at the {position_word(action['bbox'], size)}."
-        elif ex.get("step_instruction"):
-            thought = str(ex["step_instruction"]).strip()
-        else:
-            thought = f"Next I {_verb(action)}."
-        return f"<think>{thought}</think><answer>{answer}</answer>"
+            return f"The {query['color']} {query['shape']} is at the {position_word(action['bbox'], size)}."
+        if ex.get("step_instruction"):
+            return str(ex["step_instruction"]).strip()
+        return f"Next I {_verb(action)}."
 
     def hints(self, ex: dict) -> list[str]:
         """The action type, then the whole action."""
-        return [f"The next action is {ex['action']['action']}.", f"The answer is {self.answer(ex)}."]
+        return [f"The next action is {ex['action']['action']}.", f"The answer is {self.reference_answer(ex)}."]
 
     # -- evaluation -----------------------------------------------------------------------------
     def metrics(self, completions, examples) -> dict[str, float]:

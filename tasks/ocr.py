@@ -117,12 +117,8 @@ class Ocr(Task):
                 f"ocr: alphabet must be a non-empty string of printable ASCII without spaces or '<', '>' "
                 f"(the bitmap font draws only ASCII; tags would break the answer block), got {alphabet!r}"
             )
-        case_sensitive = self.bool_option("case_sensitive")
-        thinking = self.bool_option("thinking")
-        # Instance attributes: the class defaults stay those of the thinking, case-sensitive layout.
-        self.rewards = {"format": 0.5, "edit_similarity": 1.0}
-        self.reward_kwargs = {} if thinking else {"format": {"mode": "answer_only"}}
-        if not case_sensitive:
+        if not self.bool_option("case_sensitive"):
+            # An instance attribute: the class default stays that of the case-sensitive layout.
             self.reward_kwargs = {**self.reward_kwargs, "edit_similarity": {"case_sensitive": False}}
 
     def make(self, seed: int) -> dict:
@@ -138,11 +134,11 @@ class Ocr(Task):
         return self.file_or_synthetic(split, SPLIT_SEEDS, parse_record)
 
 
-    def target(self, ex: dict) -> str:
-        text = ex["answer"]
-        if not self.options["thinking"]:
-            return f"<answer>{text}</answer>"
-        return f"<think>{_length(text)}</think><answer>{text}</answer>"
+    def reference_answer(self, ex: dict) -> str:
+        return ex["answer"]
+
+    def reasoning(self, ex: dict) -> str:
+        return _length(ex["answer"])
 
     def hints(self, ex: dict) -> list[str]:
         """Scaf-GRPO's three tiers, least to most revealing: how long the text is (knowledge), its

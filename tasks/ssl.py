@@ -39,14 +39,14 @@ from typing import Any, Optional
 import numpy as np
 from PIL import Image, ImageDraw
 
-from mmrl import SyntheticExamples, Task, image_prompt, register_task
+from mmrl import SyntheticExamples, Task, register_task
 from mmrl.data.images import ImageFiles, find_images
 from mmrl.data.scenes import draw_object, scene_with_targets
 from mmrl.data.sequence import LazySequence
-from mmrl.measures.answers import accuracy_score, equality_score
+from mmrl.measures.answers import layout_answer, layout_score
 from mmrl.measures.jigsaw import parse_positions, tile_score
 from mmrl.media.draw import FOOTER, PRED, TRUE, canvas, draw_box, draw_label
-from mmrl.parsing import answer_text, extract_answer
+from mmrl.parsing import extract_answer
 
 SPLIT_SEEDS = {"train": 1, "eval": 2}  # distinct seeds: eval examples are never trained on
 ANGLES = (0, 90, 180, 270)
@@ -177,7 +177,6 @@ class _SelfSupervised(Task):
             raise ValueError(f"{self.name}: eval_fraction must be in (0, 1), got {o['eval_fraction']!r}")
         if o["eval_image_dir"] and not o["image_dir"]:
             raise ValueError(f"{self.name}: eval_image_dir needs image_dir (the training images)")
-        self.thinking = self.bool_option("thinking")
         self._cache: dict[str, Sequence[dict]] = {}
 
     def transform(self, image: Image.Image, rng: random.Random) -> dict:
@@ -225,21 +224,15 @@ class _SelfSupervised(Task):
         return self._cache[split]
 
     def _prediction(self, completion) -> Optional[str]:
-        if not isinstance(completion, str):
-            return None
-        return extract_answer(completion) if self.thinking else answer_text(completion)
+        return layout_answer(completion, self.thinking)
 
 
 # -- rotation ------------------------------------------------------------------------------------
 @register_task("rotation")
 class Rotation(_SelfSupervised):
     rewards = {"format": 0.5, "accuracy": 1.0}
-
-    def __init__(self, **options):
-        super().__init__(**options)
-        if not self.thinking:
-            self.rewards = {"equality": 1.0}
-            self.reward_kwargs = {}
+    answer_only_rewards = {"equality": 1.0}
+    instructions = (ROTATION_FORMAT, ROTATION_ANSWER_ONLY)
 
     def transform(self, image: Image.Image, rng: random.Random) -> dict:
         angle = rng.choice(ANGLES)
@@ -247,15 +240,11 @@ class Rotation(_SelfSupervised):
         return {"image": shown, "question": ROTATION_QUESTION, "answer": str(angle), "angle": angle,
                 "image_size": shown.size}
 
-    def prompt(self, ex: dict) -> list[dict]:
-        instruction = ROTATION_FORMAT if self.thinking else ROTATION_ANSWER_ONLY
-        return image_prompt(ex["image"], f"{ex['question']} {instruction}")
+    def reference_answer(self, ex: dict) -> str:
+        return ex["answer"]
 
-    def target(self, ex: dict) -> str:
-        angle = ex["answer"]
-        if not self.thinking:
-            return f"<answer>{angle}</answer>"
-        return f"<think>It is turned {angle}.</think><answer>{angle}</answer>"
+    def reasoning(self, ex: dict) -> str:
+        return f"It is turned {ex['answer']}."
 
     def hints(self, ex: dict) -> list[str]:
         """Knowledge (what shows which way is up), planning (sideways or not), solution."""
@@ -268,9 +257,7 @@ class Rotation(_SelfSupervised):
         return [knowledge, planning, f"The answer is {ex['answer']}."]
 
     def _scores(self, completions, examples) -> list[float]:
-        if self.thinking:
-            return [accuracy_score(c, ex.get("answer")) or 0.0 for c, ex in zip(completions, examples)]
-        return [equality_score(c, ex.get("answer")) for c, ex in zip(completions, examples)]
+        return [layout_score(c, ex.get("answer"), self.thinking) for c, ex in zip(completions, examples)]
 
     def metrics(self, completions, examples) -> dict[str, float]:
         """accuracy: graded like the answer reward (unparsable is wrong); parsed: an answer was
@@ -292,7 +279,8 @@ class Rotation(_SelfSupervised):
 # -- jigsaw --------------------------------------------------------------------------------------
 @register_task("jigsaw")
 class Jigsaw(_SelfSupervised):
-    rewards = {"format": 0.5, "jigsaw_position": 1.0}
+    rewards = {"format": 0.5, "jigsaw_position": 1.0}  # graded: no equality reward without thinking
+    instructions = (JIGSAW_FORMAT, JIGSAW_ANSWER_ONLY)
 
     def default_options(self):
         return {**super().default_options(), "grid": 2}  # 2x2 tiles; 3 gives 3x3 (digits 0-8)
@@ -302,10 +290,6 @@ class Jigsaw(_SelfSupervised):
         grid = self.options["grid"]
         if grid not in (2, 3):
             raise ValueError(f"jigsaw: grid must be 2 or 3 (one digit per place), got {grid!r}")
-        if not self.thinking:
-            # Graded reward, so no equality here; format only checks the bare layout.
-            self.rewards = {"format": 0.5, "jigsaw_position": 1.0}
-            self.reward_kwargs = {"format": {"mode": "answer_only"}}
 
     def transform(self, image: Image.Image, rng: random.Random) -> dict:
         grid = self.options["grid"]
@@ -315,15 +299,11 @@ class Jigsaw(_SelfSupervised):
         return {"image": shown, "question": jigsaw_question(grid), "answer": " ".join(map(str, permutation)),
                 "permutation": tuple(permutation), "grid": grid, "image_size": shown.size}
 
-    def prompt(self, ex: dict) -> list[dict]:
-        instruction = JIGSAW_FORMAT if self.thinking else JIGSAW_ANSWER_ONLY
-        return image_prompt(ex["image"], f"{ex['question']} {instruction}")
+    def reference_answer(self, ex: dict) -> str:
+        return ex["answer"]
 
-    def target(self, ex: dict) -> str:
-        if not self.thinking:
-            return f"<answer>{ex['answer']}</answer>"
-        first = ex["permutation"][0]
-        return f"<think>Top left came from {first}.</think><answer>{ex['answer']}</answer>"
+    def reasoning(self, ex: dict) -> str:
+        return f"Top left came from {ex['permutation'][0]}."
 
     def hints(self, ex: dict) -> list[str]:
         """Knowledge (how places are numbered, what to match), planning (where the top-left tile

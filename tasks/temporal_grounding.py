@@ -111,16 +111,15 @@ class TemporalGrounding(Task):
                                       video_options=dict(self.options["video"]), finish=check_segment_in_clip)
 
     def prompt(self, ex: dict) -> list[dict]:
-        instruction = FORMAT_INSTRUCTION if self.bool_option("thinking") else ANSWER_ONLY_INSTRUCTION
-        return video_prompt(ex["video"], f"{ex['question']} {instruction}")
+        return video_prompt(ex["video"], f"{ex['question']} {self.instruction()}")
 
-    def target(self, ex: dict) -> str:
-        answer = f"<answer>{ex['answer']}</answer>"
-        if not self.options["thinking"]:
-            return answer
+    def reference_answer(self, ex: dict) -> str:
+        return ex["answer"]
+
+    def reasoning(self, ex: dict) -> str:
         q = ex.get("query")
         thing = f"the {q['color']} {q['shape']}" if q else "it"
-        return f"<think>I see {thing} from {ex['answer']} seconds.</think>{answer}"
+        return f"I see {thing} from {ex['answer']} seconds."
 
     def metrics(self, completions, examples) -> dict[str, float]:
         ious = answer_tious(completions, examples)

@@ -118,14 +118,14 @@ class VideoQA(Task):
                                       video_options=dict(self.options["video"]))
 
     def prompt(self, ex: dict) -> list[dict]:
-        text = f"{ex['question']} {instruction(ex['problem_type'], self.bool_option('thinking'))}"
+        text = f"{ex['question']} {instruction(ex['problem_type'], self.thinking)}"
         return video_prompt(ex.get("video", ex.get("image")), text)
 
-    def target(self, ex: dict) -> str:
-        answer = f"<answer>{ex['answer']}</answer>"
-        if not self.options["thinking"]:
-            return answer
-        return f"<think>{ex.get('thought', 'I watch the video.')}</think>{answer}"
+    def reference_answer(self, ex: dict) -> str:
+        return ex["answer"]
+
+    def reasoning(self, ex: dict) -> str:
+        return ex.get("thought", "I watch the video.")
 
     def metrics(self, completions, examples) -> dict[str, float]:
         """accuracy: the mean Video-R1 accuracy reward; per problem type as ``accuracy/<type>``."""

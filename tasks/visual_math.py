@@ -92,6 +92,7 @@ def expression_text(tokens: list) -> str:
 @register_task("visual_math")
 class VisualMath(Task):
     modality = "vlm"
+    instructions = (FORMAT_INSTRUCTION, ANSWER_ONLY_INSTRUCTION)  # with a {slot} to fill
     rewards = {"format": 0.5, "math_answer": 1.0}
 
     def default_options(self):
@@ -125,10 +126,6 @@ class VisualMath(Task):
             raise ValueError(f"visual_math: max_group must be within 1..8, got {o['max_group']}")
         if not 2 <= o["num_choices"] <= 10:
             raise ValueError(f"visual_math: num_choices must be within 2..10, got {o['num_choices']}")
-        if not self.bool_option("thinking"):
-            # Instance attributes: the class defaults stay those of the thinking layout.
-            self.rewards = {"format": 0.5, "math_answer": 1.0}
-            self.reward_kwargs = {"format": {"mode": "answer_only"}}
 
     # -- synthetic examples -----------------------------------------------------------------------
     def _arith(self, rng: random.Random) -> dict:
@@ -256,21 +253,18 @@ class VisualMath(Task):
         if options and "choices" not in text.casefold():
             text += " Choices: " + " ".join(f"({k}) {v}" for k, v in options.items()) + "."
         slot = "letter" if options else ("number" if ex.get("kind") in BASE_KINDS else "answer")
-        instruction = FORMAT_INSTRUCTION if self.options["thinking"] else ANSWER_ONLY_INSTRUCTION
-        return image_prompt(ex["image"], f"{text} {instruction.format(slot=slot)}")
+        return image_prompt(ex["image"], f"{text} {self.instruction().format(slot=slot)}")
 
-    def _reasoning(self, ex: dict) -> str:
+    def reference_answer(self, ex: dict) -> str:
+        return ex["answer"]
+
+    def reasoning(self, ex: dict) -> str:
         if "steps" in ex:
             text = ". ".join(ex["steps"]) + "."
             if ex.get("options"):
                 text += f" Option {ex['answer']}."
             return text
         return ex.get("solution") or f"The answer is {ex['answer']}."
-
-    def target(self, ex: dict) -> str:
-        if not self.options["thinking"]:
-            return f"<answer>{ex['answer']}</answer>"
-        return f"<think>{self._reasoning(ex)}</think><answer>{ex['answer']}</answer>"
 
     def hints(self, ex: dict) -> list[str]:
         """Scaf-GRPO's three tiers, least to most revealing: how to solve it (knowledge), the

@@ -59,12 +59,8 @@ class VQA(Task):
 
     def __init__(self, **options):
         super().__init__(**options)
-        labels = self.bool_option("labels")
-        thinking = self.bool_option("thinking")
-        if not labels:
+        if not self.bool_option("labels"):
             self.rewards = dict(LABEL_FREE_REWARDS)
-        if not thinking:
-            self.reward_kwargs = {"format": {"mode": "answer_only"}}
 
     def make(self, seed: int) -> dict:
         rng = random.Random(seed)
@@ -78,12 +74,13 @@ class VQA(Task):
         return data if self.options["labels"] else _Unlabelled(data)
 
 
-    def target(self, ex: dict) -> str:
+    def reference_answer(self, ex: dict) -> str:
         if "answer" not in ex:
             raise ValueError("vqa: this example has no answer (label-free data has no reference completion)")
-        if not self.options["thinking"]:
-            return f"<answer>{ex['answer']}</answer>"
-        return f"<think>I look at the image.</think><answer>{ex['answer']}</answer>"
+        return ex["answer"]
+
+    def reasoning(self, ex: dict) -> str:
+        return "I look at the image."
 
     def metrics(self, completions, examples) -> dict[str, float]:
         """parsed: share with an answer block; accuracy only where examples carry answers (in
