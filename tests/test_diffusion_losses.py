@@ -1,15 +1,27 @@
 import pytest
 import torch
 
+from mmrl.core.losses import ObjectiveConfig
 from mmrl.diffusion.losses import (
     awm_log_likelihood,
     flow_matching_target,
     guard_log_ratio,
-    nft_loss,
+    nft_errors,
     nft_optimality,
     noised,
 )
 from mmrl.diffusion.sde import gaussian_log_prob
+from mmrl.registry import LOSSES
+
+
+def nft_loss(v, v_old, x0, noise, advantages, beta=1.0, adv_clip_max=5.0):
+    """The registered ``nft`` loss per sample (B,), on what the policy hands it: the errors of
+    nft_errors as (B, 1) actions (one denoising step), one advantage per sample."""
+    positive, negative = nft_errors(v, v_old, x0, noise, beta)
+    sur = LOSSES.get("nft")(None, None, advantages[:, None], torch.ones(len(advantages), 1),
+                            ObjectiveConfig(loss_type="nft"), positive=positive[:, None],
+                            negative=negative[:, None], adv_max=adv_clip_max)
+    return sur.pg[:, 0]
 
 
 def test_guard_log_ratio_hand_computed():

@@ -86,38 +86,30 @@ def nft_errors(velocity_pred: Tensor, old_velocity: Tensor, x0: Tensor, noise: T
     return _mean_latent((v_plus - target) ** 2), _mean_latent((v_minus - target) ** 2)
 
 
-def nft_loss(velocity_pred: Tensor, old_velocity: Tensor, x0: Tensor, noise: Tensor, advantages: Tensor,
-             beta: float = 1.0, adv_clip_max: float = 5.0) -> Tensor:
-    """Per-sample (B,) loss of "DiffusionNFT: Online Diffusion Reinforcement with Forward Process"
-    (Zheng et al., 2025), in velocity space: ``r = nft_optimality(A)``,
-    ``loss = r mean((v+ - target)^2) + (1 - r) mean((v- - target)^2)`` (:func:`nft_errors`).
-
-    The official code writes the same losses on x0-predictions ``x0_hat = x_sigma - sigma v``; since
-    ``x0_hat - x0 = -sigma (v - target)`` that is this loss times ``sigma^2`` per sample, further divided
-    by a detached per-sample ``mean|x0_hat - x0|`` (adaptive weighting) and scaled by
-    ``adv_clip_max / beta``. Those are per-sample loss weights a caller can apply; the unweighted velocity
-    form is kept here so that with ``r = 1, beta = 1`` it is exactly the flow-matching loss.
-    """
-    positive, negative = nft_errors(velocity_pred, old_velocity, x0, noise, beta)
-    r = nft_optimality(advantages, adv_clip_max).to(positive.device).reshape(-1)
-    return r * positive + (1 - r) * negative
-
-
 # -- the generator losses, registered like the core's and computed through the same objective ----------
 
 
 @register_loss("awm", requires=("flow_matching_logps",))
 def awm(logps: Tensor, old_logps: Tensor, advantages: Tensor, mask: Tensor, cfg) -> Surrogate:
-    """"Advantage Weighted Matching": the clipped surrogate over the flow-matching log-likelihood
-    :func:`awm_log_likelihood` of the final sample (the policy passes it as ``logps``)."""
+    """"Advantage Weighted Matching: Aligning RL with Pretraining in Diffusion Models": the clipped
+    surrogate over the flow-matching log-likelihood :func:`awm_log_likelihood` of the final sample
+    (the policy's ``flow_matching_logps``, passed as ``logps``)."""
     return clip_loss(logps, old_logps, advantages, mask, cfg)
 
 
 @register_loss("nft", requires=("nft_errors",))
 def nft(logps, old_logps, advantages: Tensor, mask: Tensor, cfg, *, positive: Tensor, negative: Tensor,
         adv_max: float) -> Surrogate:
-    """DiffusionNFT, likelihood-free: ``r(A) * positive + (1 - r(A)) * negative`` per action, with
-    the positive / negative velocity errors of :func:`nft_errors` (B, T) and r = clip(A / adv_max /
-    2 + 0.5, 0, 1) (:func:`nft_optimality`)."""
+    """"DiffusionNFT: Online Diffusion Reinforcement with Forward Process" (Zheng et al., 2025),
+    likelihood-free, in velocity space: ``r(A) * positive + (1 - r(A)) * negative`` per action, with
+    the positive / negative velocity errors of :func:`nft_errors` (B, T) (the policy's
+    ``nft_errors``; ``logps`` is None) and ``r = clip(A / adv_max / 2 + 0.5, 0, 1)``
+    (:func:`nft_optimality`).
+
+    The official code writes the same losses on x0-predictions ``x0_hat = x_sigma - sigma v``; since
+    ``x0_hat - x0 = -sigma (v - target)`` that is this loss times ``sigma^2`` per sample, further divided
+    by a detached per-sample ``mean|x0_hat - x0|`` (adaptive weighting) and scaled by
+    ``adv_clip_max / beta``. Those are per-sample loss weights a caller can apply; the unweighted velocity
+    form is kept here so that with ``r = 1, beta = 1`` it is exactly the flow-matching loss."""
     r = nft_optimality(advantages, adv_max).to(positive.device).reshape(advantages.shape)
     return Surrogate(r * positive + (1 - r) * negative)

@@ -6,16 +6,19 @@ x_t -> x_{t+1}; the log-prob of an action is the Gaussian density of the SDE ste
 recomputes the trained steps' log-probs with gradient, one denoising step at a time (per-timestep
 backward: activation memory of one step, not of the whole chain) and calls the core's loss.
 
-Objectives (``algo.loss_type``):
+The policy computes what the loss declares (``register_loss(requires=)``, among ``loss_inputs``),
+so a plugin loss gets what a built-in gets:
 
-- ``clip``: the PPO/GRPO clipped surrogate on step log-probs ("Flow-GRPO: Training Flow Matching
-  Models via Online RL"; "DanceGRPO: Unleashing GRPO on Visual Generation"), optionally with
-  GRPO-Guard's RatioNorm (``diffusion.grpo_guard``) and the closed-form KL on the step means to
-  the reference (``algo.beta``; the reference is the LoRA-disabled model, or a frozen copy).
-- ``awm``: "Advantage Weighted Matching": the same surrogate over the flow-matching
-  log-likelihood of the final sample, re-noised at the trained steps' noise levels.
-- ``nft``: "DiffusionNFT: Online Diffusion Reinforcement with Forward Process": likelihood-free,
-  positive/negative implicit velocities (:func:`mmrl.diffusion.losses.nft_loss`).
+- ``logps``: the SDE step log-probs ("Flow-GRPO: Training Flow Matching Models via Online RL";
+  "DanceGRPO: Unleashing GRPO on Visual Generation"; ``clip``), optionally with GRPO-Guard's
+  RatioNorm (``diffusion.grpo_guard``); with ``algo.beta`` also the policy's and the reference's
+  step means (:class:`~mmrl.core.losses.GaussianActions`), of which the objective computes the KL
+  (the reference is the LoRA-disabled model, or a frozen copy).
+- ``flow_matching_logps``: the flow-matching log-likelihood of the final sample, re-noised at the
+  trained steps' noise levels, in place of ``logps`` ("Advantage Weighted Matching"; ``awm``).
+- ``nft_errors``: likelihood-free, the positive/negative implicit velocities' errors of
+  "DiffusionNFT: Online Diffusion Reinforcement with Forward Process" (the registered ``nft``
+  loss of :mod:`mmrl.diffusion.losses`).
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from mmrl.registry import SDE_SAMPLERS
+from mmrl.registry import LOSSES, SDE_SAMPLERS
 
+from ..core.losses import GaussianActions
 from ..core.policy import PolicyBase
 from ..core.rollouts import Rollouts
 from ..core.seeding import seeded, step_seed
@@ -42,6 +46,8 @@ from .sde import StepOutput, ode_step, sde_step
 # (one call per denoising step) adds up to exactly the loss of the whole batch.
 LINEAR_AGG_MODES = ("token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
 
+# What a loss may require that is computed on the final sample re-noised (not along the SDE chain).
+RENOISED_INPUTS = frozenset({"flow_matching_logps", "nft_errors"})
 
 # model.path names of the shipped tiny generators: (asset directory, the command that rebuilds it)
 TINY_GENERATORS = {"tiny": ("tiny-flow-shapes", "mmrl build-tiny diffusion"),
@@ -116,14 +122,20 @@ class DiffusionPolicy(PolicyBase):
             raise ValueError(f"unknown diffusion.sde_window_mode {d.sde_window_mode!r}; valid: {', '.join(SDE_WINDOW_MODES)}")
         if d.logp_reduction not in ("mean", "sum"):
             raise ValueError(f"diffusion.logp_reduction must be mean or sum, got {d.logp_reduction!r}")
-        if d.grpo_guard and algo.loss_type != "clip":
-            raise ValueError("diffusion.grpo_guard corrects the SDE step ratio: it needs algo.loss_type=clip")
+        requires = set(LOSSES.get(algo.loss_type).loss_requires)
+        if {"logps", "flow_matching_logps"} <= requires:
+            raise ValueError(f"algo.loss_type={algo.loss_type!r} requires logps and flow_matching_logps: a "
+                             "generator's loss takes one log-likelihood, the SDE step's or the flow-matching one")
+        if d.grpo_guard and "logps" not in requires:
+            raise ValueError("diffusion.grpo_guard corrects the SDE step ratio: it needs an algo.loss_type on the "
+                             "SDE step log-probs (requires logps), e.g. clip")
         if d.grpo_guard and d.sampler == "cps":
             raise ValueError("diffusion.grpo_guard re-scales a Gaussian step log-ratio; the cps sampler's log-prob is "
                              "the authors' -mean((x - mu)^2), whose ratio is already on a per-step scale: use "
                              "sampler flow_sde or dance with grpo_guard")
-        if algo.beta > 0 and algo.loss_type != "clip":
-            raise ValueError("algo.beta (KL on the step means) applies to algo.loss_type=clip")
+        if algo.beta > 0 and "logps" not in requires:
+            raise ValueError("algo.beta (KL on the step means) needs an algo.loss_type on the SDE step log-probs "
+                             "(requires logps), e.g. clip")
         for name in ("entropy_coef", "top_entropy_quantile", "clip_cov_ratio", "kl_cov_ratio", "off_policy_guidance"):
             if getattr(algo, name, None):
                 raise ValueError(f"algo.{name} has no meaning for a generator (no token distribution)")
@@ -258,20 +270,14 @@ class DiffusionPolicy(PolicyBase):
             payload["latents"] = latents
         if old_means is not None:
             payload["old_means"] = old_means
-        if not eval_mode and algo.loss_type in ("awm", "nft"):
-            payload.update(self._likelihood_free_inputs(final, sample_prompts, sigmas, action_mask, keys, call,
-                                                        guidance, need_old_logps))
-            awm_old = payload.pop("awm_old_logps")
-            if algo.loss_type == "awm":
-                old_logps = awm_old
-        return Rollouts(
-            group_ids=group_ids,
-            action_mask=action_mask,
-            old_logps=old_logps if need_old_logps and not eval_mode else None,
-            completions=completions,
-            examples=list(sample_examples),
-            payload=payload,
-        )
+        requires = set(LOSSES.get(algo.loss_type).loss_requires)
+        if not eval_mode and requires & RENOISED_INPUTS:
+            payload.update(self._renoised_inputs(final, sample_prompts, sigmas, action_mask, keys, call, guidance,
+                                                 requires, need_old_logps))
+            old_logps = payload.pop("flow_matching_old_logps", old_logps)  # AWM's likelihood replaces the SDE one
+        return Rollouts(group_ids=group_ids, action_mask=action_mask, completions=completions,
+                        old_logps=old_logps if need_old_logps and not eval_mode else None,
+                        examples=list(sample_examples), payload=payload)
 
     def _step(self, v, x, sigmas, t: int, noise=None, prev_sample=None) -> StepOutput:
         d = self.d
@@ -279,17 +285,21 @@ class DiffusionPolicy(PolicyBase):
         return sde_step(d.sampler, v, x, float(sigmas[t]), float(sigmas[t + 1]), d.noise_level, noise=noise,
                         prev_sample=prev_sample, reduction=d.logp_reduction, **extra)
 
-    def _likelihood_free_inputs(self, final, prompts, sigmas, mask, keys, call, guidance, need_old) -> dict:
-        """AWM / DiffusionNFT train on the final sample re-noised at the trained steps' sigmas:
-        fresh noise per (sample, step), and the sampling policy's velocity there when the loss
-        needs it (NFT's v_old; AWM's old log-likelihood, for more than one iteration)."""
+    def _renoised_inputs(self, final, prompts, sigmas, mask, keys, call, guidance, requires, need_old) -> dict:
+        """The losses on the final sample re-noised at the trained steps' sigmas (AWM's
+        ``flow_matching_logps``, DiffusionNFT's ``nft_errors``): fresh noise per (sample, step), and
+        the sampling policy's velocity there where the loss needs it (NFT's v_old; the old
+        flow-matching log-likelihood, for more than one iteration)."""
         N, T = mask.shape
-        nft = self.cfg.algo.loss_type == "nft"
+        nft = "nft_errors" in requires
+        fm_old = "flow_matching_logps" in requires and need_old
         noise = torch.stack([self._noise((T, *final.shape[1:]), 5, call, idx, j) for idx, j in keys])
-        out: dict[str, Any] = {"fm_noise": noise, "awm_old_logps": torch.zeros(N, T)}
+        out: dict[str, Any] = {"fm_noise": noise}
+        if "flow_matching_logps" in requires:
+            out["flow_matching_old_logps"] = torch.zeros(N, T)
         if nft:
             out["old_velocity"] = torch.zeros_like(noise)
-        if not (nft or need_old):
+        if not (nft or fm_old):
             return out
         for t in range(T):
             rows = mask[:, t].nonzero().flatten()
@@ -298,11 +308,11 @@ class DiffusionPolicy(PolicyBase):
             s = float(sigmas[t])
             x_s = noised(final[rows], noise[rows, t], s).to(self.device)
             v = self.velocity(x_s, torch.full((len(rows),), s, device=self.device),
-                                   [prompts[i] for i in rows.tolist()], guidance).cpu()
+                              [prompts[i] for i in rows.tolist()], guidance).cpu()
             if nft:
                 out["old_velocity"][rows, t] = v
-            else:
-                out["awm_old_logps"][rows, t] = awm_log_likelihood(v, final[rows], noise[rows, t])
+            if fm_old:
+                out["flow_matching_old_logps"][rows, t] = awm_log_likelihood(v, final[rows], noise[rows, t])
         return out
 
     def velocity(self, x, sigma, prompts, guidance: float):
@@ -327,30 +337,39 @@ class DiffusionPolicy(PolicyBase):
 
     def _step_loss(self, batch: Rollouts, rows: torch.Tensor, t: int, adv: torch.Tensor, objective,
                    guidance: float, num_tokens: float, num_seqs: float) -> tuple[torch.Tensor, dict]:
-        """The objective at denoising step ``t`` for samples ``rows``: one action per sample."""
-        obj_cfg = objective.cfg
+        """The objective at denoising step ``t`` for samples ``rows`` (one action per sample), handed
+        what its loss requires (module docstring)."""
+        requires = set(objective.cfg.requires)
         p = batch.payload
         prompts = [p["prompts"][i] for i in rows.tolist()]
         sigmas = p["sigmas"][int(rows[0])]
         dev = self.device
-        ones = torch.ones(len(rows), 1, device=dev)
-        adv = adv.to(dev)
         old = None if batch.old_logps is None else batch.old_logps[rows, t].to(dev)
-        if obj_cfg.loss_type in ("awm", "nft"):
+        logp, extra = None, {}
+        if "logps" in requires:
+            logp, extra = self._sde_logps(p, rows, t, sigmas, prompts, guidance, old, objective.cfg.needs_reference)
+        if requires & RENOISED_INPUTS:
             x0 = p["latents"][rows, -1].to(dev)
             noise = p["fm_noise"][rows, t].to(dev)
             s = float(sigmas[t])
             v = self.forward(self.pipe.velocity, noised(x0, noise, s), torch.full((len(rows),), s, device=dev),
                              prompts, guidance)
-            if obj_cfg.loss_type == "nft":
+            if "flow_matching_logps" in requires:
+                logp = awm_log_likelihood(v, x0, noise)
+            if "nft_errors" in requires:
                 positive, negative = nft_errors(v, p["old_velocity"][rows, t].to(dev), x0, noise, beta=self.d.nft_beta)
-                inputs = {"positive": positive[:, None], "negative": negative[:, None], "adv_max": self.d.adv_clip_max}
-                return objective(None, None, adv, ones, num_tokens=num_tokens, num_seqs=num_seqs, inputs=inputs)
-            logp = awm_log_likelihood(v, x0, noise)
-            return objective(logp[:, None], None if old is None else old[:, None], adv, ones,
-                             num_tokens=num_tokens, num_seqs=num_seqs)
-        x = p["latents"][rows, t].to(dev)
-        x_next = p["latents"][rows, t + 1].to(dev)
+                extra["inputs"] = {"positive": positive[:, None], "negative": negative[:, None],
+                                   "adv_max": self.d.adv_clip_max}
+        old = None if logp is None or old is None else old[:, None]  # likelihood-free: no log-probs
+        return objective(None if logp is None else logp[:, None], old, adv.to(dev),
+                         torch.ones(len(rows), 1, device=dev), num_tokens=num_tokens, num_seqs=num_seqs, **extra)
+
+    def _sde_logps(self, p: dict, rows, t: int, sigmas, prompts, guidance: float, old, with_reference: bool):
+        """``(logp, extra)``: the (B,) SDE step log-probs of the taken transitions x_t -> x_{t+1}
+        recomputed with gradient (GRPO-Guard's RatioNorm applied when on) and, for the KL, the
+        policy's and the reference's step Gaussians as ``extra["gaussians"]``."""
+        dev = self.device
+        x, x_next = p["latents"][rows, t].to(dev), p["latents"][rows, t + 1].to(dev)
         s = torch.full((len(rows),), float(sigmas[t]), device=dev)
         v = self.forward(self.pipe.velocity, x, s, prompts, guidance)  # through the prepared module
         out = self._step(v, x, sigmas, t, prev_sample=x_next)
@@ -359,14 +378,11 @@ class DiffusionPolicy(PolicyBase):
             old_lp = logp.detach() if old is None else old
             old_mean = out.mean.detach() if "old_means" not in p else p["old_means"][rows, t].to(dev)
             logp = old_lp + guard_log_ratio(logp, old_lp, out.mean, old_mean, out.std)
-        kl = None
-        if obj_cfg.beta > 0:
-            with torch.no_grad(), self._reference_velocity():
-                ref = self._step(self.pipe.velocity(x, s, prompts, guidance), x, sigmas, t, prev_sample=x_next)
-            mse = ((out.mean - ref.mean) ** 2).flatten(1).mean(1)
-            kl = (mse / (2 * out.std.clamp(min=1e-12) ** 2))[:, None]
-        return objective(logp[:, None], None if old is None else old[:, None], adv, ones,
-                         num_tokens=num_tokens, num_seqs=num_seqs, kl=kl)
+        if not with_reference:
+            return logp, {}
+        with torch.no_grad(), self._reference_velocity():
+            ref = self._step(self.pipe.velocity(x, s, prompts, guidance), x, sigmas, t, prev_sample=x_next)
+        return logp, {"gaussians": GaussianActions(out.mean[:, None], ref.mean[:, None], out.std[:, None])}
 
     # -- checkpoints (full fine-tuning; LoRA adapters are saved by the policy base) ---------------
     def save_weights(self, path: Path, state: dict[str, torch.Tensor] | None = None) -> None:
