@@ -24,8 +24,6 @@ import functools
 import math
 from typing import Any, Callable, Sequence
 
-from mmrl.measures.batch import check_batch
-
 # Per-sample context the trainer passes to every reward, repeated per frame when clips are flattened.
 PER_SAMPLE_CONTEXT = ("group_ids",)
 
@@ -55,7 +53,9 @@ def score_clips(fn: Callable[..., Sequence], completions: Sequence[Any], example
     """``fn`` (a batched image reward) applied to every frame of every clip in ``completions``,
     each clip's frame scores reduced by ``frames``; images score as ``fn`` scores them."""
     reduce = frame_reduction(frames, reward)
-    check_batch(reward, completions, examples)
+    # check_batch's check (mmrl.measures.batch), written out: the registry's leaves import no mmrl module
+    if len(completions) != len(examples):
+        raise ValueError(f"{reward}: {len(completions)} completions for {len(examples)} examples")
     if not any(is_clip(c) for c in completions):
         return list(fn(list(completions), list(examples), **kwargs))
     flat, owners = [], []
