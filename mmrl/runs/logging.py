@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-__all__ = ["RunLogger", "TrainingProgress", "print_before_after", "to_jsonable", "write_summary"]
+__all__ = ["RunLogger", "TrainingProgress", "print_before_after", "read_jsonl", "to_jsonable", "write_summary"]
 
 
 def _scalar(value: Any) -> Any:
@@ -72,6 +72,22 @@ def write_summary(run_dir: Union[str, Path], **summary: Any) -> None:
     skipped), as strict JSON: a NaN metric is ``null``."""
     text = json.dumps(to_jsonable(summary), indent=2, allow_nan=False)
     (Path(run_dir) / "summary.json").write_text(text, encoding="utf-8")
+
+
+def read_jsonl(path: Union[str, Path]) -> list[dict[str, Any]]:
+    """The JSON objects of a JSONL file (metrics.jsonl, skipped_steps.jsonl, ...), in file order.
+    A line that is not one (the torn last line of a killed run, a stray blank or array) is skipped,
+    as are undecodable bytes: a run's logs are read back as far as they are readable."""
+    out = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict):
+                out.append(rec)
+    return out
 
 
 def _is_pil(value: Any) -> bool:
@@ -146,15 +162,8 @@ class RunLogger:
         """Rewrite ``path`` (atomically) with its records of ``step <= step`` only."""
         if not path.exists():
             return
-        kept = []
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if isinstance(rec, dict) and isinstance(rec.get("step"), (int, float)) and rec["step"] <= step:
-                    kept.append(json.dumps(rec) + "\n")
+        kept = [json.dumps(rec) + "\n" for rec in read_jsonl(path)
+                if isinstance(rec.get("step"), (int, float)) and rec["step"] <= step]
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         with open(tmp, "w", encoding="utf-8") as f:
             f.writelines(kept)
