@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
+from mmrl.bench.algo_figures import over_seeds
 from mmrl.bench.algos import (
     VARIANTS,
-    _over_seeds,
     markdown_table,
     UnknownVariantError,
     moving_average,
@@ -103,7 +103,7 @@ def _run(seed, acc, pass1, pass8, reward, curve):
 
 
 def test_seeds_are_averaged_with_their_spread_and_the_table_leads_with_the_task_metric():
-    row = _over_seeds("grpo", [_run(0, 0.5, 0.4, 0.9, 0.8, [0.2, 0.4]), _run(1, 0.7, 0.5, 0.8, 0.6, [0.4, 0.6])], [])
+    row = over_seeds("grpo", [_run(0, 0.5, 0.4, 0.9, 0.8, [0.2, 0.4]), _run(1, 0.7, 0.5, 0.8, 0.6, [0.4, 0.6])], [])
     assert row["seeds"] == [0, 1] and row["metric"] == "accuracy" and row["pass_k"] == 8
     assert row["metric_after"] == pytest.approx(0.6) and row["sd"]["metric_after"] == pytest.approx(0.1414214, abs=1e-6)
     assert row["pass1_after"] == pytest.approx(0.45) and row["passk_after"] == pytest.approx(0.85)
@@ -114,7 +114,7 @@ def test_seeds_are_averaged_with_their_spread_and_the_table_leads_with_the_task_
     header, _, cells = markdown_table([row]).splitlines()
     assert header.startswith("| variant | accuracy before | accuracy after | pass@1 after | pass@8 after | reward")
     assert "| 0.600 ± 0.141 |" in cells and "0.300 -> 0.700 ± 0.141" in cells
-    one = _over_seeds("grpo", [_run(0, 0.5, 0.4, 0.9, 0.8, [0.2, 0.4])], [])
+    one = over_seeds("grpo", [_run(0, 0.5, 0.4, 0.9, 0.8, [0.2, 0.4])], [])
     one["steps_to_threshold"] = 2
     assert "±" not in markdown_table([one]) and one["run_dir"] == "r0"
 
