@@ -72,16 +72,7 @@ def tiny_configs(width: int = 96, layers: int = 3, text_dim: int = 32, image_siz
 
 def new_tiny_models(seed: int = 0, **sizes):
     """Randomly initialised (transformer, text encoder, tokenizer, scheduler)."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
-    from transformers import CLIPTextModelWithProjection
-
-    torch.manual_seed(seed)
-    cfg = tiny_configs(**sizes)
-    transformer = SD3Transformer2DModel(**cfg["transformer"])
-    text_encoder = CLIPTextModelWithProjection(cfg["text_encoder"])
-    # shift 1: at 32x32 pixels there is no high-resolution redundancy to shift noise levels for.
-    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=1.0)
-    return transformer, text_encoder, build_tokenizer(), scheduler
+    return TinyFlowPipeline.new_models(tiny_configs(**sizes), build_tokenizer(), seed)
 
 
 def save_tiny(out: Path, transformer, text_encoder, tokenizer, scheduler, info: dict | None = None) -> Path:
@@ -141,6 +132,22 @@ class TinyFlowPipeline(FlowPipeline):
         tokenizer = PreTrainedTokenizerFast.from_pretrained(path / "tokenizer")
         scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(path / "scheduler")
         return cls(transformer, text_encoder, tokenizer, scheduler, info)
+
+    @classmethod
+    def new_models(cls, configs: dict, tokenizer, seed: int = 0) -> tuple:
+        """Randomly initialised (transformer, text encoder, tokenizer, scheduler) of this
+        pipeline's model classes, built from ``configs`` (``{"transformer": kwargs, "text_encoder":
+        config}``, as ``tiny_configs`` / ``tiny_video_configs`` give them) after seeding torch."""
+        import diffusers
+        import transformers
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        torch.manual_seed(seed)
+        transformer = getattr(diffusers, cls.transformer_class)(**configs["transformer"])
+        text_encoder = getattr(transformers, cls.text_encoder_class)(configs["text_encoder"])
+        # shift 1: at 16-32 pixels there is no high-resolution redundancy to shift noise levels for.
+        scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=1.0)
+        return transformer, text_encoder, tokenizer, scheduler
 
     # -- text ---------------------------------------------------------------------------------------
     def tokenize(self, prompts: Sequence[str]) -> Tensor:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 from torch import Tensor
 
 from ..data.motion_t2v import CLIP_SIZE, DIRECTIONS, NUM_FRAMES
@@ -46,15 +45,7 @@ def tiny_video_configs(heads: int = 2, head_dim: int = 32, layers: int = 2, text
 
 def new_tiny_video_models(seed: int = 0, **sizes):
     """Randomly initialised (transformer, text encoder, tokenizer, scheduler)."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, WanTransformer3DModel
-    from transformers import UMT5EncoderModel
-
-    torch.manual_seed(seed)
-    cfg = tiny_video_configs(**sizes)
-    transformer = WanTransformer3DModel(**cfg["transformer"])
-    text_encoder = UMT5EncoderModel(cfg["text_encoder"])
-    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=1.0)
-    return transformer, text_encoder, build_tokenizer(VIDEO_WORDS), scheduler
+    return TinyWanPipeline.new_models(tiny_video_configs(**sizes), build_tokenizer(VIDEO_WORDS), seed)
 
 
 def save_tiny_video(out: Path, transformer, text_encoder, tokenizer, scheduler, info: dict | None = None,
