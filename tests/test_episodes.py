@@ -9,7 +9,8 @@ import pytest
 import torch
 from PIL import Image
 
-from mmrl.core.episodes import episode_metrics, is_episodic, rollout_task, run_episodes
+from mmrl.core.episodes import episode_metrics, is_episodic, rollout_task
+from mmrl.envs.episodes import run_episodes
 from mmrl.core.rollouts import Rollouts
 from mmrl.envs import Env, EnvTask, Observation, make_env, register_env
 from mmrl.registry import ENVS

@@ -48,10 +48,10 @@ def test_kl_schedule_and_sampler_options_are_checked():
 
 
 def _check_batch_options(*overrides: str):
-    from mmrl.core.batch.pipeline import BatchBuilder
+    from mmrl.core.batch.checks import check_stages
 
     policy = SimpleNamespace(capabilities={"image_inputs", "teacher_forcing"})
-    BatchBuilder._check(load_config(None, list(overrides)), policy)
+    check_stages(load_config(None, list(overrides)), policy)
 
 
 def test_perturbation_options_are_checked_per_kind():

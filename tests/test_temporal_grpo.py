@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from mmrl.core.batch.temporal import non_identity_permutation, shuffle_frames, temporal_contrast_bonus
+from mmrl.core.batch.temporal import temporal_contrast_bonus
+from mmrl.media.frame_order import non_identity_permutation, shuffle_frames
 
 # 2 groups x 4 ordered samples; 4 shuffled samples per group
 CORRECT = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0])

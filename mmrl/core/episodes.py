@@ -1,106 +1,60 @@
 """Rollouts of a task's examples: single completions, or episodes for an environment task.
 
 :func:`rollout_task` is what the batch builder and the evaluation call. For an ordinary task it is
-``policy.rollout``. For an :class:`~mmrl.envs.task.EnvTask` it runs ``n`` episodes of each task
-spec (the group = the episodes of one spec), all of them batched: at every turn the policy writes
-one action for each episode still running (one ``policy.rollout`` call), each environment steps,
-and the episodes that ended drop out, until none runs or the step limit is reached.
+``policy.rollout``. An environment task (one that is an :class:`EpisodicTask`) rolls out ``n``
+episodes of each task spec itself (:meth:`EpisodicTask.run_episodes`; the built-in runner is
+:mod:`mmrl.envs.episodes`): the core declares what it needs of such a task and never imports the
+environments.
 
 Every step becomes one row of the returned :class:`~mmrl.core.rollouts.Rollouts` (its own prompt:
 the current screenshot, the instruction and the earlier actions), so the existing estimators and
 losses apply to the per-step actions unchanged; the rows' examples carry what the episode-aware
-estimators and rewards read (see :mod:`mmrl.envs.task`):
+estimators, rewards and :func:`episode_metrics` read:
 
 - ``episode_id`` (unique in the batch), ``step_index`` (0, 1, ...), ``anchor_key`` (the state
   acted from: GiGPO's anchor states), ``step_reward``, ``step_valid``, ``step_message``;
 - on every row once the episode is over: ``episode_success``, ``episode_return`` (sum of step
-  rewards), ``episode_length``.
+  rewards), ``episode_length``, ``episode_timed_out``.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-import torch
-
-from ..envs.task import EnvTask, episode_key
 from .rollouts import Rollouts
 
 
+class EpisodicTask:
+    """What an environment task adds to a :class:`~mmrl.task.Task` (a mixin: ``class
+    EnvTask(Task, EpisodicTask)``): its examples are rolled out as multi-step episodes."""
+
+    def run_episodes(self, policy, examples: Sequence[dict], n: int, mode: str, need_old_logps: bool = False,
+                     need_ref_logps: bool = False) -> Rollouts:
+        """``n`` episodes of each of ``examples`` (task specs), every step a row (module
+        docstring); group i holds the rows of ``examples[i]``'s episodes."""
+        raise NotImplementedError(f"{type(self).__name__} must implement run_episodes")
+
+
 def is_episodic(task) -> bool:
-    return isinstance(task, EnvTask)
+    return isinstance(task, EpisodicTask)
 
 
 def rollout_task(policy, task, examples: Sequence[dict], n: int, mode: str, need_old_logps: bool = False,
                  need_ref_logps: bool = False) -> Rollouts:
     """``n`` samples (episodes, for an environment task) of each of ``examples``, as rows of one
     batch; group i holds those of ``examples[i]``. ``examples`` are already prepared by the policy
-    (single-step tasks) or are task specs (episodic tasks: each step's example is prepared here)."""
-    if not is_episodic(task):
-        return policy.rollout(examples, [task.build_prompt(ex) for ex in examples], n, mode,
-                              need_old_logps=need_old_logps, need_ref_logps=need_ref_logps)
-    return run_episodes(policy, task, examples, n, mode, need_old_logps, need_ref_logps)
+    (single-step tasks) or are task specs (episodic tasks: each step's example is prepared as it
+    happens)."""
+    if is_episodic(task):
+        return task.run_episodes(policy, examples, n, mode, need_old_logps, need_ref_logps)
+    return policy.rollout(examples, [task.build_prompt(ex) for ex in examples], n, mode,
+                          need_old_logps=need_old_logps, need_ref_logps=need_ref_logps)
 
 
-def run_episodes(policy, task: EnvTask, examples: Sequence[dict], n: int, mode: str,
-                 need_old_logps: bool = False, need_ref_logps: bool = False) -> Rollouts:
-    """The episodes of the module docstring; rows ordered by turn, then episode."""
-    group_of = [g for g in range(len(examples)) for _ in range(n)]
-    envs = [task.make_env() for _ in group_of]
-    observations = [env.reset(examples[g]["task"]) for env, g in zip(envs, group_of)]
-    histories: list[list] = [[] for _ in group_of]
-    returns = [0.0] * len(envs)
-    outcome: dict[int, dict] = {}
-    running = list(range(len(envs)))
-    turns: list[Rollouts] = []
-    for t in range(task.max_steps):
-        if not running:
-            break
-        step_examples = policy.prepare_examples(
-            [task.step_example(examples[group_of[e]], observations[e], histories[e]) for e in running])
-        batch = policy.rollout(step_examples, [task.build_prompt(ex) for ex in step_examples], 1, mode,
-                               need_old_logps=need_old_logps, need_ref_logps=need_ref_logps)
-        still = []
-        for row, e in enumerate(running):
-            ex = batch.examples[row]
-            action = task.read_action(batch.completions[row], ex)
-            obs, reward, done, info = step_env(envs[e], action, task.step_timeout, observations[e])
-            returns[e] += float(reward)
-            batch.examples[row] = {**ex, "episode_id": e, "step_index": t, "anchor_key": observations[e].state_key,
-                                   "step_reward": float(reward), "step_valid": bool(info.get("valid", action is not None)),
-                                   "step_message": str(info.get("message", ""))}
-            histories[e].append(action)
-            observations[e] = obs
-            if done or t == task.max_steps - 1:
-                outcome[e] = {"episode_success": bool(info.get("success", False)), "episode_return": returns[e],
-                              "episode_length": t + 1, "episode_timed_out": bool(info.get("timed_out", False))}
-            else:
-                still.append(e)
-        batch.group_ids = torch.tensor([group_of[e] for e in running], dtype=torch.long)
-        turns.append(batch)
-        running = still
-    rows = Rollouts.concat(turns, renumber_groups=False)
-    rows.examples = [{**ex, **outcome[ex["episode_id"]]} for ex in rows.examples]
-    return rows
-
-
-def step_env(env, action, timeout: float, observation):
-    """``env.step(action)``, or with ``timeout`` > 0 seconds, that step abandoned when it takes
-    longer: the episode ends there (reward 0, ``timed_out`` in its info). Python cannot stop the
-    thread of a hung step; it is left to finish on its own, and the environment is not used again."""
-    if not timeout:
-        return env.step(action)
-    import concurrent.futures
-
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-    future = pool.submit(env.step, action)
-    try:
-        return future.result(timeout=timeout)
-    except concurrent.futures.TimeoutError:
-        return observation, 0.0, True, {"valid": False, "success": False, "timed_out": True,
-                                        "message": f"the environment step took longer than {timeout:g} s"}
-    finally:
-        pool.shutdown(wait=False)
+def episode_key(row: dict) -> tuple:
+    """Which episode a row belongs to, unique in a batch gathered from several processes (each
+    numbers its episodes from 0; ``_index`` is the task spec's index in its split)."""
+    return row.get("_index"), row["episode_id"]
 
 
 def episode_metrics(rows: Rollouts) -> dict[str, float]:

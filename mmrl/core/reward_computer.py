@@ -32,9 +32,8 @@ class RewardComputer:
             raise ValueError(f"task.reward_kwargs names rewards that are not used: {sorted(unknown)}")
         self.fns = {name: REWARDS.get(name) for name in self.weights}
         for name, fn in self.fns.items():  # configuration errors now, not as minimum scores later
-            check = getattr(fn, "reward_check", None)
-            if check is not None:
-                check(**self.kwargs.get(name, {}))
+            if fn.reward_check is not None:  # register_reward sets reward_check and reward_minimum
+                fn.reward_check(**self.kwargs.get(name, {}))
 
     def __call__(self, completions: Sequence[str], examples: Sequence[dict], **ctx: Any):
         """Returns ``(total (N,), {name: (N,)}, stats)`` where stats counts unparsable/errors.
@@ -46,7 +45,7 @@ class RewardComputer:
         stats: dict[str, float] = {}
         total = torch.zeros(n)
         for name, fn in self.fns.items():
-            minimum = float(getattr(fn, "reward_minimum", 0.0))
+            minimum = float(fn.reward_minimum)
             try:
                 raw = list(fn(list(completions), list(examples), **{**ctx, **self.kwargs.get(name, {})}))
                 if len(raw) != n:
@@ -151,31 +150,42 @@ def make_reward_computer(task, task_cfg):
     """The reward scorer for ``task`` under the config's ``task`` section.
 
     A plain task: a RewardComputer with weights ``task_cfg.rewards`` (else the task's ``rewards``)
-    and kwargs the task's ``reward_kwargs`` updated by ``task_cfg.reward_kwargs``. A task with
-    ``sub_tasks`` (a mixture): a PerSourceRewards with each source's weights and kwargs (the
-    mixture's ``source_rewards`` / ``source_reward_kwargs`` where it has them, else the sub-task's
-    own); there the run-wide ``task.rewards`` / ``task.reward_kwargs`` are an error, since one set
-    of rewards cannot apply to every source.
+    and kwargs the task's ``reward_kwargs`` updated by ``task_cfg.reward_kwargs``. A task that
+    scores each data source with its own rewards (a mixture: :func:`reward_sources`): a
+    PerSourceRewards with each source's weights and kwargs; there the run-wide ``task.rewards`` /
+    ``task.reward_kwargs`` are an error, since one set of rewards cannot apply to every source.
     """
-    sub_tasks = getattr(task, "sub_tasks", None)
-    if not sub_tasks:
+    sources = reward_sources(task)
+    if sources is None:
         weights = dict(task_cfg.rewards) or dict(task.rewards)
         kwargs = {**task.reward_kwargs, **{k: dict(v) for k, v in task_cfg.reward_kwargs.items()}}
         return RewardComputer(weights, kwargs)
-    for key in ("rewards", "reward_kwargs"):
-        if getattr(task_cfg, key, None):
+    for key, value in (("rewards", task_cfg.rewards), ("reward_kwargs", task_cfg.reward_kwargs)):
+        if value:
             raise ValueError(
-                f"task.{key} is set, but task {getattr(task, 'name', '?')!r} mixes sources {list(sub_tasks)} "
+                f"task.{key} is set, but task {task.name!r} mixes sources {list(sources)} "
                 f"that each have their own rewards; set task.options.{key}.<source> instead "
-                f"(e.g. task.options.{key}.{next(iter(sub_tasks))})"
+                f"(e.g. task.options.{key}.{next(iter(sources))})"
             )
-    source_weights = getattr(task, "source_rewards", {})
-    source_kwargs = getattr(task, "source_reward_kwargs", {})
     computers = {}
-    for source, sub in sub_tasks.items():
-        weights = dict(source_weights.get(source) or sub.rewards)
+    for source, (weights, kwargs) in sources.items():
         if not weights:
             raise ValueError(f"source {source!r} has no rewards: set task.options.rewards.{source} (name: weight)")
-        kwargs = source_kwargs[source] if source in source_kwargs else sub.reward_kwargs
-        computers[source] = RewardComputer(weights, {k: dict(v) for k, v in kwargs.items()})
+        computers[source] = RewardComputer(dict(weights), {k: dict(v) for k, v in kwargs.items()})
     return PerSourceRewards(computers)
+
+
+def reward_sources(task) -> dict[str, tuple[dict[str, float], dict[str, dict]]] | None:
+    """Each data source's ``(weights, reward kwargs)`` for a task that mixes sources, each scored
+    by its own rewards (the mixture task: its ``source_rewards`` / ``source_reward_kwargs``, else
+    the sub-task's own); None for a task with one set of rewards.
+
+    Interim: the one place that asks a task whether it is a mixture (``sub_tasks``), until
+    :class:`mmrl.task.Task` declares ``reward_sources()`` (None by default, the mixture's override
+    returning this mapping); then this function is that call."""
+    sub_tasks = getattr(task, "sub_tasks", None)
+    if not sub_tasks:
+        return None
+    return {source: (task.source_rewards.get(source) or sub.rewards,
+                     task.source_reward_kwargs[source] if source in task.source_reward_kwargs else sub.reward_kwargs)
+            for source, sub in sub_tasks.items()}

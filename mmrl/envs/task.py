@@ -2,7 +2,8 @@
 
 An :class:`EnvTask` is a :class:`~mmrl.task.Task` whose ``examples(split)`` are an environment's task
 specs (``{"task": spec, "instruction": ...}``); the trainer rolls each one out as ``n`` episodes
-(:mod:`mmrl.core.episodes`) instead of ``n`` single completions. Every step of an episode becomes
+(:meth:`EnvTask.run_episodes`, declared by :class:`mmrl.core.episodes.EpisodicTask`; the runner is
+:mod:`mmrl.envs.episodes`) instead of ``n`` single completions. Every step of an episode becomes
 one trained row: its example is :meth:`EnvTask.step_example` (the screenshot, instruction and a
 bounded history of earlier actions), its completion the action the policy wrote, and the runner
 adds what the step led to (``step_reward``, ``episode_id``, ``step_index``, ``anchor_key``, and
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from mmrl.core.episodes import EpisodicTask, episode_key
+from mmrl.core.rollouts import Rollouts
 from mmrl.measures.gui import format_action, history_text, parse_action, pixel_point
 from mmrl.media.coords import pixels_to_prediction
 from mmrl.media.draw import FOOTER, PRED, canvas, draw_label, draw_point
@@ -24,6 +27,9 @@ from mmrl.data.sequence import LazySequence
 from mmrl.task import Task, image_prompt
 
 from .base import Env, Observation, make_env
+from .episodes import run_episodes
+
+__all__ = ["EnvTask", "episode_key", "expert_episode"]
 
 # The answer layout of an action step: the reasoning block is optional (``thinking`` option).
 ACTION_INSTRUCTION = 'Answer with <think>...</think><answer>{"action": ...}</answer>.'
@@ -31,7 +37,7 @@ ACTION_ONLY_INSTRUCTION = 'Answer with <answer>{"action": ...}</answer>.'
 INVALID_ACTION = "invalid"  # how an unreadable action appears in the history of later prompts
 
 
-class EnvTask(Task):
+class EnvTask(Task, EpisodicTask):
     """Base class of episodic tasks (see the module docstring)."""
 
     modality = "vlm"
@@ -68,6 +74,11 @@ class EnvTask(Task):
     def make_env(self) -> Env:
         """A fresh environment instance (one per episode)."""
         return make_env(self.options["env"], **self.env_options)
+
+    def run_episodes(self, policy, examples: Sequence[dict], n: int, mode: str, need_old_logps: bool = False,
+                     need_ref_logps: bool = False) -> Rollouts:
+        """``n`` batched episodes of each task spec of ``examples`` (:mod:`mmrl.envs.episodes`)."""
+        return run_episodes(policy, self, examples, n, mode, need_old_logps, need_ref_logps)
 
     def examples(self, split: str) -> Sequence[dict]:
         """The environment's task specs of ``split``, as ``{"task": spec, "instruction": ...}``."""
@@ -159,12 +170,6 @@ class EnvTask(Task):
     def record(self, ex: dict, completion: Any) -> dict[str, Any]:
         return {**super().record(ex, completion), "prompt": ex.get("instruction", ""),
                 "answer": "success" if ex.get("episode_success") else ""}
-
-
-def episode_key(row: dict) -> tuple:
-    """Which episode a row belongs to, unique in a batch gathered from several processes (each
-    numbers its episodes from 0; ``_index`` is the task spec's index in its split)."""
-    return row.get("_index"), row["episode_id"]
 
 
 class _Specs(LazySequence):

@@ -1,45 +1,46 @@
 """The vision-language policy: a transformers Qwen-VL-family model whose actions are tokens.
 
 On top of :class:`~mmrl.core.policy.PolicyBase` (precision, optimizer step, reference, checkpoints)
-it supplies what is particular to a VLM:
+it supplies what is particular to a VLM, one concern per module:
 
-- ``rollout(examples, prompts, n, mode)`` samples ``n`` completions per prompt with the configured
-  rollout engine (:mod:`mmrl.vlm.engines`) and returns a :class:`~mmrl.core.rollouts.Rollouts`
-  whose payload keeps each sample's token ids and pixels so the same sequences can be re-scored;
-- ``loss_terms`` computes per-micro-batch token log-probs and the core objective's loss on them;
-- ``rollout_given`` turns given completions into samples by teacher forcing (off-policy guidance);
-- ``prepare_examples`` records the coordinate space and frame its box answers are in.
+- :mod:`mmrl.vlm.sampling`: ``rollout(examples, prompts, n, mode)`` samples ``n`` completions per
+  prompt with the configured rollout engine (:mod:`mmrl.vlm.engines`) and returns a
+  :class:`~mmrl.core.rollouts.Rollouts` whose payload keeps each sample's token ids and pixels so
+  the same sequences can be re-scored; ``rollout_given`` turns given completions into samples by
+  teacher forcing (off-policy guidance);
+- :mod:`mmrl.vlm.scoring`: ``score`` and ``loss_terms``, per-micro-batch token log-probs and the
+  core objective's loss on them;
+- here: loading and setup (LoRA, a frozen vision tower, the shared image encodings),
+  ``prepare_examples`` (the coordinate space and frame its box answers are in), the hooks the batch
+  pipeline calls on the inputs this policy reads (``perturb`` an image, ``temporally_shuffled`` a
+  clip's frames), and the full-weight checkpoint I/O.
 """
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
 from mmrl.registry import ENGINES
 
-from ..core import distributed as dist
-from ..core.losses import TokenSelection, select_tokens
 from ..core.policy import PolicyBase
-from ..core.rollouts import Rollouts
 from ..core.seeding import seeded
-from .engines import Sampling
+from ..media.frame_order import shuffle_frames
+from ..media.video import Clip
 from .loading import VLM_LORA_TARGETS, load_vlm, resolve_model_path, vision_tower
-from .logprobs import split_head, token_logprobs
-from .processing import join_videos, split_patches, split_videos
-from .shared_prefix import check_supported, prompt_groups, shared_prefix_hidden
+from .logprobs import split_head
+from .sampling import VLMSampling
+from .scoring import VLMScoring
+from .shared_prefix import check_supported
 from .vision_once import share_image_encoding
 
 __all__ = ["VLMPolicy", "load_vlm", "resolve_model_path", "vision_tower"]
 
-# "video": a sample's video inputs (processing.split_videos), None without video.
-PAYLOAD_KEYS = ("prompt_ids", "completion_ids", "pixel_values", "image_grid_thw", "video")
 
-
-class VLMPolicy(PolicyBase):
+class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
     """A Qwen-VL-family model trained with the core objective. See the module docstring."""
 
     capabilities = frozenset({"scoring", "teacher_forcing", "coordinates", "image_inputs", "video_inputs",
@@ -161,279 +162,25 @@ class VLMPolicy(PolicyBase):
         for encoder in (*self.image_encoders, *self.video_encoders):
             encoder.clear()
 
-    # -- encoding -------------------------------------------------------------------------------
-    @staticmethod
-    def split_messages(messages: list[dict]) -> tuple[list[dict], list[Any], list[Any]]:
-        """Images and videos out of the chat messages (the template sees placeholders, the
-        processor pixels): ``(messages, images, videos)``, videos as
-        :class:`~mmrl.media.video.Clip`."""
-        images, videos, clean = [], [], []
-        for msg in messages:
-            content = msg["content"]
-            if isinstance(content, list):
-                items = []
-                for item in content:
-                    if item.get("type") == "video" or "video" in item:
-                        videos.append(item["video"])
-                        items.append({"type": "video"})
-                    elif item.get("type") == "image" or "image" in item:
-                        images.append(item["image"])
-                        items.append({"type": "image"})
-                    else:
-                        items.append(item)
-                clean.append({**msg, "content": items})
-            else:
-                clean.append(msg)
-        return clean, images, videos
+    # -- hooks the batch pipeline calls -------------------------------------------------------
+    def perturb(self, ex: dict, kind: str, rng, other: dict | None = None, options: dict | None = None) -> dict:
+        """``ex`` with the registered image perturbation ``kind`` ("Vision Matters") applied to its
+        ``image`` and boxes (:func:`mmrl.media.perturb.perturb_example`); ``other`` is another
+        training example, whose image is the distractor / mixup partner; ``options``
+        ``data.perturbation_kwargs``. An example without an image comes back unchanged."""
+        from ..media.perturb import perturb_example
 
-    def encode_prompts(self, prompts: Sequence[list[dict]]) -> tuple[dict[str, torch.Tensor], list[int]]:
-        """Model inputs for a batch of chat prompts, and how many images each prompt has (a
-        sample's videos are found by :func:`~mmrl.vlm.processing.split_videos`)."""
-        texts, images, videos = [], [], []
-        for messages in prompts:
-            clean, imgs, clips = self.split_messages(messages)
-            texts.append(self.processor.apply_chat_template(clean))
-            images.append([im.convert("RGB") for im in imgs])
-            videos.append(clips)
-        enc = self.processor(texts, images if any(images) else None, videos if any(videos) else None)
-        return enc, [len(x) for x in images]
+        partner = other.get("image") if isinstance(other, dict) else None
+        return perturb_example(ex, kind, rng, partner, **dict(options or {}))
 
-    def split_videos(self, enc: dict) -> list[dict | None]:
-        """Each sample's video inputs in a batch encoding (None without video)."""
-        return split_videos(enc, self.processor.video_token_id, self.processor.merge_size)
-
-    def decode(self, ids: torch.Tensor) -> str:
-        return self.processor.decode(ids.tolist())
-
-    # -- sampling -------------------------------------------------------------------------------
-    def sampling(self, mode: str) -> Sampling:
-        """The training rollout's settings (``rollout.*``; modes "train" and "sample"), or for
-        ``mode="eval"`` the same budget at ``eval.temperature``."""
-        r = self.cfg.rollout
-        temperature = self.cfg.eval.temperature if mode == "eval" else r.temperature
-        return Sampling(temperature, r.top_p, r.top_k, r.max_completion_length, max(0, r.batch_size))
-
-    def _batch(self, samples: list[dict], examples: list[dict], group_ids: torch.Tensor,
-               off_policy: torch.Tensor | None, need_old_logps: bool, need_ref_logps: bool) -> Rollouts:
-        """A :class:`Rollouts` of engine-style sample dicts, with the log-probs asked for."""
-        lengths = [len(s["completion_ids"]) for s in samples]
-        mask = torch.zeros(len(samples), max(lengths, default=0))
-        for i, L in enumerate(lengths):
-            mask[i, :L] = 1.0
-        batch = Rollouts(
-            group_ids=group_ids,
-            action_mask=mask,
-            completions=[self.decode(s["completion_ids"]) for s in samples],
-            examples=examples,
-            truncated=torch.tensor([s["truncated"] for s in samples], dtype=torch.bool),
-            off_policy=off_policy,
-            payload={k: [s[k] for s in samples] for k in PAYLOAD_KEYS},
-        )
-        if samples and all(s.get("logprobs") is not None for s in samples):
-            # The engine reported its own sampling log-probs (vLLM): either they are the old
-            # log-probs (rollout.use_engine_logprobs), or the trainer's forward gives the old
-            # log-probs and the objective corrects for the mismatch (truncated IS).
-            engine = torch.zeros_like(mask)
-            for i, s in enumerate(samples):
-                engine[i, :len(s["logprobs"])] = torch.as_tensor(s["logprobs"], dtype=engine.dtype)
-            if self.cfg.rollout.use_engine_logprobs:
-                batch.old_logps = engine
-                need_old_logps = False
-            else:
-                batch.rollout_logps = engine
-                need_old_logps = need_old_logps or self.cfg.algo.vllm_importance_sampling_correction
-        empty = torch.zeros(0, 0)
-        if need_old_logps:
-            batch.old_logps = self.score(batch, reference=False) if samples else empty
-        if need_ref_logps:
-            batch.ref_logps = self.score(batch, reference=True) if samples else empty
-        return batch
-
-    def take_generation_timeouts(self) -> int:
-        return self.engine.take_timeouts()
-
-    def rollout(self, examples: Sequence[dict], prompts: Sequence[list[dict]], n: int, mode: str = "train",
-                need_old_logps: bool = False, need_ref_logps: bool = False) -> Rollouts:
-        """``n`` samples for each prompt; group i holds the samples of ``prompts[i]``."""
-        samples = self.engine.generate([p for p in prompts for _ in range(n)], self.sampling(mode))
-        return self._batch(samples, [ex for ex in examples for _ in range(n)],
-                           torch.arange(len(prompts)).repeat_interleave(n), None, need_old_logps, need_ref_logps)
-
-    def _end_of_turn_id(self) -> int:
-        """The stop token a real completion ends with: ``<|im_end|>`` for Qwen chat models (the
-        chat template closes every assistant turn with it), else the tokenizer's EOS, else the
-        first of the generation config's EOS ids."""
-        im_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        if im_end in self.eos_ids:
-            return int(im_end)
-        if self.tokenizer.eos_token_id in self.eos_ids:
-            return int(self.tokenizer.eos_token_id)
-        return int(sorted(self.eos_ids)[0])
-
-    def rollout_given(self, examples: Sequence[dict], prompts: Sequence[list[dict]], completions: Sequence[str],
-                      need_old_logps: bool, need_ref_logps: bool) -> Rollouts:
-        """One sample per ``(example, prompt, completion)`` by teacher forcing, not generation:
-        the off-policy samples of "TempSamp-R1: Effective Temporal Sampling with Reinforcement
-        Fine-Tuning for Video LLMs" (e.g. ground-truth solutions injected into the groups).
-
-        Prompts are encoded as ``generate`` does; a completion is its text tokenized without
-        special tokens plus the end-of-turn id a real completion stops with. Longer than
-        ``rollout.max_completion_length`` it is cut there (no stop token, ``truncated``).
-        ``group_ids = arange(len(prompts))``, ``off_policy`` is all True and ``completions`` are
-        the decoded ids (what the rewards see, as for generated samples). The payload has the
-        keys of :meth:`rollout`, so the batch can be scored, concatenated and trained on.
-        """
-        if not len(examples) == len(prompts) == len(completions):
-            raise ValueError(f"rollout_given: {len(examples)} examples, {len(prompts)} prompts and "
-                             f"{len(completions)} completions; one of each per sample")
-        max_len = self.cfg.rollout.max_completion_length
-        stop = self._end_of_turn_id()
-        bs = self.cfg.rollout.batch_size if self.cfg.rollout.batch_size > 0 else max(1, len(prompts))
-        samples: list[dict] = []
-        for start in range(0, len(prompts), bs):
-            chunk = prompts[start:start + bs]
-            enc, images_per_sample = self.encode_prompts(chunk)
-            patches = split_patches(enc, images_per_sample)
-            videos = self.split_videos(enc)
-            for i in range(len(chunk)):
-                text_ids = self.tokenizer(completions[start + i], add_special_tokens=False)["input_ids"]
-                if any(tok in self.suppressed_ids for tok in text_ids):
-                    raise ValueError(f"rollout_given: completion {start + i} contains a vision placeholder "
-                                     "token (<|image_pad|>, <|vision_start|>, ...), which is never sampled "
-                                     "and cannot be scored")
-                ids = list(text_ids) + [stop]
-                samples.append({
-                    "prompt_ids": enc["input_ids"][i][enc["attention_mask"][i].bool()],
-                    "completion_ids": torch.tensor(ids[:max_len], dtype=torch.long),
-                    "truncated": len(ids) > max_len,
-                    "pixel_values": patches[i][0],
-                    "image_grid_thw": patches[i][1],
-                    "video": videos[i],
-                })
-        return self._batch(samples, list(examples), torch.arange(len(prompts)),
-                           torch.ones(len(samples), dtype=torch.bool), need_old_logps, need_ref_logps)
-
-    # -- scoring ----------------------------------------------------------------------------------
-    def _collate(self, batch: Rollouts) -> tuple[dict[str, torch.Tensor], torch.Tensor, int]:
-        """Prompt left-padded to a common width P, completion right-padded after it.
-
-        Completion token t of every sample then sits at column P + t, so its logit is at P + t - 1.
-        """
-        prompts = batch.payload["prompt_ids"]
-        comps = batch.payload["completion_ids"]
-        P = max(len(p) for p in prompts)
-        T = batch.action_mask.shape[1]
-        ids = torch.full((len(batch), P + T), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((len(batch), P + T), dtype=torch.long)
-        for i, (p, c) in enumerate(zip(prompts, comps)):
-            ids[i, P - len(p):P] = p
-            attn[i, P - len(p):P] = 1
-            ids[i, P:P + len(c)] = c
-            attn[i, P:P + len(c)] = 1
-        inputs = {"input_ids": ids, "attention_mask": attn, "mm_token_type_ids": self.processor.token_types(ids)}
-        pv = [x for x in batch.payload["pixel_values"] if x is not None]
-        if pv:
-            inputs["pixel_values"] = torch.cat(pv)
-            inputs["image_grid_thw"] = torch.cat([g for g in batch.payload["image_grid_thw"] if g is not None])
-        inputs.update(join_videos(batch.payload.get("video") or []))
-        targets = torch.full((len(batch), T), self.pad_id, dtype=torch.long)
-        for i, c in enumerate(comps):
-            targets[i, :len(c)] = c
-        return {k: v.to(self.device) for k, v in inputs.items()}, targets.to(self.device), P
-
-    def completion_logps(self, model, batch: Rollouts, with_entropy: bool = False):
-        """Per-token log-probs (N, T) of the completions under ``model`` (temperature-scaled);
-        with ``with_entropy`` also the per-token entropy of the full next-token distribution.
-        The LM head runs chunk by chunk (:mod:`mmrl.vlm.logprobs`): no (N, T, V) float32 copy.
-        With ``train.shared_prefix`` each distinct prompt of the batch runs once and its samples'
-        completions attend to its cached keys/values (:mod:`mmrl.vlm.shared_prefix`, exact).
-        Call it under :meth:`autocast` (``train_step`` and :meth:`score` do)."""
-        inputs, targets, P = self._collate(batch)
-        T = targets.shape[1]
-        backbone, head = split_head(model)
-        payload = batch.payload
-        has_video = any(v is not None for v in payload.get("video") or [])
-        groups = prompt_groups(payload["prompt_ids"], payload["pixel_values"], payload["image_grid_thw"]) \
-            if self.cfg.train.shared_prefix and not has_video else None  # shared prefixes: images only
-        if groups is None:
-            hidden = backbone(**inputs, use_cache=False).last_hidden_state[:, P - 1:P - 1 + T]
-        else:
-            hidden = shared_prefix_hidden(backbone, inputs, P, T, groups, payload["pixel_values"],
-                                          payload["image_grid_thw"])
-        out = token_logprobs(hidden, head, targets, self.cfg.rollout.temperature, self.suppressed_ids, with_entropy)
-        mask = batch.action_mask.to(hidden.device)
-        if not with_entropy:
-            return out * mask
-        logps, entropy = out
-        return logps * mask, entropy * mask
-
-    def _micro_batches(self, batch: Rollouts):
-        mb = self.micro_batch_size
-        for start in range(0, len(batch), mb):
-            rows = list(range(start, min(start + mb, len(batch))))
-            yield rows, batch.select(rows)
-
-    @torch.no_grad()
-    def score(self, batch: Rollouts, reference: bool) -> torch.Tensor:
-        """Log-probs of the whole batch without gradient, in micro-batches."""
-        parts = []
-        ctx = self.reference() if reference else contextlib.nullcontext(self.module)
-        with ctx as model:
-            model.eval()
-            for _, sub in self._micro_batches(batch):
-                with self.autocast():
-                    parts.append(self.completion_logps(model, sub).cpu())
-        return torch.cat(parts)
-
-    # -- training -------------------------------------------------------------------------------
-    def loss_terms(self, batch: Rollouts, objective, num_tokens: float, num_seqs: float):
-        """The objective's loss per micro-batch. Batch-dependent token selections (top-entropy
-        tokens, Clip-Cov/KL-Cov) are computed once on the whole mini-batch first (a no-grad pass),
-        then sliced per micro-batch, so gradient accumulation stays exact."""
-        obj_cfg = objective.cfg
-        selection = self._selection(batch, obj_cfg) if obj_cfg.needs_selection else None
-        self.module.train()
-        for rows, sub in self._micro_batches(batch):
-            entropies = None
-            if obj_cfg.needs_entropy:
-                logps, entropies = self.forward(self.completion_logps, self.module, sub, with_entropy=True)
-                if not obj_cfg.entropy_coef:
-                    entropies = entropies.detach()
-            else:
-                logps = self.forward(self.completion_logps, self.module, sub)
-            dev = logps.device
-            extra: dict[str, Any] = {}
-            if entropies is not None:
-                extra["entropies"] = entropies
-            if selection is not None:
-                extra["selection"] = selection[rows].to(dev)
-            if sub.off_policy is not None:
-                extra["off_policy"] = sub.off_policy.to(dev)
-            yield objective(
-                logps,
-                None if sub.old_logps is None else sub.old_logps.to(dev),
-                sub.advantages.to(dev),
-                sub.action_mask.to(dev),
-                ref_logps=None if sub.ref_logps is None else sub.ref_logps.to(dev),
-                rollout_logps=None if sub.rollout_logps is None else sub.rollout_logps.to(dev),
-                num_tokens=num_tokens, num_seqs=num_seqs, **extra,
-            )
-
-    @torch.no_grad()
-    def _selection(self, batch: Rollouts, obj_cfg):
-        """Token selections of the whole mini-batch under the current weights."""
-        self.module.eval()
-        logps, ents = [], []
-        for _, sub in self._micro_batches(batch):
-            with self.autocast():
-                lp, ent = self.completion_logps(self.module, sub, with_entropy=True)
-            logps.append(lp.cpu())
-            ents.append(ent.cpu())
-        logps, ents = torch.cat(logps), torch.cat(ents)
-        old = batch.old_logps if batch.old_logps is not None else logps
-        if dist.world_size() > 1:
-            return _selection_across_ranks(obj_cfg, logps, old, batch.advantages, batch.action_mask, ents)
-        return select_tokens(obj_cfg, logps, old, batch.advantages, batch.action_mask, ents)
+    def temporally_shuffled(self, ex: dict, rng) -> dict | None:
+        """T-GRPO's twin of ``ex``: its clip (``ex["video"]``) with the frames in a shuffled order,
+        never the original one (:func:`mmrl.media.frame_order.shuffle_frames`, drawn from ``rng``);
+        None when ``ex`` holds no clip of two frames or more (an image question)."""
+        clip = ex.get("video") if isinstance(ex, dict) else None
+        if not isinstance(clip, Clip) or clip.frames is None or len(clip.frames) < 2:
+            return None
+        return {**ex, "video": dataclasses.replace(clip, frames=shuffle_frames(clip.frames, rng))}
 
     # -- persistence ----------------------------------------------------------------------------
     def save_weights(self, path: Path, state: dict[str, torch.Tensor] | None = None) -> None:
@@ -449,30 +196,3 @@ class VLMPolicy(PolicyBase):
         saved = AutoModelForImageTextToText.from_pretrained(str(Path(path) / "model"), dtype=torch.float32)
         self.load_module_state(saved.state_dict())
         del saved
-
-
-def _selection_across_ranks(obj_cfg, logps, old, advantages, mask, ents) -> TokenSelection:
-    """The token selections of the global mini-batch, as one process would make them: every rank's
-    rows are gathered (right-padded to the longest completion), rank 0 selects on the whole
-    (quantile threshold, covariance means, Clip-Cov's random pick, KL-Cov's top-k) and broadcasts,
-    and each rank keeps its own rows. Selecting on each rank's share would give every rank its own
-    threshold."""
-    parts = dist.gather([t.detach().cpu() for t in (logps, old, advantages, mask, ents)])
-    if dist.is_main():
-        width = max(p[3].shape[1] for p in parts)
-
-        def cat(i: int) -> torch.Tensor:
-            xs = [p[i] for p in parts]
-            if xs[0].dim() == 1:  # sequence advantages
-                return torch.cat(xs)
-            return torch.cat([torch.nn.functional.pad(x, (0, width - x.shape[1])) for x in xs])
-
-        whole = select_tokens(obj_cfg, cat(0), cat(1), cat(2), cat(3), cat(4))
-        bounds, start = [], 0
-        for p in parts:
-            bounds.append((start, start + p[3].shape[0], p[3].shape[1]))
-            start += p[3].shape[0]
-        shares = [whole[lo:hi, :width_r] for lo, hi, width_r in bounds]
-    else:
-        shares = None
-    return dist.broadcast(shares)[dist.rank()]

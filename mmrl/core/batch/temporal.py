@@ -1,4 +1,4 @@
-"""T-GRPO's temporal-contrast bonus and the frame shuffle it needs (pure functions).
+"""T-GRPO's temporal contrast: the stage, and its bonus (a pure function).
 
 From "Video-R1: Reinforcing Video Reasoning in MLLMs" (Feng et al., 2025). Each video question gets
 two groups of answers: ``G`` on its frames in order and ``G~`` on the same frames shuffled (Video-R1
@@ -34,19 +34,71 @@ Read against Video-R1's code (``src/r1-v/src/open_r1/trainer/grpo_trainer.py``, 
 
 A group with no shuffled samples (an image question, or a clip of one frame) gets no bonus and is
 left out of the metrics.
+
+The stage (:func:`temporal_contrast`) asks the policy for each question's shuffled twin
+(``policy.temporally_shuffled``: the policy knows where a clip sits in its examples, and shuffles its
+frames with :func:`mmrl.media.frame_order.shuffle_frames`), rolls the twins out and scores them.
 """
 
 from __future__ import annotations
 
-from typing import Sequence, Union
+from typing import Any, Mapping
 
 import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["COMPARISONS", "non_identity_permutation", "shuffle_frames", "temporal_contrast_bonus"]
+from ..rollouts import Rollouts
+
+__all__ = ["COMPARISONS", "TEMPORAL_GRPO_OPTIONS", "check_temporal_grpo", "temporal_contrast", "temporal_contrast_bonus"]
 
 COMPARISONS = ("gt", "ge")  # the paper's p > mu * p~, Video-R1's code's p >= mu * p~
+TEMPORAL_GRPO_OPTIONS = ("alpha", "mu", "shuffled_generations", "reward", "comparison")
+
+
+def check_temporal_grpo(on: bool, options: Mapping[str, Any], policy) -> None:
+    """Setup-time check of ``algo.temporal_grpo`` / ``algo.temporal_grpo_kwargs``."""
+    if on and "video_inputs" not in policy.capabilities:
+        raise ValueError(f"algo.temporal_grpo shuffles the frames of clips; a {type(policy).__name__} reads none")
+    unknown = set(options) - set(TEMPORAL_GRPO_OPTIONS)
+    if unknown:
+        raise ValueError(f"unknown algo.temporal_grpo_kwargs {sorted(unknown)} (valid: {', '.join(TEMPORAL_GRPO_OPTIONS)})")
+    if options.get("comparison", "gt") not in COMPARISONS:
+        raise ValueError(f"algo.temporal_grpo_kwargs.comparison: one of {', '.join(COMPARISONS)} (gt: the "
+                         "paper's p > mu * p~; ge: Video-R1's code's >=)")
+
+
+def temporal_contrast(batch: Rollouts, policy, task, rewards, options: Mapping[str, Any],
+                      rng: np.random.Generator) -> dict[str, float]:
+    """T-GRPO (Video-R1) on a scored batch: each group's question again on its clip's frames
+    shuffled (``shuffled_generations`` samples, default half the group), scored by the accuracy
+    reward (``reward``, default the first reward other than format); the bonus is added to
+    ``batch``'s rewards in place, as the ``temporal_bonus`` component. Shuffled samples are not
+    trained on. Groups whose example has no shuffled twin (no clip) are not contrasted."""
+    name = options.get("reward") or next(n for n in rewards.weights if n != "format")
+    n = batch.group_ids.bincount().max().item() if len(batch) else 0
+    n_shuffled = int(options.get("shuffled_generations", max(1, n // 2)))
+    firsts = {int(g): i for i, g in reversed(list(enumerate(batch.group_ids.tolist())))}
+    groups, twins = [], []
+    for g, i in sorted(firsts.items()):
+        twin = policy.temporally_shuffled(batch.examples[i], rng)
+        if twin is not None:
+            groups.append(g)
+            twins.append(twin)
+    bonus = torch.zeros(len(batch))
+    metrics: dict[str, float] = {}
+    if twins:
+        shuffled = policy.rollout(twins, [task.build_prompt(ex) for ex in twins], n_shuffled, "train",
+                                  need_old_logps=False, need_ref_logps=False)
+        _, comps, _ = rewards(shuffled.completions, shuffled.examples, group_ids=shuffled.group_ids)
+        bonus, metrics = temporal_contrast_bonus(batch.reward_components[name], batch.group_ids, comps[name],
+                                                 torch.tensor(groups)[shuffled.group_ids],
+                                                 alpha=float(options.get("alpha", 0.3)),
+                                                 mu=float(options.get("mu", 0.8)),
+                                                 comparison=str(options.get("comparison", "gt")))
+    batch.rewards = batch.rewards + bonus
+    batch.reward_components["temporal_bonus"] = bonus
+    return metrics
 
 def temporal_contrast_bonus(correct: Tensor, group_ids: Tensor, shuffled_correct: Tensor,
                             shuffled_group_ids: Tensor, alpha: float = 0.3, mu: float = 0.8,
@@ -108,28 +160,3 @@ def temporal_contrast_bonus(correct: Tensor, group_ids: Tensor, shuffled_correct
         "temporal/bonus_groups": bonus_groups / len(contrasted) if contrasted else 0.0,
     }
     return bonus, metrics
-
-
-def non_identity_permutation(n: int, rng: np.random.Generator) -> np.ndarray:
-    """A permutation of ``range(n)`` drawn uniformly among those that move something (rejection
-    sampling: at most a few draws, half the draws for n = 2); the identity for n < 2, the only
-    permutation there is. Video-R1 draws ``torch.randperm``, which for a short clip is often the
-    identity (1 in 2 for two frames), and a "shuffled" group on ordered frames contrasts nothing."""
-    if n < 2:
-        return np.arange(max(n, 0))
-    identity = np.arange(n)
-    while True:
-        perm = rng.permutation(n)
-        if not np.array_equal(perm, identity):
-            return perm
-
-
-def shuffle_frames(frames: Union[Tensor, Sequence], rng: np.random.Generator) -> Union[Tensor, list]:
-    """The frames in a shuffled order along the time axis (dim 0), never the original order when
-    there are two frames or more (:func:`non_identity_permutation`); deterministic given ``rng``'s
-    state. A tensor ``(T, ...)`` comes back as a tensor, a sequence of frames (PIL images, arrays)
-    as a list; a clip of fewer than two frames comes back in its order (a copy)."""
-    perm = non_identity_permutation(len(frames), rng)
-    if isinstance(frames, Tensor):
-        return frames[torch.as_tensor(perm, dtype=torch.long, device=frames.device)]
-    return [frames[i] for i in perm]

@@ -1,0 +1,40 @@
+"""Scoring a generated batch: the rewards, plus DAPO's soft overlong penalty, and the reward
+computer's stats (unparsable fractions) accumulated over the step's scoring calls."""
+
+from __future__ import annotations
+
+from ..rollouts import Rollouts
+from .shaping import soft_overlong_penalty
+
+
+class StepScorer:
+    """Scores batches with ``rewards`` (a reward computer); ``max_actions`` is the policy's length
+    limit, ``buffer`` / ``penalty`` ``algo.soft_overlong_buffer`` / ``algo.soft_overlong_penalty``
+    (buffer 0: no penalty). :meth:`start` begins a step's stats."""
+
+    def __init__(self, rewards, max_actions: int, buffer: int, penalty: float):
+        self.rewards, self.max_actions, self.buffer, self.penalty = rewards, max_actions, buffer, penalty
+        self.start()
+
+    def start(self) -> None:
+        self.stats: dict[str, float] = {}
+        self.calls = 0
+
+    def __call__(self, batch: Rollouts) -> Rollouts:
+        """``batch`` with its rewards and reward components set (in place)."""
+        total, comps, stats = self.rewards(batch.completions, batch.examples, group_ids=batch.group_ids)
+        if self.buffer:
+            comps["overlong_penalty"] = soft_overlong_penalty(batch.action_mask.sum(1), self.max_actions,
+                                                              self.buffer, self.penalty)
+            if batch.off_policy is not None:  # a reference completion is never penalised for length
+                comps["overlong_penalty"] = comps["overlong_penalty"] * (~batch.off_policy).float()
+            total = total + comps["overlong_penalty"]
+        batch.rewards, batch.reward_components = total, comps
+        for k, v in stats.items():
+            self.stats[k] = self.stats.get(k, 0.0) + v
+        self.calls += 1
+        return batch
+
+    def mean_stats(self) -> dict[str, float]:
+        """The step's reward stats, each the mean over its scoring calls."""
+        return {k: v / max(self.calls, 1) for k, v in self.stats.items()}
