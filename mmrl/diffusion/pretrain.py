@@ -165,15 +165,3 @@ def pretrain_tiny_video_generator(out: str | Path, steps: int = 1500, batch_size
               "heads": heads, "head_dim": head_dim, "layers": layers, "patch_size": patch_size,
               "direction_noise": direction_noise, "ema_decay": ema_decay, "loss_space": loss_space}
     return save_tiny_video(out, *models, {"prediction": prediction, "pretrain": recipe}, clip_size, num_frames)
-
-
-@torch.no_grad()
-def sample_images(pipe, prompts: list[str], num_steps: int = 20, guidance_scale: float = 1.0, seed: int = 0):
-    """Deterministic Euler (ODE) samples as [0, 1] pixels (images, or clips (B, F, 3, H, W) from a video
-    generator): a quick look at what a generator draws."""
-    shape = pipe.latent_shape(pipe.default_height, pipe.default_width, getattr(pipe, "default_num_frames", None))
-    x = torch.randn((len(prompts), *shape), generator=torch.Generator().manual_seed(seed)).to(pipe.device)
-    sigmas = pipe.sigmas(num_steps, shape)
-    for s, s_next in zip(sigmas[:-1].tolist(), sigmas[1:].tolist()):
-        x = x + (s_next - s) * pipe.velocity(x, torch.full((len(prompts),), s), prompts, guidance_scale)
-    return pipe.decode(x)
