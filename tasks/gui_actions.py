@@ -22,7 +22,8 @@ import random
 from PIL import Image, ImageDraw
 
 from mmrl import Task, register_task
-from mmrl.data.gui_episodes import FORMATS, StepExamples, episode_steps, format_history, read_episodes
+from mmrl.data.gui_episodes import FORMATS, read_episodes
+from mmrl.data.gui_steps import StepExamples, episode_steps, format_history
 from mmrl.data.scenes import position_word, random_scene
 from mmrl.measures.gui import action_match, format_action, normalize_action, parse_action, pixel_point
 from mmrl.media.coords import pixels_to_prediction

@@ -16,15 +16,8 @@ import re
 import pytest
 
 import mmrl
-from mmrl.data.gui_episodes import (
-    StepExamples,
-    episode_steps,
-    fit_to_image,
-    format_history,
-    read_android_control,
-    read_episodes,
-    read_gui_odyssey,
-)
+from mmrl.data.gui_episodes import read_android_control, read_episodes, read_gui_odyssey
+from mmrl.data.gui_steps import StepExamples, episode_steps, fit_to_image, format_history
 from mmrl.measures.gui import format_action, parse_action
 from mmrl.media.coords import Frame, qwen_frame
 from mmrl.media.draw import FOOTER

@@ -237,7 +237,7 @@ def test_a_segment_outside_its_clip_is_skipped(tmp_path):
 
 
 def test_a_click_off_its_screenshot_is_skipped():
-    from mmrl.data.gui_episodes import StepExamples
+    from mmrl.data.gui_steps import StepExamples
     from mmrl.media.coords import box_problem, point_problem
 
     assert point_problem([5, 5], 10, 10) is None and "outside" in point_problem([50, 5], 10, 10)

@@ -53,7 +53,7 @@ click's ``bbox``. The instruction is ``task_info.instruction`` (the official "hi
 
 0-1000 points become pixels with the screenshot's size: ``device_info`` ``w``/``h`` when given,
 else the screenshot's own (its header is read). Not checked: that GUI-Odyssey screenshots are
-stored at ``device_info``'s size; :class:`mmrl.data.gui_episodes.StepExamples` rescales a step's
+stored at ``device_info``'s size; :class:`mmrl.data.gui_steps.StepExamples` rescales a step's
 points and box whenever the opened screenshot's size differs from the recorded ``image_size``
 (exact for 0-1000 labels, and for pixel labels of a resized copy).
 
