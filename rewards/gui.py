@@ -31,7 +31,8 @@ from __future__ import annotations
 
 from mmrl import register_reward
 from mmrl.measures.batch import score_each
-from mmrl.measures.gui import action_match, parse_action, truth_action
+from mmrl.measures.gui import parse_action, truth_action
+from mmrl.measures.gui_match import action_match
 from mmrl.measures.gui_r1 import gui_r1_score
 from mmrl.measures.ui_r1 import action_type_reward, coord_reward
 from mmrl.parsing import follows_layout

@@ -25,7 +25,8 @@ from mmrl import Task, register_task
 from mmrl.data.gui_episodes import FORMATS, read_episodes
 from mmrl.data.gui_steps import StepExamples, episode_steps, format_history
 from mmrl.data.scenes import position_word, random_scene
-from mmrl.measures.gui import action_match, format_action, normalize_action, parse_action, pixel_point
+from mmrl.measures.gui import format_action, normalize_action, parse_action, pixel_point
+from mmrl.measures.gui_match import action_match
 from mmrl.media.coords import pixels_to_prediction
 from mmrl.media.draw import FOOTER, PRED, TRUE, VIS_SCALE, canvas, draw_box, draw_point
 from mmrl.task import SyntheticExamples, image_prompt

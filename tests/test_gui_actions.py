@@ -9,15 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmrl.measures.gui import (
-    ACTION_TYPES,
-    action_match,
-    normalize_action,
-    parse_action,
-    point_in_box,
-    read_action,
-    text_f1,
-)
+from mmrl.measures.gui import ACTION_TYPES, normalize_action, parse_action, read_action
+from mmrl.measures.gui_match import action_match, text_f1
+from mmrl.measures.screen import point_in_box
 from mmrl.media.coords import Frame, qwen_resized_size
 from mmrl.registry import REWARDS
 

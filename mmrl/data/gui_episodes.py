@@ -10,7 +10,7 @@ action space (:mod:`mmrl.measures.gui`) and every point in ORIGINAL screenshot p
                 "step_instruction": when given, "accessibility_tree": when asked for}]}
 
 A click's action may carry ``"bbox"``, the target element's box ``[x1, y1, x2, y2]`` in pixels
-(then :func:`mmrl.measures.gui.click_correct` scores a click inside it; without one, within 14%
+(then :func:`mmrl.measures.gui_match.click_correct` scores a click inside it; without one, within 14%
 of the screen of the labelled point).
 
 **An episode keeps every step**, so the history of later steps is complete: a step whose action is

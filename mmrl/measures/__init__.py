@@ -14,7 +14,8 @@ functions instead of each keeping its own copy. Public: plugins may import them 
 - :mod:`~mmrl.measures.jigsaw`: tile-position answers;
 - :mod:`~mmrl.measures.composition`: the GenEval-style checker of generated shape scenes;
 - :mod:`~mmrl.measures.motion`: the same checks tracked through a generated clip (colour, shape, direction);
-- :mod:`~mmrl.measures.gui`: the GUI action space, its tolerant parser, text F1 and action matching;
+- :mod:`~mmrl.measures.gui`: the GUI action space and its tolerant parser;
+  :mod:`~mmrl.measures.gui_match`: a predicted action against the label (type, arguments, text F1);
 - :mod:`~mmrl.measures.ui_r1`, :mod:`~mmrl.measures.gui_r1`: UI-R1's and GUI-R1's rewards as their code computes them;
 - :mod:`~mmrl.measures.screen`: screen grounding clicks: point in box, GUI-G² Gaussian point and coverage;
 - :mod:`~mmrl.measures.pass_at_k`: the unbiased pass@k estimator over several samples per example;
