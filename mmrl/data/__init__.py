@@ -10,9 +10,9 @@
 - :mod:`~mmrl.data.images`: image references (paths, bytes, lists), folders of image files;
 - :mod:`~mmrl.data.screenspot`: ScreenSpot / ScreenSpot-v2 ([x, y, w, h]) and ScreenSpot-Pro
   ([x1, y1, x2, y2]) files as they ship;
-- :mod:`~mmrl.data.gui_episodes` (file reading) and :mod:`~mmrl.data.gui_labels` (per-dataset
-  action mapping): AndroidControl- and GUI-Odyssey-style episode files, flattened into steps with
-  their action history;
+- :mod:`~mmrl.data.gui_episodes` (file reading), :mod:`~mmrl.data.gui_labels` and
+  :mod:`~mmrl.data.gui_odyssey` (per-dataset action mapping): AndroidControl- and GUI-Odyssey-style
+  episode files; :mod:`~mmrl.data.gui_steps`: their steps as examples with their action history;
 - :mod:`~mmrl.data.scenes`, :mod:`~mmrl.data.shapes_t2i`: synthetic scenes;
 - :mod:`~mmrl.data.sequence`: ``LazySequence``, the base of every dataset here (``stats()``: what
   it left out), and ``SkippingSequence``, that of readers whose examples can prove unusable on access.

@@ -21,7 +21,7 @@ that have both. A
 step without an action carries ``history_text``, how later prompts show it.
 
 The datasets' layouts, what was checked against their sources and how each action maps:
-:mod:`mmrl.data.gui_labels`. In short: AndroidControl as the community's JSON / JSONL conversions
+:mod:`mmrl.data.gui_labels` (AndroidControl) and :mod:`mmrl.data.gui_odyssey`. In short: AndroidControl as the community's JSON / JSONL conversions
 of its TFRecords (points in pixels), GUI-Odyssey as released (``annotations/*.json``, points 0-1000
 converted to pixels); scroll directions are the content's ("down" shows what is below).
 
@@ -40,7 +40,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .gui_labels import parse_android_control, parse_gui_odyssey
+from .gui_labels import parse_android_control
+from .gui_odyssey import parse_gui_odyssey
 from .gui_steps import is_usable_step
 from .records import BadRecord
 from .sources import JsonlRecords, JsonRecords

@@ -1,5 +1,7 @@
-"""AndroidControl and GUI-Odyssey records as episodes of mmrl's GUI action space: the layouts the
-readers of :mod:`mmrl.data.gui_episodes` accept, and how every action of each dataset maps.
+"""AndroidControl records as episodes of mmrl's GUI action space: the layouts the reader of
+:mod:`mmrl.data.gui_episodes` accepts, and how every action maps; and the reading of label values
+(numbers, sizes, texts, screenshot paths) that :mod:`mmrl.data.gui_odyssey`, GUI-Odyssey's
+counterpart, shares.
 
 AndroidControl (google-research/android_control README, checked): the official data are GZIP
 TFRecords whose features are ``episode_id``, ``goal``, ``screenshots`` (PNG bytes),
@@ -33,42 +35,18 @@ word (android_world's actuation: "swipe" is the inverse of "scroll"). ``double_t
 below): "down" = see what is below = the finger moves up. :mod:`mmrl.measures.gui` reads a label
 ``scroll`` word as is, so every reader here converts finger movements to this convention.
 
-GUI-Odyssey (OpenGVLab/GUI-Odyssey ``introduction.md`` and ``data/format_converter.py``, checked):
-one JSON object per episode in ``annotations/`` (``episode_id``, ``device_info`` with ``w``/``h``,
-``task_info`` with ``task`` / ``instruction``, ``step_length``, ``steps``), screenshots flat in a
-sibling ``screenshots/`` folder. A step is ``{"step", "screenshot", "action", "info", "ps",
-"sam2_bbox", "low_level_instruction", "description", "intention", "context"}``; coordinates in
-``info`` and ``sam2_bbox`` are 0-1000 relative to the screenshot. Actions: ``CLICK`` /
-``LONG_PRESS`` with ``info`` ``[[x, y]]`` -> click / long_press, or with ``info`` one of the special
-keys ``KEY_HOME`` -> navigate_home, ``KEY_BACK`` -> navigate_back, ``KEY_APPSELECT`` (the
-recent-apps button; unmapped: mmrl's space has no such action, later history shows it as
-``{"action": "recent_apps"}``); ``SCROLL`` with ``info`` ``[[x1, y1], [x2, y2]]``, the finger's
-start and end -> scroll along the larger movement, converted to the content's direction (the
-official converter writes the finger's: its "SCROLL: UP" is mmrl's "down"); ``TEXT`` (the data; the
-docs say ``TYPE``, both read) with the text in ``info`` -> type; ``COMPLETE`` -> terminate success;
-``INCOMPLETE`` (``IMPOSSIBLE`` in the converter's output) -> terminate failure. ``KEY_*`` / ``HOME`` /
-``BACK`` as action names are read too. ``sam2_bbox`` (0-1000, ``[]`` when none) becomes the
-click's ``bbox``. The instruction is ``task_info.instruction`` (the official "high" level), else
-``task``; ``low_level_instruction`` is the step instruction.
-
-0-1000 points become pixels with the screenshot's size: ``device_info`` ``w``/``h`` when given,
-else the screenshot's own (its header is read). Not checked: that GUI-Odyssey screenshots are
-stored at ``device_info``'s size; :class:`mmrl.data.gui_steps.StepExamples` rescales a step's
-points and box whenever the opened screenshot's size differs from the recorded ``image_size``
-(exact for 0-1000 labels, and for pixel labels of a resized copy).
-
 A step that cannot be read carries ``problem`` = ("skipped" | "unmapped", reason) and
 ``history_text`` (how later prompts show it) instead of an action; the readers count and report it.
 """
 
+
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
-from ..measures.gui import DIRECTIONS
+from ..measures.gui import DIRECTIONS, finite_number
 from .records import BadRecord
 
 OPPOSITE = {"up": "down", "down": "up", "left": "right", "right": "left"}
@@ -79,11 +57,6 @@ _AC_TYPES = ("click", "long_press", "scroll", "swipe", "open_app", "input_text",
              "navigate_back", "wait", "status")
 _GOAL_STATUS = {"complete": "success", "successful": "success", "success": "success",
                 "infeasible": "failure", "failure": "failure", "failed": "failure"}
-_ODYSSEY_KEYS = {"KEY_HOME": "navigate_home", "HOME": "navigate_home", "PRESS_HOME": "navigate_home",
-                 "KEY_BACK": "navigate_back", "BACK": "navigate_back", "PRESS_BACK": "navigate_back"}
-_ODYSSEY_UNMAPPED = {"KEY_APPSELECT": "recent_apps", "PRESS_RECENT": "recent_apps"}
-_ODYSSEY_ACTIONS = ("CLICK", "LONG_PRESS", "SCROLL", "TEXT", "TYPE", "COMPLETE", "INCOMPLETE", "IMPOSSIBLE",
-                    *_ODYSSEY_KEYS, *_ODYSSEY_UNMAPPED)
 
 _IMAGE_KEYS = ("image", "screenshot", "image_before", "image_path", "screenshot_path", "img")
 _SCREENSHOT_LIST_KEYS = ("screenshots", "screenshot_paths", "screenshot_path", "images")
@@ -92,30 +65,17 @@ _STEP_INSTRUCTION_KEYS = ("step_instruction", "low_level_instruction", "low_inst
 
 
 # -- numbers ---------------------------------------------------------------------------------------
-def _number(value: Any) -> Optional[float]:
-    """A finite float from an int / float / numeric string (no bools), else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, str):
-        try:
-            value = float(value.strip())
-        except ValueError:
-            return None
-    if not isinstance(value, (int, float)):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
-def _numbers(value: Any, n: int) -> Optional[list[float]]:
+def read_numbers(value: Any, n: int) -> Optional[list[float]]:
+    """``n`` finite floats from a list or tuple of ``n`` numbers or numeric strings, else None."""
     if not isinstance(value, (list, tuple)) or len(value) != n:
         return None
-    out = [_number(v) for v in value]
+    out = [finite_number(v) for v in value]
     return None if any(v is None for v in out) else out
 
 
-def _size(value: Any) -> Optional[tuple[int, int]]:
-    nums = _numbers(value, 2)
+def read_size(value: Any) -> Optional[tuple[int, int]]:
+    """A positive ``(w, h)`` in whole pixels from ``[w, h]``, else None."""
+    nums = read_numbers(value, 2)
     if nums is None or not (nums[0] > 0 and nums[1] > 0):
         return None
     return (int(round(nums[0])), int(round(nums[1])))
@@ -131,7 +91,7 @@ def _on_screen(point: Sequence[float], size: Optional[Sequence[float]], what: st
         raise BadRecord(f"{what} {list(point)} lies off the {w}x{h} screenshot")
 
 
-def _first_text(value: Any) -> Optional[str]:
+def first_text(value: Any) -> Optional[str]:
     """A non-blank string, or the first of a one-element list of one (TFRecord-style fields)."""
     if isinstance(value, (list, tuple)) and len(value) >= 1:
         value = value[0]
@@ -160,7 +120,7 @@ def android_control_action(raw: Any, size: Optional[Sequence[float]] = None) -> 
         raise BadRecord(f"unknown action_type {raw.get('action_type')!r}; AndroidControl's are "
                         f"{', '.join(_AC_TYPES)} (and unmapped {', '.join(ANDROID_CONTROL_UNMAPPED)})")
     if kind in ("click", "long_press"):
-        x, y = _number(raw.get("x")), _number(raw.get("y"))
+        x, y = finite_number(raw.get("x")), finite_number(raw.get("y"))
         if x is None or y is None:
             raise BadRecord(f"a {kind} needs 'x' and 'y' in pixels, got x={raw.get('x')!r}, y={raw.get('y')!r}")
         _on_screen((x, y), size, f"the {kind} point")
@@ -172,7 +132,7 @@ def android_control_action(raw: Any, size: Optional[Sequence[float]] = None) -> 
             raise BadRecord(f"a {kind} needs 'direction' (one of {', '.join(DIRECTIONS)}), got {direction!r}")
         return {"action": "scroll", "direction": word if kind == "scroll" else OPPOSITE[word]}, None
     if kind == "open_app":
-        app = _first_text(raw.get("app_name"))
+        app = first_text(raw.get("app_name"))
         if app is None:
             raise BadRecord(f"an open_app needs 'app_name', got {raw.get('app_name')!r}")
         return {"action": "open_app", "app": app}, None
@@ -216,7 +176,8 @@ def _indexed(value: Any, what: str) -> Optional[list]:
     raise BadRecord(f"{what!r} must be a list (one per screen), got {type(value).__name__}")
 
 
-def _image_ref(value: Any, what: str) -> str:
+def image_ref(value: Any, what: str) -> str:
+    """A screenshot path as the record writes it; :class:`BadRecord` naming ``what`` otherwise."""
     if isinstance(value, str) and value.strip():
         return value.strip()
     raise BadRecord(f"{what} must be a screenshot file path, got {type(value).__name__} "
@@ -227,10 +188,10 @@ def parse_android_control(raw: Mapping, accessibility_trees: bool = False) -> di
     """One AndroidControl episode record as an episode whose steps keep ``image`` as written (not
     resolved) and carry ``problem`` (kind, reason) where their action is malformed or unmapped.
     :class:`BadRecord` for an episode that cannot be read at all."""
-    goal = _first_text(raw.get("goal"))
+    goal = first_text(raw.get("goal"))
     if goal is None:
         raise BadRecord(f"'goal' must be the episode's instruction text, got {raw.get('goal')!r}")
-    episode_id = _first_text(raw.get("episode_id"))
+    episode_id = first_text(raw.get("episode_id"))
     screens_key = next((k for k in _SCREENSHOT_LIST_KEYS if raw.get(k) is not None), None)
     screens = _indexed(raw.get(screens_key), screens_key) if screens_key else None
     widths = _indexed(raw.get("screenshot_widths"), "screenshot_widths")
@@ -266,19 +227,19 @@ def parse_android_control(raw: Mapping, accessibility_trees: bool = False) -> di
                 ref = screens[k]
             if ref is None:
                 raise BadRecord(f"no screenshot: none of {', '.join(_IMAGE_KEYS)} and no episode screenshots[{k}]")
-            step["image"] = _image_ref(ref, f"screenshot {k}")
-            size = _size(item.get("image_size"))
+            step["image"] = image_ref(ref, f"screenshot {k}")
+            size = read_size(item.get("image_size"))
             if size is None:
-                size = next((s for s in (_size([item.get(a), item.get(b)]) for a, b in _SIZE_KEYS) if s), None)
+                size = next((s for s in (read_size([item.get(a), item.get(b)]) for a, b in _SIZE_KEYS) if s), None)
             if size is None and widths is not None and heights is not None and k < min(len(widths), len(heights)):
-                size = _size([widths[k], heights[k]])
+                size = read_size([widths[k], heights[k]])
             if size is not None:
                 step["image_size"] = size
             instruction = next((item[key] for key in _STEP_INSTRUCTION_KEYS if item.get(key) is not None), None)
             if instruction is None and step_instructions is not None and k < len(step_instructions):
                 instruction = step_instructions[k]
-            if _first_text(instruction) is not None:
-                step["step_instruction"] = _first_text(instruction)
+            if first_text(instruction) is not None:
+                step["step_instruction"] = first_text(instruction)
             if accessibility_trees:
                 tree = item.get("accessibility_tree", trees[k] if trees is not None and k < len(trees) else None)
                 if tree is not None:
@@ -305,121 +266,9 @@ def parse_android_control(raw: Mapping, accessibility_trees: bool = False) -> di
 
 
 def _pixel_box(value: Any, size: Optional[Sequence[float]]) -> list[float]:
-    nums = _numbers(value, 4)
+    nums = read_numbers(value, 4)
     if nums is None or not (nums[2] > nums[0] and nums[3] > nums[1]):
         raise BadRecord(f"'bbox' must be [x1, y1, x2, y2] pixels with an area, got {value!r}")
     _on_screen(nums[:2], size, "the bbox corner")
     _on_screen(nums[2:], size, "the bbox corner")
     return nums
-
-
-# -- GUI-Odyssey -----------------------------------------------------------------------------------
-def _odyssey_points(info: Any) -> Optional[list[list[float]]]:
-    """``[[x, y], ...]`` from GUI-Odyssey's ``info`` (also a flat ``[x, y]``), else None."""
-    if isinstance(info, (list, tuple)) and len(info) == 2 and all(_number(v) is not None for v in info):
-        info = [info]
-    if not isinstance(info, (list, tuple)) or not info:
-        return None
-    points = [_numbers(p, 2) for p in info]
-    return None if any(p is None for p in points) else points
-
-
-def _rel1000_to_pixels(point: Sequence[float], size: Sequence[float], what: str) -> list[float]:
-    x, y = point
-    if not (-10 <= x <= 1010 and -10 <= y <= 1010):
-        raise BadRecord(f"{what} {list(point)} is not a 0-1000 coordinate (GUI-Odyssey normalises to 0-1000)")
-    return [x / 1000.0 * size[0], y / 1000.0 * size[1]]
-
-
-def odyssey_action(step: Mapping, size: Optional[Sequence[float]]) -> tuple[Optional[dict], Optional[str]]:
-    """``(action, None)`` for a GUI-Odyssey step's ``action``/``info`` in mmrl's space (points in
-    pixels of a ``size`` screenshot, None when unknown), ``(None, reason)`` for an action mmrl's
-    space cannot express; :class:`BadRecord` when malformed."""
-    name = step.get("action")
-    name = name.strip().upper() if isinstance(name, str) else None
-    info = step.get("info")
-    if name not in _ODYSSEY_ACTIONS:
-        raise BadRecord(f"unknown action {step.get('action')!r}; GUI-Odyssey's are {', '.join(_ODYSSEY_ACTIONS[:8])} "
-                        "(CLICK with info KEY_HOME / KEY_BACK / KEY_APPSELECT for the system keys)")
-    key = info.strip().upper() if isinstance(info, str) and name in ("CLICK", "LONG_PRESS") else name
-    if key in _ODYSSEY_KEYS:
-        return {"action": _ODYSSEY_KEYS[key]}, None
-    if key in _ODYSSEY_UNMAPPED:
-        return None, f"{key} (the recent-apps button) has no equivalent in mmrl's action space"
-    if name in ("CLICK", "LONG_PRESS"):
-        points = _odyssey_points(info)
-        if points is None or len(points) != 1:
-            raise BadRecord(f"a {name} needs info [[x, y]] (0-1000) or one of the special keys KEY_HOME, "
-                            f"KEY_BACK, KEY_APPSELECT, got {info!r}")
-        if size is None:
-            raise BadRecord("the screenshot's size is unknown (no device_info w/h and no screenshot), "
-                            "so the 0-1000 point cannot become pixels")
-        action = {"action": name.lower(), "point": _rel1000_to_pixels(points[0], size, f"the {name} point")}
-        box = step.get("sam2_bbox")
-        nums = _numbers(box, 4)
-        if nums is not None and nums[2] > nums[0] and nums[3] > nums[1]:
-            action["bbox"] = [v for corner in (nums[:2], nums[2:])
-                              for v in _rel1000_to_pixels(corner, size, "the sam2_bbox")]
-        elif box not in (None, [], "", ()):
-            raise BadRecord(f"'sam2_bbox' must be [x1, y1, x2, y2] (0-1000) with an area, or [], got {box!r}")
-        return action, None
-    if name == "SCROLL":
-        points = _odyssey_points(info)
-        if points is None or len(points) != 2:
-            raise BadRecord(f"a SCROLL needs info [[x1, y1], [x2, y2]] (the finger's start and end), got {info!r}")
-        dx, dy = points[1][0] - points[0][0], points[1][1] - points[0][1]
-        if dx == 0 and dy == 0:
-            raise BadRecord(f"a SCROLL whose finger does not move: {info!r}")
-        finger = ("right" if dx > 0 else "left") if abs(dx) > abs(dy) else ("down" if dy > 0 else "up")
-        return {"action": "scroll", "direction": OPPOSITE[finger]}, None
-    if name in ("TEXT", "TYPE"):
-        if not isinstance(info, str) or not info.strip():
-            raise BadRecord(f"a {name} needs the typed text in info, got {info!r}")
-        return {"action": "type", "text": info}, None
-    if name == "COMPLETE":
-        return {"action": "terminate", "status": "success"}, None
-    return {"action": "terminate", "status": "failure"}, None  # INCOMPLETE / IMPOSSIBLE
-
-
-def parse_gui_odyssey(raw: Mapping, size_of: Callable[[str], Optional[tuple[int, int]]] = lambda ref: None) -> dict:
-    """One GUI-Odyssey episode as an episode whose steps keep ``image`` as written and carry
-    ``problem`` where malformed or unmapped. ``size_of(screenshot)``: the screenshot's (w, h) when
-    ``device_info`` gives none."""
-    task = raw.get("task_info")
-    if not isinstance(task, Mapping):
-        raise BadRecord(f"'task_info' must be an object with 'instruction' / 'task', got {type(task).__name__}")
-    instruction = _first_text(task.get("instruction")) or _first_text(task.get("task"))
-    if instruction is None:
-        raise BadRecord("'task_info' has no 'instruction' or 'task' text")
-    items = raw.get("steps")
-    if not isinstance(items, list) or not items:
-        raise BadRecord(f"'steps' must be a non-empty list of steps, got {type(items).__name__}")
-    device = raw.get("device_info")
-    device_size = _size([device.get("w"), device.get("h")]) if isinstance(device, Mapping) else None
-    steps = []
-    for k, item in enumerate(items):
-        step: dict[str, Any] = {"image": None}
-        try:
-            if not isinstance(item, Mapping):
-                raise BadRecord(f"a step must be an object, got {type(item).__name__}")
-            step["raw_action"] = {"action": item.get("action"), "info": item.get("info")}
-            step["image"] = _image_ref(item.get("screenshot"), "'screenshot'")
-            size = device_size or size_of(step["image"])
-            if size is not None:
-                step["image_size"] = size
-            if _first_text(item.get("low_level_instruction")) is not None:
-                step["step_instruction"] = _first_text(item["low_level_instruction"])
-            action, unmapped = odyssey_action(item, size)
-            if action is None:
-                step.update(action=None, problem=("unmapped", unmapped),
-                            history_text=json.dumps({"action": "recent_apps"}))
-            else:
-                step["action"] = action
-        except BadRecord as exc:
-            raw_action = step.get("raw_action") or {}
-            step.update(action=None, problem=("skipped", str(exc)),
-                        history_text=json.dumps({"action": str(raw_action.get("action")).lower(),
-                                                 "info": raw_action.get("info")}, ensure_ascii=False, default=str))
-        steps.append(step)
-    episode_id = _first_text(raw.get("episode_id"))
-    return {"episode_id": episode_id, "instruction": instruction, "steps": steps}
