@@ -11,7 +11,9 @@ The modules a plugin may import besides these names are listed in :data:`PUBLIC_
 
 from . import plugins  # noqa: F401  (installs the registries' plugin loader)
 from .api import train
-from .core.policy import Policy, PolicyBase, pick_device
+from .core.distributed import pick_device
+from .core.policy import PolicyBase
+from .core.protocol import Policy
 from .envs import Env, Observation, register_env
 from .public import PUBLIC_MODULES
 from .registry import (

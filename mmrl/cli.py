@@ -23,6 +23,7 @@ from rich.markup import escape  # error texts may hold brackets (`pip install mm
 from .cli_errors import console, fail, interruptions, user_errors
 from .cli_help import ARGS_HELP, ARGS_METAVAR, examples
 from .recipes import DEFAULT_RECIPES, split_args
+from .tiny_models import TINY_MODELS
 
 # Plain click help: rich markup would swallow `[CONFIG.yaml]`, `[key=value]` and `mmrl[video]`.
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -203,72 +204,26 @@ def eval_(
     "mmrl build-tiny gui --out /tmp/tiny-gui    # elsewhere, leaving the shipped one alone",
     "mmrl build-tiny diffusion --steps 1000 --seed 1"))
 def build_tiny(
-    modality: str = typer.Argument("vlm", help="which tiny model: vlm | video (the tiny VLM warm-started "
-                                    "on clips) | gui (the tiny VLM warm-started on the synthetic phone) | "
-                                    "gui-grounding (the tiny GUI model taught more clicks) | "
-                                    "diffusion | video-gen (the tiny text-to-video generator)"),
+    modality: str = typer.Argument("vlm", help="which tiny model: " + "; ".join(
+        f"{name} ({model.about})" for name, model in TINY_MODELS.items())),
     out: Optional[Path] = typer.Option(None, help="output directory (default: the shipped asset)"),
     steps: Optional[int] = typer.Option(None, help="warm-start steps (default: the recipe's: vlm 600, video 100 "
                                         "gui 800 and gui-grounding 240 SFT steps, diffusion 4000 and video-gen 2500 flow-matching steps)"),
     seed: int = typer.Option(0),
-    vision_steps: Optional[int] = typer.Option(None, help="vlm: pre-train the vision tower on per-cell "
-                                               "colour and shape labels for this many steps first, "
-                                               "then freeze it (default 300; 0: off)"),
+    vision_steps: Optional[int] = typer.Option(None, help="vlm and gui: pre-train the vision tower on per-cell "
+                                               "labels for this many steps first, then freeze it (default: the "
+                                               "recipe's, vlm 300, gui 800; 0: off)"),
 ):
     """Rebuild a shipped tiny model from scratch (tokenizer, weights, warm start)."""
-    if modality not in ("vlm", "video", "gui", "gui-grounding", "diffusion", "video-gen"):
-        console.print(f"[red]error:[/] no tiny {modality} model (available: vlm, video, gui, gui-grounding, "
-                      "diffusion, video-gen)")
+    if modality not in TINY_MODELS:
+        console.print(f"[red]error:[/] no tiny {modality} model (available: {', '.join(TINY_MODELS)})")
         raise typer.Exit(2)
     import torch
 
-    from .assets import asset_path
-
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    if modality == "diffusion":
-        from .diffusion.pretrain import TINY_GENERATOR_RECIPE, pretrain_tiny_generator
-
-        target = out or asset_path("tiny-flow-shapes")
-        recipe = {**TINY_GENERATOR_RECIPE, "steps": steps or TINY_GENERATOR_RECIPE["steps"]}
-        path = pretrain_tiny_generator(target, seed=seed, **recipe)
-        console.print(f"saved tiny generator to {path}")
-        return
-    if modality == "video-gen":
-        from .diffusion.pretrain import TINY_VIDEO_GENERATOR_RECIPE, pretrain_tiny_video_generator
-
-        recipe = {**TINY_VIDEO_GENERATOR_RECIPE, "steps": steps or TINY_VIDEO_GENERATOR_RECIPE["steps"]}
-        path = pretrain_tiny_video_generator(out or asset_path("tiny-wan-motion"), seed=seed, **recipe)
-        console.print(f"saved tiny video generator to {path}")
-        return
-    if modality == "video":
-        from .vlm.sft import TINY_VIDEO_RECIPE, build_tiny_video
-
-        path = build_tiny_video(out or asset_path("tiny-qwen2.5-vl-video"), seed=seed,
-                                sft_steps=steps or TINY_VIDEO_RECIPE["sft_steps"])
-        console.print(f"saved tiny video model to {path}")
-        return
-    if modality == "gui":
-        from .vlm.sft import TINY_GUI_RECIPE, build_tiny_gui
-
-        path = build_tiny_gui(out or asset_path("tiny-qwen2.5-vl-gui"), seed=seed,
-                              sft_steps=steps or TINY_GUI_RECIPE["sft_steps"])
-        console.print(f"saved tiny GUI model to {path}")
-        return
-    if modality == "gui-grounding":
-        from .vlm.sft import TINY_GUI_GROUNDING_RECIPE, build_tiny_gui_grounding
-
-        path = build_tiny_gui_grounding(out or asset_path("tiny-qwen2.5-vl-gui-grounding"), seed=seed,
-                                        sft_steps=steps or TINY_GUI_GROUNDING_RECIPE["sft_steps"])
-        console.print(f"saved tiny GUI grounding model to {path}")
-        return
-    from .vlm.sft import TINY_VLM_RECIPE, build_tiny_vlm
-
-    target = out or asset_path("tiny-qwen2.5-vl")
-    recipe = {**TINY_VLM_RECIPE, "sft_steps": steps or TINY_VLM_RECIPE["sft_steps"]}
-    if vision_steps is not None:
-        recipe["vision_steps"] = vision_steps
-    path = build_tiny_vlm(target, seed=seed, **recipe)
-    console.print(f"saved tiny model to {path}")
+    model = TINY_MODELS[modality]
+    path = model.build(out, seed=seed, steps=steps, vision_steps=vision_steps)
+    console.print(f"saved {model.what} to {path}")
 
 
 from .cli_bench import bench_app  # noqa: E402

@@ -45,7 +45,7 @@ class VLMJudge:
     reading P(yes) / (P(yes) + P(no)) at the first answer token."""
 
     def __init__(self, path: str | Path, device, dtype: str = "float32"):
-        from .core.policy import compute_dtype
+        from .core.precision import compute_dtype
         from .vlm.loading import load_vlm
 
         self.model, self.processor = load_vlm(str(path), device, compute_dtype(dtype))

@@ -1,6 +1,6 @@
 """Name -> object registries for every named choice of a config: tasks, rewards, advantage
 estimators, losses, prompt samplers, SDE samplers, batch selections, KL schedules, image
-perturbations, rollout engines and environments.
+perturbations, rollout engines, environments and policies (one per task modality).
 
 This module is a leaf: it imports nothing of mmrl, so any module can register into it. The
 built-ins register when their modules are imported; :mod:`mmrl.plugins` imports them (and the
@@ -158,6 +158,7 @@ KL_SCHEDULES: Registry[Callable[..., Any]] = Registry("KL schedule")
 PERTURBATIONS: Registry[Callable[..., Any]] = Registry("image perturbation")
 ENGINES: Registry[type] = Registry("rollout engine")
 ENVS: Registry[type] = Registry("environment")  # multi-step environments (mmrl.envs)
+POLICIES: Registry[type] = Registry("policy")  # by modality: the policy that trains a task of it
 
 
 def register_loss(name: str, requires: tuple[str, ...] = ("logps",), override: bool = False):
@@ -193,12 +194,15 @@ register_kl_schedule = _register_as(KL_SCHEDULES, "schedule_name")
 register_perturbation = _register_as(PERTURBATIONS, "perturbation_name")
 register_engine = _register_as(ENGINES, "engine_name")
 register_env = _register_as(ENVS, "name")  # @register_env("synthetic_gui") on an mmrl.envs.Env
+# @register_policy("vlm") on a policy class (mmrl.core.policy.PolicyBase): it trains the tasks whose
+# ``modality`` is that name, so a new modality is a plugin like a task.
+register_policy = _register_as(POLICIES, "modality")
 
 ALL_REGISTRIES: dict[str, Registry] = {
     "tasks": TASKS, "rewards": REWARDS, "advantage estimators": ADVANTAGES, "losses": LOSSES,
     "data samplers (prompts)": PROMPT_SAMPLERS, "SDE samplers": SDE_SAMPLERS, "batch selections": SELECTIONS,
     "KL schedules": KL_SCHEDULES, "image perturbations": PERTURBATIONS, "rollout engines": ENGINES,
-    "environments": ENVS,
+    "environments": ENVS, "policies (task modalities)": POLICIES,
 }
 
 

@@ -78,7 +78,7 @@ def step(vlm_dir: str, out: str, *extra: str) -> None:
     reloaded = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
     if dist.is_main():
         torch.save({"metrics": metrics, "grads": grads, "samples": samples, "world": dist.world_size(),
-                    "backend": sharding.backend(policy.accelerator), "weights": weights, "moved": moved,
+                    "backend": policy.distributed_backend, "weights": weights, "moved": moved,
                     "reloaded": reloaded}, out)
 
 

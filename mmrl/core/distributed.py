@@ -89,6 +89,21 @@ def device() -> torch.device:
     return PartialState().device
 
 
+def pick_device(name: str) -> torch.device:
+    """``train.device``: ``auto`` is CUDA when available, else CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def policy_device(cfg) -> torch.device:
+    """``train.device``, except that a launched run puts each rank on its own accelerator."""
+    init(cfg.train.device, cfg.train.distributed_timeout)
+    if active() and cfg.train.device in ("auto", "cuda"):
+        return device()
+    return pick_device(cfg.train.device)
+
+
 def rank_salt() -> int:
     return RANK_SALT * rank()
 
@@ -183,9 +198,9 @@ def _ranks_behind(count: int) -> dict[int, list | None]:
 def _store_call(fn):
     """``fn(store)`` on the default group's store; None when there is none or it cannot answer."""
     try:
-        from torch.distributed.distributed_c10d import _get_default_store
+        from .library_internals import default_store
 
-        return fn(_get_default_store())
+        return fn(default_store())
     except Exception:  # the store is bookkeeping: never the cause of a failure
         return None
 

@@ -34,8 +34,10 @@ def requested() -> bool:
 def enable_on_cpu(accelerator) -> None:
     """Turn on the launch's FSDP settings where accelerate fell back to plain CPU data parallelism
     (gloo). The plugin reads the same ``FSDP_*`` variables accelerate's launcher exports."""
-    from accelerate import FullyShardedDataParallelPlugin, PartialState
+    from accelerate import FullyShardedDataParallelPlugin
     from accelerate.utils import DistributedType
+
+    from .library_internals import set_process_distributed_type
 
     if accelerator.distributed_type != DistributedType.MULTI_CPU or not requested():
         return
@@ -44,8 +46,7 @@ def enable_on_cpu(accelerator) -> None:
         plugin.set_mixed_precision(accelerator.mixed_precision)
     accelerator.state.distributed_type = DistributedType.FSDP
     accelerator.state.fsdp_plugin = plugin
-    # as accelerate does at the end of its own set-up: a later AcceleratorState() copies it back
-    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    set_process_distributed_type(DistributedType.FSDP)  # a later AcceleratorState() copies it back
 
 
 def backend(accelerator) -> str:

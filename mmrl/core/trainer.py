@@ -14,7 +14,6 @@ base), and rank 0 alone logs, shows progress and writes checkpoints (every rank'
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import sys
@@ -33,16 +32,15 @@ from ..runs.resume import finished_steps
 from ..runs.logging import RunLogger, TrainingProgress, print_before_after, write_summary
 from ..task import Task
 from . import distributed as dist
-from . import sharding
 from .batch import BatchBuilder
 from .evaluation import evaluate
 from .interrupt import StopOnInterrupt, TrainingInterrupted
-from .losses import Objective, ObjectiveConfig, count_sequences, kl_penalty
 from .reward_computer import make_reward_computer
 from .rollouts import Rollouts
-from .schedules import check_kl_schedule, kl_coef_at, should_reset_reference
-from .seeding import STREAMS, seed_everything, stream_seed
+from .schedules import should_reset_reference
+from .seeding import seed_everything, stream_seed
 from .skip_record import SkipRecord
+from .update import PolicyUpdate
 
 log = logging.getLogger(__name__)
 
@@ -81,14 +79,7 @@ class Trainer:
         _check_eval_split(self.task)
         self.rewards = make_reward_computer(self.task, cfg.task)
         self.batches = BatchBuilder(cfg, self.task, policy, self.rewards)
-        self.objective_cfg = ObjectiveConfig.from_algo(cfg.algo, max_completion_length=policy.max_actions)
-        check_kl_schedule(cfg.algo.kl_schedule, dict(cfg.algo.kl_schedule_kwargs))
-        if not 1 <= cfg.algo.num_iterations <= STREAMS["minibatch_order"][1]:
-            raise ValueError(f"algo.num_iterations={cfg.algo.num_iterations}: use 1 to {STREAMS['minibatch_order'][1]}")
-        if self.batches.tracks_policy_kl and "scoring" not in policy.capabilities:
-            raise ValueError(f"algo.advantage={cfg.algo.advantage!r} measures each update's policy KL by "
-                             f"re-scoring the batch, which a {type(policy).__name__} cannot; set "
-                             "algo.advantage_kwargs.rho to a fixed forgetting factor")
+        self.updater = PolicyUpdate(cfg, policy, track_kl=self.batches.tracks_policy_kl)
         _check_world(cfg)
         # Rank 0 names the run (a timestamp): every rank must agree on it.
         self.run_dir = Path(dist.broadcast(str(run_dir or Path(cfg.log.output_dir) / run_name(cfg))))
@@ -108,61 +99,13 @@ class Trainer:
         self.policy.begin_step(step)
         return self.batches.build(step)
 
-    def objective_at(self, step: int) -> Objective:
-        """The loss for ``step``, with the KL weight of the configured schedule."""
-        algo = self.cfg.algo
-        beta = kl_coef_at(step - 1, algo.beta, algo.kl_schedule, total_steps=self.cfg.train.steps,
-                          **dict(algo.kl_schedule_kwargs))
-        return Objective(dataclasses.replace(self.objective_cfg, beta=beta))
-
     def update(self, batch: Rollouts, step: int) -> dict[str, float]:
-        """``num_iterations`` passes over the batch in shuffled mini-batches, one optimizer step each."""
-        cfg = self.cfg
-        objective = self.objective_at(step)
-        track_kl = self.batches.tracks_policy_kl
-        before = None
-        if track_kl:
-            before = batch.old_logps if batch.old_logps is not None else self.policy.score(batch, reference=False)
-        n = len(batch)
-        mini, chunks = self._mini_batches(n)
-        sums: dict[str, float] = {}
-        count = 0
-        self.skip_causes = []
-        for it in range(cfg.algo.num_iterations):
-            g = torch.Generator().manual_seed(stream_seed(cfg.train.seed, step, "minibatch_order", it))
-            order = torch.randperm(n, generator=g) if mini < n else torch.arange(n)
-            for c in range(chunks):
-                sub = batch.select(order[c * mini:(c + 1) * mini])
-                # Global normalisers: every rank's loss is a share of the whole mini-batch's.
-                metrics = self.policy.train_step(sub, objective, num_tokens=dist.all_sum(sub.action_mask.sum()),
-                                                 num_seqs=dist.all_sum(count_sequences(sub.action_mask)))
-                if metrics.get("skipped_update"):
-                    self.skip_causes.append(self.policy.last_skip_cause)
-                for k, v in metrics.items():
-                    sums[k] = sums.get(k, 0.0) + v
-                count += 1
-        out = {k: v / count for k, v in sums.items()}
-        out["micro_batch_size"] = float(self.policy.micro_batch_size)
-        if cfg.algo.beta > 0:
-            out["kl_coef"] = objective.cfg.beta
-        if track_kl:
-            after = self.policy.score(batch, reference=False)
-            kl = kl_penalty(before, after, "k3") * batch.action_mask
-            self.batches.policy_kl = dist.all_sum(kl.sum()) / max(dist.all_sum(batch.action_mask.sum()), 1.0)
-            out["policy_kl"] = self.batches.policy_kl
+        """Train on the step's batch (:class:`~mmrl.core.update.PolicyUpdate`)."""
+        out = self.updater(batch, step)
+        self.skip_causes = self.updater.skip_causes
+        if self.updater.track_kl:
+            self.batches.policy_kl = self.updater.policy_kl
         return out
-
-    def _mini_batches(self, n: int) -> tuple[int, int]:
-        """(samples per mini-batch on this rank, mini-batches per iteration). One process:
-        ``train.mini_batch_size`` of the batch. Several: each rank takes its share of it, and all
-        ranks run as many optimizer steps as the rank with the most samples needs (a rank with
-        fewer trains on empty shares, which still join the gradient average)."""
-        mini = self.cfg.train.mini_batch_size or n
-        if dist.world_size() > 1:
-            mini = max(1, self.cfg.train.mini_batch_size // dist.world_size()) if self.cfg.train.mini_batch_size \
-                else max(1, int(dist.all_max(n)))
-            return mini, int(dist.all_max(-(-n // mini)))
-        return mini, -(-n // mini) if n else 0
 
     # -- checkpoints ------------------------------------------------------------------------------
     def save(self, step: int, before: dict[str, float]) -> None:
@@ -213,7 +156,7 @@ class Trainer:
             return self._finished()
         self.policy.configure_optimizer(cfg.train, cfg.train.steps)
         if main and dist.world_size() > 1:
-            print(f"mmrl: {dist.world_size()} processes, {sharding.backend(self.policy.accelerator)}", flush=True)
+            print(f"mmrl: {dist.world_size()} processes, {self.policy.distributed_backend}", flush=True)
         logger = RunLogger(self.run_dir, tensorboard=cfg.log.tensorboard) if main else None
         skips = SkipRecord({"train": self.batches.train_examples, "eval": self.task.examples("eval")})
         log = skips.with_counts(logger.log if main else None)  # + data/<split>/<count> of what was skipped

@@ -1,0 +1,25 @@
+"""The only places mmrl reaches into private parts of its libraries, each because no public API
+does the job. ``tests/test_library_internals.py`` checks each against the installed library, so a
+release that changes one fails there, by name, rather than somewhere in a distributed run.
+"""
+
+from __future__ import annotations
+
+
+def default_store():
+    """The key-value store of torch.distributed's default process group (the launcher's c10d
+    store, which outlives the ranks). torch exposes no public getter for it; the collective
+    watchdog of :mod:`mmrl.core.distributed` records there which collective each rank entered."""
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._get_default_store()
+
+
+def set_process_distributed_type(distributed_type) -> None:
+    """Record ``distributed_type`` in accelerate's per-process state, as accelerate itself does at
+    the end of ``AcceleratorState``'s set-up (``PartialState._shared_state``): an ``AcceleratorState``
+    made later copies it from there. accelerate has no public setter; :func:`mmrl.core.sharding.enable_on_cpu`
+    needs it to turn FSDP on over gloo, where accelerate falls back to DDP."""
+    from accelerate import PartialState
+
+    PartialState._shared_state["distributed_type"] = distributed_type

@@ -1,0 +1,68 @@
+"""A policy's checkpoint: its weights (LoRA: the adapters only, through peft's state-dict helpers;
+full weights through the policy's ``save_weights`` / ``load_weights``) and the optimizer and
+scheduler state.
+
+Every rank calls :func:`save_policy` and :func:`load_policy` (a sharded strategy gathers the
+weights and optimizer state, keyed by parameter name); rank 0 writes, every rank reads the same
+consolidated files, so a run resumes with any process count, sharded or not.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from . import distributed as dist
+
+ADAPTER_FILE = "adapter_model.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+def save_policy(policy, path: Path) -> None:
+    """Write ``policy``'s checkpoint under ``path`` (the directory is created)."""
+    strategy = policy.strategy
+    with strategy.whole_weights():
+        weights = strategy.gathered_weights(policy.module, trained_only=policy.lora)
+        optimizer = strategy.gathered_optimizer(policy.module, policy.optimizer) \
+            if policy.optimizer is not None else None
+    if not dist.is_main():
+        return
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    if policy.lora:
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        state = get_peft_model_state_dict(policy.module, state_dict=weights)  # weights: None unless gathered
+        save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(path / ADAPTER_FILE))
+    else:
+        policy.save_weights(path, weights)
+    if policy.optimizer is not None:
+        by_name = optimizer is not None
+        torch.save({"optimizer": optimizer if by_name else policy.optimizer.state_dict(), "by_name": by_name,
+                    "scheduler": policy.scheduler.state_dict()}, path / OPTIMIZER_FILE)
+
+
+def load_policy(policy, path: Path) -> None:
+    """Restore what :func:`save_policy` wrote (optimizer state only when ``policy`` has an optimizer)."""
+    path = Path(path)
+    strategy = policy.strategy
+    with strategy.whole_weights():
+        if policy.lora:
+            from safetensors.torch import load_file
+
+            strategy.load_adapters(policy.module, load_file(str(path / ADAPTER_FILE)))
+        else:
+            policy.load_weights(path)
+        saved = path / OPTIMIZER_FILE
+        if saved.exists() and policy.optimizer is not None:
+            state = torch.load(saved, map_location="cpu", weights_only=False)
+            strategy.load_optimizer(policy.module, policy.optimizer, state["optimizer"], bool(state.get("by_name")),
+                                    trained_names(policy.module))
+            policy.scheduler.load_state_dict(state["scheduler"])
+
+
+def trained_names(module: torch.nn.Module) -> list[str]:
+    """The trained parameters' names, in the order the optimizer was given them."""
+    return [n for n, p in module.named_parameters() if p.requires_grad]

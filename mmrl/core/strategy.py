@@ -1,0 +1,215 @@
+"""Where the trained weights live across processes, and what a training step must do about it.
+
+One class per launch, behind one interface, so the policy reads the same whatever the launch:
+
+- :class:`SingleProcess`: the module trains as it is (one process, on CPU or one GPU);
+- :class:`DDP`: every rank holds the whole module; the loss terms' gradients accumulate locally
+  (``no_sync``) and one synchronising backward averages them, whatever number of terms each rank
+  ran (an empty share included);
+- :class:`FSDP2`: the weights are sharded (:mod:`mmrl.core.sharding` holds the two phases:
+  gathered for rollouts, re-sharded for training, where every backward reduce-scatters), so
+  every rank must run as many training forwards, and checkpoints gather whole state dicts.
+
+Each wraps the ``accelerate.Accelerator`` that prepared the module (the launch's accelerate config
+chose DDP or FSDP2): EasyR1's actor and nanoGPT's train loop keep this choice out of the step in
+the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from . import distributed as dist
+from . import sharding
+from .backend import TrainForward, make_accelerator
+
+
+def unwrapped_optimizer(optimizer):
+    """The torch optimizer under accelerate's ``AcceleratedOptimizer`` wrapper (or ``optimizer``)."""
+    return getattr(optimizer, "optimizer", optimizer)
+
+
+class SingleProcess:
+    """One process: the module trains as it is. Also the strategy of a policy before
+    :meth:`prepare` (forwards are plain calls, state dicts the module's own)."""
+
+    retries_out_of_memory = True  # a step that ran out of memory is redone with smaller forwards
+
+    def __init__(self, accelerator=None):
+        self.accelerator = accelerator
+        self.train_module: torch.nn.Module | None = None  # the prepared TrainForward
+
+    @property
+    def backend(self) -> str:
+        """accelerate's name of the backend ("NO", "MULTI_CPU", "MULTI_GPU", "FSDP2")."""
+        return sharding.backend(self.accelerator) if self.accelerator is not None else "NO"
+
+    def check(self, policy) -> None:
+        """Stop at setup when something of ``policy`` cannot train under this strategy."""
+
+    def prepare(self, module: torch.nn.Module, optimizer):
+        """``module`` (wrapped so every training forward passes through the backend) and
+        ``optimizer`` through ``accelerator.prepare``; returns the prepared optimizer."""
+        self.train_module, optimizer = self.accelerator.prepare(TrainForward(module), optimizer)
+        return optimizer
+
+    def forward(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """A training forward ``fn(*args, **kwargs)`` through the prepared module."""
+        if self.train_module is None:
+            return fn(*args, **kwargs)
+        return self.train_module(fn, *args, **kwargs)
+
+    # -- one optimizer step -------------------------------------------------------------------
+    def begin_update(self, samples: int) -> None:
+        """Before a mini-batch's loss terms (``samples`` of them on this rank)."""
+
+    def accumulating(self) -> contextlib.AbstractContextManager:
+        """The context of the loss terms' backwards."""
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.accelerator.backward(loss)
+
+    def finish_backward(self, params: list[torch.nn.Parameter]) -> None:
+        """After the last loss term: the gradients of ``params`` are then complete."""
+
+    def clip_grad_norm(self, params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+        return self.accelerator.clip_grad_norm_(params, max_norm)
+
+    def after_update(self) -> None:
+        """After the optimizer step: the weights as rollouts need them."""
+
+    # -- whole weights (checkpoints, the reference) -------------------------------------------
+    @contextlib.contextmanager
+    def whole_weights(self) -> Iterator[None]:
+        """A context in which state dicts are read and written (FSDP2: the registered shards)."""
+        yield
+
+    def gathered_weights(self, module: torch.nn.Module, trained_only: bool) -> dict[str, torch.Tensor] | None:
+        """What a checkpoint writes of ``module`` when it is not the module's own state (None)."""
+        return None
+
+    def gathered_optimizer(self, module: torch.nn.Module, optimizer) -> dict[str, Any] | None:
+        """The optimizer state keyed by parameter name when it must be gathered (else None)."""
+        return None
+
+    def load_state(self, module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+        module.load_state_dict(state)
+
+    def load_adapters(self, module: torch.nn.Module, adapters: dict[str, torch.Tensor]) -> None:
+        """LoRA adapter weights as peft saved them (``adapter_model.safetensors``)."""
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(module, adapters)
+
+    def load_optimizer(self, module: torch.nn.Module, optimizer, saved: dict[str, Any], by_name: bool,
+                       names: list[str]) -> None:
+        """A saved optimizer state: torch's own (parameters numbered) or keyed by name (``by_name``)."""
+        if by_name:
+            sharding.load_full_optimizer_state(module, unwrapped_optimizer(optimizer), saved)
+        else:
+            optimizer.load_state_dict(saved)
+
+    def copy_weights(self, source: torch.nn.Module, target: torch.nn.Module) -> None:
+        """``target`` (an unsharded copy, such as the reference) takes ``source``'s weights."""
+        target.load_state_dict(source.state_dict())
+
+
+class DDP(SingleProcess):
+    """Replicated weights over several processes; gradients averaged by one synchronising backward."""
+
+    def accumulating(self):
+        return self.accelerator.no_sync(self.train_module)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        # the normalisers are global and the backend averages over ranks: scale by the world size
+        self.accelerator.backward(loss * dist.world_size())
+
+    def finish_backward(self, params: list[torch.nn.Parameter]) -> None:
+        """The one backward that leaves ``no_sync``: a zero loss over every trained parameter.
+        DDP then all-reduces the locally accumulated gradients (their sum is unchanged)."""
+        with dist.watched("gradient all-reduce"):
+            zero = self.forward(lambda: sum(p.sum() for p in params) * 0.0)
+            self.accelerator.backward(zero)
+
+
+class FSDP2(DDP):
+    """Sharded weights (``fully_shard`` through accelerate): two phases, and gathered checkpoints."""
+
+    retries_out_of_memory = False  # every rank would have to redo the step alike
+
+    def check(self, policy) -> None:
+        policy.check_shardable()
+
+    def prepare(self, module, optimizer):
+        optimizer = super().prepare(module, optimizer)
+        sharding.gather_for_rollouts(self.train_module)
+        return optimizer
+
+    def begin_update(self, samples: int) -> None:
+        """Sharded training forwards are collectives: every rank must run as many, and the
+        policies' loss terms follow the mini-batch size, so the ranks' shares must be equal."""
+        sizes = dist.gather(samples)
+        if len(set(sizes)) > 1:
+            raise RuntimeError(
+                f"FSDP2 needs every rank to train on as many samples per mini-batch; this one has {sizes} "
+                "(one per rank). Make train.prompts_per_step and train.mini_batch_size multiples of the "
+                "process count, and avoid what keeps a different number of samples per rank (dynamic "
+                "sampling, multi-turn episodes), or launch with DDP (configs/accelerate/ddp.yaml)")
+        sharding.shard_for_training(self.train_module)
+
+    def accumulating(self):
+        return contextlib.nullcontext()  # every backward reduce-scatters
+
+    def finish_backward(self, params) -> None:
+        sharding.reshard_all(self.train_module)  # the registered parameters are the optimizer's shards
+
+    def after_update(self) -> None:
+        sharding.gather_for_rollouts(self.train_module)  # the updated weights, whole on every rank
+
+    @contextlib.contextmanager
+    def whole_weights(self):
+        sharding.reshard_all(self.train_module)
+        yield
+        sharding.gather_for_rollouts(self.train_module)
+
+    def gathered_weights(self, module, trained_only):
+        if trained_only:  # LoRA: only the adapters are written, so only they are gathered
+            return {n: sharding.full_tensor(p.detach()).cpu() for n, p in module.named_parameters()
+                    if p.requires_grad}
+        return sharding.full_model_state(module, drop_tied=True)
+
+    def gathered_optimizer(self, module, optimizer):
+        return sharding.full_optimizer_state(module, unwrapped_optimizer(optimizer))
+
+    def load_state(self, module, state) -> None:
+        sharding.load_full_model_state(module, state)
+
+    def load_adapters(self, module, adapters) -> None:
+        keys = sharding.adapter_keys(module)
+        sharding.load_full_model_state(module, {keys[k]: v for k, v in adapters.items()}, strict=False)
+
+    def load_optimizer(self, module, optimizer, saved, by_name, names) -> None:
+        if not by_name:  # written by an unsharded run: numbered in the order of ``names``
+            saved = sharding.optimizer_state_by_name(saved, names)
+        sharding.load_full_optimizer_state(module, unwrapped_optimizer(optimizer), saved)
+
+    def copy_weights(self, source, target) -> None:
+        target.load_state_dict(sharding.full_model_state(source, everywhere=True))
+
+
+def strategy_for(previous: SingleProcess | None = None) -> SingleProcess:
+    """The strategy of this launch, on ``previous``'s ``Accelerator`` (one per process) or a new one."""
+    accelerator = (previous.accelerator if previous is not None else None) or make_accelerator()
+    backend = sharding.backend(accelerator)
+    if backend in ("FSDP1", "DEEPSPEED"):
+        raise NotImplementedError(
+            f"the accelerate config asks for {backend}; mmrl trains with DDP or FSDP2 (fsdp_version: 2): "
+            "launch with configs/accelerate/ddp.yaml or configs/accelerate/fsdp2.yaml")
+    if backend == "FSDP2":
+        return FSDP2(accelerator)
+    return DDP(accelerator) if dist.world_size() > 1 else SingleProcess(accelerator)

@@ -1,0 +1,56 @@
+"""The shipped tiny models (``assets/``) and how ``mmrl build-tiny NAME`` rebuilds each: one row of
+:data:`TINY_MODELS` per model, the builder and its default recipe named rather than imported, so
+the table costs nothing until a model is built."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    asset: str  # its directory under assets/
+    builder: str  # "module:function", called as function(out, seed=..., **recipe)
+    recipe: str  # "module:NAME" of its default recipe, a dict of the builder's keyword arguments
+    steps_key: str  # the recipe's key that ``--steps`` sets
+    what: str  # how messages name it
+    about: str = ""  # for the command's help
+
+    def build(self, out: Path | None, seed: int, steps: int | None = None,
+              vision_steps: int | None = None) -> Path:
+        """Build the model into ``out`` (default: the shipped asset); ``steps`` / ``vision_steps``
+        replace the recipe's (``vision_steps`` only where the recipe pre-trains a vision tower)."""
+        from assets import asset_path
+
+        recipe = dict(_named(self.recipe))
+        if steps:
+            recipe[self.steps_key] = steps
+        if vision_steps is not None and "vision_steps" in recipe:
+            recipe["vision_steps"] = vision_steps
+        return _named(self.builder)(out or asset_path(self.asset), seed=seed, **recipe)
+
+
+def _named(ref: str):
+    module, name = ref.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+TINY_MODELS: dict[str, TinyModel] = {
+    "vlm": TinyModel("tiny-qwen2.5-vl", "mmrl.vlm.sft:build_tiny_vlm", "mmrl.vlm.sft:TINY_VLM_RECIPE",
+                     "sft_steps", "tiny model", "the tiny default"),
+    "video": TinyModel("tiny-qwen2.5-vl-video", "mmrl.vlm.sft:build_tiny_video", "mmrl.vlm.sft:TINY_VIDEO_RECIPE",
+                       "sft_steps", "tiny video model", "the tiny VLM warm-started on clips"),
+    "gui": TinyModel("tiny-qwen2.5-vl-gui", "mmrl.vlm.sft:build_tiny_gui", "mmrl.vlm.sft:TINY_GUI_RECIPE",
+                     "sft_steps", "tiny GUI model", "the tiny VLM warm-started on the synthetic phone"),
+    "gui-grounding": TinyModel("tiny-qwen2.5-vl-gui-grounding", "mmrl.vlm.sft:build_tiny_gui_grounding",
+                               "mmrl.vlm.sft:TINY_GUI_GROUNDING_RECIPE", "sft_steps", "tiny GUI grounding model",
+                               "the tiny GUI model taught more clicks"),
+    "diffusion": TinyModel("tiny-flow-shapes", "mmrl.diffusion.pretrain:pretrain_tiny_generator",
+                           "mmrl.diffusion.pretrain:TINY_GENERATOR_RECIPE", "steps", "tiny generator",
+                           "the tiny text-to-image generator"),
+    "video-gen": TinyModel("tiny-wan-motion", "mmrl.diffusion.pretrain:pretrain_tiny_video_generator",
+                           "mmrl.diffusion.pretrain:TINY_VIDEO_GENERATOR_RECIPE", "steps", "tiny video generator",
+                           "the tiny text-to-video generator"),
+}
