@@ -1,5 +1,6 @@
-"""Building the batch a step trains on: prompt sampling, guidance re-rolls, selection, reward
-aggregation, length shaping, advantages -- ordered once in :mod:`.pipeline`.
+"""Building the batch a step trains on: prompt sampling, perturbation sampling, scoring, guidance
+re-rolls, temporal contrast, reference completions, selection, reward aggregation, length shaping,
+advantages -- each stage in its own module, ordered once in :mod:`.pipeline`.
 
 Importing this package registers the built-in prompt samplers and batch selections.
 """
