@@ -124,12 +124,13 @@ class BatchBuilder:
     def _generate(self, step: int, round: int) -> tuple[Rollouts, list[int], dict[str, float]]:
         """Stages 1-8 for one generation round."""
         cfg, algo, data = self.cfg, self.cfg.algo, self.cfg.data
+        rng, salt = np.random.default_rng, dist.rank_salt()  # each stage's stream (core.seeding.STREAMS)
         indices = dist.shard(self.sampler.indices(step, round))  # 1: whole groups, this rank's prompts
         examples = [{**self.train_examples[i], "_index": i} for i in indices]
         if data.perturbation:                                                                     # 2
             examples = perturb_examples(examples, self.policy, data.perturbation, data.perturbation_prob,
                                         data.perturbation_kwargs, self.train_examples,
-                                        self._rng("perturbation", step, round))
+                                        rng(stream_seed(cfg.train.seed, step, "perturbation", round, salt)))
         examples = self.policy.prepare_examples(examples)                                         # 3
         k_ref = algo.off_policy_guidance
         n_on = cfg.rollout.num_generations - k_ref
@@ -141,14 +142,14 @@ class BatchBuilder:
             metrics.update(stats)
         if algo.difficulty_augmentation:                                                          # 6
             kw = algo.difficulty_augmentation_kwargs
-            rng = self._rng("difficulty_augmentation", step, round)
+            noise = rng(stream_seed(cfg.train.seed, step, "difficulty_augmentation", round, salt))
             options = {"noise_std": kw["noise_std"]} if "noise_std" in kw else {}
-            augment = lambda ex, d: self.task.augment(ex, d, rng, **options)  # noqa: E731
+            augment = lambda ex, d: self.task.augment(ex, d, noise, **options)  # noqa: E731
             batch, stats = augment_flat_groups(batch, self._solved(kw), augment, regenerate, n_on)
             metrics.update(stats)
         if algo.temporal_grpo:                                                                    # 7
             metrics.update(temporal_contrast(batch, self.policy, self.task, self.rewards, algo.temporal_grpo_kwargs,
-                                             self._rng("temporal_shuffle", step, round)))
+                                             rng(stream_seed(cfg.train.seed, step, "temporal_shuffle", round, salt))))
         if k_ref:                                                                                 # 8
             batch = with_references(batch, examples, k_ref, self.policy, self.task, self.score,
                                     algo.num_iterations > 1, algo.beta > 0)
@@ -165,10 +166,6 @@ class BatchBuilder:
         algo = self.cfg.algo
         return batch_advantages(batch, algo.advantage, algo.reward_aggregation, self.estimator_inputs,
                                 self.estimator_options, self.adv_state, self.facts)
-
-    def _rng(self, stream: str, step: int, round: int) -> np.random.Generator:
-        """The generator of a stage's random ``stream`` (mmrl.core.seeding.STREAMS) at (step, round)."""
-        return np.random.default_rng(stream_seed(self.cfg.train.seed, step, stream, round, dist.rank_salt()))
 
     def _solved(self, kwargs: dict) -> Callable[[Any], Any]:
         """Which rewards count as "solved" for Scaf-GRPO / augmentation: >= ``solved_reward``
