@@ -2,35 +2,19 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Sequence
 
 from .config import builtin_config_path, load_config
 from .config_schema import Config
 
-POLICY_MODALITIES = ("vlm", "diffusion")
-
 
 def make_policy(cfg, task):
-    """The policy that trains ``task``: a VLM for ``modality = "vlm"`` tasks, a generator for
-    ``modality = "diffusion"`` (text-to-image/video) tasks."""
-    modality = getattr(task, "modality", "vlm")
-    if modality == "diffusion":
-        from .diffusion.policy import DiffusionPolicy
+    """The policy registered (``register_policy``) for ``task.modality``: the VLM for ``"vlm"``
+    tasks, the generator for ``"diffusion"`` (text-to-image/video) tasks, or a plugin's."""
+    from .registry import POLICIES
 
-        return DiffusionPolicy(cfg)
-    if modality == "vlm":
-        from .vlm.policy import VLMPolicy
-        from .vlm.sft import untrained_task_warning
-
-        names = list(getattr(task, "sub_tasks", None) or [task.name])  # a mixture: each of its tasks
-        warning = untrained_task_warning(str(cfg.model.path), names)
-        if warning:
-            logging.getLogger("mmrl").warning("warning: %s", warning)
-        return VLMPolicy(cfg)
-    raise ValueError(f"task {getattr(task, 'name', '?')!r} has modality {modality!r}; no policy trains it "
-                     f"(available: {', '.join(POLICY_MODALITIES)})")
+    return POLICIES.get(task.modality, key=f"task {task.name!r}'s modality").for_task(cfg, task)
 
 
 def train(config: str | Path | Config | None = None, overrides: Sequence[str] = ()):

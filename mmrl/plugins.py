@@ -34,6 +34,8 @@ BUILTIN_MODULES = (
     "mmrl.diffusion.losses",
     "mmrl.vlm.engines",
     "mmrl.envs",
+    "mmrl.vlm.policy",
+    "mmrl.diffusion.policy",
 )
 BUILTIN_PACKAGES = ("mmrl.tasks", "mmrl.rewards")
 _loaded: set[str] = set()

@@ -119,7 +119,8 @@ def register_reward(name: str, minimum: float = 0.0, check: Callable[..., None] 
     return wrap
 
 
-def register_advantage(name: str, inputs: tuple[str, ...] = (), override: bool = False):
+def register_advantage(name: str, inputs: tuple[str, ...] = (), override: bool = False,
+                       make_state: Callable[[], Any] | None = None):
     """Function decorator for an advantage estimator (see :mod:`mmrl.core.advantages`).
 
     ``inputs`` names the per-batch values the estimator needs beyond rewards and group ids, which
@@ -129,11 +130,15 @@ def register_advantage(name: str, inputs: tuple[str, ...] = (), override: bool =
     and, supplied for environment tasks by the episode runner (one row per step): ``episode_ids``
     (the episode each step belongs to), ``step_indices`` (the step's position t = 0, 1, ... in its
     episode) and ``anchor_keys`` (a string identifying the state the step acted from).
+
+    ``make_state``: for a stateful estimator, the zero-argument factory of the state it keeps
+    across steps (see :mod:`mmrl.core.advantages.base`); None for a stateless one.
     """
 
     def wrap(fn):
         fn.estimator_name = name
         fn.estimator_inputs = tuple(inputs)
+        fn.make_state = make_state
         return ADVANTAGES.register(name, fn, override)
 
     return wrap

@@ -101,6 +101,21 @@ class Task:
         """The examples of ``split`` ("train" or "eval"): a sequence supporting len and indexing."""
         raise NotImplementedError(f"task {self.name!r} must implement examples(split)")
 
+    # -- data sources: one, the task itself, unless it mixes several (tasks/mixture.py) -----------
+    def source_names(self) -> list[str]:
+        """The data sources this task draws from, by name."""
+        return [self.name]
+
+    def source_sizes(self, examples: Sequence[dict]) -> dict[str, int]:
+        """How many of ``examples`` (a split of this task) each source holds: what the prompt
+        samplers balance over."""
+        return {self.name: len(examples)}
+
+    def reward_sources(self) -> dict[str, tuple[dict[str, float], dict[str, dict]]] | None:
+        """Each source's ``(reward weights, reward kwargs)`` where sources are scored by rewards
+        of their own (a mixture of tasks); None: one set for every example, the task's."""
+        return None
+
     def read_examples(self, path, parse: Callable[[dict], Any], split: str = "train", **reader_kwargs: Any):
         """The examples of a data file or folder (JSONL, JSON, parquet, a ``datasets`` directory;
         see :class:`mmrl.data.records.FileExamples`), read with ``parse`` after the ``fields``
@@ -210,15 +225,6 @@ class Task:
             hints = self.hints(ex)
             return {**ex, "hint": hints[0]} if hints else None
         raise ValueError(f"augment: direction must be 'harder' or 'easier', got {direction!r}")
-
-    def perturb(self, ex: dict, kind: str, rng, other: dict | None = None, **options: Any) -> dict:
-        """``ex`` with a visual perturbation of "Vision Matters" applied (``data.perturbation``):
-        ``kind`` a registered perturbation, ``other`` another training example (its image is the
-        distractor / mixup partner), ``options`` ``data.perturbation_kwargs``. Default: the image
-        and its boxes (``mmrl.media.perturb``); override for other inputs."""
-        from .media.perturb import perturb_example
-
-        return perturb_example(ex, kind, rng, None if other is None else other.get("image"), **options)
 
     def record(self, ex: dict, completion: Any) -> dict[str, Any]:
         """What a saved rollout shows of ``ex`` besides the completion and its rewards: the input

@@ -201,6 +201,17 @@ class Mixture(Task):
             self.source_rewards[name] = weights
             self.source_reward_kwargs[name] = kwargs
 
+    # -- sources ----------------------------------------------------------------------------------
+    def source_names(self) -> list[str]:
+        return list(self.sources)
+
+    def source_sizes(self, examples: SourceConcat) -> dict[str, int]:
+        return dict(examples.source_sizes)
+
+    def reward_sources(self) -> dict[str, tuple[dict[str, float], dict[str, dict]]]:
+        """Each task's rewards: the ``rewards`` / ``reward_kwargs`` options where given, else its own."""
+        return {source: (self.source_rewards[source], self.source_reward_kwargs[source]) for source in self.sources}
+
     # -- routing ----------------------------------------------------------------------------------
     def source_of(self, ex: dict) -> str:
         """The source name of ``ex``; a clear error for an example that did not come from

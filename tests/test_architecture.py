@@ -124,12 +124,8 @@ MEDIA_NAMES = frozenset({"image", "images", "video", "videos", "frames", "audio"
 # ``getattr(x, "name")`` probes in the core that are known and owned elsewhere: (module, attribute) -> why.
 # Every entry is a request to the owner of the other side; a new probe fails the test.
 KNOWN_PROBES = {
-    ("mmrl.core.backend", "_no_split_modules"): "transformers' private attribute, read in its one adapter module",
-    ("mmrl.core.advantages.base", "make_state"): "until register_advantage records make_state (None by default)",
-    ("mmrl.core.reward_computer", "sub_tasks"): "until mmrl.task.Task declares reward_sources() (None by default)",
-    ("mmrl.core.batch.pipeline", "source_sizes"): "until mmrl.task.Task declares source_sizes(split)",
-    ("mmrl.core.strategy", "optimizer"): "accelerate's AcceleratedOptimizer wraps the torch optimizer: "
-                                         "until the strategy keeps the inner one when it wraps it",
+    ("mmrl.core.library_internals", "_no_split_modules"): "transformers' private attribute, read in the one "
+                                                          "module that holds mmrl's uses of library internals",
 }
 
 

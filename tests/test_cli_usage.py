@@ -119,7 +119,7 @@ def test_video_on_the_base_install_names_the_extra(tmp_path):
 
 
 def test_the_tiny_image_model_on_clips_is_warned_about():
-    from mmrl.vlm.sft import untrained_task_warning
+    from mmrl.vlm.tiny_tasks import untrained_task_warning
 
     warning = untrained_task_warning("tiny", ["video_qa"])
     assert "never warm-started on video_qa" in warning and "model.path=tiny-video" in warning

@@ -10,6 +10,7 @@ import torch
 
 from . import distributed as dist
 from . import sharding
+from .library_internals import no_split_modules
 
 
 class TrainForward(torch.nn.Module):
@@ -21,7 +22,7 @@ class TrainForward(torch.nn.Module):
         super().__init__()
         self.module = module
         # FSDP's transformer-based wrapping reads the layer classes from the prepared model
-        self._no_split_modules = getattr(module, "_no_split_modules", None)
+        self._no_split_modules = no_split_modules(module)
 
     def forward(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)

@@ -23,3 +23,10 @@ def set_process_distributed_type(distributed_type) -> None:
     from accelerate import PartialState
 
     PartialState._shared_state["distributed_type"] = distributed_type
+
+
+def no_split_modules(module) -> list[str] | None:
+    """The layer classes a transformers model says must not be split across devices
+    (``PreTrainedModel._no_split_modules``): accelerate's FSDP auto-wrap policy reads them from the
+    prepared module to shard layer by layer, so :class:`mmrl.core.backend.TrainForward` forwards them."""
+    return getattr(module, "_no_split_modules", None)

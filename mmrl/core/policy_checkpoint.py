@@ -24,7 +24,7 @@ def save_policy(policy, path: Path) -> None:
     strategy = policy.strategy
     with strategy.whole_weights():
         weights = strategy.gathered_weights(policy.module, trained_only=policy.lora)
-        optimizer = strategy.gathered_optimizer(policy.module, policy.optimizer) \
+        optimizer = strategy.gathered_optimizer(policy.module) \
             if policy.optimizer is not None else None
     if not dist.is_main():
         return

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from .rollouts import Rollouts
@@ -22,13 +23,14 @@ CAPABILITIES = {
     "scoring": "re-scores a batch's actions without gradient (score(batch, reference))",
     "teacher_forcing": "turns given completions into samples (rollout_given: off-policy guidance)",
     "coordinates": "answers in a coordinate space of its own (prepare_examples records it)",
-    "image_inputs": "reads images in its prompts (data.perturbation applies)",
-    "video_inputs": "reads video clips in its prompts (video tasks; algo.temporal_grpo shuffles their frames)",
+    "image_inputs": "reads images in its prompts (data.perturbation applies: perturb)",
+    "video_inputs": "reads video clips in its prompts (algo.temporal_grpo shuffles their frames: temporally_shuffled)",
     "multi_turn": "acts over several turns of an episode, one prompt per turn (environment tasks)",
 }
 
 # Members of the protocol that only a policy declaring the capability has.
-OPTIONAL_MEMBERS = {"score": "scoring", "rollout_given": "teacher_forcing"}
+OPTIONAL_MEMBERS = {"score": "scoring", "rollout_given": "teacher_forcing", "perturb": "image_inputs",
+                    "temporally_shuffled": "video_inputs"}
 
 
 class Policy(Protocol):
@@ -72,6 +74,16 @@ class Policy(Protocol):
 
     def score(self, batch: Rollouts, reference: bool) -> torch.Tensor:
         """Capability ``scoring``: per-action log-probs of ``batch`` under the policy (or the reference)."""
+
+    def perturb(self, ex: dict, kind: str, rng: np.random.Generator, other: dict | None,
+                options: dict | None) -> dict:
+        """Capability ``image_inputs``: ``ex`` with the registered image perturbation ``kind`` of
+        "Vision Matters" applied to the inputs this policy reads (``data.perturbation``); ``other``
+        is another training example (the distractor / mixup partner)."""
+
+    def temporally_shuffled(self, ex: dict, rng: np.random.Generator) -> dict | None:
+        """Capability ``video_inputs``: T-GRPO's twin of ``ex``, its clip's frames in a shuffled
+        order (never the original), or None when ``ex`` holds no clip of two frames or more."""
 
     def take_generation_timeouts(self) -> int:
         """Samples whose generation was cut by a time limit since the last call (``rollout.max_time``)."""

@@ -151,11 +151,11 @@ def make_reward_computer(task, task_cfg):
 
     A plain task: a RewardComputer with weights ``task_cfg.rewards`` (else the task's ``rewards``)
     and kwargs the task's ``reward_kwargs`` updated by ``task_cfg.reward_kwargs``. A task that
-    scores each data source with its own rewards (a mixture: :func:`reward_sources`): a
+    scores each data source with its own rewards (a mixture: ``task.reward_sources()``): a
     PerSourceRewards with each source's weights and kwargs; there the run-wide ``task.rewards`` /
     ``task.reward_kwargs`` are an error, since one set of rewards cannot apply to every source.
     """
-    sources = reward_sources(task)
+    sources = task.reward_sources()
     if sources is None:
         weights = dict(task_cfg.rewards) or dict(task.rewards)
         kwargs = {**task.reward_kwargs, **{k: dict(v) for k, v in task_cfg.reward_kwargs.items()}}
@@ -173,19 +173,3 @@ def make_reward_computer(task, task_cfg):
             raise ValueError(f"source {source!r} has no rewards: set task.options.rewards.{source} (name: weight)")
         computers[source] = RewardComputer(dict(weights), {k: dict(v) for k, v in kwargs.items()})
     return PerSourceRewards(computers)
-
-
-def reward_sources(task) -> dict[str, tuple[dict[str, float], dict[str, dict]]] | None:
-    """Each data source's ``(weights, reward kwargs)`` for a task that mixes sources, each scored
-    by its own rewards (the mixture task: its ``source_rewards`` / ``source_reward_kwargs``, else
-    the sub-task's own); None for a task with one set of rewards.
-
-    Interim: the one place that asks a task whether it is a mixture (``sub_tasks``), until
-    :class:`mmrl.task.Task` declares ``reward_sources()`` (None by default, the mixture's override
-    returning this mapping); then this function is that call."""
-    sub_tasks = getattr(task, "sub_tasks", None)
-    if not sub_tasks:
-        return None
-    return {source: (task.source_rewards.get(source) or sub.rewards,
-                     task.source_reward_kwargs[source] if source in task.source_reward_kwargs else sub.reward_kwargs)
-            for source, sub in sub_tasks.items()}

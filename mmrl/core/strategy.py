@@ -28,11 +28,6 @@ from . import sharding
 from .backend import TrainForward, make_accelerator
 
 
-def unwrapped_optimizer(optimizer):
-    """The torch optimizer under accelerate's ``AcceleratedOptimizer`` wrapper (or ``optimizer``)."""
-    return getattr(optimizer, "optimizer", optimizer)
-
-
 class SingleProcess:
     """One process: the module trains as it is. Also the strategy of a policy before
     :meth:`prepare` (forwards are plain calls, state dicts the module's own)."""
@@ -42,6 +37,7 @@ class SingleProcess:
     def __init__(self, accelerator=None):
         self.accelerator = accelerator
         self.train_module: torch.nn.Module | None = None  # the prepared TrainForward
+        self.inner_optimizer = None  # the torch optimizer that accelerate's wrapper steps
 
     @property
     def backend(self) -> str:
@@ -54,6 +50,7 @@ class SingleProcess:
     def prepare(self, module: torch.nn.Module, optimizer):
         """``module`` (wrapped so every training forward passes through the backend) and
         ``optimizer`` through ``accelerator.prepare``; returns the prepared optimizer."""
+        self.inner_optimizer = optimizer
         self.train_module, optimizer = self.accelerator.prepare(TrainForward(module), optimizer)
         return optimizer
 
@@ -93,7 +90,7 @@ class SingleProcess:
         """What a checkpoint writes of ``module`` when it is not the module's own state (None)."""
         return None
 
-    def gathered_optimizer(self, module: torch.nn.Module, optimizer) -> dict[str, Any] | None:
+    def gathered_optimizer(self, module: torch.nn.Module) -> dict[str, Any] | None:
         """The optimizer state keyed by parameter name when it must be gathered (else None)."""
         return None
 
@@ -110,7 +107,7 @@ class SingleProcess:
                        names: list[str]) -> None:
         """A saved optimizer state: torch's own (parameters numbered) or keyed by name (``by_name``)."""
         if by_name:
-            sharding.load_full_optimizer_state(module, unwrapped_optimizer(optimizer), saved)
+            sharding.load_full_optimizer_state(module, self.inner_optimizer, saved)
         else:
             optimizer.load_state_dict(saved)
 
@@ -183,8 +180,8 @@ class FSDP2(DDP):
                     if p.requires_grad}
         return sharding.full_model_state(module, drop_tied=True)
 
-    def gathered_optimizer(self, module, optimizer):
-        return sharding.full_optimizer_state(module, unwrapped_optimizer(optimizer))
+    def gathered_optimizer(self, module):
+        return sharding.full_optimizer_state(module, self.inner_optimizer)
 
     def load_state(self, module, state) -> None:
         sharding.load_full_model_state(module, state)
@@ -196,7 +193,7 @@ class FSDP2(DDP):
     def load_optimizer(self, module, optimizer, saved, by_name, names) -> None:
         if not by_name:  # written by an unsharded run: numbered in the order of ``names``
             saved = sharding.optimizer_state_by_name(saved, names)
-        sharding.load_full_optimizer_state(module, unwrapped_optimizer(optimizer), saved)
+        sharding.load_full_optimizer_state(module, self.inner_optimizer, saved)
 
     def copy_weights(self, source, target) -> None:
         target.load_state_dict(sharding.full_model_state(source, everywhere=True))

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from mmrl.registry import LOSSES, SDE_SAMPLERS
+from mmrl.registry import LOSSES, SDE_SAMPLERS, register_policy
 
 from ..core.losses import GaussianActions
 from ..core.policy import PolicyBase
@@ -84,6 +84,7 @@ def to_pil(pixels: torch.Tensor) -> Image.Image | list[Image.Image]:
     return Image.fromarray(array)
 
 
+@register_policy("diffusion")
 class DiffusionPolicy(PolicyBase):
     """The generator policy over a :class:`~mmrl.diffusion.base.FlowPipeline` (module docstring).
     The trained module is the pipeline's transformer (LoRA goes there)."""

@@ -19,12 +19,13 @@ it supplies what is particular to a VLM, one concern per module:
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
-from mmrl.registry import ENGINES
+from mmrl.registry import ENGINES, register_policy
 
 from ..core.policy import PolicyBase
 from ..core.seeding import seeded
@@ -40,6 +41,7 @@ from .vision_once import share_image_encoding
 __all__ = ["VLMPolicy", "load_vlm", "resolve_model_path", "vision_tower"]
 
 
+@register_policy("vlm")
 class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
     """A Qwen-VL-family model trained with the core objective. See the module docstring."""
 
@@ -47,6 +49,17 @@ class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
                               "multi_turn"})
     loss_inputs = frozenset({"logps", "whole_sequences"})
     unused_config = ("diffusion",)
+
+    @classmethod
+    def for_task(cls, cfg, task) -> VLMPolicy:
+        """The policy for ``task``, first warning when ``model.path`` is a shipped tiny model
+        that was never warm-started on the task (or on one of a mixture's tasks)."""
+        from .tiny_tasks import untrained_task_warning
+
+        warning = untrained_task_warning(str(cfg.model.path), task.source_names())
+        if warning:
+            logging.getLogger("mmrl").warning("warning: %s", warning)
+        return cls(cfg)
 
     def __init__(self, cfg, device: torch.device | None = None):
         super().__init__(cfg, device)

@@ -22,6 +22,7 @@ from ..core.rollouts import Rollouts
 from ..task import Task
 from . import tiny
 from .processing import split_patches
+from .tiny_tasks import DEFAULT_TINY_GUI_TASKS, DEFAULT_TINY_TASKS, DEFAULT_TINY_VIDEO_TASKS
 
 
 _THINK_BLOCK = re.compile(r"^\s*<think>.*?</think>\s*", re.DOTALL)
@@ -151,25 +152,6 @@ def tokenizer_corpus(tasks: Sequence[Task], per_task: int = 3000) -> list[str]:
     return texts
 
 
-# The tiny default is warm-started on every built-in task, so RL on any of them starts from a model
-# that has seen its prompts and answer formats. Counting is the main demo and takes most of the
-# batches: colour counting (the default RL task) three-plus-one-and-a-half shares, a third of them
-# with the chain of thought that enumerates the matches' cells; shape and colour-shape counting
-# four each; every other task one.
-DEFAULT_TINY_TASKS = ({"name": "counting", "options": {"query": "color"}, "weight": 3.0},
-                      {"name": "counting", "options": {"query": "color", "reasoning": "enumerate"},
-                       "weight": 1.5},
-                      {"name": "counting", "options": {"query": "shape"}, "weight": 4.0},
-                      {"name": "counting", "options": {"query": "color_shape"}, "weight": 4.0},
-                      {"name": "grounding", "options": {}, "weight": 1.0},
-                      {"name": "detection", "options": {}, "weight": 1.0},
-                      {"name": "classification", "options": {}, "weight": 1.0},
-                      {"name": "ocr", "options": {}, "weight": 1.0},
-                      {"name": "chart_qa", "options": {}, "weight": 1.0},
-                      {"name": "visual_math", "options": {}, "weight": 1.0},
-                      {"name": "rotation", "options": {}, "weight": 1.0},
-                      {"name": "jigsaw", "options": {}, "weight": 1.0})
-
 # How the shipped tiny VLM is built (`mmrl build-tiny vlm`); each value chosen by measurement, see
 # the README's "The tiny default".
 TINY_VLM_RECIPE = {"vision_steps": 300, "sft_steps": 600, "decay_steps": 800, "batch_size": 32,
@@ -252,8 +234,6 @@ def save_atomically(policy, out: Path) -> Path:
 
 # The tiny video default (`mmrl build-tiny video`): the shipped tiny VLM (its tower pre-trained on
 # the scene cells and frozen) warm-started on the synthetic clips of both video tasks.
-DEFAULT_TINY_VIDEO_TASKS = ({"name": "video_qa", "options": {}, "weight": 2.0},
-                            {"name": "temporal_grounding", "options": {}, "weight": 1.0})
 TINY_VIDEO_RECIPE = {"sft_steps": 100, "decay_steps": 500, "batch_size": 32, "lr": 1e-3}
 TINY_VIDEO_PIXELS = 112 * 112  # the synthetic frames as they are (vlm.video_*_pixels of the recipes)
 
@@ -275,8 +255,6 @@ def build_tiny_video(out: str | Path, base: str = "tiny", sft_steps: int = TINY_
 # position a click needs), then warm-started on clicks on named elements (screen_grounding) and the
 # scripted solver's actions along episodes of the environment's tasks (gui_env). Screens are 4 x 8
 # cells of 28 px (112 x 224), seen as they are: one vision token per cell.
-DEFAULT_TINY_GUI_TASKS = ({"name": "screen_grounding", "options": {}, "weight": 1.0},
-                          {"name": "gui_env", "options": {}, "weight": 2.0})
 TINY_GUI_RECIPE = {"vision_steps": 800, "sft_steps": 800, "decay_steps": 1200, "batch_size": 32, "lr": 1e-3}
 TINY_GUI_PIXELS = 112 * 224  # vlm.min_pixels = vlm.max_pixels of the GUI recipes
 TINY_GUI_BUDGET = (f"vlm.min_pixels={TINY_GUI_PIXELS}", f"vlm.max_pixels={TINY_GUI_PIXELS}")  # as config overrides
@@ -323,28 +301,6 @@ def build_tiny_gui_grounding(out: str | Path, base: str = "tiny-gui",
                            ({"name": "screen_grounding", "options": {}, "weight": 1.0},), base=base,
                            sft_steps=sft_steps, decay_steps=decay_steps, batch_size=batch_size, lr=lr, seed=seed,
                            progress=progress)
-
-
-# What each shipped tiny VLM was warm-started on (model.path name -> task names): each builds on the
-# one it starts from. ``vqa``'s synthetic questions are the counting scenes'.
-TINY_MODEL_TASKS = {"tiny": {spec["name"] for spec in DEFAULT_TINY_TASKS} | {"vqa"}}
-TINY_MODEL_TASKS["tiny-video"] = TINY_MODEL_TASKS["tiny"] | {spec["name"] for spec in DEFAULT_TINY_VIDEO_TASKS}
-TINY_MODEL_TASKS["tiny-gui"] = TINY_MODEL_TASKS["tiny"] | {spec["name"] for spec in DEFAULT_TINY_GUI_TASKS}
-TINY_MODEL_TASKS["tiny-gui-grounding"] = TINY_MODEL_TASKS["tiny-gui"]
-
-
-def untrained_task_warning(model_path: str, task_names: Sequence[str]) -> str | None:
-    """A warning when a shipped tiny model is given a task it was never warm-started on (the image
-    model on clips, say): RL then starts from a model that cannot read the prompts, and the run
-    trains to near-zero accuracy without any error. None for real checkpoints and known tasks."""
-    known = TINY_MODEL_TASKS.get(model_path)
-    missing = [name for name in task_names if known is not None and name not in known]
-    if not missing:
-        return None
-    fits = [m for m, tasks in TINY_MODEL_TASKS.items() if set(missing) <= tasks]
-    better = f"; the shipped model for it is model.path={fits[0]}" if fits else ""
-    return (f"model.path={model_path} was never warm-started on {', '.join(missing)}: RL starts from a model "
-            f"that cannot read these prompts, so expect task accuracy near 0{better}")
 
 
 def warm_start_tiny(out: str | Path, overrides: Sequence[str], task_specs: Sequence[dict], base: str = "tiny",

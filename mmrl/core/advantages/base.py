@@ -15,8 +15,8 @@ with ``@register_advantage(name, inputs=(...))`` and supplied by the trainer.
 Stateful estimators (BNPO's running Beta moments, SPO's per-prompt value tracker) keep their
 state in an :class:`EstimatorState` the caller owns: create it with :func:`make_advantage_state`,
 pass it as ``state=`` on every call (the estimator updates it in place) and save
-``state.state_dict()`` with the checkpoint. An estimator advertises a state by carrying a
-``make_state`` attribute (a zero-argument factory).
+``state.state_dict()`` with the checkpoint. An estimator declares its state with
+``@register_advantage(..., make_state=Factory)``.
 """
 
 from __future__ import annotations
@@ -156,6 +156,6 @@ def estimator_options(name: str, advantage_kwargs: dict, scale_rewards: bool) ->
 
 def make_advantage_state(name: str) -> EstimatorState | None:
     """A fresh state for the estimator ``name``, or ``None`` if it is stateless."""
-    factory = getattr(ADVANTAGES.get(name), "make_state", None)
+    factory = ADVANTAGES.get(name).make_state
     return factory() if factory is not None else None
 

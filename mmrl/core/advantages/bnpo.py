@@ -48,7 +48,7 @@ class BNPOState(EstimatorState):
         self.updates = int(d.get("updates", 0))
 
 
-@register_advantage("bnpo", inputs=("r_max",))
+@register_advantage("bnpo", inputs=("r_max",), make_state=BNPOState)
 def bnpo(
     rewards: Tensor,
     group_ids: Tensor,
@@ -119,6 +119,3 @@ def bnpo(
     log_pdf = torch.xlogy(a - 1, p) + torch.xlogy(b - 1, 1 - p) - log_beta_fn
     weight = torch.exp(-log_pdf).clamp(max=max_weight)
     return finalize_advantages(weight[inverse] * (s - p[inverse]), r_in, constant_groups(r_in, group_ids))
-
-
-bnpo.make_state = BNPOState

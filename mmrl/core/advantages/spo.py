@@ -53,7 +53,7 @@ class SPOState(EstimatorState):
         self.cum_kl = float(d.get("cum_kl", 0.0))
 
 
-@register_advantage("spo", inputs=("prompt_keys", "policy_kl"))
+@register_advantage("spo", inputs=("prompt_keys", "policy_kl"), make_state=SPOState)
 def spo(
     rewards: Tensor,
     group_ids: Tensor,
@@ -145,6 +145,3 @@ def spo(
     f = forget(g[2]) if state.global_value is not None else 1.0
     state.global_value = [f * g[0] + float(r64.sum()), f * g[1] + r.numel(), state.cum_kl]
     return adv
-
-
-spo.make_state = SPOState

@@ -61,7 +61,7 @@ class BatchBuilder:
         self.cfg, self.task, self.policy, self.rewards = cfg, task, policy, rewards
         algo, data = cfg.algo, cfg.data
         self.train_examples = task.examples("train")
-        sizes = dict(getattr(self.train_examples, "source_sizes", None) or {task.name: len(self.train_examples)})
+        sizes = task.source_sizes(self.train_examples)
         self.sampler = make_sampler(data.sampler, sizes, cfg.train.prompts_per_step, cfg.train.seed,
                                     **dict(data.sampler_kwargs))
         self.select = SELECTIONS.get(algo.selection, "algo.selection")
