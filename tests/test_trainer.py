@@ -34,9 +34,18 @@ def _metrics(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.fixture(scope="module")
+def two_step_run(random_tiny_dir, tmp_path_factory):
+    """One 2-step run, trained once: its outputs are checked, and the resume test continues a copy
+    of it to 4 steps."""
+    out = tmp_path_factory.mktemp("two-step")
+    _, result = _train(_cfg(random_tiny_dir, out, 2))
+    return result
+
+
 @pytest.mark.slow
-def test_run_directory_outputs(random_tiny_dir, tmp_path):
-    _, result = _train(_cfg(random_tiny_dir, tmp_path, 2))
+def test_run_directory_outputs(two_step_run):
+    result = two_step_run
     run = result.run_dir
     assert (run / "config.yaml").exists() and (run / "summary.json").exists()
     rows = _metrics(run)
@@ -54,10 +63,12 @@ def test_run_directory_outputs(random_tiny_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_continues_exactly(random_tiny_dir, tmp_path):
+def test_resume_continues_exactly(random_tiny_dir, two_step_run, tmp_path):
     """4 steps straight == 2 steps, stop, resume to 4: identical weights and step metrics."""
+    import shutil
+
     straight, _ = _train(_cfg(random_tiny_dir, tmp_path / "a", 4))
-    _train(_cfg(random_tiny_dir, tmp_path / "b", 2))
+    shutil.copytree(two_step_run.run_dir, tmp_path / "b" / "run")  # the 2-step run, stopped there
     # The interrupted run's config said 2 steps: resuming with 4 is a config change, refused
     # unless allowed, and then it continues from step 2.
     from mmrl.runs.config_history import ConfigChangeError
