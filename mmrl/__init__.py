@@ -1,6 +1,7 @@
 """mmrl: reinforcement learning for multimodal models with one GRPO-style core.
 
-Public API for plugins and scripts::
+Public API for plugins and scripts (a new modality: ``register_policy`` on a ``PolicyBase``
+subclass whose rollouts are ``Rollouts``)::
 
     from mmrl import Task, register_task, register_reward, SyntheticExamples, image_prompt
     result = mmrl.train("vlm/counting_tiny", ["train.steps=50"])   # same as `mmrl train vlm`
@@ -14,6 +15,7 @@ from .api import train
 from .core.distributed import pick_device
 from .core.policy import PolicyBase
 from .core.protocol import Policy
+from .core.rollouts import Rollouts
 from .envs import Env, Observation, register_env
 from .public import PUBLIC_MODULES
 from .registry import (
@@ -25,6 +27,7 @@ from .registry import (
     register_kl_schedule,
     register_loss,
     register_perturbation,
+    register_policy,
     register_reward,
     register_sampler,
     register_sde_sampler,
@@ -39,6 +42,8 @@ __all__ = [
     "train",
     "Policy",
     "PolicyBase",
+    "Rollouts",
+    "register_policy",
     "register_loss",
     "register_engine",
     "register_selection",

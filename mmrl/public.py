@@ -2,7 +2,8 @@
 
 Built-in tasks (``tasks/``, installed as ``mmrl.tasks``) and rewards (``rewards/``, installed as
 ``mmrl.rewards``) are written exactly the way a user writes a plugin, so they import only what is
-listed here; ``tests/test_plugin_boundary.py`` checks every import of theirs. Everything else
+listed here, and nothing is listed that none of them needs; ``tests/test_plugin_boundary.py``
+checks both. Everything else
 (``mmrl.core``, ``mmrl.vlm``, ``mmrl.diffusion``, ``mmrl.config``, ``mmrl.registry``, ...) is
 internal and may change shape without notice.
 """
@@ -13,21 +14,48 @@ PUBLIC_MODULES: tuple[str, ...] = (
     "mmrl",  # the names in mmrl.__all__: Task, register_task, register_reward, make_task, train, ...
     "mmrl.task",  # the Task base class, SyntheticExamples, prompt helpers
     "mmrl.parsing",  # reading answers (text, numbers, boxes) out of completions
-    "mmrl.measures",  # scoring primitives shared by rewards and task metrics (IoU, AP50, ANLS, ...)
-    "mmrl.media",  # coordinate spaces, drawing for galleries, image perturbations
-    "mmrl.data",  # dataset readers, image folders, synthetic scenes
     "mmrl.judge",  # a local Qwen-VL checkpoint as a yes/no judge
-    "mmrl.envs",  # the environment API (Env, Observation, register_env, make_env) and built-in envs
+    # scoring primitives shared by rewards and task metrics
+    "mmrl.measures.batch",  # the per-example loop of a batched reward, with its length check
+    "mmrl.measures.answers",
+    "mmrl.measures.boxes",
+    "mmrl.measures.detection",
+    "mmrl.measures.text",
+    "mmrl.measures.relaxed",
+    "mmrl.measures.math_equivalence",
+    "mmrl.measures.jigsaw",
+    "mmrl.measures.composition",
+    "mmrl.measures.motion",
+    "mmrl.measures.temporal",
+    "mmrl.measures.video_r1",
+    "mmrl.measures.video_answers",
+    "mmrl.measures.screen",
+    "mmrl.measures.gui",
+    "mmrl.measures.gui_match",
+    "mmrl.measures.gui_r1",
+    "mmrl.measures.ui_r1",
+    # coordinate spaces, drawing for galleries, video clips
+    "mmrl.media.coords",
+    "mmrl.media.draw",
+    "mmrl.media.video",
+    # dataset readers, image folders, synthetic scenes
+    "mmrl.data.records",
+    "mmrl.data.sequence",
+    "mmrl.data.images",
+    "mmrl.data.scenes",
+    "mmrl.data.shapes_t2i",
+    "mmrl.data.motion",
+    "mmrl.data.motion_t2v",
+    "mmrl.data.screenspot",
+    "mmrl.data.gui_episodes",
+    "mmrl.data.gui_steps",
+    # the environment API (Env, Observation, register_env, make_env) and the environment task
+    "mmrl.envs",
+    "mmrl.envs.task",
 )
 
 
 def is_public(module: str) -> bool:
-    """Whether a plugin may import ``module``: it is listed, or lies inside a listed package (the
-    root ``mmrl`` excepted: its public API is its own names, not all of its submodules), and no
-    part of its dotted name is private (starts with ``_``)."""
-    parts = module.split(".")
-    if any(p.startswith("_") for p in parts):
-        return False
-    if module in PUBLIC_MODULES:
-        return True
-    return any(module.startswith(p + ".") for p in PUBLIC_MODULES if p != "mmrl")
+    """Whether a plugin may import ``module``: it is listed (a listed package's other submodules
+    are not public)."""
+    return module in PUBLIC_MODULES
