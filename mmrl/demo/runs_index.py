@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 from omegaconf import OmegaConf
 
 from ..runs.checkpoint import CheckpointManager
+from ..runs.logging import read_jsonl
 
 if TYPE_CHECKING:  # pandas comes with gradio (the `demo` extra), not with mmrl itself
     import pandas
@@ -120,16 +121,12 @@ def _read_records(run_dir: PathLike) -> list[dict]:
     """
     path = Path(run_dir) / "metrics.jsonl"
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        records = read_jsonl(path)
     except OSError:
         return []
     latest: dict[tuple[int, str], dict] = {}
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(record, dict) or _number(record.get("step")) is None:
+    for record in records:
+        if _number(record.get("step")) is None:
             continue
         record["step"] = int(record["step"])
         key = (record["step"], _kind(record))
@@ -265,18 +262,9 @@ def _rollout_caption(row: dict, completion_is_picture: bool) -> str:
 
 def _read_rows(path: Path) -> list[dict]:
     try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        return read_jsonl(path)
     except OSError:
         return []
-    rows = []
-    for line in lines:
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
 
 
 def rollout_gallery(run_dir: PathLike, step: Optional[int] = None) -> list[tuple[str, str]]:

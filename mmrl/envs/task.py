@@ -65,7 +65,6 @@ class EnvTask(Task, EpisodicTask):
         self.max_steps = int(steps if steps is not None else self._prototype.max_steps)
         if self.max_steps < 1:
             raise ValueError(f"{self.name}: max_steps must be >= 1, got {self.max_steps}")
-        self.bool_option("thinking")  # a real bool, not the string "false"
         self.step_timeout = float(self.options["step_timeout"] or 0)
         if self.step_timeout < 0:
             raise ValueError(f"{self.name}: step_timeout must be >= 0 seconds, got {self.step_timeout}")
@@ -96,7 +95,7 @@ class EnvTask(Task, EpisodicTask):
 
     # -- prompts, actions and references ------------------------------------------------------------
     def prompt(self, ex: dict) -> list[dict]:
-        instruction = ACTION_INSTRUCTION if self.options["thinking"] else ACTION_ONLY_INSTRUCTION
+        instruction = ACTION_INSTRUCTION if self.thinking else ACTION_ONLY_INSTRUCTION
         earlier = [INVALID_ACTION if a is None else format_action(self.to_policy_space(a, ex))
                    for a in ex.get("history") or []]
         history = history_text(earlier, int(self.options["history_length"]))
@@ -121,7 +120,7 @@ class EnvTask(Task, EpisodicTask):
     def format_expert_action(self, action: dict, ex: dict) -> str:
         """The reference completion of a scripted-solver action, its point in the policy's space."""
         answer = f"<answer>{format_action(self.to_policy_space(action, ex))}</answer>"
-        return f"<think>{ex['instruction']}.</think>{answer}" if self.options["thinking"] else answer
+        return f"<think>{ex['instruction']}.</think>{answer}" if self.thinking else answer
 
     def target(self, ex: dict) -> str:
         """The scripted solver's action for a step example that carries it (``expert_action``;
