@@ -22,7 +22,7 @@ from rich.markup import escape  # error texts may hold brackets (`pip install mm
 
 from .cli_errors import console, fail, interruptions, user_errors
 from .cli_help import ARGS_HELP, ARGS_METAVAR, examples
-from .recipes import DEFAULT_RECIPES, split_args
+from .recipes import DEFAULT_RECIPES, family_modality, split_args
 from .tiny_models import TINY_MODELS
 
 # Plain click help: rich markup would swallow `[CONFIG.yaml]`, `[key=value]` and `mmrl[video]`.
@@ -30,8 +30,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=N
                   help="Reinforcement learning for multimodal models.")
 
 MODALITIES = tuple(DEFAULT_RECIPES)
-# `mmrl train video` and `mmrl train gui` train the VLM policy on tasks whose prompts hold clips or screens.
-POLICY_OF = {"video": "vlm", "gui": "vlm"}
+
+
 def _load(modality: Optional[str], args: list[str], extra: list[str] = ()):
     from .config import builtin_config_path, load_config
 
@@ -122,8 +122,7 @@ def train(
 
     with user_errors():
         task = build_task(cfg)
-        policy_kind = POLICY_OF.get(modality, modality)
-        if modality is not None and getattr(task, "modality", "vlm") != policy_kind:
+        if modality is not None and task.modality != family_modality(modality):
             raise ValueError(f"task {task.name!r} is a {task.modality} task; run it with `mmrl train {task.modality}`")
         policy = make_policy(cfg, task)
         trainer = Trainer(cfg, policy, task)  # checks the config against the policy: its errors are the user's

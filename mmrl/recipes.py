@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .config import builtin_config_names, builtin_config_path
 
-__all__ = ["DEFAULT_RECIPES", "recipe_names", "recipe_summary", "modality_of", "split_args"]
+__all__ = ["DEFAULT_RECIPES", "recipe_names", "recipe_summary", "modality_of", "family_modality", "split_args"]
 
 # What `mmrl train MODALITY` runs without a recipe: the built-in tiny default of each modality.
 DEFAULT_RECIPES = {"vlm": "vlm/counting_tiny", "video": "video/video_qa_tiny", "gui": "gui/synthetic_gui_tiny",
@@ -30,6 +30,15 @@ def modality_of(recipe: str) -> str:
     """The ``mmrl train`` modality of a shipped recipe: its folder (``vlm``, ``video``, ``gui``,
     ``diffusion``)."""
     return recipe.split("/", 1)[0]
+
+
+def family_modality(family: str) -> str:
+    """The task modality that ``mmrl train FAMILY`` trains (so the policy registered for it): that of
+    its default recipe's task (``video`` and ``gui`` train the VLM on clips and screens)."""
+    from .config import load_config
+    from .registry import TASKS
+
+    return TASKS.get(load_config(builtin_config_path(DEFAULT_RECIPES[family])).task.name).modality
 
 
 def recipe_summary(name: str) -> str:

@@ -59,11 +59,12 @@ def test_list_shows_every_shipped_recipe_with_one_line():
 
 def test_train_gui_is_the_gui_default_on_the_vlm_policy():
     """`mmrl train gui` takes the GUI default (a typo in an override is then the only error)."""
-    from mmrl.cli import POLICY_OF, _load
+    from mmrl.cli import _load
+    from mmrl.recipes import family_modality
 
     cfg = _load("gui", ["train.steps=3"])
     assert cfg.task.name == "gui_env" and cfg.model.path == "tiny-gui" and cfg.train.steps == 3
-    assert POLICY_OF["gui"] == "vlm"
+    assert family_modality("gui") == "vlm"
     r = _invoke("train", "gui", "algo.epslion=1")
     assert r.exit_code == 2 and "algo.epsilon" in r.output and "not available" not in r.output
 
