@@ -161,3 +161,9 @@ def test_the_help_texts_hold_no_rich_markup_leftovers():
     """Plain click help: brackets are shown, not eaten as markup."""
     out = _invoke("train", "--help").output
     assert not re.search(r"\[/?(red|bold|yellow)\]", out)
+
+
+def test_a_task_of_another_modality_names_the_family_that_trains_it():
+    """`mmrl train vlm` given a generator task stops before building any model, naming the family."""
+    r = _invoke("train", "vlm", "task.name=composition")
+    assert r.exit_code == 2 and "is a diffusion task" in r.output and "mmrl train diffusion" in r.output
