@@ -40,6 +40,25 @@ def random_tiny_dir(tmp_path_factory):
     return path
 
 
+# The settings of the short `mmrl train vlm` runs made in a subprocess (resume, Ctrl-C, the demo).
+CLI_RUN = ["train.device=cpu", "train.prompts_per_step=2", "rollout.num_generations=2",
+           "rollout.max_completion_length=6", "eval.num_examples=2", "eval.pass_k=0", "log.progress=false"]
+
+
+@pytest.fixture(scope="session")
+def finished_cli_run(random_tiny_dir, tmp_path_factory):
+    """A finished 2-step run of the random tiny model made by `mmrl train vlm` (runs/exp), trained
+    once a session: the resume tests and the demo's playground each work on a copy."""
+    import subprocess
+    import sys
+
+    root = tmp_path_factory.mktemp("cli-run")
+    r = subprocess.run([sys.executable, "-m", "mmrl.cli", "train", "vlm", f"model.path={random_tiny_dir}", *CLI_RUN,
+                        "train.steps=2", "log.run_name=exp"], capture_output=True, text=True, cwd=root, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return root / "runs" / "exp"
+
+
 def make_config(*overrides: str, path=None):
     from mmrl.config import load_config
 

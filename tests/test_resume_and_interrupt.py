@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import CLI_RUN
 from mmrl.core.interrupt import StopOnInterrupt
 from mmrl.runs.resume import NothingToResume, find_run, finished_steps
 
@@ -66,8 +67,7 @@ def test_first_interrupt_asks_and_second_raises():
     assert signal.getsignal(signal.SIGINT) is outer  # restored
 
 
-COMMON = ["train.device=cpu", "train.prompts_per_step=2", "rollout.num_generations=2",
-          "rollout.max_completion_length=6", "eval.num_examples=2", "eval.pass_k=0", "log.progress=false"]
+COMMON = CLI_RUN  # conftest: the settings of finished_cli_run, the session's 2-step `mmrl train` run
 
 
 def _train_rows(run: Path) -> list[int]:
@@ -75,14 +75,11 @@ def _train_rows(run: Path) -> list[int]:
             if "reward" in json.loads(line)]
 
 
-@pytest.fixture(scope="module")
-def finished_run(random_tiny_dir, tmp_path_factory):
-    """A 2-step run made by `mmrl train`; the resume tests each work on a copy."""
-    root = tmp_path_factory.mktemp("resume")
-    r = _mmrl("train", "vlm", f"model.path={random_tiny_dir}", *COMMON, "train.steps=2", "log.run_name=exp",
-              cwd=root)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return root / "runs" / "exp"
+@pytest.fixture()
+def finished_run(finished_cli_run):
+    """A 2-step run made by `mmrl train` (conftest's, trained once a session); the resume tests each
+    work on a copy."""
+    return finished_cli_run
 
 
 def _copy(run: Path, tmp_path: Path) -> Path:
