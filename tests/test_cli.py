@@ -13,41 +13,71 @@ def _mmrl(*args, cwd=None):
                           cwd=cwd, timeout=300)
 
 
-def test_mistyped_override_exits_nonzero_naming_key_and_suggestion(tmp_path):
-    r = _mmrl("train", "vlm", "algo.epslion=0.3", cwd=tmp_path)
+# The quick commands below are independent (each in its own directory) and each spends most of its
+# time starting Python and importing torch: they are started together, once, and each test reads
+# its own command's result.
+QUICK_COMMANDS = {
+    "mistyped_override": ("train", "vlm", "algo.epslion=0.3"),
+    "mistyped_yaml": ("train", "vlm", "bad.yaml"),
+    "unknown_modality": ("train", "audio"),
+    "other_modality": ("train", "vlm", "diffusion/composition_tiny"),
+    "missing_generator": ("train", "diffusion", "model.path=/nonexistent/sd3"),
+    "list": ("list",),
+}
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    """``name -> (CompletedProcess, the directory it ran in)`` for every command of QUICK_COMMANDS."""
+    started = {}
+    for name, args in QUICK_COMMANDS.items():
+        cwd = tmp_path_factory.mktemp(name)
+        if name == "mistyped_yaml":
+            (cwd / "bad.yaml").write_text("rollout:\n  num_generation: 4\n")
+            args = ("train", "vlm", str(cwd / "bad.yaml"))
+        cmd = [sys.executable, "-m", "mmrl.cli", *args]
+        started[name] = (cmd, cwd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                                    cwd=cwd))
+    done = {}
+    for name, (cmd, cwd, proc) in started.items():
+        out, err = proc.communicate(timeout=300)
+        done[name] = (subprocess.CompletedProcess(cmd, proc.returncode, out, err), cwd)
+    return done
+
+
+def test_mistyped_override_exits_nonzero_naming_key_and_suggestion(quick):
+    r, cwd = quick["mistyped_override"]
     assert r.returncode == 2
     err = " ".join(r.stderr.split())
     assert "algo.epslion" in err and "algo.epsilon" in err
-    assert not (tmp_path / "runs").exists()  # failed before doing anything
+    assert not (cwd / "runs").exists()  # failed before doing anything
 
 
-def test_mistyped_yaml_key_names_file_and_line(tmp_path):
-    cfg = tmp_path / "bad.yaml"
-    cfg.write_text("rollout:\n  num_generation: 4\n")
-    r = _mmrl("train", "vlm", str(cfg), cwd=tmp_path)
+def test_mistyped_yaml_key_names_file_and_line(quick):
+    r, _ = quick["mistyped_yaml"]
     assert r.returncode == 2
     err = " ".join(r.stderr.split())
     assert "rollout.num_generation" in err and "line 2" in err and "rollout.num_generations" in err
 
 
-def test_unknown_modality_is_a_clear_error(tmp_path):
-    r = _mmrl("train", "audio", cwd=tmp_path)
+def test_unknown_modality_is_a_clear_error(quick):
+    r, _ = quick["unknown_modality"]
     assert r.returncode == 2 and "not available" in r.stderr
 
 
-def test_a_task_of_the_other_modality_is_a_clear_error(tmp_path):
-    r = _mmrl("train", "vlm", "diffusion/composition_tiny", cwd=tmp_path)
+def test_a_task_of_the_other_modality_is_a_clear_error(quick):
+    r, _ = quick["other_modality"]
     assert r.returncode == 2 and "mmrl train diffusion" in " ".join(r.stderr.split())
 
 
-def test_generator_recipe_with_a_missing_model_dir_is_a_clear_error(tmp_path):
-    r = _mmrl("train", "diffusion", "model.path=/nonexistent/sd3", cwd=tmp_path)
+def test_generator_recipe_with_a_missing_model_dir_is_a_clear_error(quick):
+    r, _ = quick["missing_generator"]
     err = " ".join(r.stderr.split())
     assert r.returncode == 2 and "/nonexistent/sd3" in err and "downloaded" in err
 
 
-def test_list_shows_builtin_plugins():
-    r = _mmrl("list")
+def test_list_shows_builtin_plugins(quick):
+    r, _ = quick["list"]
     assert r.returncode == 0, r.stderr
     assert "counting" in r.stdout and "grounding" in r.stdout and "iou" in r.stdout and "grpo" in r.stdout
 

@@ -24,6 +24,18 @@ def _mmrl(*args, cwd, timeout=300):
                           timeout=timeout)
 
 
+def _mmrl_together(*commands, cwd) -> list[subprocess.CompletedProcess]:
+    """Independent `mmrl` commands (argument tuples) started at the same time in ``cwd``, each
+    spending most of its time starting Python and importing torch."""
+    procs = [subprocess.Popen([sys.executable, "-m", "mmrl.cli", *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=cwd) for args in commands]
+    outs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        outs.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return outs
+
+
 def _fake_run(root: Path, name: str, steps: int = 2, checkpoint: int | None = 2, summary: bool = True) -> Path:
     run = root / name
     (run / "checkpoints").mkdir(parents=True)
@@ -92,11 +104,14 @@ def _copy(run: Path, tmp_path: Path) -> Path:
 @pytest.mark.slow
 def test_resume_without_a_run_or_with_a_misspelt_one_starts_nothing(finished_run, tmp_path):
     _copy(finished_run, tmp_path)
-    r = _mmrl("train", "vlm", "--resume", cwd=tmp_path)
+    nameless, misspelt, misspelt_path = _mmrl_together(("train", "vlm", "--resume"),
+                                                       ("train", "vlm", "log.run_name=epx", "--resume"),
+                                                       ("train", "--resume", "runs/exq"), cwd=tmp_path)
+    r = nameless
     assert r.returncode == 2 and "nothing to resume" in r.stderr and "runs in runs/: exp" in r.stderr
-    r = _mmrl("train", "vlm", "log.run_name=epx", "--resume", cwd=tmp_path)
+    r = misspelt
     assert r.returncode == 2 and "no run 'epx' to resume; did you mean runs/exp?" in r.stderr
-    r = _mmrl("train", "--resume", "runs/exq", cwd=tmp_path)
+    r = misspelt_path
     assert r.returncode == 2 and "did you mean runs/exp?" in r.stderr
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["exp"]  # no new run
 
