@@ -46,10 +46,14 @@ def demo_server(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("demo")
     runs = root / "runs"
-    for modality, name in (("vlm", RUN), ("diffusion", GEN_RUN)):
-        r = subprocess.run([sys.executable, "-m", "mmrl", "train", modality, *QUICK, f"log.output_dir={runs}",
-                            f"log.run_name={name}", "log.progress=false"], capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr[-2000:]
+    # the two runs are independent: made at the same time
+    procs = [subprocess.Popen([sys.executable, "-m", "mmrl", "train", modality, *QUICK, f"log.output_dir={runs}",
+                               f"log.run_name={name}", "log.progress=false"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for modality, name in (("vlm", RUN), ("diffusion", GEN_RUN))]
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-2000:]
     (root / "secret.txt").write_text("not for the page")
     port = _free_port()
     app, play, launcher = launch_app(runs, port=port, upload_dir=root / "uploads", block=False, max_upload="1mb")

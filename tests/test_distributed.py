@@ -32,13 +32,33 @@ pytestmark = pytest.mark.slow
 
 def launch(nproc: int, *args, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
     """``dist_worker.py args`` in ``nproc`` processes (1: a plain process, no launcher)."""
-    cmd = [sys.executable, str(WORKER), *map(str, args)]
-    if nproc > 1:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *cmd[1:]]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
-    if check:
-        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
-    return out
+    return launch_together((nproc, args, env), check=check)[0]
+
+
+def launch_together(*launches: tuple[int, tuple, dict | None], check: bool = True) -> list[subprocess.CompletedProcess]:
+    """Independent :func:`launch` calls ``(nproc, args, env)`` run at the same time: every worker
+    takes one thread (dist_worker.py), so a one-process run alone leaves a core idle. Each run's
+    results are its own (no run reads another's files)."""
+    procs = []
+    for nproc, args, env in launches:
+        cmd = [sys.executable, str(WORKER), *map(str, args)]
+        if nproc > 1:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *cmd[1:]]
+        procs.append((cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                            env={**os.environ, **(env or {})})))
+    outs = []
+    for cmd, proc in procs:
+        try:
+            stdout, stderr = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            for _, other in procs:
+                other.kill()
+            raise
+        out = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+        if check:
+            assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+        outs.append(out)
+    return outs
 
 
 def train_rows(run: Path) -> dict[int, dict]:
@@ -76,8 +96,8 @@ LORA = ("model.lora.enabled=true", "model.lora.dropout=0")  # no dropout: the ra
 def one_process_step(random_tiny_dir, tmp_path_factory):
     """One process's step, full fine-tuning and LoRA."""
     out = tmp_path_factory.mktemp("dist-step")
-    launch(1, "step", random_tiny_dir, out / "full.pt")
-    launch(1, "step", random_tiny_dir, out / "lora.pt", *LORA)
+    launch_together((1, ("step", random_tiny_dir, out / "full.pt"), None),
+                    (1, ("step", random_tiny_dir, out / "lora.pt", *LORA), None))
     return {kind: torch.load(out / f"{kind}.pt", weights_only=False) for kind in ("full", "lora")}
 
 
@@ -111,8 +131,8 @@ def test_batch_wide_token_selections_are_those_of_the_global_mini_batch(random_t
     threshold and covariance means, and another loss)."""
     extra = ("algo.top_entropy_quantile=0.3", "algo.kl_cov_ratio=0.2", "algo.kl_cov_coef=1.0",
              "algo.advantage=grpo")
-    launch(1, "step", random_tiny_dir, tmp_path / "one.pt", *extra)
-    launch(2, "step", random_tiny_dir, tmp_path / "two.pt", *extra)
+    launch_together((1, ("step", random_tiny_dir, tmp_path / "one.pt", *extra), None),
+                    (2, ("step", random_tiny_dir, tmp_path / "two.pt", *extra), None))
     one = torch.load(tmp_path / "one.pt", weights_only=False)
     two = torch.load(tmp_path / "two.pt", weights_only=False)
     for key in ("loss", "pg_loss", "grad_norm"):
@@ -122,25 +142,30 @@ def test_batch_wide_token_selections_are_those_of_the_global_mini_batch(random_t
 
 
 @pytest.fixture(scope="module")
-def flow_dir(tmp_path_factory):
-    from diffusion_fixtures import build_tiny_flow
-
-    return build_tiny_flow(tmp_path_factory.mktemp("dist-flow"))
-
-
-@pytest.fixture(scope="module")
-def two_process_run(flow_dir, tmp_path_factory):
-    """A 4-step generator run on 2 processes (reused by the equality and the resume tests)."""
-    run = tmp_path_factory.mktemp("dist-runs") / "two"
-    launch(2, "run", flow_dir, run, 4)
-    return run
+def flow_dir(tiny_flow_dir):
+    """The session's tiny generator (diffusion_fixtures.tiny_flow_dir), built once for every test
+    that uses it."""
+    return tiny_flow_dir
 
 
 @pytest.fixture(scope="module")
-def one_process_run(flow_dir, tmp_path_factory):
-    run = tmp_path_factory.mktemp("dist-runs") / "one"
-    launch(1, "run", flow_dir, run, 4)
-    return run
+def generator_runs(flow_dir, tmp_path_factory):
+    """The same 4-step generator run on 1 and on 2 processes, made at the same time (reused by the
+    equality and the resume tests)."""
+    one, two = tmp_path_factory.mktemp("dist-runs") / "one", tmp_path_factory.mktemp("dist-runs") / "two"
+    launch_together((1, ("run", flow_dir, one, 4), None), (2, ("run", flow_dir, two, 4), None))
+    return {"one": one, "two": two}
+
+
+@pytest.fixture(scope="module")
+def two_process_run(generator_runs):
+    """A 4-step generator run on 2 processes."""
+    return generator_runs["two"]
+
+
+@pytest.fixture(scope="module")
+def one_process_run(generator_runs):
+    return generator_runs["one"]
 
 
 @pytest.mark.parametrize("backend", ["MULTI_CPU", "FSDP2"])
@@ -199,13 +224,14 @@ def test_killed_fsdp2_vlm_run_resumes_exactly_and_in_one_process(tmp_path):
     single, step2 = tmp_path / "single", tmp_path / "step2"
     shutil.copytree(killed, single)
     shutil.copytree(killed / "checkpoints" / "step_00000002" / "policy", step2)  # runs keep their last two
-    launch(2, "vlm_run", "tiny", killed, 4, "resume=true", env=FSDP2)
+    # the sharded resume, and one process (not sharded) resuming a copy, at the same time
+    launch_together((2, ("vlm_run", "tiny", killed, 4, "resume=true"), FSDP2),
+                    (1, ("vlm_run", "tiny", single, 4, "resume=true"), None))
     for step in (3, 4):
         assert_rows_close(rows[step], train_rows(killed)[step], 0.0)  # bit for bit
     wa, wb = vlm_weights(full), vlm_weights(killed)
     assert wa.keys() == wb.keys() and all(torch.equal(w, wb[k]) for k, w in wa.items())
 
-    launch(1, "vlm_run", "tiny", single, 4, "resume=true")  # one process, not sharded
     assert sorted(train_rows(single)) == [1, 2, 3, 4]
     # and back: the unsharded checkpoint (optimizer state numbered, not named) resumed sharded
     launch(2, "vlm_run", "tiny", single, 5, "resume=true", "allow_config_change=true", env=FSDP2)
