@@ -237,12 +237,11 @@ def test_killed_fsdp2_vlm_run_resumes_exactly_and_in_one_process(tmp_path):
     launch(2, "vlm_run", "tiny", single, 5, "resume=true", "allow_config_change=true", env=FSDP2)
     assert sorted(train_rows(single)) == [1, 2, 3, 4, 5]
     from mmrl.core import sharding
-    from mmrl.core.strategy import unwrapped_optimizer
 
     saved = torch.load(step2 / "optimizer.pt", weights_only=False)
     assert saved["by_name"]
     policy = one_process_policy(step2)
-    mine = sharding.full_optimizer_state(policy.module, unwrapped_optimizer(policy.optimizer))
+    mine = sharding.full_optimizer_state(policy.module, policy.strategy.inner_optimizer)
     assert mine["state"].keys() == saved["optimizer"]["state"].keys()
     for name, state in saved["optimizer"]["state"].items():
         for key, value in state.items():
