@@ -150,7 +150,7 @@ def _entropy_curve(key: str) -> bool:
 
 
 # Panel title -> which metric names it draws (metric names as in metrics.jsonl, from
-# mmrl.core.batch.pipeline, mmrl.core.reward_computer, mmrl.core.losses.objective and the trainer).
+# the batch stages (mmrl.core.batch), mmrl.core.reward_computer, mmrl.core.losses.metrics and the trainer).
 CURVE_PANELS: "OrderedDict[str, Callable[[str], bool]]" = OrderedDict([
     ("reward", _reward_curve),
     ("KL", lambda k: k in ("kl", "policy_kl")),

@@ -16,9 +16,8 @@ so a plugin loss gets what a built-in gets:
   (the reference is the LoRA-disabled model, or a frozen copy).
 - ``flow_matching_logps``: the flow-matching log-likelihood of the final sample, re-noised at the
   trained steps' noise levels, in place of ``logps`` ("Advantage Weighted Matching"; ``awm``).
-- ``nft_errors``: likelihood-free, the positive/negative implicit velocities' errors of
-  "DiffusionNFT: Online Diffusion Reinforcement with Forward Process" (the registered ``nft``
-  loss of :mod:`mmrl.diffusion.losses`).
+- ``nft_errors``: likelihood-free, the implicit velocities' errors of "DiffusionNFT: Online
+  Diffusion Reinforcement with Forward Process" (the ``nft`` loss of :mod:`mmrl.diffusion.losses`).
 """
 
 from __future__ import annotations
