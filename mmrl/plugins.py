@@ -34,9 +34,7 @@ BUILTIN_MODULES = (
     "mmrl.diffusion.losses",
     "mmrl.vlm.engines",
     "mmrl.envs",
-    "mmrl.vlm.policy",
-    "mmrl.diffusion.policy",
-)
+)  # the policies register when their registry is first consulted (mmrl.registry.POLICIES)
 BUILTIN_PACKAGES = ("mmrl.tasks", "mmrl.rewards")
 _loaded: set[str] = set()
 

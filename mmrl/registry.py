@@ -10,6 +10,7 @@ installed and configured plugins) on the first lookup.
 from __future__ import annotations
 
 import difflib
+import importlib
 from typing import Any, Callable, Generic, Iterable, TypeVar
 
 T = TypeVar("T")
@@ -23,9 +24,20 @@ class UnknownNameError(KeyError, ValueError):
 
 
 class Registry(Generic[T]):
-    def __init__(self, kind: str):
+    """Named objects of one ``kind``. ``modules``: where built-ins that are costly to import register
+    themselves (the policies, which import transformers / diffusers models); they are imported at
+    this registry's first lookup rather than with every plugin, so a lookup elsewhere stays cheap."""
+
+    def __init__(self, kind: str, modules: tuple[str, ...] = ()):
         self.kind = kind
         self._items: dict[str, T] = {}
+        self._modules = modules
+
+    def _load(self) -> None:
+        load_plugins()
+        while self._modules:
+            module, self._modules = self._modules[0], self._modules[1:]
+            importlib.import_module(module)
 
     def register(self, name: str, obj: T, override: bool = False) -> T:
         """Register ``obj`` as ``name``. A name taken by another object is an error unless
@@ -41,7 +53,7 @@ class Registry(Generic[T]):
     def get(self, name: str, key: str | None = None) -> T:
         """The object registered as ``name``; an unknown name raises :class:`UnknownNameError`
         naming the closest known name, all known names and, when given, the config ``key``."""
-        load_plugins()
+        self._load()
         if name not in self._items:
             close = difflib.get_close_matches(str(name), self._items, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -52,11 +64,11 @@ class Registry(Generic[T]):
         return self._items[name]
 
     def names(self) -> list[str]:
-        load_plugins()
+        self._load()
         return sorted(self._items)
 
     def __contains__(self, name: str) -> bool:
-        load_plugins()
+        self._load()
         return name in self._items
 
 
@@ -163,7 +175,8 @@ KL_SCHEDULES: Registry[Callable[..., Any]] = Registry("KL schedule")
 PERTURBATIONS: Registry[Callable[..., Any]] = Registry("image perturbation")
 ENGINES: Registry[type] = Registry("rollout engine")
 ENVS: Registry[type] = Registry("environment")  # multi-step environments (mmrl.envs)
-POLICIES: Registry[type] = Registry("policy")  # by modality: the policy that trains a task of it
+# by task modality: the policy that trains a task of it
+POLICIES: Registry[type] = Registry("policy", modules=("mmrl.vlm.policy", "mmrl.diffusion.policy"))
 
 
 def register_loss(name: str, requires: tuple[str, ...] = ("logps",), override: bool = False):

@@ -113,3 +113,16 @@ def test_the_policy_base_reads_no_launch_specific_state():
 
     source = inspect.getsource(PolicyBase)
     assert "sharding." not in source and "accelerator" not in source
+
+
+def test_the_policies_are_imported_only_when_their_registry_is_consulted():
+    """Other lookups (a task, a reward: what a CLI error or `mmrl list --help` needs) stay cheap: the
+    policy modules import transformers' and diffusers' models only when a policy is looked up."""
+    import subprocess
+    import sys
+
+    code = ("import sys, mmrl\nfrom mmrl.registry import POLICIES, TASKS\nTASKS.names()\n"
+            "before = 'mmrl.vlm.policy' in sys.modules or 'mmrl.diffusion.policy' in sys.modules\n"
+            "POLICIES.names()\nprint(before, 'mmrl.vlm.policy' in sys.modules and 'mmrl.diffusion.policy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.stdout.split() == ["False", "True"], out.stderr[-2000:]
