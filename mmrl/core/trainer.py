@@ -102,7 +102,6 @@ class Trainer:
     def update(self, batch: Rollouts, step: int) -> dict[str, float]:
         """Train on the step's batch (:class:`~mmrl.core.update.PolicyUpdate`)."""
         out = self.updater(batch, step)
-        self.skip_causes = self.updater.skip_causes
         if self.updater.track_kl:
             self.batches.policy_kl = self.updater.policy_kl
         return out
@@ -235,18 +234,19 @@ class Trainer:
         ``skipped_steps.jsonl`` with its cause and a warning; after
         ``train.max_consecutive_skipped_steps`` in a row the run saves the last good weights (a
         skipped step changed nothing) and stops. Returns the new count of skips in a row."""
-        if not self.skip_causes:
+        causes = self.updater.skip_causes  # those of this step's update
+        if not causes:
             return 0
         in_a_row += 1
         if self.main:
             with open(self.run_dir / "skipped_steps.jsonl", "a", encoding="utf-8") as f:
-                f.write(json.dumps({"step": step, "causes": self.skip_causes}) + "\n")
-            log.warning("step %d: %d update(s) skipped: %s", step, len(self.skip_causes), self.skip_causes[0])
+                f.write(json.dumps({"step": step, "causes": causes}) + "\n")
+            log.warning("step %d: %d update(s) skipped: %s", step, len(causes), causes[0])
         limit = self.cfg.train.max_consecutive_skipped_steps
         if limit and in_a_row >= limit:
             self.save(step, before)
             raise NonFiniteTrainingError(
-                f"{in_a_row} steps in a row skipped their update ({self.skip_causes[0]}, step {step}); the run "
+                f"{in_a_row} steps in a row skipped their update ({causes[0]}, step {step}); the run "
                 f"stopped, its last good weights are in {self.ckpt.latest()} (see skipped_steps.jsonl; lower "
                 "train.learning_rate, compute in bfloat16 or float32 rather than float16, or check the rewards)")
         return in_a_row
