@@ -7,8 +7,9 @@ import torch
 
 torch.set_num_threads(2)
 
-# The tiny generators (sd3_dir, flux_dir, wan_dir, tiny_flow_dir ...), each built once a session.
-pytest_plugins = ["diffusion_fixtures"]
+# The tiny generators (sd3_dir, flux_dir, wan_dir, tiny_flow_dir ...), each built once a session; the
+# learning runs (learning_results), made two at a time.
+pytest_plugins = ["diffusion_fixtures", "learning_fixtures"]
 
 
 def pytest_collection_modifyitems(config, items):

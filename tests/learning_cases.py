@@ -16,7 +16,14 @@ class LearningCase:
     overrides: tuple[str, ...]
     metric: str  # the held-out task metric that must rise (never the total reward)
     gain: float  # by at least this much (after - before), see the module docstring
+    seconds: float = 60  # about how long it runs at one thread: the pool starts the longest first
 
+
+# These families train from the same warm start and are scored on the same 64 held-out scenes with
+# the same seed (pass@k from a fixed seed in a forked random state), so their "before" is one
+# evaluation: the first of them measures it, the others reuse it (learning_fixtures.py). GSPO is
+# scored on 128 scenes: it measures its own.
+SHARED_START = ("dapo", "grpo", "ngrpo", "spo")
 
 FAMILY_RUN = ("train.steps=24", "train.prompts_per_step=16", "eval.num_examples=64")
 # GSPO (off-policy, tiny clip range) and NGRPO move pass@1 less per step: in 24 steps their gains were
@@ -27,36 +34,36 @@ LONG_FAMILY_RUN = ("train.steps=48", "train.prompts_per_step=16", "eval.num_exam
 CASES: dict[str, LearningCase] = {
     # The default recipe (Dr. GRPO) shortened to 40 steps: sampled accuracy (pass@1) rises.
     # +0.145 / +0.100 / +0.114: sd 0.023.
-    "default": LearningCase("vlm/counting_tiny", ("train.steps=40", "eval.num_examples=100"), "pass@1", 0.1),
+    "default": LearningCase("vlm/counting_tiny", ("train.steps=40", "eval.num_examples=100"), "pass@1", 0.1, seconds=145),
     # One switch per algorithm family from the default recipe, 24 steps of 16 prompts, pass@1 on 64
     # scenes (pass@k draws the same random numbers before and after: a run that changed nothing gains 0).
-    "grpo": LearningCase("vlm/counting_tiny", (*FAMILY_RUN, "algo.advantage=grpo"), "pass@1", 0.015),  # +0.062 / +0.057 / +0.059: sd 0.003
+    "grpo": LearningCase("vlm/counting_tiny", (*FAMILY_RUN, "algo.advantage=grpo"), "pass@1", 0.015, seconds=42),  # +0.062 / +0.057 / +0.059: sd 0.003
     # On-policy GSPO takes exactly GRPO's step (every ratio is 1); two iterations over two mini-batches
     # make it act off-policy, where it differs.
     "gspo": LearningCase("vlm/counting_tiny", ("train.steps=48", "train.prompts_per_step=16", "eval.num_examples=128",
                                                "algo.loss_type=gspo", "algo.epsilon=3e-4",
                                                "algo.epsilon_high=4e-4", "algo.num_iterations=2",
                                                "train.mini_batch_size=64", "algo.loss_agg_mode=seq_mean_token_mean"),
-                         "pass@1", 0.05),  # +0.136 / +0.111 / +0.110: sd 0.015
+                         "pass@1", 0.05, seconds=138),  # +0.136 / +0.111 / +0.110: sd 0.015
     "spo": LearningCase("vlm/counting_tiny", (*FAMILY_RUN, "algo.advantage=spo", "rollout.num_generations=1",
-                                              "train.prompts_per_step=128"), "pass@1", 0.03),  # +0.076 / +0.105 / +0.090: sd 0.015
-    "ngrpo": LearningCase("vlm/counting_tiny", (*LONG_FAMILY_RUN, "algo.advantage=ngrpo"), "pass@1", 0.05),  # +0.070 / +0.117 / +0.082: sd 0.024
+                                              "train.prompts_per_step=128"), "pass@1", 0.03, seconds=56),  # +0.076 / +0.105 / +0.090: sd 0.015
+    "ngrpo": LearningCase("vlm/counting_tiny", (*LONG_FAMILY_RUN, "algo.advantage=ngrpo"), "pass@1", 0.05, seconds=79),  # +0.070 / +0.117 / +0.082: sd 0.024
     # DAPO in full: clip-higher and token mean (the recipe's), the overlong filter and dynamic sampling.
     "dapo": LearningCase("vlm/counting_tiny", (*FAMILY_RUN, "algo.advantage=grpo", "algo.overlong_filter=true",
                                                "algo.selection=dynamic_sampling", "algo.max_num_gen_batches=3"),
-                         "pass@1", 0.04),  # +0.072 / +0.041 / +0.037: sd 0.019
+                         "pass@1", 0.04, seconds=67),  # +0.072 / +0.041 / +0.037: sd 0.019
     # The other task the 1M-parameter model learns at this size, 16 steps of 8 prompts (chart QA,
     # which the README once listed as rising, measured +0.062 / 0.000 / -0.062: it does not).
     # +0.172 / +0.234 / +0.203: sd 0.031.
     "detection": LearningCase("vlm/detection_tiny", ("train.steps=16", "train.prompts_per_step=8",
-                                                     "eval.num_examples=32", "eval.pass_k=0"), "ap50", 0.1),
+                                                     "eval.num_examples=32", "eval.pass_k=0"), "ap50", 0.1, seconds=30),
     # The tiny video default, 20 steps of 16 prompts on 100 clips. +0.129 / +0.062 / +0.065: sd 0.038.
-    "video": LearningCase("video/video_qa_tiny", ("train.steps=20", "eval.num_examples=100"), "pass@1", 0.08),
+    "video": LearningCase("video/video_qa_tiny", ("train.steps=20", "eval.num_examples=100"), "pass@1", 0.08, seconds=71),
     # GUI: the multi-step recipe (GiGPO) shortened to 6 steps on 50 tasks (+0.34 / +0.20 / +0.28: sd
     # 0.070); the grounding recipe to 24 steps at its peak learning rate (+0.085 / +0.030 / +0.090:
     # sd 0.033, so 0.07, not the 0.05 it had).
     "gui_episodes": LearningCase("gui/synthetic_gui_tiny", ("train.steps=6", "eval.num_examples=50",
-                                                           "log.save_rollouts_every=4"), "success", 0.15),
+                                                           "log.save_rollouts_every=4"), "success", 0.15, seconds=73),
     "gui_grounding": LearningCase("gui/screen_grounding_tiny", ("train.steps=24", "train.lr_scheduler_type=constant",
-                                                               "eval.pass_k=0"), "point_accuracy", 0.07),
+                                                               "eval.pass_k=0"), "point_accuracy", 0.07, seconds=84),
 }

@@ -1,8 +1,26 @@
-"""Shortened recipe runs for the learning tests, through the public ``mmrl.train``."""
+"""Shortened recipe runs for the learning tests, through the public ``mmrl.train``.
+
+The learning cases (``learning_cases.CASES``) run in their own processes, one torch thread each,
+two at a time (:func:`run_cases`): a 1M-parameter model gains almost nothing from a second thread,
+so two one-thread runs side by side take about half the wall time of running them in turn at two
+threads, and one thread makes a run's numbers independent of how many cores the machine has. The
+tests (``learning_fixtures.py``) and the seed-spread campaign (``tests/campaigns/seed_spread.py``)
+share this runner, so the thresholds are measured on exactly the runs the tests make.
+
+    python tests/learning_runs.py CASE SEED OUT_DIR [--no-before] [KEY=VALUE ...]   # one run, as the pool makes it
+"""
 
 from __future__ import annotations
 
-import mmrl
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
 
 QUIET = ["log.progress=false", "log.save_every=0", "log.save_rollouts_every=0"]
 
@@ -10,6 +28,95 @@ QUIET = ["log.progress=false", "log.save_every=0", "log.save_rollouts_every=0"]
 def train_quietly(recipe: str, tmp_path, name: str, *overrides: str):
     """``recipe`` with ``overrides`` (which win over the quiet logging defaults), run in ``tmp_path``;
     prints the held-out metrics before -> after."""
+    import mmrl
+
     result = mmrl.train(recipe, [*QUIET, *overrides, f"log.output_dir={tmp_path}", f"log.run_name={name}"])
     print(f"{name}: held-out", {k: (round(result.before.get(k, float("nan")), 3), round(v, 3)) for k, v in result.after.items()})
     return result
+
+
+@dataclass(frozen=True)
+class Job:
+    """One learning case at one seed; ``before=False`` leaves out the held-out evaluation before
+    training (a run trains identically with or without it: every step reseeds from seed and step)."""
+
+    case: str
+    seed: int = 0
+    before: bool = True
+    extra: tuple[str, ...] = ()  # overrides after the case's own (the campaign compares settings)
+
+    @property
+    def run_name(self) -> str:
+        return f"{self.case}-seed{self.seed}"
+
+
+@dataclass
+class LearningRun:
+    """What a finished run left: its held-out metrics before and after, its run directory, its
+    wall time; ``error`` holds the tail of its output when it failed."""
+
+    before: dict = field(default_factory=dict)
+    after: dict = field(default_factory=dict)
+    run_dir: Path | None = None
+    wall_s: float = 0.0
+    cpu_s: float = 0.0  # the run's processor time: its wall time on an idle core
+    error: str = ""
+
+
+def _one_run(job: Job, out: Path) -> LearningRun:
+    """``job`` in a fresh Python process at one torch thread; its result read from the JSON it writes."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [sys.executable, str(Path(__file__).resolve()), job.case, str(job.seed), str(out)]
+    t0 = time.time()
+    proc = subprocess.run([*cmd, *([] if job.before else ["--no-before"]), *job.extra], capture_output=True, text=True,
+                          env=env)
+    wall = round(time.time() - t0, 1)
+    result_file = out / f"{job.run_name}.json"
+    if proc.returncode != 0 or not result_file.exists():
+        return LearningRun(wall_s=wall, error=f"exit {proc.returncode}:\n{(proc.stdout + proc.stderr)[-4000:]}")
+    data = json.loads(result_file.read_text())
+    return LearningRun(data["before"], data["after"], Path(data["run_dir"]), wall, data["cpu_s"])
+
+
+def run_cases(jobs: list[Job], out: Path, workers: int = 2, report=print, on_done=None) -> dict[Job, LearningRun]:
+    """Run ``jobs`` ``workers`` at a time, longest first (each case's ``seconds``), under ``out``;
+    ``on_done(job, run)`` is called as each is collected."""
+    from learning_cases import CASES
+
+    out.mkdir(parents=True, exist_ok=True)
+    ordered = sorted(jobs, key=lambda j: -CASES[j.case].seconds)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {job: pool.submit(_one_run, job, out) for job in ordered}
+        results = {}
+        for job in ordered:
+            results[job] = run = futures[job].result()
+            report(f"learning run {job.run_name}: {run.wall_s:.0f} s ({run.cpu_s:.0f} s of processor time)"
+                   + (" FAILED" if run.error else ""))
+            if on_done:
+                on_done(job, run)
+    return results
+
+
+def _main(argv: list[str]) -> None:
+    """One run of a learning case (what :func:`_one_run` starts): one torch thread, the case's
+    overrides, ``train.seed``; writes ``OUT_DIR/<case>-seed<seed>.json``."""
+    import torch
+
+    from learning_cases import CASES
+
+    torch.set_num_threads(1)
+    name, seed, out, *rest = argv
+    job = Job(name, int(seed), before="--no-before" not in rest, extra=tuple(a for a in rest if a != "--no-before"))
+    out = Path(out)
+    case = CASES[name]
+    result = train_quietly(case.recipe, out, job.run_name, *case.overrides, f"train.seed={seed}", *job.extra,
+                           *([] if job.before else ["eval.before=false"]))
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    (out / f"{job.run_name}.json").write_text(json.dumps(
+        {"before": result.before, "after": result.after, "run_dir": str(result.run_dir),
+         "cpu_s": round(usage.ru_utime + usage.ru_stime, 1)}))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    _main(sys.argv[1:])

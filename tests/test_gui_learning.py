@@ -7,21 +7,20 @@ from __future__ import annotations
 import json
 
 import pytest
-from learning_cases import CASES
-from learning_runs import train_quietly as _train
+from learning_fixtures import learned, learning_case
 
-EPISODES, GROUNDING = CASES["gui_episodes"], CASES["gui_grounding"]  # runs and thresholds: learning_cases.py
+# the runs and thresholds: learning_cases.py; the runs are made by the session's pool (learning_fixtures.py)
 
 
 @pytest.mark.slow
-def test_tiny_gui_episodes_raise_heldout_success_with_gigpo_and_show_them(tmp_path):
+@learning_case("gui_episodes")
+def test_tiny_gui_episodes_raise_heldout_success_with_gigpo_and_show_them(learning_results):
     """The multi-step recipe (`configs/gui/synthetic_gui_tiny.yaml`, GiGPO) shortened to 6 steps,
     evaluated on 50 tasks: held-out episode success rises by the GUI issue's 0.15 (measured
     2026-11-24: 0.00 -> 0.34, 94 s; the 24-step recipe ends at 0.40 on 100); every step logs the
     episode metrics, and the evaluation writes the episode viewer and the saved rollouts show the
     steps' screenshots."""
-    result = _train(EPISODES.recipe, tmp_path, "episodes", *EPISODES.overrides)
-    assert result.after["success"] - result.before["success"] >= EPISODES.gain, (result.before, result.after)
+    result = learned("gui_episodes", learning_results)  # success rose by the case's gain
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "reward" in r]
     assert len(steps) == 6
@@ -36,11 +35,11 @@ def test_tiny_gui_episodes_raise_heldout_success_with_gigpo_and_show_them(tmp_pa
 
 
 @pytest.mark.slow
-def test_tiny_grounding_raises_heldout_point_accuracy(tmp_path):
+@learning_case("gui_grounding")
+def test_tiny_grounding_raises_heldout_point_accuracy(learning_results):
     """The screen-grounding recipe (`configs/gui/screen_grounding_tiny.yaml`) shortened to 24 of its
     120 steps at its peak learning rate throughout: greedy held-out point accuracy rises (measured
     2026-11-24: 0.375 -> 0.46 here; the full recipe passes 0.505 at step 40 and ends at 0.545) while
     every answer keeps the format."""
-    result = _train(GROUNDING.recipe, tmp_path, "grounding", *GROUNDING.overrides)
-    assert result.after["point_accuracy"] - result.before["point_accuracy"] >= GROUNDING.gain, (result.before, result.after)
+    result = learned("gui_grounding", learning_results)  # point accuracy rose by the case's gain
     assert result.after["parsed"] == 1.0, result.after

@@ -14,53 +14,30 @@ import json
 import math
 
 import pytest
-from learning_cases import CASES
+from learning_cases import CASES, SHARED_START
+from learning_fixtures import learned, learning_case
 from learning_runs import train_quietly
 
 
-def _learns(name: str, tmp_path, start: dict | None = None):
-    """Run case ``name`` and assert its metric rose by the case's gain, the layout kept. ``start``:
-    the held-out metrics of a start shared with other cases (see :func:`family_start`), filled by
-    the first run that measures them and read by the others, which then skip that evaluation."""
-    case = CASES[name]
-    if start:
-        result = train_quietly(case.recipe, tmp_path, name, *case.overrides, "eval.before=false")
-        before = start
-        print(f"{name}: held-out before (the shared start's)", {k: round(v, 3) for k, v in before.items()})
-    else:
-        result = train_quietly(case.recipe, tmp_path, name, *case.overrides)
-        before = result.before
-        if start is not None:
-            start.update(before)
-    after = result.after
-    assert after["reward/format"] >= 0.9, after
-    assert after[case.metric] - before[case.metric] >= case.gain, (case.metric, before, after)
-    return result
+def _learns(name: str, results):
+    """Case ``name``'s run (made by the session's pool, ``learning_fixtures.py``): its metric rose
+    by the case's gain and the answer layout was kept."""
+    run = learned(name, results)
+    assert run.after["reward/format"] >= 0.9, run.after
+    return run
 
 
 @pytest.mark.slow
-def test_default_recipe_raises_heldout_accuracy(tmp_path):
+@learning_case("default")
+def test_default_recipe_raises_heldout_accuracy(learning_results):
     """The default recipe (Dr. GRPO), shortened to 40 steps: sampled accuracy (pass@1) rises, greedy
     accuracy with it."""
-    result = _learns("default", tmp_path)
+    result = _learns("default", learning_results)
     assert result.before["reward/format"] >= 0.9  # the warm start already writes the layout
     assert result.after["accuracy"] > result.before["accuracy"], (result.before, result.after)
 
 
 FAMILIES = ("dapo", "grpo", "gspo", "ngrpo", "spo")
-# These families train from the same warm start and are scored on the same 64 held-out scenes with
-# the same seed (pass@k from a fixed seed in a forked random state), so their "before" is one
-# evaluation: the first of them to run measures it, the others reuse it. Leaving the evaluation
-# out of a run changes nothing it trains (every step reseeds from the run's seed and step).
-# GSPO is scored on 128 scenes: it measures its own.
-SHARED_START = ("dapo", "grpo", "ngrpo", "spo")
-
-
-@pytest.fixture(scope="session")
-def family_start() -> dict:
-    """The held-out metrics of the warm start the SHARED_START families train from (filled by the
-    first of them to run)."""
-    return {}
 
 
 def test_the_families_sharing_a_start_share_its_evaluation_settings():
@@ -76,9 +53,9 @@ def test_the_families_sharing_a_start_share_its_evaluation_settings():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", FAMILIES)
-def test_algorithm_family_raises_heldout_accuracy(family, family_start, tmp_path):
-    result = _learns(family, tmp_path, family_start if family in SHARED_START else None)
+@pytest.mark.parametrize("family", [pytest.param(f, marks=learning_case(f)) for f in FAMILIES])
+def test_algorithm_family_raises_heldout_accuracy(family, learning_results):
+    result = _learns(family, learning_results)
     if family == "dapo":
         rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
         dropped = sum(r.get("selection/dropped_groups", 0) for r in rows)
@@ -91,9 +68,9 @@ LEARNED_TASKS = ("detection",)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task", LEARNED_TASKS)
-def test_task_raises_its_heldout_metric(task, tmp_path):
-    _learns(task, tmp_path)
+@pytest.mark.parametrize("task", [pytest.param(t, marks=learning_case(t)) for t in LEARNED_TASKS])
+def test_task_raises_its_heldout_metric(task, learning_results):
+    _learns(task, learning_results)
 
 
 # The tasks the tiny model cannot learn at its size (README, "The tiny default": grounding, OCR,
@@ -116,10 +93,11 @@ def test_task_recipe_smoke(task, tmp_path):
 
 
 @pytest.mark.slow
-def test_video_default_raises_heldout_accuracy(tmp_path):
+@learning_case("video")
+def test_video_default_raises_heldout_accuracy(learning_results):
     """The tiny video default (`mmrl train video`): the tiny VLM warm-started on clips counts the
     shapes that appear after the start better under RL."""
-    result = _learns("video", tmp_path)
+    result = _learns("video", learning_results)
     assert result.before["reward/format"] >= 0.9
     assert result.after["accuracy"] > result.before["accuracy"], (result.before, result.after)
 
