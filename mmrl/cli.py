@@ -9,6 +9,7 @@
     mmrl bench algos --variants grpo,dapo --steps 40  # compare RL algorithms on the same task and seed
     mmrl bench speed --prompts 2 --generations 4 --tokens 16  # mmrl vs TRL's GRPOTrainer, same work
     mmrl bench rollout                                # HF generate vs vLLM samples/s (needs vLLM)
+    mmrl bench optimizers                             # train.optim: bytes per parameter, small updates kept
     mmrl demo                                         # a Gradio app on http://127.0.0.1:7860 (needs mmrl[demo])
 """
 
@@ -275,7 +276,7 @@ def demo(
 def list_plugins():
     """List the shipped recipes (one line each) and every named choice: tasks, rewards, advantage
     estimators, losses, prompt samplers, SDE samplers, batch selections, KL schedules, image
-    perturbations, rollout engines."""
+    perturbations, rollout engines, optimizers."""
     from .recipes import recipe_names, recipe_summary
     from .registry import ALL_REGISTRIES
 

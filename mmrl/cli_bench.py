@@ -122,7 +122,9 @@ def bench_speed(
 @bench_app.command(name="rollout", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
                    epilog=examples("mmrl bench rollout                               # HF generate vs vLLM",
                                    "mmrl bench rollout --prompts 8 --n 8 --tokens 64",
-                                   "mmrl bench rollout configs/vlm/grounding_tiny.yaml --repeats 5"))
+                                   "mmrl bench rollout configs/vlm/grounding_tiny.yaml --repeats 5",
+                                   "mmrl bench rollout --caches train.device=cuda    # dynamic vs static KV cache",
+                                   "mmrl bench rollout --caches --tiny               # a seconds-long smoke run"))
 def bench_rollout(
     args: Optional[List[str]] = typer.Argument(None, metavar=ARGS_METAVAR, help=ARGS_HELP),
     prompts: int = typer.Option(4, help="training prompts of the config's task"),
@@ -130,10 +132,38 @@ def bench_rollout(
     tokens: int = typer.Option(24, help="new tokens at most per sample"),
     repeats: int = typer.Option(3, help="timed calls per engine (after one warm-up call)"),
     seed: int = typer.Option(0, help="sampling seed of the first timed call"),
+    caches: bool = typer.Option(False, "--caches", help="the hf engine's KV caches instead of the engines: dynamic, "
+                                "static, static + transformers' compile (CUDA/XPU only); no vLLM needed"),
+    tiny: bool = typer.Option(False, "--tiny", help="a smoke run: 1 prompt x 2 samples, 4 tokens, 1 timed call "
+                              "(replaces --prompts, --n, --tokens, --repeats)"),
 ):
-    """HF generate vs vLLM on the same policy, prompts and budget: samples/s side by side (needs vLLM)."""
-    from .bench.rollout import DEFAULT_CONFIG, run_rollout_bench
+    """HF generate vs vLLM on the same policy, prompts and budget: samples/s side by side (needs vLLM);
+    with --caches, HF generate's dynamic vs static KV cache instead."""
+    from .bench.rollout import DEFAULT_CONFIG, run_cache_bench, run_rollout_bench
 
+    if tiny:
+        prompts, n, tokens, repeats = 1, 2, 4, 1
     path, overrides = split_args(list(args or []))
-    _run_bench(lambda: run_rollout_bench(path or DEFAULT_CONFIG, overrides, prompts=prompts, n=n, tokens=tokens,
-                                         repeats=repeats, seed=seed, echo=lambda s: print(s, flush=True)))
+    run = run_cache_bench if caches else run_rollout_bench
+    _run_bench(lambda: run(path or DEFAULT_CONFIG, overrides, prompts=prompts, n=n, tokens=tokens,
+                           repeats=repeats, seed=seed, echo=lambda s: print(s, flush=True)))
+
+
+@bench_app.command(name="optimizers", epilog=examples(
+    "mmrl bench optimizers                            # the four train.optim choices, on CPU",
+    "mmrl bench optimizers --optims adamw_torch,adamw_kahan --width 512 --steps 50",
+    "mmrl bench optimizers --seed 1                   # the same table from other weights and gradients"))
+def bench_optimizers(
+    optims: str = typer.Option("adamw_torch,adamw_bf16,adamw_kahan,adamw_bf16_sr",
+                               help="comma-separated train.optim names (`mmrl list`)"),
+    width: int = typer.Option(256, help="width of the model-shaped stack of Linear weights"),
+    layers: int = typer.Option(2, help="layers of the stack (7 Linear weights each)"),
+    steps: int = typer.Option(20, help="AdamW steps, the same gradients for every optimizer"),
+    seed: int = typer.Option(0),
+):
+    """Bytes per trained parameter and the share of small AdamW updates (lr 1e-6, 1e-5) each
+    train.optim keeps, against float32 master weights stepped with the same gradients."""
+    from .bench.optimizers import run_optimizer_bench
+
+    _run_bench(lambda: run_optimizer_bench([n.strip() for n in optims.split(",") if n.strip()], width=width,
+                                           layers=layers, steps=steps, seed=seed))

@@ -26,7 +26,8 @@ class ModelConfig:
     # "tiny" = the built-in tiny Qwen2.5-VL in mmrl/assets; otherwise a local checkpoint directory.
     path: str = "tiny"
     # The compute dtype: float32 | bfloat16 | float16. Trained weights are kept in float32
-    # (master weights) and forward passes run under autocast in this dtype.
+    # (master weights) and forward passes run under autocast in this dtype, unless train.optim
+    # keeps them in bfloat16.
     dtype: str = "float32"
     lora: LoraConfig = field(default_factory=LoraConfig)
     attn_implementation: Optional[str] = None  # e.g. "sdpa", "flash_attention_2"
@@ -74,6 +75,15 @@ class RolloutConfig:
     # hf engine: seconds one generate call may run (transformers' max_time); past it the call stops,
     # its unfinished completions end there (truncated) and are counted in rollout_timeouts. 0: no limit.
     max_time: float = 0.0
+    # hf engine: generate's KV cache (TRL's cache_implementation): None or "dynamic" (the default: grown
+    # token by token) | "static" (allocated once per call for prompt + completion: fixed shapes, which
+    # transformers compiles, see compile_decode). A model transformers does not mark compilable
+    # (_can_compile_fullgraph) keeps the dynamic cache, with a warning.
+    cache_implementation: Optional[str] = None
+    # hf engine with the static cache: let transformers compile the decode step where it does so by
+    # itself (torch.compile, mode reduce-overhead, on CUDA/XPU devices; a CPU decodes eagerly);
+    # false = its disable_compile (the static cache, uncompiled).
+    compile_decode: bool = True
 
 
 @dataclass
@@ -205,6 +215,13 @@ class TrainConfig:
     weight_decay: float = 0.0
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
+    # The optimizer (transformers' TrainingArguments.optim; `mmrl list` shows the registered ones):
+    # adamw_torch (torch AdamW on float32 master weights: 16 bytes per trained parameter) |
+    # adamw_bf16 (torch AdamW on bfloat16 weights, TRL's pure bf16: 8 bytes, loses small updates) |
+    # adamw_kahan (optimi's AdamW with Kahan summation on bfloat16 weights: 10 bytes) |
+    # adamw_bf16_sr (torchao's AdamW with stochastic rounding on bfloat16 weights: 8 bytes).
+    # The bf16-weight ones need model.dtype=bfloat16 (see mmrl.core.optimizer).
+    optim: str = "adamw_torch"
     max_grad_norm: float = 1.0
     # An update whose gradient is NaN / inf is skipped (logged in skipped_steps.jsonl); this many
     # steps in a row with a skipped update stop the run with a checkpoint of the last good weights

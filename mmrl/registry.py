@@ -177,6 +177,8 @@ ENGINES: Registry[type] = Registry("rollout engine")
 ENVS: Registry[type] = Registry("environment")  # multi-step environments (mmrl.envs)
 # by task modality: the policy that trains a task of it
 POLICIES: Registry[type] = Registry("policy", modules=("mmrl.vlm.policy", "mmrl.diffusion.policy"))
+# train.optim: the optimizer of the trained parameters (the built-ins register in mmrl.core.optimizer)
+OPTIMIZERS: Registry[Callable[..., Any]] = Registry("optimizer", modules=("mmrl.core.optimizer",))
 
 
 def register_loss(name: str, requires: tuple[str, ...] = ("logps",), override: bool = False):
@@ -191,6 +193,23 @@ def register_loss(name: str, requires: tuple[str, ...] = ("logps",), override: b
         fn.loss_name = name
         fn.loss_requires = tuple(requires)
         return LOSSES.register(name, fn, override)
+
+    return wrap
+
+
+def register_optimizer(name: str, master_weights: bool, override: bool = False):
+    """Function decorator for an optimizer factory ``fn(params, *, lr, betas, weight_decay, eps)``
+    (``train.optim``; see :mod:`mmrl.core.optimizer`).
+
+    ``master_weights``: the trained parameters are kept in float32 and forwards autocast to the
+    compute dtype (True), or they are kept in the compute dtype, bfloat16, and the optimizer alone
+    must keep the small updates (False; :mod:`mmrl.core.precision` decides the dtype from this).
+    """
+
+    def wrap(fn):
+        fn.optim_name = name
+        fn.master_weights = bool(master_weights)
+        return OPTIMIZERS.register(name, fn, override)
 
     return wrap
 
@@ -220,7 +239,7 @@ ALL_REGISTRIES: dict[str, Registry] = {
     "tasks": TASKS, "rewards": REWARDS, "advantage estimators": ADVANTAGES, "losses": LOSSES,
     "data samplers (prompts)": PROMPT_SAMPLERS, "SDE samplers": SDE_SAMPLERS, "batch selections": SELECTIONS,
     "KL schedules": KL_SCHEDULES, "image perturbations": PERTURBATIONS, "rollout engines": ENGINES,
-    "environments": ENVS, "policies (task modalities)": POLICIES,
+    "environments": ENVS, "policies (task modalities)": POLICIES, "optimizers": OPTIMIZERS,
 }
 
 

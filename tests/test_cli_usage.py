@@ -18,7 +18,8 @@ from mmrl.recipes import recipe_names
 
 REPO = Path(__file__).resolve().parents[1]
 COMMANDS = [["train"], ["eval"], ["list"], ["build-tiny"], ["demo"],
-            ["bench", "algos"], ["bench", "diffusion"], ["bench", "speed"], ["bench", "rollout"]]
+            ["bench", "algos"], ["bench", "diffusion"], ["bench", "speed"], ["bench", "rollout"],
+            ["bench", "optimizers"]]
 
 
 def _invoke(*args: str):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from mmrl.core.library_internals import default_store, set_process_distributed_type
+from mmrl.core.library_internals import default_store, set_process_distributed_type, stochastic_rounding_adamw
 
 
 def test_the_default_store_is_the_process_group_store(tmp_path):
@@ -47,3 +47,41 @@ def test_a_recorded_distributed_type_survives_a_later_accelerator_state():
         AcceleratorState._shared_state.update(saved[1])
     assert seen[False] == (DistributedType.NO, DistributedType.NO)  # why the write is needed
     assert seen[True] == (DistributedType.FSDP, DistributedType.FSDP)
+
+
+def test_transformers_marks_which_models_compile_with_a_static_cache():
+    """The hf engine's static-cache check (``rollout.cache_implementation=static``) reads
+    ``_can_compile_fullgraph``: declared on every transformers model (False by default), True for
+    Qwen2.5-VL, False where transformers says the model cannot compile (IDEFICS)."""
+    from transformers import IdeficsModel, PreTrainedModel, Qwen2_5_VLForConditionalGeneration
+
+    from mmrl.core.library_internals import can_compile_fullgraph
+
+    assert "_can_compile_fullgraph" in vars(PreTrainedModel) and PreTrainedModel._can_compile_fullgraph is False
+    assert can_compile_fullgraph(Qwen2_5_VLForConditionalGeneration.__new__(Qwen2_5_VLForConditionalGeneration))
+    assert not can_compile_fullgraph(IdeficsModel.__new__(IdeficsModel))
+
+
+def test_torchaos_stochastic_rounding_adamw_takes_what_mmrl_passes():
+    """``train.optim=adamw_bf16_sr``: torchao's ``_AdamW`` is a torch optimizer (accelerate wraps it,
+    checkpoints read its state dict) taking ``bf16_stochastic_round``; its learning rate is a float32
+    tensor that must be filled in place (its step refuses a float), which transformers' schedulers
+    (torch's LambdaLR) do."""
+    import inspect
+    import warnings
+
+    import pytest
+    import torch
+    from transformers import get_scheduler
+
+    cls = stochastic_rounding_adamw()
+    assert issubclass(cls, torch.optim.Optimizer)
+    assert "bf16_stochastic_round" in inspect.signature(cls).parameters
+    optimizer = cls([torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))], lr=1e-3, bf16_stochastic_round=True)
+    lr = optimizer.param_groups[0]["lr"]
+    assert isinstance(lr, torch.Tensor) and lr.dtype == torch.float32
+    scheduler = get_scheduler("linear", optimizer, num_warmup_steps=0, num_training_steps=4)
+    with warnings.catch_warnings():  # "lr_scheduler.step() before optimizer.step()": no step is needed here
+        warnings.simplefilter("ignore", UserWarning)
+        scheduler.step()
+    assert optimizer.param_groups[0]["lr"] is lr and float(lr) == pytest.approx(7.5e-4)

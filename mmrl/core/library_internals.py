@@ -1,6 +1,7 @@
-"""The only places mmrl reaches into private parts of its libraries, each because no public API
-does the job. ``tests/test_library_internals.py`` checks each against the installed library, so a
-release that changes one fails there, by name, rather than somewhere in a distributed run.
+"""The only places mmrl reaches into private parts of its libraries (torch, accelerate, transformers),
+each because no public API does the job. ``tests/test_library_internals.py`` checks each against the
+installed library, so a release that changes one fails there, by name, rather than somewhere in a
+distributed run.
 """
 
 from __future__ import annotations
@@ -30,3 +31,23 @@ def no_split_modules(module) -> list[str] | None:
     (``PreTrainedModel._no_split_modules``): accelerate's FSDP auto-wrap policy reads them from the
     prepared module to shard layer by layer, so :class:`mmrl.core.backend.TrainForward` forwards them."""
     return getattr(module, "_no_split_modules", None)
+
+
+def can_compile_fullgraph(model) -> bool:
+    """Whether transformers marks ``model``'s class as compilable with a static cache
+    (``PreTrainedModel._can_compile_fullgraph``: "Models will auto-compile if this flag is set to
+    True in inference, if a compilable cache is used"). transformers 5 has no other declared
+    static-cache capability (``_supports_static_cache`` is gone); the hf rollout engine reads this
+    before it asks ``generate`` for ``cache_implementation="static"``. ``PreTrainedModel`` declares it
+    (False); a release without it raises AttributeError here rather than silently never compiling."""
+    return bool(type(model)._can_compile_fullgraph)
+
+
+def stochastic_rounding_adamw():
+    """torchao's AdamW over bfloat16 weights (``train.optim=adamw_bf16_sr``): the class that takes
+    ``bf16_stochastic_round=True``. torchao (0.18) exports it as ``torchao.optim._AdamW`` (listed in
+    its ``__all__`` under that private-looking name, no public alias); the keyword and the float32
+    ``lr`` tensor of its parameter groups are checked by ``tests/test_library_internals.py``."""
+    from torchao.optim import _AdamW
+
+    return _AdamW

@@ -1,19 +1,49 @@
-"""The optimizer and learning-rate schedule of a policy's trained parameters."""
+"""The optimizer and learning-rate schedule of a policy's trained parameters.
+
+``train.optim`` (transformers' ``TrainingArguments.optim``) names a factory of the ``OPTIMIZERS``
+registry (``mmrl list``); each declares whether the trained weights are float32 master weights
+(``master_weights=True``) or kept in bfloat16, which :func:`mmrl.core.precision.trained_dtype`
+reads. Bytes per trained parameter, weight + gradient + optimizer state (``mmrl bench optimizers``
+measures them):
+
+==================  =====  ==================================================================
+``train.optim``     bytes  what it is
+==================  =====  ==================================================================
+``adamw_torch``        16  ``torch.optim.AdamW`` on float32 master weights (the default)
+``adamw_bf16``          8  ``torch.optim.AdamW`` on bfloat16 weights (TRL's pure bf16): loses
+                           the updates below half a weight's bf16 spacing
+``adamw_kahan``        10  optimi's AdamW with Kahan summation on bfloat16 weights
+``adamw_bf16_sr``       8  torchao's AdamW with stochastic rounding on bfloat16 weights
+==================  =====  ==================================================================
+
+The two libraries are imported when their optimizer is built; a missing one is one line naming
+the pip command. Every factory returns a ``torch.optim.Optimizer`` subclass, so accelerate's
+wrappers (:mod:`.strategy`) and the checkpoints (state dicts, by parameter name when sharded) treat
+them alike.
+"""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import torch
 
+from mmrl.registry import OPTIMIZERS, register_optimizer
+
+from .library_internals import stochastic_rounding_adamw
+
+ADAM_EPSILON = 1e-8  # transformers' TrainingArguments.adam_epsilon default, for every optimizer here
+
 
 def make_optimizer(params, train_cfg: Any, total_steps: int):
-    """AdamW over ``params`` and the configured transformers LR scheduler over ``total_steps`` RL
-    steps (stepped once per RL step by :func:`step_schedule`)."""
+    """The optimizer of ``train.optim`` over ``params`` and the configured transformers LR
+    scheduler over ``total_steps`` RL steps (stepped once per RL step by :func:`step_schedule`)."""
     from transformers import get_scheduler
 
-    optimizer = torch.optim.AdamW(params, lr=train_cfg.learning_rate, weight_decay=train_cfg.weight_decay,
-                                  betas=(train_cfg.adam_beta1, train_cfg.adam_beta2))
+    build = OPTIMIZERS.get(train_cfg.optim, "train.optim")
+    optimizer = build(params, lr=train_cfg.learning_rate, betas=(train_cfg.adam_beta1, train_cfg.adam_beta2),
+                      weight_decay=train_cfg.weight_decay, eps=ADAM_EPSILON)
     scheduler = get_scheduler(train_cfg.lr_scheduler_type, optimizer, num_warmup_steps=train_cfg.warmup_steps,
                               num_training_steps=max(total_steps, 1))
     return optimizer, scheduler
@@ -28,3 +58,59 @@ def step_schedule(scheduler, step: int) -> None:
     per optimizer step, a linear decay would reach 0 part-way through the run."""
     while scheduler.last_epoch < step - 1:
         scheduler.step()
+
+
+def _library(optim: str, module: str, package: str):
+    """``module`` imported, or an ImportError of one line naming the pip command that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:
+            raise
+        raise ImportError(f"train.optim={optim} needs the {package} package, which is not installed: "
+                          f"pip install {package}", name=module) from None
+
+
+# -- the registered optimizers: fn(params, *, lr, betas, weight_decay, eps) -------------------------
+
+@register_optimizer("adamw_torch", master_weights=True)
+def adamw_torch(params, *, lr: float, betas: tuple[float, float], weight_decay: float, eps: float):
+    """``torch.optim.AdamW`` ("Decoupled Weight Decay Regularization", Loshchilov & Hutter) on
+    float32 master weights; forwards autocast to ``model.dtype``. 16 bytes per trained parameter:
+    float32 weight, gradient and both moments."""
+    return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, eps=eps)
+
+
+@register_optimizer("adamw_bf16", master_weights=False)
+def adamw_bf16(params, *, lr: float, betas: tuple[float, float], weight_decay: float, eps: float):
+    """``torch.optim.AdamW`` on bfloat16 weights, its moments bfloat16 too: what TRL trains with
+    when the model is loaded in bf16. 8 bytes per trained parameter. Each step's update is rounded
+    to the nearest bf16 value, so an update below half a weight's spacing is lost: Adam's first step
+    at lr 1e-6 moves each weight by 1e-6, which survives only for |w| < 2^-11, i.e. for ~2% of
+    weights drawn N(0, 0.02). Kept to reproduce such runs; prefer ``adamw_kahan`` or ``adamw_bf16_sr``."""
+    return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, eps=eps)
+
+
+@register_optimizer("adamw_kahan", master_weights=False)
+def adamw_kahan(params, *, lr: float, betas: tuple[float, float], weight_decay: float, eps: float):
+    """optimi's ``AdamW(kahan_sum=True)`` on bfloat16 weights: Kahan-compensated summation ("Further
+    remarks on reducing truncation errors", Kahan 1965; applied to bf16 weight updates in "Revisiting
+    BFloat16 Training", Zamirai et al. 2020). A bf16 buffer per weight keeps the part of each update
+    the rounded weight could not hold and adds it to the next one, so the weight is the bf16
+    rounding of the float32-master trajectory. 10 bytes per trained parameter: bf16 weight,
+    gradient, both moments and the compensation."""
+    optimi = _library("adamw_kahan", "optimi", "torch-optimi")
+    return optimi.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, eps=eps, kahan_sum=True)
+
+
+@register_optimizer("adamw_bf16_sr", master_weights=False)
+def adamw_bf16_sr(params, *, lr: float, betas: tuple[float, float], weight_decay: float, eps: float):
+    """torchao's AdamW with ``bf16_stochastic_round=True`` on bfloat16 weights: the update is
+    computed in float32 and the new weight rounded up or down at random, with the probabilities that
+    make its expectation exact ("Revisiting BFloat16 Training", Zamirai et al. 2020), so no update is
+    lost on average, at the cost of noise of up to one bf16 spacing per weight. Moments bfloat16
+    (rounded to nearest): 8 bytes per trained parameter. torchao compiles its step
+    (``torch.compile``, once per parameter shape; on a CPU inductor needs a C++ compiler)."""
+    _library("adamw_bf16_sr", "torchao", "torchao")
+    return stochastic_rounding_adamw()(params, lr=lr, betas=betas, weight_decay=weight_decay, eps=eps,
+                                       bf16_stochastic_round=True)

@@ -6,7 +6,8 @@ update's optimizer step reads top to bottom in :meth:`PolicyBase.train_step`: lo
 the step, else clip and step, gradients freed (they must not live through the next rollout). The
 rest lives with its concern:
 
-- precision and master weights: :mod:`.precision`; the optimizer and schedule: :mod:`.optimizer`;
+- precision, master or bf16 weights: :mod:`.precision`; the optimizer (``train.optim``) and
+  schedule: :mod:`.optimizer`;
 - the launch (one process, DDP, FSDP2): a strategy object of :mod:`.strategy`, chosen when the
   optimizer is configured, so nothing here branches on it;
 - the reference model and its ProRL reset: :mod:`.reference`;
@@ -32,7 +33,7 @@ from .gradient_check import non_finite_cause
 from .oom import OOMBackoff, is_out_of_memory
 from .optimizer import make_optimizer, step_schedule
 from .policy_checkpoint import load_policy, save_policy
-from .precision import autocast, compute_dtype, to_master_weights
+from .precision import autocast, compute_dtype, keep_trained_weights, trained_dtype
 from .protocol import CAPABILITIES
 from .reference import ReferenceModel
 from .rollouts import Rollouts
@@ -54,6 +55,8 @@ class PolicyBase:
         self.cfg = cfg
         self.device = device or dist.policy_device(cfg)
         self.compute_dtype = compute_dtype(cfg.model.dtype)
+        # float32 master weights, or bf16 for an optimizer that keeps bf16 weights (train.optim)
+        self.trained_dtype = trained_dtype(cfg.train.optim, self.compute_dtype)
         self.lora = bool(cfg.model.lora.enabled)
         self.reference_model: ReferenceModel | None = None
         self.optimizer = None
@@ -86,9 +89,10 @@ class PolicyBase:
     # -- set-up -------------------------------------------------------------------------------
     def finish_setup(self) -> None:
         """After the subclass built ``self.module`` (LoRA applied, frozen parts frozen): trainable
-        parameters to float32 master weights, and the reference of the KL term (a frozen copy in
-        the compute dtype when ``algo.beta > 0`` without LoRA; with LoRA the base model)."""
-        to_master_weights(self.trainable_parameters())
+        parameters to :attr:`trained_dtype` (float32 master weights unless ``train.optim`` keeps
+        bf16 weights), and the reference of the KL term (a frozen copy in the compute dtype when
+        ``algo.beta > 0`` without LoRA; with LoRA the base model)."""
+        keep_trained_weights(self.trainable_parameters(), self.trained_dtype)
         self.reference_model = ReferenceModel(
             self.module, self.compute_dtype, needs_copy=self.cfg.algo.beta > 0 and not self.lora,
             adapters_disabled=self.adapters_disabled if self.lora else None)
@@ -105,8 +109,9 @@ class PolicyBase:
         return autocast(self.device, self.compute_dtype)
 
     def configure_optimizer(self, train_cfg, total_steps: int) -> None:
-        """AdamW + scheduler; the module and optimizer prepared for the launch's strategy. The
-        scheduler stays ours: accelerate's would step once per process per optimizer step."""
+        """The optimizer of ``train.optim`` + scheduler; the module and optimizer prepared for the
+        launch's strategy. The scheduler stays ours: accelerate's would step once per process per
+        optimizer step."""
         optimizer, self.scheduler = make_optimizer(self.trainable_parameters(), train_cfg, total_steps)
         strategy = strategy_for(self.strategy)
         strategy.check(self)

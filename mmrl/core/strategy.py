@@ -141,6 +141,12 @@ class FSDP2(DDP):
 
     def check(self, policy) -> None:
         policy.check_shardable()
+        if policy.trained_dtype != torch.float32 and self.accelerator.mixed_precision != "no":
+            raise ValueError(
+                f"train.optim={policy.cfg.train.optim} keeps the trained weights in bfloat16, but the accelerate "
+                f"config's mixed_precision: {self.accelerator.mixed_precision} makes accelerate's FSDP2 upcast them to "
+                "float32 master weights; launch with mixed_precision: 'no' (forwards still autocast to model.dtype) "
+                "or set train.optim=adamw_torch")
 
     def prepare(self, module, optimizer):
         optimizer = super().prepare(module, optimizer)

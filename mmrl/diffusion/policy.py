@@ -90,8 +90,8 @@ class DiffusionPolicy(PolicyBase):
 
     loss_inputs = frozenset({"logps", "flow_matching_logps", "nft_errors"})
     unused_config = ("vlm", "rollout.engine", "rollout.max_time", "rollout.temperature", "rollout.top_p",
-                     "rollout.top_k", "rollout.max_completion_length", "eval.temperature", "data.perturbation",
-                     "train.shared_prefix")
+                     "rollout.top_k", "rollout.max_completion_length", "rollout.cache_implementation",
+                     "rollout.compile_decode", "eval.temperature", "data.perturbation", "train.shared_prefix")
 
     def __init__(self, cfg, pipeline: FlowPipeline | None = None, device: torch.device | None = None):
         super().__init__(cfg, device)
@@ -103,7 +103,7 @@ class DiffusionPolicy(PolicyBase):
             self._apply_lora(cfg.model.lora)
         else:
             self.transformer.requires_grad_(True)
-        self.finish_setup()  # trained weights to float32 master weights; the reference copy
+        self.finish_setup()  # trained weights to the trained dtype (train.optim); the reference copy
         self.rl_step = 0
         self._calls = 0
 

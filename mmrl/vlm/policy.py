@@ -64,10 +64,11 @@ class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
     def __init__(self, cfg, device: torch.device | None = None):
         super().__init__(cfg, device)
         v = cfg.vlm
-        # Full fine-tuning keeps float32 master weights; with LoRA the base is frozen, so it is
-        # stored in the compute dtype (the adapters become float32 in finish_setup).
+        # Full fine-tuning loads the weights in the dtype they are trained in (float32 master
+        # weights, or bf16 under a bf16-weight train.optim); with LoRA the base is frozen, so it is
+        # stored in the compute dtype (the adapters become the trained dtype in finish_setup).
         self.module, self.processor = load_vlm(cfg.model.path, self.device,
-                                               self.compute_dtype if self.lora else torch.float32,
+                                               self.compute_dtype if self.lora else self.trained_dtype,
                                                cfg.model.attn_implementation, v.min_pixels, v.max_pixels,
                                                v.image_processor_backend, v.video_min_pixels, v.video_max_pixels)
         self.module.config.use_cache = True
@@ -198,7 +199,8 @@ class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
     # -- persistence ----------------------------------------------------------------------------
     def save_weights(self, path: Path, state: dict[str, torch.Tensor] | None = None) -> None:
         """An ordinary checkpoint directory ``path/model`` (weights and processor): loadable as
-        ``model.path`` (float32 master weights, so a resumed run continues exactly)."""
+        ``model.path`` (the trained weights in their own dtype, float32 master weights or bf16, so a
+        resumed run continues exactly)."""
         self.module.save_pretrained(Path(path) / "model", state_dict=state, safe_serialization=True)
         self.processor.save_pretrained(Path(path) / "model")
 

@@ -12,6 +12,7 @@ import torch
 
 from mmrl.registry import register_engine
 
+from mmrl.core.library_internals import can_compile_fullgraph
 from mmrl.core.oom import OOMBackoff, is_out_of_memory
 
 from ..lora_merge import merged_for_generation
@@ -19,6 +20,37 @@ from ..processing import split_patches
 from .base import RolloutEngine, Sampling
 
 log = logging.getLogger(__name__)
+
+
+def cache_options(r, policy) -> dict[str, Any]:
+    """``generate``'s KV-cache keywords for ``r.cache_implementation`` (TRL's name) and
+    ``r.compile_decode`` (``r``: the run's ``rollout`` config) for ``policy``'s model.
+
+    ``static``: transformers' ``StaticCache``, allocated once per call for prompt + ``max_new_tokens``
+    positions and written in place, so every decode step has the same shapes; transformers then
+    compiles the decode step itself (``torch.compile`` of the model's call with its ``CompileConfig``
+    defaults, mode "reduce-overhead", i.e. CUDA graphs; the prefill stays eager) where its
+    ``_valid_auto_compile_criteria`` allow: a CUDA or XPU device, never a CPU. ``compile_decode=false``
+    passes ``disable_compile=True``. A model class transformers does not mark compilable keeps the
+    dynamic cache, with one warning naming the key (this runs once, when the engine is built)."""
+    from mmrl.config import ConfigError
+
+    if r.cache_implementation not in (None, "dynamic", "static"):
+        raise ConfigError(f"rollout.cache_implementation={r.cache_implementation!r}: expected dynamic or static "
+                          "(null is dynamic, transformers' default)")
+    if r.cache_implementation != "static":
+        if not r.compile_decode:  # refused, not ignored
+            raise ConfigError("rollout.compile_decode=false: read only with rollout.cache_implementation=static "
+                              "(transformers never compiles the dynamic cache's decode step); remove the key or "
+                              "set rollout.cache_implementation=static")
+        return {}
+    model = policy.module.get_base_model() if policy.lora else policy.module
+    if not can_compile_fullgraph(model):
+        log.warning("rollout.cache_implementation=static: transformers does not mark %s compilable with a static "
+                    "cache (_can_compile_fullgraph is false); its rollouts use the dynamic cache (remove the key to "
+                    "silence this warning)", type(model).__name__)
+        return {}
+    return {"cache_implementation": "static", **({} if r.compile_decode else {"disable_compile": True})}
 
 
 @register_engine("hf")
@@ -37,7 +69,10 @@ class HFGenerate(RolloutEngine):
 
     Vision placeholder tokens are suppressed (one in a completion would make re-scoring fail with
     "image features and image tokens do not match"), and scoring masks them identically, so
-    log-probs are those of the distribution actually sampled from."""
+    log-probs are those of the distribution actually sampled from.
+
+    ``rollout.cache_implementation=static`` decodes into a preallocated KV cache that transformers
+    compiles on a GPU (:func:`cache_options`)."""
 
     def __init__(self, policy):
         super().__init__(policy)
@@ -53,6 +88,8 @@ class HFGenerate(RolloutEngine):
         # Sequences per generate call: out-of-memory errors cap it (train.oom_grow_back_steps).
         self.batch_backoff = OOMBackoff("sequences per generate call", policy.cfg.train.oom_grow_back_steps)
         self.timed_out = 0  # samples whose generate call reached rollout.max_time, since last taken
+        # the KV cache's keywords for every generate call (``mmrl bench rollout --caches`` sets each in turn)
+        self.cache_options = cache_options(policy.cfg.rollout, policy)
 
     def take_timeouts(self) -> int:
         """Samples cut by ``rollout.max_time`` since the last call (and reset)."""
@@ -96,7 +133,7 @@ class HFGenerate(RolloutEngine):
                                               suppress_tokens=policy.suppressed_ids or None,
                                               # each rank generates alone (under FSDP2 too: the
                                               # weights are gathered for rollouts)
-                                              synced_gpus=False)
+                                              synced_gpus=False, **self.cache_options)
             if sampling.temperature > 0:
                 # top_k=0 / top_p=1 explicitly: the checkpoint's generation_config may set its own
                 # (transformers defaults top_k to 50), which would truncate what we sample from.

@@ -85,22 +85,25 @@ class VLLMEngine(RolloutEngine):
 
     def __init__(self, policy):
         super().__init__(policy)
-        if not policy.cfg.rollout.merge_lora_for_generation:  # refused, not ignored, like hf's vllm_* keys
-            from mmrl.config import ConfigError
+        from mmrl.config import ConfigError
 
+        r = policy.cfg.rollout
+        # the hf engine's keys are refused, not ignored, like hf's refusal of the vllm_* keys
+        if not r.merge_lora_for_generation:
             raise ConfigError("rollout.merge_lora_for_generation=false: read only by rollout.engine=hf (this run "
                               "uses rollout.engine=vllm, which always receives LoRA merged into its weights); "
                               "remove the key or set rollout.engine=hf")
-        if policy.cfg.rollout.max_time > 0:
-            from mmrl.config import ConfigError
-
+        if r.max_time > 0:
             raise ConfigError("rollout.max_time: read only by rollout.engine=hf (transformers' max_time); remove "
                               "the key or set rollout.engine=hf")
+        if r.cache_implementation == "static" or not r.compile_decode:
+            raise ConfigError("rollout.cache_implementation / rollout.compile_decode: read only by rollout.engine=hf "
+                              "(vLLM keeps its own paged KV cache and CUDA graphs); remove the keys or set "
+                              "rollout.engine=hf")
         self.vllm = import_vllm()  # fail at setup, not at the first rollout
         from vllm.platforms import current_platform
 
         self.platform = current_platform
-        r = policy.cfg.rollout
         if r.vllm_enable_sleep_mode and not current_platform.is_sleep_mode_available():
             raise ValueError(f"rollout.vllm_enable_sleep_mode=true: vLLM's sleep mode is not available on "
                              f"this platform ({current_platform.device_type}); set it to false")
