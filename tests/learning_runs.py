@@ -7,7 +7,7 @@ threads, and one thread makes a run's numbers independent of how many cores the 
 tests (``learning_fixtures.py``) and the seed-spread campaign (``tests/campaigns/seed_spread.py``)
 share this runner, so the thresholds are measured on exactly the runs the tests make.
 
-    python tests/learning_runs.py CASE SEED OUT_DIR [--no-before] [KEY=VALUE ...]   # one run, as the pool makes it
+    python tests/learning_runs.py CASE SEED OUT_DIR [--no-before] [--tag=NAME] [KEY=VALUE ...]   # one run, as the pool makes it
 """
 
 from __future__ import annotations
@@ -44,10 +44,11 @@ class Job:
     seed: int = 0
     before: bool = True
     extra: tuple[str, ...] = ()  # overrides after the case's own (the campaign compares settings)
+    tag: str = ""  # names the setting ``extra`` makes, in the run's name
 
     @property
     def run_name(self) -> str:
-        return f"{self.case}-seed{self.seed}"
+        return f"{self.case}-seed{self.seed}" + (f"-{self.tag}" if self.tag else "")
 
 
 @dataclass
@@ -68,8 +69,8 @@ def _one_run(job: Job, out: Path) -> LearningRun:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     cmd = [sys.executable, str(Path(__file__).resolve()), job.case, str(job.seed), str(out)]
     t0 = time.time()
-    proc = subprocess.run([*cmd, *([] if job.before else ["--no-before"]), *job.extra], capture_output=True, text=True,
-                          env=env)
+    flags = [*([] if job.before else ["--no-before"]), *([f"--tag={job.tag}"] if job.tag else [])]
+    proc = subprocess.run([*cmd, *flags, *job.extra], capture_output=True, text=True, env=env)
     wall = round(time.time() - t0, 1)
     result_file = out / f"{job.run_name}.json"
     if proc.returncode != 0 or not result_file.exists():
@@ -106,7 +107,9 @@ def _main(argv: list[str]) -> None:
 
     torch.set_num_threads(1)
     name, seed, out, *rest = argv
-    job = Job(name, int(seed), before="--no-before" not in rest, extra=tuple(a for a in rest if a != "--no-before"))
+    flags = [a for a in rest if a.startswith("--")]
+    tag = next((a.split("=", 1)[1] for a in flags if a.startswith("--tag=")), "")
+    job = Job(name, int(seed), before="--no-before" not in flags, extra=tuple(a for a in rest if a not in flags), tag=tag)
     out = Path(out)
     case = CASES[name]
     result = train_quietly(case.recipe, out, job.run_name, *case.overrides, f"train.seed={seed}", *job.extra,
