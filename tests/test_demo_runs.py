@@ -240,6 +240,9 @@ def test_allowed_overrides_come_back_canonical_and_quoted(tmp_path):
         "eval.before=true", "algo.advantage='rloo'", "algo.loss_agg_mode='seq_mean_token_mean'",
         "model.path='tiny'", f"task.options.eval_path='{data}'", "task.options.image_root=null"]
     assert O.check_overrides("model.path=tiny-t2v", roots, "diffusion") == ["model.path='tiny-t2v'"]
+    # issue 37's keys: a registered optimizer, a KV cache by name
+    assert O.check_overrides("train.optim=adamw_kahan rollout.cache_implementation=static", roots, "vlm") == [
+        "train.optim='adamw_kahan'", "rollout.cache_implementation='static'"]
 
 
 @pytest.mark.parametrize("text, said", [
@@ -258,6 +261,8 @@ def test_allowed_overrides_come_back_canonical_and_quoted(tmp_path):
     ("algo.advantage='grpo\nplugins: [x]'", "advantage estimator"),
     ("algo.advantage=[grpo]", "advantage estimator"),
     ("algo.kl_estimator=k4", "one of k1 | k2 | k3"),
+    ("train.optim=sgd", "optimizer"),
+    ("rollout.cache_implementation=offloaded", "one of dynamic | static"),
     ("model.path=tiny-t2v", "shipped tiny model"),            # a generator's name, for a VLM recipe
 ])
 def test_refused_overrides_name_the_key_and_what_it_takes(tmp_path, text, said):
