@@ -10,6 +10,7 @@ from rich.markup import escape
 
 from .cli_errors import console, user_errors
 from .cli_help import ARGS_HELP, ARGS_METAVAR, examples
+from .bench.gpu import GROUPS as GPU_GROUPS
 from .recipes import DEFAULT_RECIPES, split_args
 
 bench_app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -167,3 +168,37 @@ def bench_optimizers(
 
     _run_bench(lambda: run_optimizer_bench([n.strip() for n in optims.split(",") if n.strip()], width=width,
                                            layers=layers, steps=steps, seed=seed))
+
+
+@bench_app.command(name="gpu", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+                   epilog=examples("mmrl bench gpu                                   # the whole table, 9 minutes",
+                                   "mmrl bench gpu --tiny                            # every group on a CPU, a minute",
+                                   "mmrl bench gpu --groups full,lora --caches dynamic,static,vllm"))
+def bench_gpu(
+    args: Optional[List[str]] = typer.Argument(None, metavar="[KEY=VALUE...]", help="dotted overrides for every mmrl run"),
+    tiny: bool = typer.Option(False, "--tiny", help="the tiny model on the CPU, tiny sizes: checks every group runs"),
+    groups: str = typer.Option(",".join(GPU_GROUPS), help="comma-separated groups, run in this order"),
+    budget: float = typer.Option(540.0, help="seconds for all groups: a group that would start with too little "
+                                 "left is not run, one still running at the end is stopped (its rows are kept)"),
+    caches: str = typer.Option("dynamic,static", help="mmrl rollouts in the full and lora groups: dynamic | "
+                               "static (compiled static-cache decode) | vllm"),
+    optims: str = typer.Option("adamw_torch,adamw_kahan,adamw_bf16,adamw_bf16_sr", help="train.optim per row of the "
+                               "optimizers group"),
+    steps: int = typer.Option(2, help="measured steps per speed row"),
+    warmup: int = typer.Option(1, help="warm-up steps per speed row (the static cache compiles in them)"),
+    peak_tflops: Optional[float] = typer.Option(None, help="the card's dense bf16 peak for MFU (default: known "
+                                                "H100/H200/A100 figures)"),
+    out: Path = typer.Option(Path("runs/bench-gpu"), help="output directory (speed.md, speed.json, rows.jsonl)"),
+):
+    """The GPU table against TRL in one command: full fine-tuning and LoRA with each rollout cache, peak
+    memory per train.optim, the 448-px micro-batch-16 fit, update MFU. Each group runs in its own process."""
+    from .bench.gpu import GpuBenchOptions, run_gpu_bench
+
+    opts = GpuBenchOptions(tiny=tiny, groups=_names(groups), budget_s=budget, caches=_names(caches),
+                           optims=_names(optims), steps=steps, warmup=warmup, peak_tflops=peak_tflops,
+                           extra=tuple(args or ()))
+    _run_bench(lambda: run_gpu_bench(opts, out, echo=lambda s: print(s, flush=True)))
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in text.split(",") if n.strip())

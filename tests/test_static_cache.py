@@ -189,6 +189,25 @@ def test_compile_decode_false_disables_transformers_compile(random_tiny_dir):
     assert calls == [{"cache_implementation": "static", "disable_compile": True, "n": 1}]
 
 
+def test_static_cache_length_is_rounded_so_slightly_longer_prompts_reuse_the_compiled_step(random_tiny_dir):
+    """Each static-cache call asks for prompt + new tokens rounded up to 64 positions; transformers
+    keeps the largest size asked, so the next call with a prompt a few tokens longer gets the same
+    cache shape (and, on a GPU, the same compiled decode step)."""
+    from mmrl.vlm.engines.hf import static_cache_length
+
+    assert [static_cache_length(p, 10) for p in (1, 54, 55, 118)] == [64, 64, 128, 128]
+    policy = _policy(random_tiny_dir, STATIC, "rollout.compile_decode=false", tokens=3)
+    asked = []
+    generate = policy.module.generate
+    policy.module.generate = lambda **kw: asked.append((kw["input_ids"].shape[1], kw.get("max_cache_len"))) or generate(**kw)
+    examples, prompts = _prompts("image")
+    for i in (0, 2):  # a counting prompt, then a longer grounding prompt
+        policy.rollout(examples[i:i + 1], prompts[i:i + 1], 1, "train")
+    assert len({n for n, _ in asked}) == 2, "the two prompts should differ in length"
+    assert [m for _, m in asked] == [static_cache_length(n, 3) for n, _ in asked]
+    assert policy.module._previous_max_cache_length == max(m for _, m in asked)
+
+
 @pytest.mark.parametrize("overrides,message", [
     (("rollout.cache_implementation=sliding",), r"rollout.cache_implementation='sliding': expected dynamic or static"),
     (("rollout.compile_decode=false",), r"compile_decode=false: read only with rollout.cache_implementation=static"),

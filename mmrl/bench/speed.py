@@ -141,6 +141,7 @@ def run_mmrl_side(cfg, opts: SpeedOptions) -> tuple[SideResult, list[list[dict]]
                    sum(len(p) for p in batch.payload["prompt_ids"]))
         drawn.append([batch.examples[i] for i in range(0, len(batch), opts.generations)])
     result.peak_memory_gib, result.memory_kind = peak_memory(device)
+    result.micro_batch_used = policy.micro_batch_size
     del trainer, policy, batch
     _free(device)
     return result, drawn, task

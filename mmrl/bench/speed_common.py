@@ -32,6 +32,7 @@ class SideResult:
     peak_memory_gib: float | None = None
     memory_kind: str = ""
     logs: list[dict] = field(default_factory=list)  # the trainer's own per-step log entries
+    micro_batch_used: int | None = None  # mmrl: samples per forward at the end (lower after an out-of-memory back-off)
 
     def add(self, step_s: float, rollout_s: float, samples: int, completion_tokens: int, prompt_tokens: int) -> None:
         self.step_s.append(float(step_s))

@@ -53,6 +53,23 @@ def cache_options(r, policy) -> dict[str, Any]:
     return {"cache_implementation": "static", **({} if r.compile_decode else {"disable_compile": True})}
 
 
+# Static KV caches are sized in steps of this many positions: transformers keeps the largest size
+# a generate call has used and recompiles the decode step only when a call needs more, so prompts a
+# few tokens longer than the last ones reuse the compiled step (``generation_config.max_cache_len``).
+STATIC_CACHE_STEP = 64
+
+
+def static_cache_length(prompt_len: int, max_new_tokens: int, step: int = STATIC_CACHE_STEP) -> int:
+    """The static cache's positions for a call: prompt + new tokens, rounded up to ``step``."""
+    return -(-(prompt_len + max_new_tokens) // step) * step
+
+
+def _generate_takes_max_cache_len() -> bool:
+    from transformers import GenerationConfig
+
+    return hasattr(GenerationConfig(), "max_cache_len")  # transformers >= 5.2x
+
+
 @register_engine("hf")
 class HFGenerate(RolloutEngine):
     """transformers' ``generate`` on the policy's module, in batches of ``sampling.batch_size``.
@@ -141,6 +158,8 @@ class HFGenerate(RolloutEngine):
                                   top_k=sampling.top_k)
             else:
                 gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+            if self.cache_options.get("cache_implementation") == "static" and _generate_takes_max_cache_len():
+                gen_kwargs["max_cache_len"] = static_cache_length(inputs["input_ids"].shape[1], sampling.max_new_tokens)
             max_time = policy.cfg.rollout.max_time
             if max_time > 0:
                 gen_kwargs["max_time"] = max_time

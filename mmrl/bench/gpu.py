@@ -1,0 +1,167 @@
+"""``mmrl bench gpu``: the GPU table in one command, within a time budget.
+
+Why one command: a GPU is lent for minutes, so every measurement a GPU session owes (mmrl against
+TRL with each KV cache, LoRA, the peak memory of each ``train.optim``, whether the 448-px run fits
+micro-batch 16, the update's MFU) must come from one prepared run that cannot be half-debugged
+there. ``--tiny`` runs every group with the tiny models on a CPU in about a minute, and a test runs
+it, so the GPU run exercises code that already ran.
+
+Each group runs in its own Python process (:mod:`mmrl.bench.gpu_groups`), in priority order: an
+out-of-memory error, a compile failure or a hang ends that group, not the table, and each group
+starts on an empty GPU. A group appends one JSON line per side to ``rows.jsonl`` as soon as the side
+finishes, so a group stopped at the budget keeps what it measured. ``speed.md`` and ``speed.json``
+are written at the end from those lines. The ratios are measured side by side in one process: each
+mmrl row against the TRL row of its own group (same model, prompts, lengths and micro-batch).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+GROUPS = ("full", "optimizers", "fit448", "lora")  # run order: the table's most wanted rows first
+# A group is started only with at least this many seconds of the budget left (a 3B model load,
+# a compile and TRL's side each take tens of seconds on a GPU).
+MIN_GROUP_S = {"full": 120, "optimizers": 60, "fit448": 45, "lora": 120}
+# Dense bf16 peak of the cards whose name contains the key (NVIDIA's datasheets, SXM parts), for MFU.
+PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
+
+
+@dataclass
+class GpuBenchOptions:
+    """What the groups share. ``tiny``: the shipped tiny model on the CPU, every group, tiny sizes."""
+
+    tiny: bool = False
+    groups: tuple[str, ...] = GROUPS
+    budget_s: float = 540.0
+    prompts: int = 4
+    generations: int = 8
+    tokens: int = 256
+    steps: int = 2
+    warmup: int = 1
+    micro_batch: int = 16
+    caches: tuple[str, ...] = ("dynamic", "static")
+    optims: tuple[str, ...] = ("adamw_torch", "adamw_kahan", "adamw_bf16", "adamw_bf16_sr")
+    optim_tokens: int = 64
+    fit_image_size: int = 448
+    lora_rank: int = 16
+    peak_tflops: float | None = None
+    seed: int = 0
+    extra: tuple[str, ...] = field(default_factory=tuple)  # dotted overrides for every mmrl side
+
+    def resolved(self) -> "GpuBenchOptions":
+        unknown = [g for g in self.groups if g not in GROUPS]
+        if unknown:
+            raise ValueError(f"--groups: unknown {', '.join(unknown)} (known: {', '.join(GROUPS)})")
+        bad = [c for c in self.caches if c not in ("dynamic", "static", "vllm")]
+        if bad:
+            raise ValueError(f"--caches: unknown {', '.join(bad)} (known: dynamic, static, vllm)")
+        if not self.tiny:
+            return self
+        return GpuBenchOptions(**{**asdict(self), "prompts": 2, "generations": 2, "tokens": 4, "steps": 1,
+                                  "warmup": 0, "micro_batch": 2, "optim_tokens": 4, "fit_image_size": 56,
+                                  "lora_rank": 4})
+
+    @property
+    def device(self) -> str:
+        return "cpu" if self.tiny else "cuda"
+
+    @property
+    def shape(self) -> str:
+        return "tiny" if self.tiny else "3b"
+
+
+def run_gpu_bench(opts: GpuBenchOptions, out_dir: Path, echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """Every group of ``opts.groups`` in its own process while the budget lasts; ``speed.md`` and
+    ``speed.json`` written under ``out_dir``; returns the report."""
+    opts = opts.resolved()
+    if not opts.tiny:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("mmrl bench gpu needs a CUDA device (torch sees none); on a CPU run --tiny")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows_path = out_dir / "rows.jsonl"
+    rows_path.unlink(missing_ok=True)
+    (out_dir / "options.json").write_text(json.dumps(asdict(opts), indent=2))
+    deadline = time.monotonic() + opts.budget_s
+    groups: dict[str, dict[str, Any]] = {}
+    for group in opts.groups:
+        left = deadline - time.monotonic()
+        if not opts.tiny and left < MIN_GROUP_S[group]:
+            groups[group] = {"status": f"not run: {left:.0f} s of the budget left, the group needs "
+                                       f"{MIN_GROUP_S[group]} s or more"}
+            echo(f"[{group}] {groups[group]['status']}")
+            continue
+        echo(f"[{group}] starting ({left:.0f} s of the budget left)")
+        t0 = time.monotonic()
+        cmd = [sys.executable, "-m", "mmrl.bench.gpu_groups", group, str(out_dir)]
+        try:
+            proc = subprocess.run(cmd, timeout=max(left, 1.0), text=True, stdout=sys.stdout, stderr=subprocess.STDOUT)
+            status = "done" if proc.returncode == 0 else f"failed (exit code {proc.returncode}; see the log above)"
+        except subprocess.TimeoutExpired:
+            status = f"stopped at the budget after {time.monotonic() - t0:.0f} s (rows measured before are kept)"
+        groups[group] = {"status": status, "seconds": round(time.monotonic() - t0, 1)}
+        echo(f"[{group}] {status} in {groups[group]['seconds']} s")
+    rows = [json.loads(line) for line in rows_path.read_text().splitlines()] if rows_path.exists() else []
+    report = build_report(opts, rows, groups)
+    (out_dir / "speed.json").write_text(json.dumps(report, indent=2))
+    (out_dir / "speed.md").write_text(markdown(report))
+    echo(markdown(report))
+    echo(f"wrote {out_dir / 'speed.md'} and {out_dir / 'speed.json'}")
+    return report
+
+
+def build_report(opts: GpuBenchOptions, rows: list[dict], groups: dict[str, dict]) -> dict[str, Any]:
+    """Rows with their ratios to the TRL row of the same group."""
+    trl = {r["group"]: r for r in rows if r.get("side") == "trl" and r.get("summary")}
+    for r in rows:
+        base, mine = trl.get(r["group"]), r.get("summary")
+        if base and mine and r.get("side") == "mmrl":
+            b = base["summary"]
+            r["vs_trl"] = {"samples_per_s": mine["samples_per_s"] / b["samples_per_s"],
+                           "peak_memory": (mine["peak_memory_gib"] / b["peak_memory_gib"]
+                                           if mine.get("peak_memory_gib") and b.get("peak_memory_gib") else None)}
+    settings = rows[0]["settings"] if rows else {}
+    return {"options": asdict(opts), "settings": settings, "groups": groups, "rows": rows,
+            "date": time.strftime("%Y-%m-%d %H:%M")}
+
+
+def _f(v: Any, fmt: str) -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The table: one line per measured side, then the groups that did not finish."""
+    s = report["settings"]
+    o = report["options"]
+    lines = [f"## mmrl bench gpu: {s.get('device_name', '?')}, torch {s.get('torch', '?')}, transformers "
+             f"{s.get('transformers', '?')}, TRL {s.get('trl', '?')}, {report['date']}", "",
+             f"{s.get('shape', '?')} model, {o['prompts']} prompts x {o['generations']} samples x {o['tokens']} "
+             f"tokens, micro-batch {o['micro_batch']}, {s.get('dtype', '?')}; optimizer rows: {o['optim_tokens']} "
+             f"tokens, one step", "",
+             "| group | run | samples/s | x TRL | s/step | rollout s | update s | update MFU | peak GiB | x TRL mem | note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in report["rows"]:
+        m, v = r.get("summary") or {}, r.get("vs_trl") or {}
+        lines.append(f"| {r['group']} | {r['name']} | {_f(m.get('samples_per_s'), '{:.3g}')} | "
+                     f"{_f(v.get('samples_per_s'), '{:.2f}')} | {_f(m.get('step_s'), '{:.3g}')} | "
+                     f"{_f(m.get('rollout_s'), '{:.3g}')} | {_f(m.get('update_s'), '{:.3g}')} | "
+                     f"{_f(r.get('update_mfu'), '{:.1%}')} | {_f(m.get('peak_memory_gib'), '{:.3g}')} | "
+                     f"{_f(v.get('peak_memory'), '{:.2f}')} | {r.get('note', '')} |")
+    for name, g in report["groups"].items():
+        if g["status"] != "done":
+            lines.append(f"\n- group {name}: {g['status']}")
+    lines += ["", "- x TRL: mmrl / TRL's GRPOTrainer in the same group (same model, prompts, lengths, micro-batch), "
+              "measured one after the other in one process; peak GiB: the CUDA allocator's peak after the warm-up "
+              "step (on a CPU the process's resident set)",
+              "- update MFU: model FLOPs of the update (6 N per token for full fine-tuning, 4 N with LoRA, N the "
+              "language model's matmul weights; the LM head on completion tokens only; attention and the vision "
+              "tower left out) over the update's seconds and the card's dense bf16 peak"]
+    return "\n".join(lines) + "\n"

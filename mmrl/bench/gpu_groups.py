@@ -1,0 +1,193 @@
+"""The groups of ``mmrl bench gpu`` (:mod:`mmrl.bench.gpu`), one per process:
+``python -m mmrl.bench.gpu_groups GROUP OUT_DIR`` reads ``OUT_DIR/options.json`` and appends one
+JSON line per measured side to ``OUT_DIR/rows.jsonl``.
+
+- ``full`` / ``lora``: mmrl with each rollout cache of ``caches`` (dynamic, static: transformers'
+  compiled static-cache decode, vllm: ``rollout.engine=vllm`` where installed), then TRL's
+  ``GRPOTrainer`` on the prompts the first mmrl run drew: the rows of ``mmrl bench speed``.
+- ``optimizers``: one step per ``train.optim`` (bf16 compute), peak memory and step time.
+- ``fit448``: one full fine-tuning step with 448-px scenes at the micro-batch asked: whether it fits
+  without the out-of-memory back-off lowering the micro-batch.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .gpu import PEAK_BF16_TFLOPS, GpuBenchOptions
+from .speed import DEFAULT_CONFIG, SpeedOptions, mmrl_overrides, run_mmrl_side
+from .speed_common import SideResult
+
+# cache -> (rollout.engine, overrides)
+CACHES = {"dynamic": ("hf", []), "static": ("hf", ["rollout.cache_implementation=static"]), "vllm": ("vllm", [])}
+
+
+def update_flops(config: dict, prompt_tokens: float, completion_tokens: float, lora: bool) -> float:
+    """Model FLOPs of one update over ``prompt_tokens + completion_tokens`` tokens: 2 N per token
+    forward for the language model's matmul weights N, the LM head on completion tokens only (only
+    their log-probs are needed); backward twice the forward for full fine-tuning, once with LoRA
+    (activation gradients only). Attention scores and the vision tower are left out (small at
+    these lengths and image sizes), so the MFU is a slight underestimate."""
+    t = config.get("text_config", config)
+    h, layers, inter, vocab = t["hidden_size"], t["num_hidden_layers"], t["intermediate_size"], t["vocab_size"]
+    kv = t["num_key_value_heads"] * (h // t["num_attention_heads"])
+    per_layer = 2 * h * h + 2 * h * kv + 3 * h * inter  # q, o; k, v; gate, up, down
+    forward = 2 * layers * per_layer * (prompt_tokens + completion_tokens) + 2 * h * vocab * completion_tokens
+    return forward * (2 if lora else 3)
+
+
+def peak_flops(device_name: str, override: float | None) -> float | None:
+    if override:
+        return override * 1e12
+    return next((v * 1e12 for k, v in PEAK_BF16_TFLOPS.items() if k in device_name), None)
+
+
+class Group:
+    """One group's runs and the lines it appends."""
+
+    def __init__(self, name: str, out_dir: Path):
+        self.name, self.out_dir = name, out_dir
+        self.opts = GpuBenchOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in
+                                       json.loads((out_dir / "options.json").read_text()).items()})
+        from .speed_model import model_dir
+
+        self.path = model_dir(self.opts.shape, out_dir)
+        self.model_config = json.loads((self.path / "config.json").read_text())
+        self.device_name = torch.cuda.get_device_name() if self.opts.device == "cuda" else "cpu"
+
+    def speed_options(self, **changes: Any) -> SpeedOptions:
+        o = self.opts
+        base = SpeedOptions(shape=o.shape, prompts=o.prompts, generations=o.generations, tokens=o.tokens,
+                            steps=o.steps, warmup=o.warmup, micro_batch=o.micro_batch, device=o.device, seed=o.seed)
+        return replace(base, **changes).resolved()
+
+    def config(self, sopts: SpeedOptions, overrides: list[str], run: str):
+        from ..config import builtin_config_path, load_config
+
+        lora = [f"model.lora.r={self.opts.lora_rank}", f"model.lora.alpha={2 * self.opts.lora_rank}"] if sopts.lora else []
+        cfg = load_config(builtin_config_path(DEFAULT_CONFIG),
+                          [*self.opts.extra, *lora, *overrides, *mmrl_overrides(sopts, self.path, self.out_dir / run)])
+        if sopts.device == "cpu" and cfg.train.threads:
+            torch.set_num_threads(cfg.train.threads)
+        return cfg
+
+    def emit(self, run: str, side: str, sopts: SpeedOptions, result: SideResult | None = None, note: str = "",
+             **extra: Any) -> None:
+        import transformers
+
+        try:
+            import trl
+            trl_version = trl.__version__
+        except ImportError:
+            trl_version = None
+        row: dict[str, Any] = {"group": self.name, "name": run, "side": side, "note": note, **extra,
+                               "settings": {"device_name": self.device_name, "torch": torch.__version__,
+                                            "transformers": transformers.__version__, "trl": trl_version,
+                                            "shape": sopts.shape, "dtype": sopts.dtype, "lora": sopts.lora,
+                                            "tokens": sopts.tokens, "micro_batch": sopts.micro_batch}}
+        if result is not None:
+            m = result.summary()
+            row["summary"] = m
+            row["micro_batch_used"] = result.micro_batch_used
+            peak = peak_flops(self.device_name, self.opts.peak_tflops)
+            flops = update_flops(self.model_config, m["prompt_tokens_per_step"], m["completion_tokens_per_step"],
+                                 sopts.lora)
+            row["update_mfu"] = flops / m["update_s"] / peak if peak and m["update_s"] > 0 else None
+        with (self.out_dir / "rows.jsonl").open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(f"[{self.name}] {run}: " + (json.dumps(row.get("summary")) if result else note), flush=True)
+
+    def guarded(self, run: str, sopts: SpeedOptions, fn) -> Any:
+        """``fn()``, or an error row (the exception's last line) if it raises; None then."""
+        try:
+            return fn()
+        except Exception as exc:  # one run's failure is a row of the table, not the end of the group
+            traceback.print_exc()
+            self.emit(run, "mmrl" if not run.startswith("TRL") else "trl", sopts,
+                      note=f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+            return None
+        finally:
+            import gc
+
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+
+    # -- the groups -----------------------------------------------------------------------------
+    def speed(self, lora: bool) -> None:
+        """mmrl with each cache, then TRL on the prompts the first successful mmrl run drew."""
+        from .speed_trl import run_trl_side
+
+        sopts = self.speed_options(lora=lora)
+        first: tuple | None = None
+        for cache in self.opts.caches:
+            run = f"mmrl {cache}" + (" LoRA" if lora else "")
+            if cache == "vllm" and not _has("vllm"):
+                self.emit(run, "mmrl", sopts, note="not run: vLLM is not installed here")
+                continue
+            engine, overrides = CACHES[cache]
+            side = replace(sopts, engine=engine)
+            cfg = self.config(side, overrides, run.replace(" ", "-"))
+            out = self.guarded(run, side, lambda: run_mmrl_side(cfg, side))
+            if out is None:
+                continue
+            result, drawn, task = out
+            self.emit(run, "mmrl", sopts, result)
+            first = first or (cfg, drawn, task)
+        if first is None:
+            return
+        cfg, drawn, task = first
+        run = "TRL" + (" LoRA" if lora else "")
+        result = self.guarded(run, sopts, lambda: run_trl_side(cfg, sopts, self.path, drawn, task,
+                                                               self.out_dir / run.replace(" ", "-")))
+        if result is not None:
+            self.emit(run, "trl", sopts, result, note="TRL GRPOTrainer: float32 weights, bf16 autocast"
+                      if sopts.dtype == "bfloat16" and not lora else "TRL GRPOTrainer")
+
+    def optimizers(self) -> None:
+        sopts = self.speed_options(tokens=self.opts.optim_tokens, steps=1, warmup=0, dtype="bfloat16")
+        for optim in self.opts.optims:
+            run = f"mmrl train.optim={optim}"
+            cfg = self.config(sopts, [f"train.optim={optim}"], f"optim-{optim}")
+            out = self.guarded(run, sopts, lambda: run_mmrl_side(cfg, sopts))
+            if out is not None:
+                self.emit(run, "mmrl", sopts, out[0], note=f"{self.opts.optim_tokens} tokens, one step")
+
+    def fit448(self) -> None:
+        size = self.opts.fit_image_size
+        sopts = self.speed_options(steps=1, warmup=0)
+        run = f"mmrl {size}-px scenes"
+        cfg = self.config(sopts, [f"task.options.image_size={size}", f"vlm.max_pixels={size * size}",
+                                  f"vlm.min_pixels={size * size}"], "fit448")
+        out = self.guarded(run, sopts, lambda: run_mmrl_side(cfg, sopts))
+        if out is not None:
+            used = out[0].micro_batch_used
+            fits = used == sopts.micro_batch
+            self.emit(run, "mmrl", sopts, out[0], fits=fits,
+                      note=(f"fits micro-batch {sopts.micro_batch}" if fits else
+                            f"did not fit micro-batch {sopts.micro_batch}: the out-of-memory back-off trained at {used}"))
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def main(argv: list[str]) -> int:
+    name, out_dir = argv[0], Path(argv[1])
+    group = Group(name, out_dir)
+    {"full": lambda: group.speed(lora=False), "lora": lambda: group.speed(lora=True),
+     "optimizers": group.optimizers, "fit448": group.fit448}[name]()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
