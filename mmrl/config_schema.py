@@ -75,10 +75,11 @@ class RolloutConfig:
     # hf engine: seconds one generate call may run (transformers' max_time); past it the call stops,
     # its unfinished completions end there (truncated) and are counted in rollout_timeouts. 0: no limit.
     max_time: float = 0.0
-    # hf engine: generate's KV cache (TRL's cache_implementation): None or "dynamic" (the default: grown
-    # token by token) | "static" (allocated once per call for prompt + completion: fixed shapes, which
-    # transformers compiles, see compile_decode). A model transformers does not mark compilable
-    # (_can_compile_fullgraph) keeps the dynamic cache, with a warning.
+    # hf engine: generate's KV cache (TRL's cache_implementation): "dynamic" (grown token by token) |
+    # "static" (allocated once per call for prompt + completion: fixed shapes, which transformers
+    # compiles, see compile_decode) | None (the default): static on a CUDA/XPU device in one process,
+    # dynamic elsewhere (measured: README "Speed against TRL"). A model transformers does not mark
+    # compilable (_can_compile_fullgraph) keeps the dynamic cache (with a warning if static was asked).
     cache_implementation: Optional[str] = None
     # hf engine with the static cache: let transformers compile the decode step where it does so by
     # itself (torch.compile, mode reduce-overhead, on CUDA/XPU devices; a CPU decodes eagerly);

@@ -189,6 +189,29 @@ def test_compile_decode_false_disables_transformers_compile(random_tiny_dir):
     assert calls == [{"cache_implementation": "static", "disable_compile": True, "n": 1}]
 
 
+def test_unset_cache_picks_the_compiled_static_cache_on_a_gpu_in_one_process(random_tiny_dir, monkeypatch):
+    """rollout.cache_implementation unset: the static cache (compiled by transformers) on a CUDA
+    device in one process, the dynamic cache on a CPU or under torchrun/accelerate with several
+    processes; an explicit dynamic is kept everywhere."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from mmrl.vlm.engines.hf import cache_options
+
+    policy = _policy(random_tiny_dir, tokens=2)
+    r = policy.cfg.rollout
+    assert r.cache_implementation is None and cache_options(r, policy) == {}  # a CPU
+    on_gpu = SimpleNamespace(device=torch.device("cuda"), lora=False, module=policy.module)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert cache_options(r, on_gpu) == {"cache_implementation": "static"}
+    assert cache_options(replace(r, cache_implementation="dynamic"), on_gpu) == {}
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert cache_options(r, on_gpu) == {}
+    monkeypatch.setattr(type(policy.module), "_can_compile_fullgraph", False)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert cache_options(r, on_gpu) == {}
+
+
 def test_static_cache_length_is_rounded_so_slightly_longer_prompts_reuse_the_compiled_step(random_tiny_dir):
     """Each static-cache call asks for prompt + new tokens rounded up to 64 positions; transformers
     keeps the largest size asked, so the next call with a prompt a few tokens longer gets the same

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -101,12 +102,9 @@ def run_gpu_bench(opts: GpuBenchOptions, out_dir: Path, echo: Callable[[str], No
             continue
         echo(f"[{group}] starting ({left:.0f} s of the budget left)")
         t0 = time.monotonic()
-        cmd = [sys.executable, "-m", "mmrl.bench.gpu_groups", group, str(out_dir)]
-        try:
-            proc = subprocess.run(cmd, timeout=max(left, 1.0), text=True, stdout=sys.stdout, stderr=subprocess.STDOUT)
-            status = "done" if proc.returncode == 0 else f"failed (exit code {proc.returncode}; see the log above)"
-        except subprocess.TimeoutExpired:
-            status = f"stopped at the budget after {time.monotonic() - t0:.0f} s (rows measured before are kept)"
+        code = run_group(group, out_dir, timeout=max(left, 0.1), echo=echo)
+        status = ("done" if code == 0 else f"failed (exit code {code}; see the log above)" if code is not None
+                  else f"stopped at the budget after {time.monotonic() - t0:.0f} s (rows measured before are kept)")
         groups[group] = {"status": status, "seconds": round(time.monotonic() - t0, 1)}
         echo(f"[{group}] {status} in {groups[group]['seconds']} s")
     rows = [json.loads(line) for line in rows_path.read_text().splitlines()] if rows_path.exists() else []
@@ -116,6 +114,23 @@ def run_gpu_bench(opts: GpuBenchOptions, out_dir: Path, echo: Callable[[str], No
     echo(markdown(report))
     echo(f"wrote {out_dir / 'speed.md'} and {out_dir / 'speed.json'}")
     return report
+
+
+def run_group(group: str, out_dir: Path, timeout: float, echo: Callable[[str], None]) -> int | None:
+    """``python -m mmrl.bench.gpu_groups GROUP OUT_DIR``, its output echoed line by line as it comes;
+    the exit code, or None if it was stopped at ``timeout`` seconds."""
+    proc = subprocess.Popen([sys.executable, "-m", "mmrl.bench.gpu_groups", group, str(out_dir)], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=1)
+    reader = threading.Thread(target=lambda: [echo(line.rstrip("\n")) for line in proc.stdout], daemon=True)
+    reader.start()
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        code = None
+    reader.join(timeout=5)
+    return code
 
 
 def build_report(opts: GpuBenchOptions, rows: list[dict], groups: dict[str, dict]) -> dict[str, Any]:

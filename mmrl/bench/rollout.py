@@ -120,7 +120,7 @@ def run_rollout_bench(config: str = DEFAULT_CONFIG, overrides: Sequence[str] = (
 
 
 # name -> (rollout.cache_implementation, rollout.compile_decode)
-CACHES = {"dynamic": (None, True), "static": ("static", False), "static+compile": ("static", True)}
+CACHES = {"dynamic": ("dynamic", True), "static": ("static", False), "static+compile": ("static", True)}
 
 
 def run_cache_bench(config: str = DEFAULT_CONFIG, overrides: Sequence[str] = (), prompts: int = 4, n: int = 8,
@@ -138,7 +138,7 @@ def run_cache_bench(config: str = DEFAULT_CONFIG, overrides: Sequence[str] = (),
     load_before = _start(cfg, policy, prompts, n, tokens, repeats, sampling, "KV cache", echo)
     results: dict[str, Any] = {"skipped": {}}
     for name, (implementation, compile_decode) in CACHES.items():
-        if compile_decode and implementation and policy.device.type not in ("cuda", "xpu"):
+        if compile_decode and implementation == "static" and policy.device.type not in ("cuda", "xpu"):
             results["skipped"][name] = (f"transformers compiles the decode step on CUDA/XPU only "
                                         f"(this run is on {policy.device.type})")
             continue

@@ -2,11 +2,13 @@
 # One GPU session's checks in one call (the device tool's machine: torch, transformers, peft and
 # accelerate installed; the other wheels carried in .whl/): install, `mmrl bench gpu` within a
 # budget, then the GPU-marked tests. Results and logs land in $OUT (or ./gpu-out).
-#   bash tests/campaigns/gpu_session.sh [BENCH_BUDGET_S] [TEST_TIMEOUT_S]
+#   [BENCH_GROUPS=full,lora] [CACHES=static,dynamic] bash tests/campaigns/gpu_session.sh [BENCH_BUDGET_S] [TEST_TIMEOUT_S]
+# (TEST_TIMEOUT_S 0: no tests)
 set -o pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 BUDGET=${1:-420}; TESTS=${2:-100}
+BENCH_GROUPS=${BENCH_GROUPS:-full,fit448,optimizers,lora}; CACHES=${CACHES:-dynamic,static,vllm}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -19,8 +21,10 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >>"$OUT/pip.log" 2
 python3 -c "import torch, transformers, peft, accelerate, trl, datasets, diffusers, mmrl
 print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__, 'trl', trl.__version__,
       'datasets', datasets.__version__, 'diffusers', diffusers.__version__, torch.cuda.get_device_name())"
-timeout $((BUDGET + 40)) python3 -m mmrl bench gpu --budget "$BUDGET" --steps 1 --warmup 1 --caches dynamic,static,vllm \
-  --groups full,fit448,optimizers,lora --out /tmp/bench 2>&1 | tee "$OUT/bench.log" | grep -v "Loading weights"
+timeout $((BUDGET + 40)) python3 -m mmrl bench gpu --budget "$BUDGET" --steps 1 --warmup 1 --caches "$CACHES" \
+  --groups "$BENCH_GROUPS" --out /tmp/bench 2>&1 | tee "$OUT/bench.log" | grep -v "Loading weights"
 cp /tmp/bench/speed.md /tmp/bench/speed.json /tmp/bench/rows.jsonl "$OUT/" 2>/dev/null
-timeout "$TESTS" python3 -m pytest -m gpu tests/test_gpu.py tests/test_static_cache.py tests/test_image_preprocessing.py \
-  -q -p no:cacheprovider --no-header 2>&1 | tee "$OUT/tests.log" | tail -15
+if [ "$TESTS" -gt 0 ]; then
+  timeout "$TESTS" python3 -m pytest -m gpu tests/test_gpu.py tests/test_static_cache.py tests/test_image_preprocessing.py \
+    -q -p no:cacheprovider --no-header 2>&1 | tee "$OUT/tests.log" | tail -15
+fi

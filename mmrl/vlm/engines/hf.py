@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import os
 import time
 from typing import Any, Sequence
 
@@ -26,31 +27,47 @@ def cache_options(r, policy) -> dict[str, Any]:
     """``generate``'s KV-cache keywords for ``r.cache_implementation`` (TRL's name) and
     ``r.compile_decode`` (``r``: the run's ``rollout`` config) for ``policy``'s model.
 
-    ``static``: transformers' ``StaticCache``, allocated once per call for prompt + ``max_new_tokens``
-    positions and written in place, so every decode step has the same shapes; transformers then
-    compiles the decode step itself (``torch.compile`` of the model's call with its ``CompileConfig``
-    defaults, mode "reduce-overhead", i.e. CUDA graphs; the prefill stays eager) where its
-    ``_valid_auto_compile_criteria`` allow: a CUDA or XPU device, never a CPU. ``compile_decode=false``
-    passes ``disable_compile=True``. A model class transformers does not mark compilable keeps the
-    dynamic cache, with one warning naming the key (this runs once, when the engine is built)."""
+    ``static``: transformers' ``StaticCache``, allocated for prompt + ``max_new_tokens`` positions
+    (rounded up, :func:`static_cache_length`) and written in place, so every decode step has the same
+    shapes; transformers then compiles the decode step itself (``torch.compile`` of the model's call
+    with its ``CompileConfig`` defaults, mode "reduce-overhead", i.e. CUDA graphs; the prefill stays
+    eager) where its ``_valid_auto_compile_criteria`` allow: a CUDA or XPU device, never a CPU.
+    ``compile_decode=false`` passes ``disable_compile=True``. A model class transformers does not
+    mark compilable keeps the dynamic cache, with one warning naming the key.
+
+    Unset (None, the default) chooses by measurement: the compiled static cache where transformers
+    compiles it (a CUDA/XPU device, one process, a compilable model), which made the rollout of a
+    Qwen2.5-VL-3B-shaped model 2.1-2.3x faster on an H200 (README, "Speed against TRL"); the dynamic
+    cache elsewhere (a CPU gains nothing it can measure from the uncompiled static cache, and
+    compiled decoding under DDP/FSDP2 has not run on GPUs). ``dynamic`` always keeps the dynamic cache."""
     from mmrl.config import ConfigError
 
     if r.cache_implementation not in (None, "dynamic", "static"):
         raise ConfigError(f"rollout.cache_implementation={r.cache_implementation!r}: expected dynamic or static "
-                          "(null is dynamic, transformers' default)")
+                          "(unset: static where transformers compiles it, a GPU in one process; dynamic elsewhere)")
+    model = policy.module.get_base_model() if policy.lora else policy.module
     if r.cache_implementation != "static":
         if not r.compile_decode:  # refused, not ignored
             raise ConfigError("rollout.compile_decode=false: read only with rollout.cache_implementation=static "
                               "(transformers never compiles the dynamic cache's decode step); remove the key or "
                               "set rollout.cache_implementation=static")
+        if r.cache_implementation is None and compiles_static_decode(policy.device, model):
+            return {"cache_implementation": "static"}
         return {}
-    model = policy.module.get_base_model() if policy.lora else policy.module
     if not can_compile_fullgraph(model):
         log.warning("rollout.cache_implementation=static: transformers does not mark %s compilable with a static "
                     "cache (_can_compile_fullgraph is false); its rollouts use the dynamic cache (remove the key to "
                     "silence this warning)", type(model).__name__)
         return {}
     return {"cache_implementation": "static", **({} if r.compile_decode else {"disable_compile": True})}
+
+
+def compiles_static_decode(device: torch.device, model) -> bool:
+    """Whether the unset ``rollout.cache_implementation`` picks the compiled static cache: a device
+    transformers compiles on (CUDA, XPU), one process (``WORLD_SIZE``, set by torchrun and
+    accelerate launch, at most 1) and a model transformers marks compilable."""
+    return (device.type in ("cuda", "xpu") and int(os.environ.get("WORLD_SIZE", "1")) <= 1
+            and can_compile_fullgraph(model))
 
 
 # Static KV caches are sized in steps of this many positions: transformers keeps the largest size
