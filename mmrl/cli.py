@@ -292,10 +292,10 @@ def list_plugins():
 
 
 def _configure_threads(cfg) -> None:
-    import torch
+    from .threads import configure_threads
 
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
+    with user_errors():
+        configure_threads(cfg, echo=lambda line: console.print(line, highlight=False))
 
 
 def _quiet_libraries() -> None:

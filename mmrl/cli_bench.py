@@ -98,6 +98,8 @@ def bench_speed(
     tokens: int = typer.Option(256, help="completion tokens per sample (forced: min = max new tokens)"),
     steps: int = typer.Option(3, help="measured steps per side"),
     warmup: int = typer.Option(1, help="warm-up steps per side, left out of the table"),
+    repeats: int = typer.Option(2, help="run both sides this many times, alternating which goes first; the "
+                                "table pools the repeats and the notes give each repeat's ratio and their spread"),
     micro_batch: int = typer.Option(0, help="samples per forward/backward on both sides (0: min(16, samples))"),
     device: str = typer.Option("cpu", help="cpu | cuda"),
     dtype: str = typer.Option("auto", help="compute dtype: auto (bfloat16 on cuda, float32 on cpu) | float32 | bfloat16"),
@@ -115,7 +117,7 @@ def bench_speed(
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2)
     opts = SpeedOptions(shape=shape, lora=lora, prompts=prompts, generations=generations, tokens=tokens, steps=steps,
-                        warmup=warmup, micro_batch=micro_batch, device=device, dtype=dtype, engine=engine, seed=seed)
+                        warmup=warmup, repeats=repeats, micro_batch=micro_batch, device=device, dtype=dtype, engine=engine, seed=seed)
     path, overrides = split_args(list(args or []))
     _run_bench(lambda: run_speed_bench(opts, out_dir=out, config=path or DEFAULT_CONFIG, extra_overrides=overrides))
 

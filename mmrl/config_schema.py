@@ -232,7 +232,9 @@ class TrainConfig:
     warmup_steps: int = 0
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:1 ...
-    threads: int = 0  # torch CPU threads; 0 = torch's default
+    # torch CPU threads (the command line applies it, mmrl/threads.py): auto = the cores other work
+    # leaves free (OMP_NUM_THREADS if set) | a number | 0 = torch's default (one per core)
+    threads: Any = "auto"
     # Several processes (accelerate launch / torchrun): seconds a collective may wait for the
     # other ranks before the run stops with a timeout error naming it.
     distributed_timeout: float = 1800.0

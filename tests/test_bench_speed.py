@@ -14,23 +14,30 @@ needs_trl = pytest.mark.skipif(importlib.util.find_spec("trl") is None,
                                reason="TRL is not installed (pip install -e \".[bench]\")")
 
 
-@pytest.mark.slow  # ~30 s on a 2-core CPU: both trainers load the tiny model and take a step
+@pytest.mark.slow  # ~45 s on a 2-core CPU: both trainers load the tiny model and take a step, twice
 @needs_trl
 def test_both_sides_do_the_same_work_and_the_table_says_so(tmp_path):
     from mmrl.bench.speed import run_speed_bench
 
-    opts = SpeedOptions(prompts=1, generations=2, tokens=4, steps=1, warmup=0, device="cpu")
+    opts = SpeedOptions(prompts=1, generations=2, tokens=4, steps=1, warmup=0, device="cpu", repeats=2)
     report = run_speed_bench(opts, tmp_path)
 
     mmrl, trl = report["mmrl"], report["trl"]
-    # forced lengths: 1 prompt x 2 samples x 4 tokens on each side, the same prompts
-    assert mmrl["samples"] == trl["samples"] == [2]
-    assert mmrl["completion_tokens"] == trl["completion_tokens"] == [8]
+    # forced lengths: 1 prompt x 2 samples x 4 tokens on each side, the same prompts, in both repeats
+    assert mmrl["samples"] == trl["samples"] == [2, 2]
+    assert mmrl["completion_tokens"] == trl["completion_tokens"] == [8, 8]
     assert mmrl["prompt_tokens"] == trl["prompt_tokens"] and mmrl["prompt_tokens"][0] > 0
+    # the repeats alternate which side goes first, and each repeat has its own ratio
+    assert [(r["repeat"], r["side"]) for r in report["repeats"]["load_average"]] == [
+        (0, "mmrl"), (0, "trl"), (1, "trl"), (1, "mmrl")]
+    ratios = report["repeats"]["samples_per_s_ratio"]
+    assert len(ratios) == 2 and all(r > 0 for r in ratios)
+    assert report["repeats"]["spread"] == pytest.approx((max(ratios) - min(ratios)) / (sum(ratios) / 2))
+    assert any(n.startswith("samples/s ratio per repeat") for n in report["notes"])
     for side in (mmrl, trl):
-        assert len(side["step_s"]) == len(side["rollout_s"]) == 1
+        assert len(side["step_s"]) == len(side["rollout_s"]) == 2
         s = side["summary"]
-        assert s["steps"] == 1 and s["samples_per_step"] == 2 and s["completion_tokens_per_step"] == 8
+        assert s["steps"] == 2 and s["samples_per_step"] == 2 and s["completion_tokens_per_step"] == 8
         assert s["step_s"] > 0 and s["samples_per_s"] > 0 and s["tokens_per_s"] > 0
         assert s["rollout_s"] + s["update_s"] == pytest.approx(s["step_s"])
         assert s["peak_memory_gib"] > 0

@@ -74,8 +74,10 @@ class Group:
         lora = [f"model.lora.r={self.opts.lora_rank}", f"model.lora.alpha={2 * self.opts.lora_rank}"] if sopts.lora else []
         cfg = load_config(builtin_config_path(DEFAULT_CONFIG),
                           [*self.opts.extra, *lora, *overrides, *mmrl_overrides(sopts, self.path, self.out_dir / run)])
-        if sopts.device == "cpu" and cfg.train.threads:
-            torch.set_num_threads(cfg.train.threads)
+        if sopts.device == "cpu":
+            from ..threads import configure_threads
+
+            configure_threads(cfg)
         return cfg
 
     def emit(self, run: str, side: str, sopts: SpeedOptions, result: SideResult | None = None, note: str = "",

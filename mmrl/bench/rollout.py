@@ -62,8 +62,9 @@ def _setup(config: str, overrides: Sequence[str], prompts: int, n: int, tokens: 
     cfg = load_config(builtin_config_path(config), [
         f"rollout.batch_size={prompts * n}", *overrides, "rollout.engine=hf",
         f"rollout.max_completion_length={tokens}", f"rollout.num_generations={n}"])
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
+    from mmrl.threads import configure_threads
+
+    configure_threads(cfg, echo=lambda line: None)  # the table's "threads" column says what was picked
     task = build_task(cfg)
     policy = make_policy(cfg, task)
     examples = task.examples("train")

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import gc
 import json
+import os
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -56,6 +58,7 @@ class SpeedOptions:
     dtype: str = "auto"
     engine: str = "hf"
     seed: int = 0
+    repeats: int = 2  # both sides this many times, alternating which goes first (ABBA)
 
     @property
     def samples(self) -> int:
@@ -68,6 +71,8 @@ class SpeedOptions:
         for name in ("prompts", "generations", "tokens", "steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be at least 1, got {getattr(self, name)}")
+        if self.repeats < 1:
+            raise ValueError(f"--repeats must be at least 1, got {self.repeats}")
         if self.warmup < 0:
             raise ValueError(f"--warmup must be 0 or more, got {self.warmup}")
         if self.samples % mb:
@@ -169,17 +174,50 @@ def run_speed_bench(opts: SpeedOptions, out_dir: Path, config: str = DEFAULT_CON
     out_dir.mkdir(parents=True, exist_ok=True)
     path = model_dir(opts.shape, out_dir)
     cfg = load_config(builtin_config_path(config), [*extra_overrides, *mmrl_overrides(opts, path, out_dir)])
-    if opts.device == "cpu" and cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
+    if opts.device == "cpu":
+        from ..threads import configure_threads
+
+        configure_threads(cfg, echo=lambda line: console.print(line, highlight=False))
     console.print(f"[bold]mmrl[/] {opts.shape} model ({path}), {opts.prompts} prompts x {opts.generations} "
                   f"x {opts.tokens} tokens, micro-batch {opts.micro_batch}, {opts.dtype}, {opts.device}"
                   f"{', LoRA' if opts.lora else ''}: {opts.warmup} warm-up + {opts.steps} steps", highlight=False)
-    mmrl, drawn, task = run_mmrl_side(cfg, opts)
-    console.print(f"[bold]TRL {trl_version}[/] GRPOTrainer on the same prompts", highlight=False)
-    trl = run_trl_side(cfg, opts, path, drawn, task, out_dir / "trl-run")
-    report = build_report(opts, cfg, mmrl, trl, trl_version, path)
+    runs: dict[str, list[SideResult]] = {"mmrl": [], "trl": []}
+    loads: list[dict[str, Any]] = []
+    drawn = task = None
+    for repeat in range(opts.repeats):
+        # ABBA: a load that rises or falls during the bench hits both sides alike on average
+        for side in ("mmrl", "trl") if repeat % 2 == 0 else ("trl", "mmrl"):
+            load = os.getloadavg()[0]
+            if side == "mmrl":
+                result, steps_drawn, side_task = run_mmrl_side(cfg, opts)
+                drawn, task = drawn or steps_drawn, task or side_task
+            else:
+                console.print(f"[bold]TRL {trl_version}[/] GRPOTrainer on the same prompts", highlight=False)
+                result = run_trl_side(cfg, opts, path, drawn, task, out_dir / "trl-run")
+            runs[side].append(result)
+            loads.append({"repeat": repeat, "side": side, "load_before": load, "load_after": os.getloadavg()[0]})
+            console.print(f"repeat {repeat + 1}/{opts.repeats} {side}: {result.summary()['samples_per_s']:.3g} "
+                          "samples/s", highlight=False)
+    report = build_report(opts, cfg, SideResult.merged(runs["mmrl"]), SideResult.merged(runs["trl"]), trl_version,
+                          path)
+    add_repeats(report, runs, loads)
     write_report(report, out_dir, console)
     return report
+
+
+SPREAD_WARNING = 0.25  # repeats' samples/s ratios further apart than this (over their median) are flagged
+
+
+def add_repeats(report: dict[str, Any], runs: dict[str, list[SideResult]], loads: list[dict]) -> None:
+    """Each repeat's samples/s ratio, their spread, and a note when the load moved them apart."""
+    ratios = [m.summary()["samples_per_s"] / t.summary()["samples_per_s"] for m, t in zip(runs["mmrl"], runs["trl"])]
+    spread = (max(ratios) - min(ratios)) / statistics.median(ratios)
+    report["repeats"] = {"samples_per_s_ratio": ratios, "spread": spread, "load_average": loads}
+    report["notes"].append(f"samples/s ratio per repeat (sides alternating first): "
+                           f"{', '.join(f'{r:.2f}' for r in ratios)}; spread {spread:.0%} of the median")
+    if len(ratios) > 1 and spread > SPREAD_WARNING:
+        report["notes"].append(f"the repeats' ratios differ by more than {SPREAD_WARNING:.0%}: the machine's load "
+                               "changed during the bench (see load_average in speed.json); rerun on a quiet machine")
 
 
 # -- the report ------------------------------------------------------------------------------------

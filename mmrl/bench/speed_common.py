@@ -67,6 +67,23 @@ class SideResult:
             "peak_memory_gib": self.peak_memory_gib,
         }
 
+    @classmethod
+    def merged(cls, results: "list[SideResult]") -> "SideResult":
+        """The measured steps of several repeats of one side as one result (peak: the largest)."""
+        out = cls(results[0].name, 0, memory_kind=results[0].memory_kind)
+        for r in results:
+            m = r.measured
+            out.step_s += r.step_s[m]
+            out.rollout_s += r.rollout_s[m]
+            out.samples += r.samples[m]
+            out.completion_tokens += r.completion_tokens[m]
+            out.prompt_tokens += r.prompt_tokens[m]
+            out.logs += r.logs
+        peaks = [r.peak_memory_gib for r in results if r.peak_memory_gib is not None]
+        out.peak_memory_gib = max(peaks) if peaks else None
+        out.micro_batch_used = results[-1].micro_batch_used
+        return out
+
     def to_json(self) -> dict:
         return {**asdict(self), "summary": self.summary()}
 

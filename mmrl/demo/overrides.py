@@ -61,6 +61,14 @@ def _int(lo: int, hi: int) -> Kind:
     return Kind(f"an integer from {lo} to {hi}", read)
 
 
+def _int_or_auto(lo: int, hi: int) -> Kind:
+    number = _int(lo, hi)
+
+    def read(text, roots, modality):
+        return yaml_quoted("auto") if text == "auto" else number.read(text, roots, modality)
+    return Kind(f"auto or {number.what}", read)
+
+
 def _float(lo: float, hi: float, nullable: bool = False) -> Kind:
     def read(text, _roots, _modality):
         if nullable and text.lower() in _NULL:
@@ -136,7 +144,7 @@ ALLOWED: dict[str, Kind] = {
     "train.learning_rate": _float(0.0, 1.0), "train.prompts_per_step": _int(1, 4096),
     "train.mini_batch_size": _int(0, 65536), "train.micro_batch_size": _int(1, 65536),
     "train.warmup_steps": _int(0, 1_000_000), "train.weight_decay": _float(0.0, 1.0),
-    "train.max_grad_norm": _float(0.0, 1e6), "train.threads": _int(0, 1024),
+    "train.max_grad_norm": _float(0.0, 1e6), "train.threads": _int_or_auto(0, 1024),
     "train.device": _choice("auto", "cpu", "cuda"), "train.optim": _registered("OPTIMIZERS"),
     "rollout.num_generations": _int(1, 256), "rollout.temperature": _float(0.0, 10.0),
     "rollout.top_p": _float(0.0, 1.0), "rollout.top_k": _int(0, 100_000),
