@@ -212,6 +212,12 @@ class TrainConfig:
     # cached keys/values (Prefix Grouper); exact. Shares most with micro_batch_size a multiple of
     # rollout.num_generations.
     shared_prefix: bool = False
+    # VLM: each micro-batch's samples packed into one row with per-sample positions, no padding
+    # (transformers' packed sequences; flash_attention_2 runs it varlen); exact. mmrl/vlm/packing.py
+    padding_free: bool = False
+    # with padding_free: micro-batches formed by tokens (prompt + completion) instead of samples,
+    # at most this many tokens and micro_batch_size samples each (0: micro_batch_size samples)
+    micro_batch_tokens: int = 0
     learning_rate: float = 1e-5
     weight_decay: float = 0.0
     adam_beta1: float = 0.9

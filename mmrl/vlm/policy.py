@@ -100,6 +100,7 @@ class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
             for method in ("get_image_features", "get_video_features"))
         if cfg.train.shared_prefix:
             check_supported(split_head(self.module)[0])
+        _check_packing(cfg.train)
         self.engine = ENGINES.get(cfg.rollout.engine, "rollout.engine")(self)
 
     @property
@@ -211,3 +212,19 @@ class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
         saved = AutoModelForImageTextToText.from_pretrained(str(Path(path) / "model"), dtype=torch.float32)
         self.load_module_state(saved.state_dict())
         del saved
+
+
+def _check_packing(train) -> None:
+    """``train.padding_free`` / ``train.micro_batch_tokens`` combinations that cannot be honoured."""
+    from mmrl.config import ConfigError
+
+    if train.padding_free and train.shared_prefix:
+        raise ConfigError("train.padding_free=true with train.shared_prefix=true: each shares work differently "
+                          "(packed rows vs one prompt pass per group); set one of them to false")
+    if train.micro_batch_tokens and not train.padding_free:
+        raise ConfigError(f"train.micro_batch_tokens={train.micro_batch_tokens}: read only with "
+                          "train.padding_free=true (padded micro-batches are sized by train.micro_batch_size); "
+                          "set train.padding_free=true or remove the key")
+    if train.micro_batch_tokens < 0:
+        raise ConfigError(f"train.micro_batch_tokens={train.micro_batch_tokens}: expected 0 (off) or a positive "
+                          "number of tokens")

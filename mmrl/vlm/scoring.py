@@ -22,6 +22,7 @@ from ..core import distributed as dist
 from ..core.losses import TokenSelection, select_tokens
 from ..core.rollouts import Rollouts
 from .logprobs import split_head, token_logprobs
+from .packing import completion_positions, packed_inputs, token_balanced_micro_batches
 from .processing import join_videos
 from .shared_prefix import prompt_groups, shared_prefix_hidden
 
@@ -30,7 +31,7 @@ class VLMScoring:
     """Log-probs, scoring and loss terms of :class:`~mmrl.vlm.policy.VLMPolicy`."""
 
     # -- scoring ----------------------------------------------------------------------------------
-    def _collate(self, batch: Rollouts) -> tuple[dict[str, torch.Tensor], torch.Tensor, int]:
+    def _collate(self, batch: Rollouts) -> tuple[dict[str, torch.Tensor], int]:
         """Prompt left-padded to a common width P, completion right-padded after it.
 
         Completion token t of every sample then sits at column P + t, so its logit is at P + t - 1.
@@ -52,31 +53,48 @@ class VLMScoring:
             inputs["pixel_values"] = torch.cat(pv)
             inputs["image_grid_thw"] = torch.cat([g for g in batch.payload["image_grid_thw"] if g is not None])
         inputs.update(join_videos(batch.payload.get("video") or []))
-        targets = torch.full((len(batch), T), self.pad_id, dtype=torch.long)
-        for i, c in enumerate(comps):
+        return {k: v.to(self.device) for k, v in inputs.items()}, P
+
+    def _targets(self, batch: Rollouts) -> torch.Tensor:
+        """(N, T) completion tokens, right-padded with the pad id."""
+        targets = torch.full((len(batch), batch.action_mask.shape[1]), self.pad_id, dtype=torch.long)
+        for i, c in enumerate(batch.payload["completion_ids"]):
             targets[i, :len(c)] = c
-        return {k: v.to(self.device) for k, v in inputs.items()}, targets.to(self.device), P
+        return targets.to(self.device)
+
+    def _padded_hidden(self, backbone, batch: Rollouts) -> torch.Tensor:
+        """(N, T, H): the hidden states predicting each completion token, padded layout."""
+        inputs, P = self._collate(batch)
+        T = batch.action_mask.shape[1]
+        payload = batch.payload
+        has_video = any(v is not None for v in payload.get("video") or [])
+        groups = prompt_groups(payload["prompt_ids"], payload["pixel_values"], payload["image_grid_thw"]) \
+            if self.cfg.train.shared_prefix and not has_video else None  # shared prefixes: images only
+        if groups is None:
+            return backbone(**inputs, use_cache=False).last_hidden_state[:, P - 1:P - 1 + T]
+        return shared_prefix_hidden(backbone, inputs, P, T, groups, payload["pixel_values"], payload["image_grid_thw"])
+
+    def _packed_hidden(self, backbone, batch: Rollouts) -> torch.Tensor:
+        """(N, T, H): the same hidden states from one packed row (:mod:`mmrl.vlm.packing`)."""
+        payload = batch.payload
+        inputs, ends = packed_inputs(self.processor, payload["prompt_ids"], payload["completion_ids"], payload,
+                                     backbone.get_rope_index)
+        hidden = backbone(**{k: v.to(self.device) for k, v in inputs.items()}, use_cache=False).last_hidden_state[0]
+        index = completion_positions(ends, [len(c) for c in payload["completion_ids"]], batch.action_mask.shape[1])
+        return hidden[index.to(hidden.device)]
 
     def completion_logps(self, model, batch: Rollouts, with_entropy: bool = False):
         """Per-token log-probs (N, T) of the completions under ``model`` (temperature-scaled);
         with ``with_entropy`` also the per-token entropy of the full next-token distribution.
         The LM head runs chunk by chunk (:mod:`mmrl.vlm.logprobs`): no (N, T, V) float32 copy.
         With ``train.shared_prefix`` each distinct prompt of the batch runs once and its samples'
-        completions attend to its cached keys/values (:mod:`mmrl.vlm.shared_prefix`, exact).
+        completions attend to its cached keys/values (:mod:`mmrl.vlm.shared_prefix`, exact); with
+        ``train.padding_free`` the samples run packed in one row (:mod:`mmrl.vlm.packing`, exact).
         Call it under :meth:`autocast` (``train_step`` and :meth:`score` do)."""
-        inputs, targets, P = self._collate(batch)
-        T = targets.shape[1]
         backbone, head = split_head(model)
-        payload = batch.payload
-        has_video = any(v is not None for v in payload.get("video") or [])
-        groups = prompt_groups(payload["prompt_ids"], payload["pixel_values"], payload["image_grid_thw"]) \
-            if self.cfg.train.shared_prefix and not has_video else None  # shared prefixes: images only
-        if groups is None:
-            hidden = backbone(**inputs, use_cache=False).last_hidden_state[:, P - 1:P - 1 + T]
-        else:
-            hidden = shared_prefix_hidden(backbone, inputs, P, T, groups, payload["pixel_values"],
-                                          payload["image_grid_thw"])
-        out = token_logprobs(hidden, head, targets, self.cfg.rollout.temperature, self.suppressed_ids, with_entropy)
+        hidden = (self._packed_hidden if self.cfg.train.padding_free else self._padded_hidden)(backbone, batch)
+        out = token_logprobs(hidden, head, self._targets(batch), self.cfg.rollout.temperature, self.suppressed_ids,
+                             with_entropy)
         mask = batch.action_mask.to(hidden.device)
         if not with_entropy:
             return out * mask
@@ -84,10 +102,26 @@ class VLMScoring:
         return logps * mask, entropy * mask
 
     def _micro_batches(self, batch: Rollouts):
+        """``(rows, sub-batch)`` per forward: ``micro_batch_size`` samples in batch order, or with
+        ``train.micro_batch_tokens`` (padding-free) groups of at most that many tokens."""
         mb = self.micro_batch_size
-        for start in range(0, len(batch), mb):
-            rows = list(range(start, min(start + mb, len(batch))))
+        budget = self.cfg.train.micro_batch_tokens
+        if budget:
+            lengths = [len(p) + len(c) for p, c in zip(batch.payload["prompt_ids"], batch.payload["completion_ids"])]
+            groups = token_balanced_micro_batches(lengths, budget, mb)
+        else:
+            groups = [list(range(start, min(start + mb, len(batch)))) for start in range(0, len(batch), mb)]
+        for rows in groups:
             yield rows, batch.select(rows)
+
+    @staticmethod
+    def _in_batch_order(parts: list[tuple[list[int], torch.Tensor]]) -> torch.Tensor:
+        """Per-micro-batch results put back in the batch's row order."""
+        rows = [r for rs, _ in parts for r in rs]
+        values = torch.cat([v for _, v in parts])
+        out = torch.empty_like(values)
+        out[torch.tensor(rows)] = values
+        return out
 
     @torch.no_grad()
     def score(self, batch: Rollouts, reference: bool) -> torch.Tensor:
@@ -96,10 +130,10 @@ class VLMScoring:
         ctx = self.reference() if reference else contextlib.nullcontext(self.module)
         with ctx as model:
             model.eval()
-            for _, sub in self._micro_batches(batch):
+            for rows, sub in self._micro_batches(batch):
                 with self.autocast():
-                    parts.append(self.completion_logps(model, sub).cpu())
-        return torch.cat(parts)
+                    parts.append((rows, self.completion_logps(model, sub).cpu()))
+        return self._in_batch_order(parts)
 
     # -- training -------------------------------------------------------------------------------
     def loss_terms(self, batch: Rollouts, objective, num_tokens: float, num_seqs: float):
@@ -140,12 +174,12 @@ class VLMScoring:
         """Token selections of the whole mini-batch under the current weights."""
         self.module.eval()
         logps, ents = [], []
-        for _, sub in self._micro_batches(batch):
+        for rows, sub in self._micro_batches(batch):
             with self.autocast():
                 lp, ent = self.completion_logps(self.module, sub, with_entropy=True)
-            logps.append(lp.cpu())
-            ents.append(ent.cpu())
-        logps, ents = torch.cat(logps), torch.cat(ents)
+            logps.append((rows, lp.cpu()))
+            ents.append((rows, ent.cpu()))
+        logps, ents = self._in_batch_order(logps), self._in_batch_order(ents)
         old = batch.old_logps if batch.old_logps is not None else logps
         if dist.world_size() > 1:
             return _selection_across_ranks(obj_cfg, logps, old, batch.advantages, batch.action_mask, ents)
