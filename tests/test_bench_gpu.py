@@ -51,6 +51,30 @@ def test_bench_gpu_tiny_runs_every_group_on_a_cpu(tmp_path):
     assert rows[("full", "mmrl static")]["settings"]["shape"] == "tiny"
     md = (tmp_path / "speed.md").read_text()
     assert "| full | mmrl static |" in md and "| lora | TRL LoRA |" in md
+    assert "| update MFU, full fine-tuning | 0.3 | - | not measured |" in md  # no peak FLOP/s on a CPU
+
+
+def test_goals_are_read_from_the_rows():
+    """The best row per goal, compared the goal's way; goals without rows are not measured."""
+    from mmrl.bench.gpu import goals
+
+    def row(group, name, ratio, mem, mfu, side="mmrl", **extra):
+        return {"group": group, "name": name, "side": side, "vs_trl": {"samples_per_s": ratio, "peak_memory": mem},
+                "update_mfu": mfu, "summary": {"peak_memory_gib": 60.0}, **extra}
+
+    rows = [row("full", "mmrl dynamic", 1.8, 0.88, 0.27), row("full", "mmrl static", 3.7, 0.9, 0.23),
+            {"group": "full", "name": "TRL", "side": "trl", "update_mfu": 0.17},
+            row("lora", "mmrl static LoRA", 1.2, 1.03, 0.13), row("fit448", "mmrl 448-px scenes", None, None, 0.2,
+                                                                    fits=True)]
+    by_goal = {g["goal"]: g for g in goals(rows)}
+    full = by_goal["samples/s x TRL, full fine-tuning, HF engine"]
+    assert (full["best"], full["met"]) == (3.7, True)
+    assert by_goal["samples/s x TRL, LoRA, HF engine"]["met"] is False
+    assert by_goal["samples/s x TRL, full fine-tuning, vLLM"]["met"] is None  # no vLLM row
+    assert by_goal["peak memory x TRL, full fine-tuning (at most)"]["best"] == 0.88
+    assert by_goal["448-px micro-batch 16 peak GiB (at most 80 GB)"]["met"] is True
+    mfu = by_goal["update MFU, full fine-tuning"]
+    assert (mfu["best"], mfu["met"]) == (0.27, False)
 
 
 def test_a_group_past_the_budget_is_stopped_and_reported(tmp_path):

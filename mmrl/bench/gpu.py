@@ -145,7 +145,44 @@ def build_report(opts: GpuBenchOptions, rows: list[dict], groups: dict[str, dict
                                            if mine.get("peak_memory_gib") and b.get("peak_memory_gib") else None)}
     settings = rows[0]["settings"] if rows else {}
     return {"options": asdict(opts), "settings": settings, "groups": groups, "rows": rows,
-            "date": time.strftime("%Y-%m-%d %H:%M")}
+            "goals": goals(rows), "date": time.strftime("%Y-%m-%d %H:%M")}
+
+
+# The issue's goals for the 3B shape: (what, target, rows, value of a row, met when best >= target
+# (or <= for the "at most" ones)). A goal no row measured is reported as not measured.
+_HF = ("mmrl dynamic", "mmrl static")
+GOALS = (
+    ("samples/s x TRL, full fine-tuning, HF engine", 2.5, lambda r: r["group"] == "full" and r["name"] in _HF,
+     lambda r: r["vs_trl"]["samples_per_s"], max),
+    ("samples/s x TRL, LoRA, HF engine", 1.5, lambda r: r["group"] == "lora" and r["name"].split(" LoRA")[0] in _HF,
+     lambda r: r["vs_trl"]["samples_per_s"], max),
+    ("samples/s x TRL, full fine-tuning, vLLM", 4.0, lambda r: r["group"] == "full" and r["name"] == "mmrl vllm",
+     lambda r: r["vs_trl"]["samples_per_s"], max),
+    ("peak memory x TRL, full fine-tuning (at most)", 1.0, lambda r: r["group"] == "full" and r["side"] == "mmrl",
+     lambda r: r["vs_trl"]["peak_memory"], min),
+    ("448-px micro-batch 16 peak GiB (at most 80 GB)", 80e9 / 2**30,
+     lambda r: r["group"] == "fit448" and r.get("fits"), lambda r: r["summary"]["peak_memory_gib"], min),
+    ("update MFU, full fine-tuning", 0.30, lambda r: r["group"] == "full" and r["side"] == "mmrl",
+     lambda r: r["update_mfu"], max),
+)
+
+
+def goals(rows: list[dict]) -> list[dict]:
+    """Each goal with the best value the measured rows reached and whether it is met."""
+    out = []
+    for what, target, picks, value, best in GOALS:
+        values = []
+        for r in rows:
+            try:
+                v = value(r) if picks(r) else None
+            except (KeyError, TypeError):  # an error row, or no TRL row to compare with
+                v = None
+            if v is not None:
+                values.append(v)
+        reached = best(values) if values else None
+        met = None if reached is None else (reached <= target if best is min else reached >= target)
+        out.append({"goal": what, "target": target, "best": reached, "met": met})
+    return out
 
 
 def _f(v: Any, fmt: str) -> str:
@@ -173,6 +210,10 @@ def markdown(report: dict[str, Any]) -> str:
     for name, g in report["groups"].items():
         if g["status"] != "done":
             lines.append(f"\n- group {name}: {g['status']}")
+    lines += ["", "| goal | target | best measured | met |", "|---|---|---|---|"]
+    for g in report.get("goals", []):
+        lines.append(f"| {g['goal']} | {g['target']:.3g} | {_f(g['best'], '{:.3g}')} | "
+                     f"{'not measured' if g['met'] is None else 'yes' if g['met'] else 'no'} |")
     lines += ["", "- x TRL: mmrl / TRL's GRPOTrainer in the same group (same model, prompts, lengths, micro-batch), "
               "measured one after the other in one process; peak GiB: the CUDA allocator's peak after the warm-up "
               "step (on a CPU the process's resident set)",

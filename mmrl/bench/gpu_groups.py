@@ -26,7 +26,8 @@ from .speed import DEFAULT_CONFIG, SpeedOptions, mmrl_overrides, run_mmrl_side
 from .speed_common import SideResult
 
 # cache -> (rollout.engine, overrides)
-CACHES = {"dynamic": ("hf", ["rollout.cache_implementation=dynamic"]), "static": ("hf", ["rollout.cache_implementation=static"]), "vllm": ("vllm", [])}
+CACHES = {"dynamic": ("hf", ["rollout.cache_implementation=dynamic"]),
+          "static": ("hf", ["rollout.cache_implementation=static"]), "vllm": ("vllm", [])}
 
 
 def update_flops(config: dict, prompt_tokens: float, completion_tokens: float, lora: bool) -> float:
