@@ -17,28 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-_CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789")
-
-
-def clip_tokenizer(max_length: int = 77):
-    """A character-level CLIP BPE tokenizer (no merges): ``<|startoftext|>`` = 0, ``<|endoftext|>`` = 1
-    (also pad and unk), then ``a``..``9`` and ``a</w>``..``9</w>``."""
-    from transformers import CLIPTokenizer
-
-    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-    for suffix in ("", "</w>"):
-        for c in _CHARS:
-            vocab[c + suffix] = len(vocab)
-    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=max_length)
-
-
-def t5_tokenizer(max_length: int = 64):
-    """A unigram T5 tokenizer over single characters: ``<pad>`` = 0, ``</s>`` = 1, ``<unk>`` = 2."""
-    from transformers import T5TokenizerFast
-
-    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -2.0)]
-    pieces += [(c, -3.0) for c in _CHARS] + [("\u2581" + c, -2.5) for c in _CHARS]
-    return T5TokenizerFast(vocab=pieces, extra_ids=0, model_max_length=max_length)
+from mmrl.bench.shaped_generator import clip_tokenizer, t5_tokenizer  # noqa: F401  (the tests' tokenizers too)
 
 
 def _clip_config(eos_token_id: int = 1):

@@ -38,16 +38,20 @@ def test_bench_gpu_tiny_runs_every_group_on_a_cpu(tmp_path):
     assert set(rows) == {("full", "mmrl dynamic"), ("full", "mmrl static"), ("full", "TRL"),
                          ("optimizers", "mmrl train.optim=adamw_torch"), ("optimizers", "mmrl train.optim=adamw_kahan"),
                          ("fit448", "mmrl 56-px scenes"), ("lora", "mmrl dynamic LoRA"), ("lora", "mmrl static LoRA"),
-                         ("lora", "TRL LoRA")}
+                         ("lora", "TRL LoRA"), ("generator", "mmrl generator, full SDE"),
+                         ("generator", "mmrl generator, SDE window 2")}
     for (group, name), r in rows.items():
         m = r["summary"]
-        assert m["samples_per_step"] == 4 and m["completion_tokens_per_step"] == (16 if group != "optimizers" else 16)
+        assert m["samples_per_step"] == 4 and m["completion_tokens_per_step"] == (0 if group == "generator" else 16)
         assert r["update_mfu"] is None  # no known peak on a CPU
         if group in ("full", "lora") and r["side"] == "mmrl":
             trl_row = rows[(group, "TRL" + (" LoRA" if group == "lora" else ""))]["summary"]
             assert r["vs_trl"]["samples_per_s"] == pytest.approx(m["samples_per_s"] / trl_row["samples_per_s"])
             assert m["prompt_tokens_per_step"] == trl_row["prompt_tokens_per_step"]
     assert rows[("fit448", "mmrl 56-px scenes")]["fits"] is True
+    # the SDE window trains 2 of the 4 denoising steps: a shorter update than every step's
+    full, window = (rows[("generator", f"mmrl generator, {v}")]["summary"] for v in ("full SDE", "SDE window 2"))
+    assert window["update_s"] < full["update_s"]
     assert rows[("full", "mmrl static")]["settings"]["shape"] == "tiny"
     md = (tmp_path / "speed.md").read_text()
     assert "| full | mmrl static |" in md and "| lora | TRL LoRA |" in md

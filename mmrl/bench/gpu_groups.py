@@ -8,6 +8,9 @@ JSON line per measured side to ``OUT_DIR/rows.jsonl``.
 - ``optimizers``: one step per ``train.optim`` (bf16 compute), peak memory and step time.
 - ``fit448``: one full fine-tuning step with 448-px scenes at the micro-batch asked: whether it fits
   without the out-of-memory back-off lowering the micro-batch.
+- ``generator``: the SD3.5-Medium-shaped pipeline (:mod:`mmrl.bench.shaped_generator`) on Flow-GRPO's
+  recipe (``diffusion/sd3_5_medium``: 1 prompt x 16 images of 512 px, LoRA r32, CFG 4.5, 10 SDE
+  steps, KL 0.04, micro-batch 4), every step stochastic and trained, then with a 2-step SDE window.
 """
 
 from __future__ import annotations
@@ -99,7 +102,7 @@ class Group:
             m = result.summary()
             row["summary"] = m
             row["micro_batch_used"] = result.micro_batch_used
-            peak = peak_flops(self.device_name, self.opts.peak_tflops)
+            peak = peak_flops(self.device_name, self.opts.peak_tflops) if self.name != "generator" else None
             flops = update_flops(self.model_config, m["prompt_tokens_per_step"], m["completion_tokens_per_step"],
                                  sopts.lora)
             row["update_mfu"] = flops / m["update_s"] / peak if peak and m["update_s"] > 0 else None
@@ -163,6 +166,28 @@ class Group:
             if out is not None:
                 self.emit(run, "mmrl", sopts, out[0], note=f"{self.opts.optim_tokens} tokens, one step")
 
+    def generator(self) -> None:
+        from ..config import builtin_config_path, load_config
+        from .shaped_generator import build_sd3_shaped
+
+        o = self.opts
+        path = build_sd3_shaped(self.out_dir / ("sd3-tiny" if o.tiny else "sd3.5-medium-shape"), tiny=o.tiny)
+        prompts = self.out_dir / "generator-prompts.txt"
+        prompts.write_text("a red circle\na blue square on the left\ntwo green circles\n")
+        sopts = self.speed_options(dtype="bfloat16" if not o.tiny else "float32")
+        for name, variant in GENERATOR_VARIANTS.items():
+            run = f"mmrl generator, {name}"
+            cfg = load_config(builtin_config_path("diffusion/sd3_5_medium"), [
+                f"model.path={path}", f"task.options.train_path={prompts}", f"train.device={o.device}",
+                f"train.steps={o.warmup + o.steps}", "train.prompts_per_step=1", f"train.seed={o.seed}",
+                "eval.before=false", "log.tensorboard=false", "log.progress=false", "log.save_rollouts_every=0",
+                f"log.output_dir={self.out_dir}", f"log.run_name=generator-{name.replace(' ', '-')}",
+                *(GENERATOR_TINY if o.tiny else ()), *variant])
+            result = self.guarded(run, sopts, lambda: run_generator_side(cfg, o.steps, o.warmup))
+            if result is not None:
+                self.emit(run, "mmrl", sopts, result, note=f"{cfg.rollout.num_generations} images of "
+                          f"{cfg.diffusion.height} px, {cfg.diffusion.num_steps} steps, CFG {cfg.diffusion.guidance_scale}")
+
     def fit448(self) -> None:
         size = self.opts.fit_image_size
         sopts = self.speed_options(steps=1, warmup=0)
@@ -178,6 +203,24 @@ class Group:
                             f"did not fit micro-batch {sopts.micro_batch}: the out-of-memory back-off trained at {used}"))
 
 
+GENERATOR_VARIANTS = {"full SDE": (), "SDE window 2": ("diffusion.sde_window_size=2", "diffusion.sde_window_range=[0,3]")}
+GENERATOR_TINY = ("model.dtype=float32", "diffusion.height=16", "diffusion.width=16", "diffusion.num_steps=4",
+                  "rollout.num_generations=4", "rollout.batch_size=4", "train.micro_batch_size=2", "model.lora.r=4",
+                  "model.lora.alpha=8")
+
+
+def run_generator_side(cfg, steps: int, warmup: int) -> SideResult:
+    """The diffusion trainer's steps, timed as :func:`~mmrl.bench.speed.run_mmrl_side` times the VLM's."""
+    from ..api import make_policy
+    from ..core.trainer import Trainer, build_task
+    from .speed import timed_trainer_steps
+
+    task = build_task(cfg)
+    trainer = Trainer(cfg, make_policy(cfg, task), task)
+    trainer.policy.configure_optimizer(cfg.train, cfg.train.steps)
+    return timed_trainer_steps(trainer, warmup + steps, warmup, torch.device(cfg.train.device), tokens=False)
+
+
 def _has(module: str) -> bool:
     import importlib.util
 
@@ -188,7 +231,7 @@ def main(argv: list[str]) -> int:
     name, out_dir = argv[0], Path(argv[1])
     group = Group(name, out_dir)
     {"full": lambda: group.speed(lora=False), "lora": lambda: group.speed(lora=True),
-     "optimizers": group.optimizers, "fit448": group.fit448}[name]()
+     "optimizers": group.optimizers, "fit448": group.fit448, "generator": group.generator}[name]()
     return 0
 
 

@@ -128,11 +128,26 @@ def run_mmrl_side(cfg, opts: SpeedOptions) -> tuple[SideResult, list[list[dict]]
         policy.model.generation_config.min_new_tokens = opts.tokens
     trainer = Trainer(cfg, policy, task)
     policy.configure_optimizer(cfg.train, cfg.train.steps)
-    result = SideResult("mmrl", opts.warmup)
     drawn: list[list[dict]] = []
+    result = timed_trainer_steps(trainer, cfg.train.steps, opts.warmup, device, tokens=True,
+                                 on_batch=lambda batch: drawn.append(
+                                     [batch.examples[i] for i in range(0, len(batch), opts.generations)]))
+    result.micro_batch_used = policy.micro_batch_size
+    del trainer, policy
+    _free(device)
+    return result, drawn, task
+
+
+def timed_trainer_steps(trainer, steps: int, warmup: int, device: torch.device, tokens: bool,
+                        on_batch=None) -> SideResult:
+    """``steps`` RL steps through the trainer's own step methods (``rollout_step``: prompts,
+    generation, rewards, advantages; ``update``: forward, backward, optimizer step), timed the way
+    ``Trainer.train`` times them, CUDA synchronised at each boundary; the peak memory after the
+    warm-up steps. ``tokens``: count completion and prompt tokens (a VLM's batch)."""
+    result = SideResult("mmrl", warmup)
     reset_peak_memory(device)
-    for step in range(1, cfg.train.steps + 1):
-        if step == opts.warmup + 1:
+    for step in range(1, steps + 1):
+        if step == warmup + 1:
             reset_peak_memory(device)
         sync(device)
         t0 = time.perf_counter()
@@ -142,14 +157,12 @@ def run_mmrl_side(cfg, opts: SpeedOptions) -> tuple[SideResult, list[list[dict]]
         metrics.update(trainer.update(batch, step))
         sync(device)
         result.logs.append({"step": step, **{k: float(v) for k, v in metrics.items()}})
-        result.add(time.perf_counter() - t0, rollout, len(batch), int(batch.action_mask.sum()),
-                   sum(len(p) for p in batch.payload["prompt_ids"]))
-        drawn.append([batch.examples[i] for i in range(0, len(batch), opts.generations)])
+        result.add(time.perf_counter() - t0, rollout, len(batch), int(batch.action_mask.sum()) if tokens else 0,
+                   sum(len(p) for p in batch.payload["prompt_ids"]) if tokens else 0)
+        if on_batch is not None:
+            on_batch(batch)
     result.peak_memory_gib, result.memory_kind = peak_memory(device)
-    result.micro_batch_used = policy.micro_batch_size
-    del trainer, policy, batch
-    _free(device)
-    return result, drawn, task
+    return result
 
 
 def _free(device: torch.device) -> None:

@@ -8,7 +8,7 @@ set -o pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 BUDGET=${1:-420}; TESTS=${2:-100}
-BENCH_GROUPS=${BENCH_GROUPS:-full,fit448,optimizers,lora}; CACHES=${CACHES:-dynamic,static,vllm}
+BENCH_GROUPS=${BENCH_GROUPS:-full,fit448,optimizers,lora,generator}; CACHES=${CACHES:-dynamic,static,vllm}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
