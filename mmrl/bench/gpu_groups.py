@@ -158,13 +158,15 @@ class Group:
                       if sopts.dtype == "bfloat16" and not lora else "TRL GRPOTrainer")
 
     def optimizers(self) -> None:
-        sopts = self.speed_options(tokens=self.opts.optim_tokens, steps=1, warmup=0, dtype="bfloat16")
+        # a warm-up step first: the measured step's peak holds the optimizer state and gradients
+        # (the steady state), and its time leaves out CUDA's and torchao's first-call costs
+        sopts = self.speed_options(tokens=self.opts.optim_tokens, steps=1, warmup=1, dtype="bfloat16")
         for optim in self.opts.optims:
             run = f"mmrl train.optim={optim}"
             cfg = self.config(sopts, [f"train.optim={optim}"], f"optim-{optim}")
             out = self.guarded(run, sopts, lambda: run_mmrl_side(cfg, sopts))
             if out is not None:
-                self.emit(run, "mmrl", sopts, out[0], note=f"{self.opts.optim_tokens} tokens, one step")
+                self.emit(run, "mmrl", sopts, out[0], note=f"{self.opts.optim_tokens} tokens, one step after a warm-up step")
 
     def generator(self) -> None:
         from ..config import builtin_config_path, load_config
