@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmrl.bench.shaped_generator import clip_tokenizer, t5_tokenizer  # noqa: F401  (the tests' tokenizers too)
+from mmrl.bench.shaped_generator import TINY_TRANSFORMER, clip_tokenizer, t5_tokenizer
 
 
 def _clip_config(eos_token_id: int = 1):
@@ -57,10 +57,7 @@ def build_tiny_sd3(path, shift: float = 3.0) -> Path:
     from transformers import CLIPTextModelWithProjection, T5EncoderModel
 
     torch.manual_seed(0)
-    transformer = SD3Transformer2DModel(
-        sample_size=8, patch_size=2, in_channels=4, num_layers=1, attention_head_dim=8, num_attention_heads=4,
-        caption_projection_dim=32, joint_attention_dim=32, pooled_projection_dim=64, out_channels=4,
-    )
+    transformer = SD3Transformer2DModel(**TINY_TRANSFORMER)
     torch.manual_seed(1)
     text_encoder = CLIPTextModelWithProjection(_clip_config())
     torch.manual_seed(2)

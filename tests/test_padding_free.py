@@ -15,19 +15,13 @@ from mmrl.core.losses import Objective, ObjectiveConfig
 from mmrl.vlm.packing import completion_positions, packed_inputs, token_balanced_micro_batches
 from mmrl.vlm.policy import VLMPolicy
 from test_shared_prefix import COMPLETIONS, _assert_equal, _groups
+from test_shared_prefix import _forward as shared_prefix_forward
 from test_static_cache import VIDEO_BUDGET, _prompts
 from test_vision_once import family_dirs  # noqa: F401  (the tiny Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoints)
 
 
 def _forward(policy, batch, packed: bool):
-    """Log-probs, entropies and the gradients of a loss on both, padded or packed."""
-    policy.cfg.train.padding_free = packed
-    policy.module.zero_grad(set_to_none=True)
-    with policy.autocast():
-        logps, entropy = policy.completion_logps(policy.module, batch, with_entropy=True)
-    (logps.sum() * 0.1 + entropy.sum() * 0.05).backward()
-    grads = {n: p.grad.clone() for n, p in policy.module.named_parameters() if p.grad is not None}
-    return logps.detach(), entropy.detach(), grads
+    return shared_prefix_forward(policy, batch, padding_free=packed)
 
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen2_vl", "qwen3_vl"])

@@ -33,9 +33,9 @@ def _groups(policy, copies=3):
     return batch
 
 
-def _forward(policy, batch, shared):
-    """Log-probs, entropies and the gradients of a loss on both, plain or shared-prefix."""
-    policy.cfg.train.shared_prefix = shared
+def _forward(policy, batch, shared=False, padding_free=False):
+    """Log-probs, entropies and the gradients of a loss on both: plain, shared-prefix or packed."""
+    policy.cfg.train.shared_prefix, policy.cfg.train.padding_free = shared, padding_free
     policy.module.zero_grad(set_to_none=True)
     with policy.autocast():
         logps, entropy = policy.completion_logps(policy.module, batch, with_entropy=True)

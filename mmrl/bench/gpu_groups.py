@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from .diffusion import VARIANTS as DIFFUSION_VARIANTS
 from .gpu import PEAK_BF16_TFLOPS, GpuBenchOptions
 from .speed import DEFAULT_CONFIG, SpeedOptions, mmrl_overrides, run_mmrl_side
 from .speed_common import SideResult
@@ -205,7 +206,7 @@ class Group:
                             f"did not fit micro-batch {sopts.micro_batch}: the out-of-memory back-off trained at {used}"))
 
 
-GENERATOR_VARIANTS = {"full SDE": (), "SDE window 2": ("diffusion.sde_window_size=2", "diffusion.sde_window_range=[0,3]")}
+GENERATOR_VARIANTS = {"full SDE": DIFFUSION_VARIANTS["full_sde"], "SDE window 2": DIFFUSION_VARIANTS["sde_window"]}
 GENERATOR_TINY = ("model.dtype=float32", "diffusion.height=16", "diffusion.width=16", "diffusion.num_steps=4",
                   "rollout.num_generations=4", "rollout.batch_size=4", "train.micro_batch_size=2", "model.lora.r=4",
                   "model.lora.alpha=8")
@@ -220,7 +221,7 @@ def run_generator_side(cfg, steps: int, warmup: int) -> SideResult:
     task = build_task(cfg)
     trainer = Trainer(cfg, make_policy(cfg, task), task)
     trainer.policy.configure_optimizer(cfg.train, cfg.train.steps)
-    return timed_trainer_steps(trainer, warmup + steps, warmup, torch.device(cfg.train.device), tokens=False)
+    return timed_trainer_steps(trainer, warmup + steps, warmup, torch.device(cfg.train.device))
 
 
 def _has(module: str) -> bool:

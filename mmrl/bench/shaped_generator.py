@@ -25,7 +25,7 @@ SD35_MEDIUM_TRANSFORMER = dict(
     num_attention_heads=24, joint_attention_dim=4096, caption_projection_dim=1536, pooled_projection_dim=2048,
     pos_embed_max_size=384, dual_attention_layers=tuple(range(13)), qk_norm="rms_norm",
 )
-# The tests' tiny SD3 (diffusers' own get_dummy_components sizes).
+# diffusers' get_dummy_components sizes: ``--tiny`` and the tests' SD3 pipeline (tests/diffusion_fixtures.py).
 TINY_TRANSFORMER = dict(sample_size=8, patch_size=2, in_channels=4, out_channels=4, num_layers=1, attention_head_dim=8,
                         num_attention_heads=4, caption_projection_dim=32, joint_attention_dim=32,
                         pooled_projection_dim=64)

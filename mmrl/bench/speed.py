@@ -129,8 +129,7 @@ def run_mmrl_side(cfg, opts: SpeedOptions) -> tuple[SideResult, list[list[dict]]
     trainer = Trainer(cfg, policy, task)
     policy.configure_optimizer(cfg.train, cfg.train.steps)
     drawn: list[list[dict]] = []
-    result = timed_trainer_steps(trainer, cfg.train.steps, opts.warmup, device, tokens=True,
-                                 on_batch=lambda batch: drawn.append(
+    result = timed_trainer_steps(trainer, cfg.train.steps, opts.warmup, device, on_batch=lambda batch: drawn.append(
                                      [batch.examples[i] for i in range(0, len(batch), opts.generations)]))
     result.micro_batch_used = policy.micro_batch_size
     del trainer, policy
@@ -138,12 +137,12 @@ def run_mmrl_side(cfg, opts: SpeedOptions) -> tuple[SideResult, list[list[dict]]
     return result, drawn, task
 
 
-def timed_trainer_steps(trainer, steps: int, warmup: int, device: torch.device, tokens: bool,
-                        on_batch=None) -> SideResult:
+def timed_trainer_steps(trainer, steps: int, warmup: int, device: torch.device, on_batch=None) -> SideResult:
     """``steps`` RL steps through the trainer's own step methods (``rollout_step``: prompts,
     generation, rewards, advantages; ``update``: forward, backward, optimizer step), timed the way
     ``Trainer.train`` times them, CUDA synchronised at each boundary; the peak memory after the
-    warm-up steps. ``tokens``: count completion and prompt tokens (a VLM's batch)."""
+    warm-up steps. Completion and prompt tokens are counted for batches with prompt tokens (a VLM's);
+    a generator's count 0."""
     result = SideResult("mmrl", warmup)
     reset_peak_memory(device)
     for step in range(1, steps + 1):
@@ -157,8 +156,9 @@ def timed_trainer_steps(trainer, steps: int, warmup: int, device: torch.device, 
         metrics.update(trainer.update(batch, step))
         sync(device)
         result.logs.append({"step": step, **{k: float(v) for k, v in metrics.items()}})
-        result.add(time.perf_counter() - t0, rollout, len(batch), int(batch.action_mask.sum()) if tokens else 0,
-                   sum(len(p) for p in batch.payload["prompt_ids"]) if tokens else 0)
+        prompt_ids = batch.payload.get("prompt_ids")
+        result.add(time.perf_counter() - t0, rollout, len(batch), int(batch.action_mask.sum()) if prompt_ids else 0,
+                   sum(len(p) for p in prompt_ids) if prompt_ids else 0)
         if on_batch is not None:
             on_batch(batch)
     result.peak_memory_gib, result.memory_kind = peak_memory(device)

@@ -28,7 +28,7 @@ from typing import Sequence
 
 import torch
 
-from .processing import join_videos
+from .processing import batch_vision_inputs, join_videos
 
 
 def packed_inputs(processor, prompts: Sequence[torch.Tensor], comps: Sequence[torch.Tensor], payload: dict,
@@ -38,32 +38,27 @@ def packed_inputs(processor, prompts: Sequence[torch.Tensor], comps: Sequence[to
     of each sample's last prompt token, whose hidden state predicts its first completion token.
     ``rope_index`` is the model's ``get_rope_index``."""
     rows = [torch.cat([p, c.to(p.dtype)]) for p, c in zip(prompts, comps)]
+    input_ids = torch.cat(rows)[None]
+    token_types = processor.token_types(input_ids)
     videos = payload.get("video") or [None] * len(rows)
     text, mrope, ends, start = [], [], [], 0
     for i, row in enumerate(rows):
-        grid, video = payload["image_grid_thw"][i], videos[i]
-        ids = row[None]
+        grid, video, end = payload["image_grid_thw"][i], videos[i], start + len(row)
         if grid is None and video is None:  # text only: the three rows are the text positions
             mrope.append(torch.arange(len(row)).view(1, 1, -1).expand(3, 1, -1))
         else:
             vid = join_videos([video])
-            pos, _ = rope_index(input_ids=ids, mm_token_type_ids=processor.token_types(ids), image_grid_thw=grid,
+            pos, _ = rope_index(input_ids=row[None], mm_token_type_ids=token_types[:, start:end], image_grid_thw=grid,
                                 video_grid_thw=vid.get("video_grid_thw"),
                                 second_per_grid_ts=vid.get("second_per_grid_ts"),
-                                attention_mask=torch.ones_like(ids))
+                                attention_mask=torch.ones_like(row[None]))
             mrope.append(pos.cpu())
         text.append(torch.arange(len(row)))
         ends.append(start + len(prompts[i]) - 1)
-        start += len(row)
-    input_ids = torch.cat(rows)[None]
+        start = end
     position_ids = torch.cat([torch.cat(text).view(1, 1, -1), torch.cat(mrope, dim=2).to(torch.long)], dim=0)
-    inputs = {"input_ids": input_ids, "position_ids": position_ids,
-              "mm_token_type_ids": processor.token_types(input_ids)}
-    pv = [x for x in payload["pixel_values"] if x is not None]
-    if pv:
-        inputs["pixel_values"] = torch.cat(pv)
-        inputs["image_grid_thw"] = torch.cat([g for g in payload["image_grid_thw"] if g is not None])
-    inputs.update(join_videos(videos))
+    inputs = {"input_ids": input_ids, "position_ids": position_ids, "mm_token_type_ids": token_types,
+              **batch_vision_inputs(payload)}
     return inputs, torch.tensor(ends)
 
 

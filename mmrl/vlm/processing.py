@@ -308,3 +308,15 @@ def join_videos(parts: Sequence[dict[str, torch.Tensor] | None]) -> dict[str, to
     """The batch inputs of per-sample video inputs (:func:`split_videos`), {} when none has one."""
     present = [x for x in parts if x is not None]
     return {k: torch.cat([x[k] for x in present]) for k in present[0]} if present else {}
+
+
+def batch_vision_inputs(payload: dict) -> dict[str, torch.Tensor]:
+    """A batch's images and videos as model inputs, in sample order (samples without any skipped):
+    ``pixel_values`` / ``image_grid_thw`` and the joined video inputs."""
+    out: dict[str, torch.Tensor] = {}
+    pixels = [x for x in payload["pixel_values"] if x is not None]
+    if pixels:
+        out["pixel_values"] = torch.cat(pixels)
+        out["image_grid_thw"] = torch.cat([g for g in payload["image_grid_thw"] if g is not None])
+    out.update(join_videos(payload.get("video") or []))
+    return out

@@ -23,7 +23,7 @@ from ..core.losses import TokenSelection, select_tokens
 from ..core.rollouts import Rollouts
 from .logprobs import split_head, token_logprobs
 from .packing import completion_positions, packed_inputs, token_balanced_micro_batches
-from .processing import join_videos
+from .processing import batch_vision_inputs
 from .shared_prefix import prompt_groups, shared_prefix_hidden
 
 
@@ -47,12 +47,8 @@ class VLMScoring:
             attn[i, P - len(p):P] = 1
             ids[i, P:P + len(c)] = c
             attn[i, P:P + len(c)] = 1
-        inputs = {"input_ids": ids, "attention_mask": attn, "mm_token_type_ids": self.processor.token_types(ids)}
-        pv = [x for x in batch.payload["pixel_values"] if x is not None]
-        if pv:
-            inputs["pixel_values"] = torch.cat(pv)
-            inputs["image_grid_thw"] = torch.cat([g for g in batch.payload["image_grid_thw"] if g is not None])
-        inputs.update(join_videos(batch.payload.get("video") or []))
+        inputs = {"input_ids": ids, "attention_mask": attn, "mm_token_type_ids": self.processor.token_types(ids),
+                  **batch_vision_inputs(batch.payload)}
         return {k: v.to(self.device) for k, v in inputs.items()}, P
 
     def _targets(self, batch: Rollouts) -> torch.Tensor:

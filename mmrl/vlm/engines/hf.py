@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -81,6 +82,7 @@ def static_cache_length(prompt_len: int, max_new_tokens: int, step: int = STATIC
     return -(-(prompt_len + max_new_tokens) // step) * step
 
 
+@functools.lru_cache(maxsize=1)
 def _generate_takes_max_cache_len() -> bool:
     from transformers import GenerationConfig
 
