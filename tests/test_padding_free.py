@@ -140,3 +140,14 @@ def test_a_generator_run_refuses_the_keys():
     for key in ("train.padding_free=true", "train.micro_batch_tokens=64"):
         with pytest.raises(ConfigError, match=key.split("=")[0]):
             check_unused_keys(make_config(key), DiffusionPolicy.unused_config, "a DiffusionPolicy")
+
+
+def test_without_flash_attention_the_run_is_warned_what_it_costs(random_tiny_dir, caplog):
+    """sdpa/eager attention gives the packed row an (L, L) mask: slower than padding on CPU."""
+    with caplog.at_level("WARNING", logger="mmrl"):
+        VLMPolicy(make_config(f"model.path={random_tiny_dir}", "train.device=cpu", "train.padding_free=true"))
+    assert "flash_attention_2" in caplog.text and "4.9x" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="mmrl"):
+        VLMPolicy(make_config(f"model.path={random_tiny_dir}", "train.device=cpu"))
+    assert "padding_free" not in caplog.text

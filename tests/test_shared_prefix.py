@@ -13,7 +13,7 @@ from mmrl.core.losses import Objective, ObjectiveConfig
 from mmrl.registry import TASKS
 from mmrl.vlm.logprobs import split_head
 from mmrl.vlm.policy import VLMPolicy
-from mmrl.vlm.shared_prefix import check_supported, prompt_groups
+from mmrl.vlm.shared_prefix import check_supported, prompt_groups, uses_shared_prefix
 from test_vision_once import family_dirs  # noqa: F401  (the tiny Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoints)
 
 # Completions of 8, 3 and 14 tokens (with the stop token): different lengths, right-padded.
@@ -35,7 +35,7 @@ def _groups(policy, copies=3):
 
 def _forward(policy, batch, shared=False, padding_free=False):
     """Log-probs, entropies and the gradients of a loss on both: plain, shared-prefix or packed."""
-    policy.cfg.train.shared_prefix, policy.cfg.train.padding_free = shared, padding_free
+    policy.shared_prefix, policy.cfg.train.padding_free = shared, padding_free
     policy.module.zero_grad(set_to_none=True)
     with policy.autocast():
         logps, entropy = policy.completion_logps(policy.module, batch, with_entropy=True)
@@ -78,7 +78,7 @@ def test_lora_reference_and_split_groups(random_tiny_dir):
     assert all("lora" in n for n in _forward(policy, batch, shared=True)[2])
     scores = {}
     for shared in (False, True):
-        policy.cfg.train.shared_prefix = shared
+        policy.shared_prefix = shared
         scores[shared] = (policy.score(batch, reference=False), policy.score(batch, reference=True))
     for a, b in zip(scores[True], scores[False]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
@@ -118,13 +118,28 @@ def test_prompts_are_shared_only_when_ids_and_pixels_are_equal():
 
 
 def test_sliding_window_models_are_refused(random_tiny_dir):
-    """A cache that keeps only the window would show the completions less of the prompt."""
+    """A cache that keeps only the window would show the completions less of the prompt: set,
+    the key is refused; unset, such a model runs the plain forward."""
     policy = VLMPolicy(make_config(f"model.path={random_tiny_dir}", "train.device=cpu"))
     backbone = split_head(policy.module)[0]
     check_supported(backbone)
     backbone.config.text_config.use_sliding_window = True
     with pytest.raises(ValueError, match="train.shared_prefix=false"):
         check_supported(backbone)
+    with pytest.raises(ValueError, match="sliding-window"):
+        uses_shared_prefix(True, False, backbone)
+    assert uses_shared_prefix(None, False, backbone) is False
+
+
+def test_unset_it_is_on_wherever_it_applies(random_tiny_dir):
+    """The default: on for a full-attention model (what the policy scores with), off beside
+    train.padding_free (which packs instead), and an explicit false is kept."""
+    assert VLMPolicy(make_config(f"model.path={random_tiny_dir}", "train.device=cpu")).shared_prefix is True
+    policy = VLMPolicy(make_config(f"model.path={random_tiny_dir}", "train.device=cpu", "train.padding_free=true"))
+    assert policy.shared_prefix is False
+    backbone = split_head(policy.module)[0]
+    assert uses_shared_prefix(False, False, backbone) is False
+    assert uses_shared_prefix(None, True, backbone) is False and uses_shared_prefix(None, False, backbone) is True
 
 
 def test_text_only_prompts(random_tiny_dir):

@@ -67,7 +67,7 @@ def test_shared_encoding_equals_the_per_sample_forward(family, family_dirs):
     """A trained vision tower (no cache): log-probs and every gradient, vision tower included,
     equal the forward that encodes the image of each of the 6 samples."""
     policy = VLMPolicy(make_config(f"model.path={family_dirs[family]}", "train.device=cpu",
-                                   "vlm.freeze_vision=false"))
+                                   "vlm.freeze_vision=false", "train.shared_prefix=false"))  # the per-sample forward
     [encoder] = policy.image_encoders
     assert not encoder.cache_enabled
     batch = _teacher_forced(policy)
@@ -88,7 +88,7 @@ def test_a_frozen_tower_encodes_each_image_once_per_step(random_tiny_dir):
     """With vlm.freeze_vision the features are kept through the step: the scoring pass after the
     first encodes nothing, a new step starts afresh, and the values equal an uncached forward."""
     policy = VLMPolicy(make_config(f"model.path={random_tiny_dir}", "train.device=cpu", "vlm.freeze_vision=true",
-                                   "algo.beta=0.04"))
+                                   "algo.beta=0.04", "train.shared_prefix=false"))  # every sample's image asked for
     assert len(policy.image_encoders) == 2 and all(e.cache_enabled for e in policy.image_encoders)
     encoder, ref_encoder = policy.image_encoders
     batch = _teacher_forced(policy)

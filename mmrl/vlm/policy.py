@@ -35,7 +35,7 @@ from .loading import VLM_LORA_TARGETS, load_vlm, resolve_model_path, vision_towe
 from .logprobs import split_head
 from .sampling import VLMSampling
 from .scoring import VLMScoring
-from .shared_prefix import check_supported
+from .shared_prefix import uses_shared_prefix
 from .vision_once import share_image_encoding
 
 __all__ = ["VLMPolicy", "load_vlm", "resolve_model_path", "vision_tower"]
@@ -98,9 +98,17 @@ class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
             [e for m in (self.module, self.ref_module) if m is not None
              if (e := share_image_encoding(m, cache=frozen, method=method)) is not None]
             for method in ("get_image_features", "get_video_features"))
-        if cfg.train.shared_prefix:
-            check_supported(split_head(self.module)[0])
+        # each distinct prompt of a micro-batch through the language model once (exact)
+        self.shared_prefix = uses_shared_prefix(cfg.train.shared_prefix, cfg.train.padding_free,
+                                                split_head(self.module)[0])
         _check_packing(cfg.train)
+        attention = getattr(self.module.config, "_attn_implementation", None) or ""
+        if cfg.train.padding_free and not attention.startswith("flash"):
+            logging.getLogger("mmrl").warning(
+                "warning: train.padding_free=true with %s attention: the packed row's attention runs on a "
+                "(length x length) mask, which costs more than the padding it saves (the tiny default's GRPO run "
+                "took 4.9x as long on CPU); it pays with model.attn_implementation=flash_attention_2 on a GPU",
+                attention or "the default")
         self.engine = ENGINES.get(cfg.rollout.engine, "rollout.engine")(self)
 
     @property

@@ -65,7 +65,7 @@ class VLMScoring:
         payload = batch.payload
         has_video = any(v is not None for v in payload.get("video") or [])
         groups = prompt_groups(payload["prompt_ids"], payload["pixel_values"], payload["image_grid_thw"]) \
-            if self.cfg.train.shared_prefix and not has_video else None  # shared prefixes: images only
+            if self.shared_prefix and not has_video else None  # shared prefixes: images only
         if groups is None:
             return backbone(**inputs, use_cache=False).last_hidden_state[:, P - 1:P - 1 + T]
         return shared_prefix_hidden(backbone, inputs, P, T, groups, payload["pixel_values"], payload["image_grid_thw"])

@@ -64,15 +64,33 @@ def _same(i: int, j: int, prompt_ids, pixel_values) -> bool:
     return (a is None and b is None) or (a is not None and b is not None and a.shape == b.shape and torch.equal(a, b))
 
 
+def _partial_layers(backbone) -> list[str]:
+    """The kinds of decoder layer whose cache keeps only a window (empty: every layer full attention)."""
+    config = getattr(backbone.config, "text_config", backbone.config)
+    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
+    if getattr(config, "use_sliding_window", False):
+        return sorted(set(layer_types) | {"sliding_attention"})
+    return sorted({t for t in layer_types if t != "full_attention"})
+
+
 def check_supported(backbone) -> None:
     """Refuse models whose cache would not hold the whole prompt (sliding-window layers keep
     only the window, so completions would see less than in the plain forward)."""
-    config = getattr(backbone.config, "text_config", backbone.config)
-    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
-    if getattr(config, "use_sliding_window", False) or any(t != "full_attention" for t in layer_types):
+    if partial := _partial_layers(backbone):
         raise ValueError("train.shared_prefix=true needs full-attention layers in every decoder layer; this "
-                         f"model ({backbone.config.model_type}) has sliding-window layers {sorted(set(layer_types))}. "
+                         f"model ({backbone.config.model_type}) has sliding-window layers {partial}. "
                          "Set train.shared_prefix=false")
+
+
+def uses_shared_prefix(setting: bool | None, padding_free: bool, backbone) -> bool:
+    """``train.shared_prefix`` as a run applies it: true (checked against the model) or false as
+    set; unset, on wherever it applies (every layer full attention, and no ``train.padding_free``,
+    which shares work its own way). Exact either way; measured faster on the tiny default."""
+    if setting is None:
+        return not padding_free and not _partial_layers(backbone)
+    if setting:
+        check_supported(backbone)
+    return setting
 
 
 def plain_positions(backbone, inputs: dict[str, Tensor]) -> Tensor:
