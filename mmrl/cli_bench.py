@@ -183,7 +183,7 @@ def bench_gpu(
     budget: float = typer.Option(540.0, help="seconds for all groups: a group that would start with too little "
                                  "left is not run, one still running at the end is stopped (its rows are kept)"),
     caches: str = typer.Option("dynamic,static", help="mmrl rollouts in the full and lora groups: dynamic | "
-                               "static (compiled static-cache decode) | vllm"),
+                               "static (compiled static-cache decode) | static_plain (static, train.shared_prefix=false) | vllm"),
     optims: str = typer.Option("adamw_torch,adamw_kahan,adamw_bf16,adamw_bf16_sr", help="train.optim per row of the "
                                "optimizers group"),
     steps: int = typer.Option(2, help="measured steps per speed row"),

@@ -1,12 +1,23 @@
-"""The learning runs of a pytest session, each made once, two at a time, before the first learning
-test reads them (``learning_runs.run_cases``). A learning test names its case with the
-``learning_case`` mark; only the cases of the tests selected in this session run."""
+"""The learning runs of a pytest session, each made once (``learning_runs.run_cases``: its own
+process, one torch thread, two at a time). A learning test names its case with the
+``learning_case`` mark; only the cases of the tests selected in this session run.
+
+The runs start in the background as soon as the session's tests are collected, at the lowest CPU
+priority (nice 19): while the other tests run they take only the processor time those leave idle,
+and the learning tests, moved to the end of the session, wait for them (``learning_results``; the
+wait is the setup time of the first of them in ``--durations``). A run's numbers do not depend on
+when it runs: one thread, every step seeded."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
 import pytest
 from learning_cases import CASES, SHARED_START
-from learning_runs import Job, LearningRun, run_cases
+from learning_runs import Job, LearningRun, run_cases, stop_runs
 
 
 def learning_case(name: str):
@@ -14,23 +25,73 @@ def learning_case(name: str):
     return pytest.mark.learning_case(name)
 
 
+class _Pool:
+    """The session's learning runs, made in a background thread."""
+
+    def __init__(self, names: list[str]):
+        self.shared = [n for n in names if n in SHARED_START]
+        # the SHARED_START cases train from one warm start scored on the same scenes: the first of
+        # them evaluates it, the others leave that evaluation out and take its numbers
+        self.jobs = [Job(n, before=n not in self.shared[1:]) for n in names]
+        self.out = Path(tempfile.mkdtemp(prefix="mmrl-learning-"))
+        self.lines: list[str] = []
+        self.results: dict[Job, LearningRun] = {}
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._work, name="learning-runs", daemon=True)
+        self.thread.start()
+
+    def _work(self) -> None:
+        try:
+            self.results = run_cases(self.jobs, self.out, report=self.lines.append, nice=19)
+        except BaseException as exc:  # handed to the tests that read the runs
+            self.error = exc
+
+    def runs(self) -> dict[str, LearningRun]:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        runs = {job.case: run for job, run in self.results.items()}
+        for name in self.shared[1:]:
+            runs[name].before = dict(runs[self.shared[0]].before)
+        return runs
+
+
+_POOLS: dict[int, _Pool] = {}  # per pytest config (one per session)
+
+
+@pytest.hookimpl(trylast=True)  # after -k / -m deselection
+def pytest_collection_modifyitems(config, items):
+    """The learning tests to the end of the session, their runs started now."""
+    learning = [item for item in items if item.get_closest_marker("learning_case")]
+    if not learning or config.option.collectonly:
+        return
+    rest = [item for item in items if not item.get_closest_marker("learning_case")]
+    items[:] = rest + learning
+    names = list(dict.fromkeys(item.get_closest_marker("learning_case").args[0] for item in learning))
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        raise pytest.UsageError(f"learning_case names not in learning_cases.CASES: {unknown}")
+    _POOLS[id(config)] = _Pool(names)
+
+
+def pytest_sessionfinish(session):
+    """Runs still going when the session ends (interrupted, -x) are killed; the run directories go."""
+    pool = _POOLS.pop(id(session.config), None)
+    if pool is None:
+        return
+    stop_runs()
+    pool.thread.join(timeout=30)
+    shutil.rmtree(pool.out, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
-def learning_results(request, tmp_path_factory) -> dict[str, LearningRun]:
-    """Each selected learning test's case, run at the tests' seed (0). The SHARED_START cases train
-    from one warm start scored on the same scenes: the first of them evaluates it, the others leave
-    that evaluation out and take its numbers."""
-    names = []
-    for item in request.session.items:
-        mark = item.get_closest_marker("learning_case")
-        if mark and mark.args[0] not in names:
-            names.append(mark.args[0])
-    shared = [n for n in names if n in SHARED_START]
-    jobs = [Job(n, before=n not in shared[1:]) for n in names]
+def learning_results(request) -> dict[str, LearningRun]:
+    """Each selected learning test's case, run at the tests' seed (0), waited for."""
+    pool = _POOLS[id(request.config)]
+    runs = pool.runs()
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    report = (lambda line: reporter.write_line(line)) if reporter else print
-    runs = {job.case: run for job, run in run_cases(jobs, tmp_path_factory.mktemp("learning"), report=report).items()}
-    for name in shared[1:]:
-        runs[name].before = dict(runs[shared[0]].before)
+    for line in pool.lines:
+        (reporter.write_line if reporter else print)(line)
     return runs
 
 

@@ -17,6 +17,7 @@ import os
 import resource
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -64,30 +65,52 @@ class LearningRun:
     error: str = ""
 
 
-def _one_run(job: Job, out: Path) -> LearningRun:
-    """``job`` in a fresh Python process at one torch thread; its result read from the JSON it writes."""
+_RUNNING: set[subprocess.Popen] = set()  # the runs in progress, for stop_runs
+_STOPPED = threading.Event()
+
+
+def stop_runs() -> None:
+    """Kill the runs in progress and start no more (a pytest session that ends before its
+    learning tests read the runs: an interrupt, -x)."""
+    _STOPPED.set()
+    for proc in list(_RUNNING):
+        proc.kill()
+
+
+def _one_run(job: Job, out: Path, nice: int = 0) -> LearningRun:
+    """``job`` in a fresh Python process at one torch thread (at CPU priority ``nice``: 19 yields
+    the cores to anything else that runs); its result read from the JSON it writes."""
+    if _STOPPED.is_set():
+        return LearningRun(error="not run: the runs were stopped")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     cmd = [sys.executable, str(Path(__file__).resolve()), job.case, str(job.seed), str(out)]
     t0 = time.time()
     flags = [*([] if job.before else ["--no-before"]), *([f"--tag={job.tag}"] if job.tag else [])]
-    proc = subprocess.run([*cmd, *flags, *job.extra], capture_output=True, text=True, env=env)
+    proc = subprocess.Popen([*cmd, *flags, *job.extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, preexec_fn=(lambda: os.nice(nice)) if nice else None)
+    _RUNNING.add(proc)
+    try:
+        output, _ = proc.communicate()
+    finally:
+        _RUNNING.discard(proc)
     wall = round(time.time() - t0, 1)
     result_file = out / f"{job.run_name}.json"
     if proc.returncode != 0 or not result_file.exists():
-        return LearningRun(wall_s=wall, error=f"exit {proc.returncode}:\n{(proc.stdout + proc.stderr)[-4000:]}")
+        return LearningRun(wall_s=wall, error=f"exit {proc.returncode}:\n{output[-4000:]}")
     data = json.loads(result_file.read_text())
     return LearningRun(data["before"], data["after"], Path(data["run_dir"]), wall, data["cpu_s"])
 
 
-def run_cases(jobs: list[Job], out: Path, workers: int = 2, report=print, on_done=None) -> dict[Job, LearningRun]:
-    """Run ``jobs`` ``workers`` at a time, longest first (each case's ``seconds``), under ``out``;
-    ``on_done(job, run)`` is called as each is collected."""
+def run_cases(jobs: list[Job], out: Path, workers: int = 2, report=print, on_done=None,
+              nice: int = 0) -> dict[Job, LearningRun]:
+    """Run ``jobs`` ``workers`` at a time, longest first (each case's ``seconds``), under ``out``,
+    each at CPU priority ``nice``; ``on_done(job, run)`` is called as each is collected."""
     from learning_cases import CASES
 
     out.mkdir(parents=True, exist_ok=True)
     ordered = sorted(jobs, key=lambda j: -CASES[j.case].seconds)
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {job: pool.submit(_one_run, job, out) for job in ordered}
+        futures = {job: pool.submit(_one_run, job, out, nice) for job in ordered}
         results = {}
         for job in ordered:
             results[job] = run = futures[job].result()

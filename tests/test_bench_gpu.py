@@ -93,3 +93,15 @@ def test_unknown_groups_and_caches_are_refused(tmp_path):
         run_gpu_bench(GpuBenchOptions(tiny=True, groups=("speedy",)), tmp_path)
     with pytest.raises(ValueError, match="--caches: unknown sliding"):
         run_gpu_bench(GpuBenchOptions(tiny=True, caches=("sliding",)), tmp_path)
+
+
+def test_static_plain_is_the_static_cache_with_the_per_sample_forward():
+    """The row that repeats the 2026-11-27 GPU setting (shared prefixes off) beside the default."""
+    from mmrl.bench.gpu_groups import CACHES
+    from mmrl.config import load_config
+
+    engine, overrides = CACHES["static_plain"]
+    cfg = load_config(None, overrides)
+    assert engine == "hf" and cfg.rollout.cache_implementation == "static" and cfg.train.shared_prefix is False
+    assert load_config(None, CACHES["static"][1]).train.shared_prefix is None  # the default: on where it applies
+    assert GpuBenchOptions(caches=("static_plain",)).resolved().caches == ("static_plain",)

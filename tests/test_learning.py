@@ -30,7 +30,7 @@ def _learns(name: str, results):
 @pytest.mark.slow
 @learning_case("default")
 def test_default_recipe_raises_heldout_accuracy(learning_results):
-    """The default recipe (Dr. GRPO), shortened to 40 steps: sampled accuracy (pass@1) rises, greedy
+    """The default recipe (Dr. GRPO), shortened to 28 steps: sampled accuracy (pass@1) rises, greedy
     accuracy with it."""
     result = _learns("default", learning_results)
     assert result.before["reward/format"] >= 0.9  # the warm start already writes the layout

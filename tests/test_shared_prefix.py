@@ -161,3 +161,27 @@ def test_a_generator_run_refuses_the_key():
 
     with pytest.raises(ConfigError, match="train.shared_prefix"):
         check_unused_keys(make_config("train.shared_prefix=true"), DiffusionPolicy.unused_config, "a DiffusionPolicy")
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen2_vl"])  # Qwen3-VL videos are refused (processing.py)
+def test_video_prompts(family, family_dirs):  # noqa: F811
+    """Video prompts (video QA and temporal grounding, 3 samples each, the tower trained): values
+    and all gradients as the plain forward, each distinct video encoded once per forward."""
+    from test_static_cache import VIDEO_BUDGET, _prompts
+
+    policy = VLMPolicy(make_config(f"model.path={family_dirs[family]}", "train.device=cpu", "vlm.freeze_vision=false",
+                                   *VIDEO_BUDGET))
+    examples, prompts = _prompts("video")
+    rep = [0, 0, 0, 2, 2, 2]  # one video QA and one temporal grounding prompt, 3 samples each
+    batch = policy.rollout_given([examples[i] for i in rep], [prompts[i] for i in rep],
+                                 [COMPLETIONS[k % 3] for k in range(6)], need_old_logps=False, need_ref_logps=False)
+    assert all(v is not None for v in batch.payload["video"])
+    assert prompt_groups(batch.payload["prompt_ids"], batch.payload["pixel_values"], batch.payload["image_grid_thw"],
+                         batch.payload["video"])[1].tolist() == [0, 0, 0, 1, 1, 1]
+    plain = _forward(policy, batch, shared=False)
+    [encoder] = policy.video_encoders
+    seen = encoder.images_seen
+    shared = _forward(policy, batch, shared=True)
+    assert encoder.images_seen - seen == 2
+    assert any("visual" in n for n in shared[2])
+    _assert_equal(shared, plain)

@@ -59,9 +59,9 @@ class GpuBenchOptions:
         unknown = [g for g in self.groups if g not in GROUPS]
         if unknown:
             raise ValueError(f"--groups: unknown {', '.join(unknown)} (known: {', '.join(GROUPS)})")
-        bad = [c for c in self.caches if c not in ("dynamic", "static", "vllm")]
-        if bad:
-            raise ValueError(f"--caches: unknown {', '.join(bad)} (known: dynamic, static, vllm)")
+        known = ("dynamic", "static", "static_plain", "vllm")
+        if bad := [c for c in self.caches if c not in known]:
+            raise ValueError(f"--caches: unknown {', '.join(bad)} (known: {', '.join(known)})")
         if not self.tiny:
             return self
         return GpuBenchOptions(**{**asdict(self), "prompts": 2, "generations": 2, "tokens": 4, "steps": 1,

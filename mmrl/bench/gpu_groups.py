@@ -3,7 +3,8 @@
 JSON line per measured side to ``OUT_DIR/rows.jsonl``.
 
 - ``full`` / ``lora``: mmrl with each rollout cache of ``caches`` (dynamic, static: transformers'
-  compiled static-cache decode, vllm: ``rollout.engine=vllm`` where installed), then TRL's
+  compiled static-cache decode, static_plain: the same without shared prefixes in training, vllm:
+  ``rollout.engine=vllm`` where installed), then TRL's
   ``GRPOTrainer`` on the prompts the first mmrl run drew: the rows of ``mmrl bench speed``.
 - ``optimizers``: one step per ``train.optim`` (bf16 compute), peak memory and step time.
 - ``fit448``: one full fine-tuning step with 448-px scenes at the micro-batch asked: whether it fits
@@ -29,9 +30,13 @@ from .gpu import PEAK_BF16_TFLOPS, GpuBenchOptions
 from .speed import DEFAULT_CONFIG, SpeedOptions, mmrl_overrides, run_mmrl_side
 from .speed_common import SideResult
 
-# cache -> (rollout.engine, overrides)
+# cache -> (rollout.engine, overrides); "static_plain": the static cache with the per-sample
+# training forward (train.shared_prefix=false), the setting of the 2026-11-27 GPU rows, so a session
+# measures what the shared-prefix default changes on the GPU
 CACHES = {"dynamic": ("hf", ["rollout.cache_implementation=dynamic"]),
-          "static": ("hf", ["rollout.cache_implementation=static"]), "vllm": ("vllm", [])}
+          "static": ("hf", ["rollout.cache_implementation=static"]),
+          "static_plain": ("hf", ["rollout.cache_implementation=static", "train.shared_prefix=false"]),
+          "vllm": ("vllm", [])}
 
 
 def update_flops(config: dict, prompt_tokens: float, completion_tokens: float, lora: bool) -> float:

@@ -63,12 +63,13 @@ class VLMScoring:
         inputs, P = self._collate(batch)
         T = batch.action_mask.shape[1]
         payload = batch.payload
-        has_video = any(v is not None for v in payload.get("video") or [])
-        groups = prompt_groups(payload["prompt_ids"], payload["pixel_values"], payload["image_grid_thw"]) \
-            if self.shared_prefix and not has_video else None  # shared prefixes: images only
+        videos = payload.get("video")
+        groups = prompt_groups(payload["prompt_ids"], payload["pixel_values"], payload["image_grid_thw"], videos) \
+            if self.shared_prefix else None
         if groups is None:
             return backbone(**inputs, use_cache=False).last_hidden_state[:, P - 1:P - 1 + T]
-        return shared_prefix_hidden(backbone, inputs, P, T, groups, payload["pixel_values"], payload["image_grid_thw"])
+        return shared_prefix_hidden(backbone, inputs, P, T, groups, payload["pixel_values"], payload["image_grid_thw"],
+                                    videos)
 
     def _packed_hidden(self, backbone, batch: Rollouts) -> torch.Tensor:
         """(N, T, H): the same hidden states from one packed row (:mod:`mmrl.vlm.packing`)."""

@@ -1,6 +1,6 @@
 """The shared prompt of a group runs through the language model once, not once per sample.
 
-A GRPO group is G completions of one prompt (one image). The plain forward runs prompt plus
+A GRPO group is G completions of one prompt (one image or video). The plain forward runs prompt plus
 completion for each of the G samples, so the prompt (image tokens included, often most of the
 sequence) is computed G times. "Prefix Grouper: Efficient GRPO Training through Shared-Prefix
 Forward" (2025) computes the prompt once per group and lets the G completions attend to it.
@@ -34,19 +34,24 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from .processing import join_videos
+
 
 def prompt_groups(prompt_ids: Sequence[Tensor], pixel_values: Sequence[Tensor | None],
-                  grids: Sequence[Tensor | None]) -> tuple[list[int], Tensor] | None:
+                  grids: Sequence[Tensor | None],
+                  videos: Sequence[dict | None] | None = None) -> tuple[list[int], Tensor] | None:
     """``(representatives, index)``: the first row of each distinct prompt, and for each row the
     position of its prompt in ``representatives``. Prompts are equal when their token ids, pixels
-    and image grids are (two examples may share a text but not an image). None when no two rows
-    share a prompt: then there is nothing to save and the plain forward runs."""
+    and image grids are, and their videos' inputs (two examples may share a text but not an image).
+    None when no two rows share a prompt: then there is nothing to save and the plain forward runs."""
     reps: list[int] = []
     index: list[int] = []
     buckets: dict[tuple, list[int]] = {}
+    videos = videos or [None] * len(prompt_ids)
     for i, ids in enumerate(prompt_ids):
-        key = (len(ids), int(ids.sum()), None if grids[i] is None else tuple(grids[i].flatten().tolist()))
-        match = next((g for g in buckets.get(key, ()) if _same(i, reps[g], prompt_ids, pixel_values)), None)
+        key = (len(ids), int(ids.sum()), None if grids[i] is None else tuple(grids[i].flatten().tolist()),
+               None if videos[i] is None else tuple(videos[i]["video_grid_thw"].flatten().tolist()))
+        match = next((g for g in buckets.get(key, ()) if _same(i, reps[g], prompt_ids, pixel_values, videos)), None)
         if match is None:
             match = len(reps)
             reps.append(i)
@@ -57,10 +62,15 @@ def prompt_groups(prompt_ids: Sequence[Tensor], pixel_values: Sequence[Tensor | 
     return reps, torch.tensor(index, dtype=torch.long)
 
 
-def _same(i: int, j: int, prompt_ids, pixel_values) -> bool:
-    if not torch.equal(prompt_ids[i], prompt_ids[j]):
+def _same(i: int, j: int, prompt_ids, pixel_values, videos) -> bool:
+    if not torch.equal(prompt_ids[i], prompt_ids[j]) or not _equal(pixel_values[i], pixel_values[j]):
         return False
-    a, b = pixel_values[i], pixel_values[j]
+    a, b = videos[i], videos[j]
+    return (a is None and b is None) or (a is not None and b is not None and a.keys() == b.keys()
+                                         and all(_equal(a[k], b[k]) for k in a))
+
+
+def _equal(a: Tensor | None, b: Tensor | None) -> bool:
     return (a is None and b is None) or (a is not None and b is not None and a.shape == b.shape and torch.equal(a, b))
 
 
@@ -95,27 +105,28 @@ def uses_shared_prefix(setting: bool | None, padding_free: bool, backbone) -> bo
 
 def plain_positions(backbone, inputs: dict[str, Tensor]) -> Tensor:
     """The (3, N, L) position ids the plain forward of ``inputs`` uses: the model's
-    ``get_rope_index`` (mRoPE: 3D positions in the vision block, text after it) when there are
-    images, else ``arange(L)`` on every row (the text model's own default)."""
+    ``get_rope_index`` (mRoPE: 3D positions in the vision blocks, text after them) when there are
+    images or videos, else ``arange(L)`` on every row (the text model's own default)."""
     ids = inputs["input_ids"]
-    grid = inputs.get("image_grid_thw")
-    if grid is not None:
+    grids = {k: inputs[k] for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts") if k in inputs}
+    if "image_grid_thw" in grids or "video_grid_thw" in grids:
         positions, _ = backbone.get_rope_index(ids, mm_token_type_ids=inputs["mm_token_type_ids"],
-                                               image_grid_thw=grid, attention_mask=inputs["attention_mask"])
+                                               attention_mask=inputs["attention_mask"], **grids)
         return positions
     return torch.arange(ids.shape[1], device=ids.device).view(1, 1, -1).expand(3, ids.shape[0], -1)
 
 
 def shared_prefix_hidden(backbone, inputs: dict[str, Tensor], prompt_len: int, num_targets: int,
                          groups: tuple[list[int], Tensor], pixel_values: Sequence[Tensor | None],
-                         grids: Sequence[Tensor | None]) -> Tensor:
+                         grids: Sequence[Tensor | None], videos: Sequence[dict | None] | None = None) -> Tensor:
     """The (N, T) hidden states that predict the completion tokens, as
     ``backbone(**inputs).last_hidden_state[:, P - 1:P - 1 + T]`` of the plain forward, with each
     distinct prompt run once (module docstring).
 
     ``inputs`` is the plain batch (prompts left-padded to width ``prompt_len`` = P, completions
     right-padded after them); ``groups`` is :func:`prompt_groups`'s answer; ``pixel_values`` and
-    ``grids`` are each row's image patches and grid (None without an image)."""
+    ``grids`` are each row's image patches and grid (None without an image), ``videos`` each row's
+    video inputs (:func:`~mmrl.vlm.processing.split_videos`; None without a video)."""
     check_supported(backbone)
     P, T = prompt_len, num_targets
     representatives, index = groups
@@ -123,10 +134,12 @@ def shared_prefix_hidden(backbone, inputs: dict[str, Tensor], prompt_len: int, n
     positions = plain_positions(backbone, inputs)
     reps = torch.tensor(representatives, dtype=torch.long, device=device)
     index = index.to(device)
-    prompt_images = {}  # only the distinct prompts' images: each is encoded once here
+    prompt_images = {}  # only the distinct prompts' images and videos: each is encoded once here
     if rows := [r for r in representatives if pixel_values[r] is not None]:
         prompt_images = {"pixel_values": torch.cat([pixel_values[r] for r in rows]).to(device),
                          "image_grid_thw": torch.cat([grids[r] for r in rows]).to(device)}
+    if videos is not None:
+        prompt_images.update({k: v.to(device) for k, v in join_videos([videos[r] for r in representatives]).items()})
     prompt = backbone(
         input_ids=inputs["input_ids"][reps, :P],
         attention_mask=inputs["attention_mask"][reps, :P],

@@ -2,13 +2,13 @@
 # One GPU session's checks in one call (the device tool's machine: torch, transformers, peft and
 # accelerate installed; the other wheels carried in .whl/): install, `mmrl bench gpu` within a
 # budget, then the GPU-marked tests. Results and logs land in $OUT (or ./gpu-out).
-#   [BENCH_GROUPS=full,lora] [CACHES=static,dynamic] bash tests/campaigns/gpu_session.sh [BENCH_BUDGET_S] [TEST_TIMEOUT_S]
+#   [BENCH_GROUPS=full,lora] [CACHES=static,static_plain,dynamic] bash tests/campaigns/gpu_session.sh [BENCH_BUDGET_S] [TEST_TIMEOUT_S]
 # (TEST_TIMEOUT_S 0: no tests)
 set -o pipefail
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 BUDGET=${1:-420}; TESTS=${2:-100}
-BENCH_GROUPS=${BENCH_GROUPS:-full,fit448,optimizers,lora,generator}; CACHES=${CACHES:-dynamic,static,vllm}
+BENCH_GROUPS=${BENCH_GROUPS:-full,fit448,optimizers,lora,generator}; CACHES=${CACHES:-dynamic,static,static_plain,vllm}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
