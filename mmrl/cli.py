@@ -199,6 +199,25 @@ def eval_(
     typer.echo(f"gallery: {gallery / 'index.html'} and {gallery / 'gallery.png'}", err=True)
 
 
+@app.command(name="export", epilog=examples(
+    "mmrl export runs/exp1 exports/exp1                  # the latest checkpoint, LoRA merged",
+    "mmrl export runs/exp1 exports/exp1-lora --adapters  # a VLM's LoRA adapters alone (peft's format)",
+    "mmrl export runs/exp1 exports/exp1-s50 --step 50"))
+def export(
+    run_dir: Path = typer.Argument(..., help="a run directory (what `mmrl train` wrote)"),
+    out: Path = typer.Argument(..., help="a new directory to write the model to"),
+    step: Optional[int] = typer.Option(None, help="the checkpoint's step (default: the latest)"),
+    adapters: bool = typer.Option(False, "--adapters", help="a VLM's LoRA adapters alone instead of merged weights"),
+):
+    """Hand a trained model on: a VLM that transformers' from_pretrained loads, a generator that its
+    pipeline loads, with a model card (README.md: the held-out before/after table, recipe, data)."""
+    from .runs.export import export_run
+
+    with user_errors():
+        path = export_run(run_dir, out, step=step, adapters=adapters)
+    console.print(f"exported {run_dir} to {path} (model card: {path / 'README.md'})")
+
+
 @app.command(name="build-tiny", epilog=examples(
     "mmrl build-tiny vlm                        # the tiny default (assets/tiny-qwen2.5-vl), ~10 min on CPU",
     "mmrl build-tiny gui --out /tmp/tiny-gui    # elsewhere, leaving the shipped one alone",

@@ -11,7 +11,8 @@ import torch
 
 from conftest import make_config
 from mmrl.data.motion_t2v import DIRECTIONS, motion_prompt
-from mmrl.diffusion.policy import DiffusionPolicy, load_generator
+from mmrl.diffusion.loading import load_generator
+from mmrl.diffusion.policy import DiffusionPolicy
 from mmrl.diffusion.pretrain import motion_dataset, pretrain_tiny_video_generator
 from mmrl.diffusion.tiny import MARKER, SIGMA_FLOOR, TinyFlowPipeline
 from mmrl.diffusion.tiny_video import FAMILY, TinyWanPipeline, new_tiny_video_models, save_tiny_video

@@ -92,7 +92,8 @@ def test_video_rollout_scores_match_generation_and_training(random_tiny_dir):
 
 def test_video_features_are_encoded_once_per_group(random_tiny_dir):
     """A group of G samples of one clip sends the clip through the vision tower once."""
-    policy = _policy(random_tiny_dir, "rollout.max_completion_length=4")
+    policy = _policy(random_tiny_dir, "rollout.max_completion_length=4",
+                     "train.shared_prefix=false")  # the per-sample forward asks for every sample's clip
     task, exs = _examples("video_qa", 2)
     batch = policy.rollout(exs, [task.prompt(e) for e in exs], 4, "train")
     [encoder] = policy.video_encoders

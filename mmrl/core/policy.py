@@ -280,3 +280,10 @@ class PolicyBase:
 
     def load(self, path: Path) -> None:
         load_policy(self, path)
+
+    # -- handing the model on (mmrl export) ------------------------------------------------------
+    export_library = ""  # the library that loads an export: the model card's library_name
+
+    def export_pretrained(self, out: Path, adapters: bool = False) -> None:
+        """Write the trained model to ``out`` as its library loads it (subclass; ``mmrl export``)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be exported (no export_pretrained)")

@@ -125,7 +125,7 @@ PATH = Kind("null or a path inside the directories this demo serves", _path_read
 def tiny_models(modality: str) -> tuple[str, ...]:
     """The ``model.path`` names of the shipped tiny models a ``modality`` recipe trains."""
     if modality == "diffusion":
-        from ..diffusion.policy import TINY_GENERATORS
+        from ..diffusion.loading import TINY_GENERATORS
         return tuple(TINY_GENERATORS)
     from ..vlm.loading import TINY_MODELS
     return tuple(TINY_MODELS)

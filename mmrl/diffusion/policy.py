@@ -37,6 +37,7 @@ from ..core.policy import PolicyBase
 from ..core.rollouts import Rollouts
 from ..core.seeding import seeded, step_seed
 from .base import FlowPipeline
+from .loading import export_generator, load_generator
 from .losses import awm_log_likelihood, guard_log_ratio, nft_errors, noised
 from .plan import SDE_WINDOW_MODES, step_plan, trained_steps
 from .sde import StepOutput, ode_step, sde_step
@@ -47,33 +48,6 @@ LINEAR_AGG_MODES = ("token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm
 
 # What a loss may require that is computed on the final sample re-noised (not along the SDE chain).
 RENOISED_INPUTS = frozenset({"flow_matching_logps", "nft_errors"})
-
-# model.path names of the shipped tiny generators: (asset directory, the command that rebuilds it)
-TINY_GENERATORS = {"tiny": ("tiny-flow-shapes", "mmrl build-tiny diffusion"),
-                   "tiny-t2v": ("tiny-wan-motion", "mmrl build-tiny video-gen")}
-
-
-def load_generator(path: str, device: torch.device, dtype: torch.dtype) -> FlowPipeline:
-    """``"tiny"`` (the shipped tiny image generator), ``"tiny-t2v"`` (the shipped tiny video
-    generator), a directory made by ``mmrl build-tiny diffusion | video-gen``, or a local diffusers
-    pipeline directory (SD3 / SD3.5, FLUX, Wan)."""
-    from .tiny import TinyFlowPipeline, is_tiny_dir, tiny_family
-    from .tiny_video import FAMILY as TINY_VIDEO_FAMILY, TinyWanPipeline
-
-    if path in TINY_GENERATORS:
-        from ..assets import asset_path
-
-        name, command = TINY_GENERATORS[path]
-        path = str(asset_path(name))
-        if not is_tiny_dir(path):
-            raise FileNotFoundError(f"the tiny generator is missing from {path}; rebuild it with `{command}`")
-    if is_tiny_dir(path):
-        cls = TinyWanPipeline if tiny_family(path) == TINY_VIDEO_FAMILY else TinyFlowPipeline
-        return cls.from_pretrained(path, device, dtype)
-    from .adapters import load_pipeline
-
-    return load_pipeline(path, device, dtype)
-
 
 def to_pil(pixels: torch.Tensor) -> Image.Image | list[Image.Image]:
     """[0, 1] (3, H, W) -> an RGB image; (F, 3, H, W) -> a list of frames."""
@@ -398,3 +372,8 @@ class DiffusionPolicy(PolicyBase):
         saved = type(self.transformer).from_pretrained(Path(path) / "transformer", torch_dtype=torch.float32)
         self.load_module_state(saved.state_dict())
         del saved
+
+    export_library = "diffusers"
+
+    def export_pretrained(self, out: Path, adapters: bool = False) -> None:
+        export_generator(self, out, adapters)

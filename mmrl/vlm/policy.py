@@ -213,6 +213,18 @@ class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
         self.module.save_pretrained(Path(path) / "model", state_dict=state, safe_serialization=True)
         self.processor.save_pretrained(Path(path) / "model")
 
+    export_library = "transformers"
+
+    def export_pretrained(self, out: Path, adapters: bool = False) -> None:
+        """A directory ``from_pretrained`` reads, with the processor: the LoRA adapters merged into
+        the weights (peft's ``merge_and_unload``), or with ``adapters`` the adapters alone (peft's
+        format, loaded onto ``model.path``); weights in the dtype they were trained in."""
+        module = self.module
+        if self.lora and not adapters:
+            module = module.merge_and_unload()
+        module.save_pretrained(out, safe_serialization=True)
+        self.processor.save_pretrained(out)
+
     def load_weights(self, path: Path) -> None:
         """Restore through transformers' own loader, which knows the key layout it wrote."""
         from transformers import AutoModelForImageTextToText

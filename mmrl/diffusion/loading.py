@@ -1,0 +1,64 @@
+"""Where a generator comes from and where it goes: ``model.path`` resolved to a pipeline directory
+and loaded (:func:`load_generator`), and a trained policy written back out as that directory with
+its trained transformer (:func:`export_generator`, for ``mmrl export``)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from .base import FlowPipeline
+
+# model.path names of the shipped tiny generators: (asset directory, the command that rebuilds it)
+TINY_GENERATORS = {"tiny": ("tiny-flow-shapes", "mmrl build-tiny diffusion"),
+                   "tiny-t2v": ("tiny-wan-motion", "mmrl build-tiny video-gen")}
+
+
+def generator_dir(path: str) -> str:
+    """``model.path`` as a directory: the shipped tiny generators' names resolved to their assets."""
+    from .tiny import is_tiny_dir
+
+    if path in TINY_GENERATORS:
+        from ..assets import asset_path
+
+        name, command = TINY_GENERATORS[path]
+        path = str(asset_path(name))
+        if not is_tiny_dir(path):
+            raise FileNotFoundError(f"the tiny generator is missing from {path}; rebuild it with `{command}`")
+    return path
+
+
+def load_generator(path: str, device: torch.device, dtype: torch.dtype) -> FlowPipeline:
+    """``"tiny"`` (the shipped tiny image generator), ``"tiny-t2v"`` (the shipped tiny video
+    generator), a directory made by ``mmrl build-tiny diffusion | video-gen``, or a local diffusers
+    pipeline directory (SD3 / SD3.5, FLUX, Wan)."""
+    from .tiny import TinyFlowPipeline, is_tiny_dir, tiny_family
+    from .tiny_video import FAMILY as TINY_VIDEO_FAMILY, TinyWanPipeline
+
+    path = generator_dir(path)
+    if is_tiny_dir(path):
+        cls = TinyWanPipeline if tiny_family(path) == TINY_VIDEO_FAMILY else TinyFlowPipeline
+        return cls.from_pretrained(path, device, dtype)
+    from .adapters import load_pipeline
+
+    return load_pipeline(path, device, dtype)
+
+
+def export_generator(policy, out: Path, adapters: bool = False) -> None:
+    """The base pipeline directory (``model.path``) copied to ``out`` with the trained transformer
+    in its ``transformer/`` (LoRA fused into the weights through diffusers' ``fuse_lora`` and the
+    adapter layers removed): what :func:`load_generator`, and for a diffusers pipeline
+    ``DiffusionPipeline.from_pretrained``, reads. Adapters alone are not exported for generators."""
+    from ..config import ConfigError
+
+    if adapters:
+        raise ConfigError("--adapters: generators are exported with the adapters merged (leave out --adapters)")
+    base = Path(generator_dir(policy.cfg.model.path))
+    shutil.copytree(base, out, dirs_exist_ok=True, ignore=shutil.ignore_patterns("transformer"))
+    transformer = policy.transformer
+    if policy.lora:
+        transformer.fuse_lora()
+        transformer.unload_lora()
+    transformer.save_pretrained(out / "transformer")
