@@ -122,3 +122,10 @@ def test_bad_requests_name_what_to_do(finished_cli_run, tmp_path):
     (tmp_path / "full" / "x").write_text("x")
     res = runner.invoke(app, ["export", str(finished_cli_run), str(tmp_path / "full")])
     assert res.exit_code != 0 and "not empty" in res.output
+
+
+def test_a_policy_without_the_hook_is_refused_with_a_message():
+    from mmrl.core.policy import PolicyBase
+
+    with pytest.raises(ValueError, match="no export_pretrained"):
+        PolicyBase.export_pretrained(object.__new__(PolicyBase), None)

@@ -285,5 +285,7 @@ class PolicyBase:
     export_library = ""  # the library that loads an export: the model card's library_name
 
     def export_pretrained(self, out: Path, adapters: bool = False) -> None:
-        """Write the trained model to ``out`` as its library loads it (subclass; ``mmrl export``)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot be exported (no export_pretrained)")
+        """Write the trained model to ``out`` as its library loads it (``mmrl export``): each
+        built-in policy does; a plugin policy without it is refused with this message."""
+        raise ValueError(f"{type(self).__name__} has no export_pretrained: mmrl export cannot write it; "
+                         "its checkpoints under <run>/checkpoints hold the weights")

@@ -38,7 +38,8 @@ def export_run(run_dir: Path, out: Path, step: int | None = None, adapters: bool
                           f"(checkpoints at steps: {have}; runs save every log.save_every steps and at the end)")
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out}: exists and is not empty; export into a new directory")
-    cfg = load_config(run_dir / "config.yaml", ["resume=false", "train.device=cpu", "eval.before=false"])
+    # no reference model (algo.beta=0): an export needs the trained weights only, not a frozen copy
+    cfg = load_config(run_dir / "config.yaml", ["resume=false", "train.device=cpu", "eval.before=false", "algo.beta=0"])
     if adapters and not cfg.model.lora.enabled:
         raise ConfigError("--adapters: this run trained no LoRA adapters (model.lora.enabled=false); "
                           "export the full weights without --adapters")
