@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
-torch.set_num_threads(2)
+# Two cores: one process uses both; under pytest-xdist (the fast lane's `-n 2`) each worker uses one.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 
 # The tiny generators (sd3_dir, flux_dir, wan_dir, tiny_flow_dir ...), each built once a session; the
 # learning runs (learning_results), made two at a time.
