@@ -235,11 +235,15 @@ register_env = _register_as(ENVS, "name")  # @register_env("synthetic_gui") on a
 # ``modality`` is that name, so a new modality is a plugin like a task.
 register_policy = _register_as(POLICIES, "modality")
 
+# benchmark protocols (mmrl.benchmarks): `mmrl eval --benchmark NAME`
+BENCHMARKS: Registry[Any] = Registry("benchmark", modules=("mmrl.benchmarks.protocols",))
+
 ALL_REGISTRIES: dict[str, Registry] = {
     "tasks": TASKS, "rewards": REWARDS, "advantage estimators": ADVANTAGES, "losses": LOSSES,
     "data samplers (prompts)": PROMPT_SAMPLERS, "SDE samplers": SDE_SAMPLERS, "batch selections": SELECTIONS,
     "KL schedules": KL_SCHEDULES, "image perturbations": PERTURBATIONS, "rollout engines": ENGINES,
     "environments": ENVS, "policies (task modalities)": POLICIES, "optimizers": OPTIMIZERS,
+    "benchmarks": BENCHMARKS,
 }
 
 

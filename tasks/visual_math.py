@@ -225,7 +225,10 @@ class VisualMath(Task):
                 raise BadRecord("'choices'/'options' must be a list or an object of letter -> text")
         answer = str(answer).strip()
         ex = {"image": image.strip() if isinstance(image, str) else image, "question": question.strip(), "answer": answer, "options": options,
-              "kind": "choice" if options else "open", "id": record.get("id", record.get("pid"))}
+              "kind": "choice" if options else "open", "id": record.get("id", record.get("pid")),
+              # what benchmark tables break down by: MathVista's metadata (task, skills), MathVerse's version
+              "metadata": record.get("metadata") if isinstance(record.get("metadata"), dict) else {},
+              "problem_version": record.get("problem_version")}
         if options:
             letter = truth_letter(answer)
             if letter is not None and letter in options:

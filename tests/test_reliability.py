@@ -213,11 +213,11 @@ def test_boxes_that_cannot_be_targets_are_skipped_and_counted(tmp_path):
     assert any("inverted" in r for r in reasons) and any("outside the 100x80 image" in r for r in reasons)
     # a split with no usable target stops the run at setup, before any training
     (tmp_path / "bad.jsonl").write_text(json.dumps(records[2]) + "\n")
-    from mmrl.core.trainer import _check_eval_split
+    from mmrl.core.run_checks import check_eval_split
 
     task = TASKS.get("grounding")(train_path=str(tmp_path / "rec.jsonl"), eval_path=str(tmp_path / "bad.jsonl"))
     with pytest.raises(ValueError, match="eval split of task 'grounding' is unusable.*inverted"):
-        _check_eval_split(task)
+        check_eval_split(task)
 
 
 def test_a_segment_outside_its_clip_is_skipped(tmp_path):

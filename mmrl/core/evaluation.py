@@ -6,6 +6,7 @@ split (those of one process, for deterministic decoding) and rank 0 draws the ga
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -17,8 +18,28 @@ from . import distributed as dist
 from .episodes import is_episodic, rollout_task
 
 
+@dataclass
+class Evaluation:
+    """One evaluation: ``metrics`` (what :func:`evaluate` returns), their confidence ``intervals``
+    (``{metric: (low, high)}``, :mod:`mmrl.measures.intervals`; empty unless asked for), and the
+    scored ``completions`` with their ``examples`` (one per sample, in example order), which a
+    benchmark protocol (:mod:`mmrl.benchmarks`) breaks down."""
+
+    metrics: dict[str, float]
+    intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
+    completions: list = field(default_factory=list)
+    examples: list = field(default_factory=list)
+
+
 def evaluate(policy, task: Task, rewards, cfg, num_examples: int | None = None,
              gallery_dir: Path | None = None, grid_path: Path | None = None) -> dict[str, float]:
+    """:func:`run_evaluation`'s metrics."""
+    return run_evaluation(policy, task, rewards, cfg, num_examples, gallery_dir, grid_path).metrics
+
+
+def run_evaluation(policy, task: Task, rewards, cfg, num_examples: int | None = None,
+                   gallery_dir: Path | None = None, grid_path: Path | None = None,
+                   intervals: bool = False) -> Evaluation:
     """The task's metrics on the eval split (its :attr:`~mmrl.task.Task.success_metric` first, then
     pass@1 / pass@k with ``eval.pass_k``), the mean reward and each reward component, and
     ``skipped``: the examples that proved unusable as they were read (each usable example is scored
@@ -28,7 +49,9 @@ def evaluate(policy, task: Task, rewards, cfg, num_examples: int | None = None,
     first episodes, linked to the episode viewer);
     with ``grid_path``, a PNG contact sheet of the samples (generated images or clips, or the
     task's pictures of text answers); for an environment task also an episode viewer
-    (:mod:`mmrl.runs.episode_viewer`)."""
+    (:mod:`mmrl.runs.episode_viewer`);
+    with ``intervals``, each metric's 95% bootstrap interval over the examples
+    (:func:`metric_intervals`)."""
     examples, positions, skipped = usable_share(task.examples("eval"), num_examples or cfg.eval.num_examples)
     if dist.world_size() > 1:  # seeds keyed by example index: those of one process, not of the share
         examples = [{"_index": i, **ex} if isinstance(ex, dict) else ex for i, ex in zip(positions, examples)]
@@ -48,12 +71,18 @@ def evaluate(policy, task: Task, rewards, cfg, num_examples: int | None = None,
         completions, scored = [completions[k] for k in order], [scored[k] for k in order]
         total, comps = total[order], {k: v[order] for k, v in comps.items()}
     out = _task_metrics_first(task, task.metrics(completions, scored))
-    out.update(_pass_at_k(policy, task, examples, cfg.eval.pass_k, seed=cfg.train.seed))
+    passed, solved = _pass_at_k(policy, task, examples, cfg.eval.pass_k, seed=cfg.train.seed)
+    out.update(passed)
     out["reward"] = float(total.mean())
     out.update({f"reward/{k}": float(v.mean()) for k, v in comps.items()})
     out["skipped"] = float(skipped)
+    result = Evaluation(out, completions=completions, examples=scored)
+    if intervals and not is_episodic(task):  # an episode's steps are not independent examples
+        per_row = {"reward": total.tolist(), **{f"reward/{k}": v.tolist() for k, v in comps.items()}}
+        group_of = [ex["_index"] for ex in scored] if dist.world_size() > 1 else batch.group_ids.tolist()
+        result.intervals = metric_intervals(task, completions, scored, group_of, out, per_row, solved, cfg.eval.pass_k)
     if not dist.is_main():
-        return out
+        return result
     if gallery_dir is not None or grid_path is not None:
         from ..runs.gallery import save_samples_grid, write_gallery
 
@@ -70,7 +99,46 @@ def evaluate(policy, task: Task, rewards, cfg, num_examples: int | None = None,
                           viewer="episodes/index.html" if viewer is not None else None)
         if grid_path is not None:
             save_samples_grid(grid_path, task, completions, scored, total.tolist())
-    return out
+    return result
+
+
+def metric_intervals(task: Task, completions, examples, group_of: list, metrics: dict[str, float], per_row: dict[str, list],
+                     solved: list[list[bool]], k: int) -> dict[str, tuple[float, float]]:
+    """The 95% bootstrap interval of each metric, the example the unit resampled (its samples
+    together). Rewards and pass@k are means over examples: their per-example values are
+    bootstrapped. A task metric is too when the mean of its value on each example alone equals its
+    value on all of them; otherwise (average precision, a mean over parsed answers only) it is
+    computed again on each resample."""
+    from ..measures.intervals import per_example_means, resampled_intervals
+
+    rows: dict[object, list[int]] = {}
+    for i, g in enumerate(group_of):  # the samples of one example (``group_of[i]``) together
+        rows.setdefault(g, []).append(i)
+    groups = list(rows.values())
+    per_example = {name: [sum(v[i] for i in g) / len(g) for g in groups] for name, v in per_row.items()}
+    if solved:
+        from ..measures.pass_at_k import pass_at_k
+
+        per_example["pass@1"] = [pass_at_k(len(s), sum(s), 1) for s in solved]
+        per_example[f"pass@{k}"] = [pass_at_k(len(s), sum(s), k) for s in solved]
+    task_keys = [m for m in metrics if m not in per_example and m != "skipped"]
+    singles = [task.metrics([completions[i] for i in g], [examples[i] for i in g]) for g in groups]
+    recomputed = []
+    for m in task_keys:
+        values = [float(s.get(m, float("nan"))) for s in singles]
+        mean = sum(values) / max(1, len(values))
+        if values and all(v == v for v in values) and abs(mean - float(metrics[m])) <= 1e-9 * max(1.0, abs(mean)):
+            per_example[m] = values
+        else:
+            recomputed.append(m)
+    out = per_example_means(per_example)
+    if recomputed:
+        def on(picked):
+            idx = [i for g in picked for i in groups[g]]
+            return task.metrics([completions[i] for i in idx], [examples[i] for i in idx])
+
+        out.update(resampled_intervals(on, len(groups), recomputed))
+    return {m: out[m] for m in metrics if m in out}
 
 
 def usable_share(examples, n: int) -> tuple[list, list[int], int]:
@@ -109,8 +177,8 @@ def _task_metrics_first(task: Task, metrics: dict[str, float]) -> dict[str, floa
     return out
 
 
-def _pass_at_k(policy, task: Task, examples, k: int, seed: int = 0) -> dict[str, float]:
-    """pass@1 and pass@k from ``k`` samples of each example drawn with the training rollout's
+def _pass_at_k(policy, task: Task, examples, k: int, seed: int = 0) -> tuple[dict[str, float], list[list[bool]]]:
+    """pass@1 and pass@k (and each example's judged samples) from ``k`` samples of each example drawn with the training rollout's
     sampling (``mode="sample"``: its temperature for a VLM; the eval sampler, with k initial noises,
     for a generator), judged by :meth:`~mmrl.task.Task.success`. Empty for ``k=0`` or a task with
     no per-example success.
@@ -121,7 +189,7 @@ def _pass_at_k(policy, task: Task, examples, k: int, seed: int = 0) -> dict[str,
     if k < 0:
         raise ValueError(f"eval.pass_k={k} must be >= 0 (0 turns pass@k off)")
     if k == 0 or task.success_metric is None:
-        return {}
+        return {}, []
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed + dist.rank_salt())
@@ -130,10 +198,10 @@ def _pass_at_k(policy, task: Task, examples, k: int, seed: int = 0) -> dict[str,
         batch = batch.select([i for i, ex in enumerate(batch.examples) if ex["step_index"] == 0])
     solved = [task.success(c, ex) for c, ex in zip(batch.completions, batch.examples)]
     if any(s is None for s in solved):
-        return {}
+        return {}, []
     groups: list[list[bool]] = [[] for _ in examples]
     for ok, g in zip(solved, batch.group_ids.tolist()):
         groups[g].append(ok)
     if dist.world_size() > 1:
         groups = [g for part in dist.gather(groups) for g in part]
-    return {"pass@1": mean_pass_at_k(groups, 1), f"pass@{k}": mean_pass_at_k(groups, k)}
+    return {"pass@1": mean_pass_at_k(groups, 1), f"pass@{k}": mean_pass_at_k(groups, k)}, groups

@@ -10,7 +10,9 @@ outside ``img_size``) is refused with a hint at the other reader.
 
 A record is ``{"image": <path under image_root>, "box": (x1, y1, x2, y2) original pixels,
 "instruction": ..., <every other field of the entry as given>}``; Pro records also get
-``data_type`` = ``ui_type`` (text / icon), so text/icon splits read one key for both.
+``data_type`` = ``ui_type`` (text / icon), so text/icon splits read one key for both, and every
+record ``source_file``, the stem of the file it came from (ScreenSpot names its platform there:
+``screenspot_mobile_v2``).
 
 Bad entries and missing screenshots are treated as :class:`mmrl.data.records.FileExamples`
 treats bad records and unreadable images: skipped with a warning naming ``file:line``, the
@@ -155,7 +157,7 @@ def _read(path, image_root, layout: str, strict: bool) -> ScreenSpotRecords:
             if reason is None:
                 image = folder / entry["image"]
                 if image.is_file():
-                    records.append({**entry, "image": str(image)})
+                    records.append({**entry, "image": str(image), "source_file": file.stem})
                     wheres.append(where)
                     continue
                 reason = (f"image {image} does not exist (img_filename paths start at {folder}; "
