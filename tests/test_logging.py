@@ -128,9 +128,11 @@ def test_mmrl_eval_prints_a_nan_metric_as_null(tmp_path, monkeypatch):
     from mmrl.cli import app
 
     monkeypatch.setattr(mmrl.api, "make_policy", lambda cfg, task: object())  # no model needed here
-    monkeypatch.setattr(mmrl.core.evaluation, "evaluate",
-                        lambda *args, **kwargs: {"accuracy": 0.0, "mae": float("nan"), "skipped": 0.0})
+    nan = float("nan")
+    monkeypatch.setattr(mmrl.core.evaluation, "run_evaluation", lambda *args, **kwargs: mmrl.core.evaluation.Evaluation(
+        {"accuracy": 0.0, "mae": nan, "skipped": 0.0}, {"accuracy": (0.0, 0.0), "mae": (nan, nan)}))
     result = CliRunner().invoke(app, ["eval", "vlm/counting_tiny", "--gallery", str(tmp_path / "gallery")])
     assert result.exit_code == 0, result.output
     out = strict_json(result.stdout[result.stdout.index("{"):result.stdout.rindex("}") + 1])
     assert out["mae"] is None and out["accuracy"] == 0.0 and out["task"] == "counting"
+    assert out["intervals"]["mae"] == [None, None] and out["intervals"]["accuracy"] == [0.0, 0.0]
