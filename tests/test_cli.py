@@ -100,10 +100,17 @@ def test_train_resume_and_eval_from_the_command_line(random_tiny_dir, tmp_path):
     steps = [json.loads(line)["step"] for line in (tmp_path / "cli" / "metrics.jsonl").read_text().splitlines()
              if "reward" in json.loads(line)]
     assert steps == [1, 2]
+    # the before/after intervals, the "before" ones carried through the resume by the checkpoint
+    summary = json.loads((tmp_path / "cli" / "summary.json").read_text())
+    for when in ("before", "after"):
+        low, high = summary["intervals"][when]["accuracy"]
+        assert low <= summary[when]["accuracy"] <= high
+    assert summary["intervals"]["confidence"] == 0.95
     r = _mmrl("eval", str(tmp_path / "cli"), "--num-examples", "3", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout[r.stdout.index("{"):])
     assert out["checkpoint"].endswith("step_00000002") and 0.0 <= out["reward"] <= 1.5 and "accuracy" in out
+    assert out["intervals"]["reward"][0] <= out["reward"] <= out["intervals"]["reward"][1]
     gallery = tmp_path / "cli" / "eval_gallery"
     assert (gallery / "gallery.png").exists() and len(list(gallery.glob("0*.png"))) == 3
     assert json.loads((gallery / "summary.json").read_text())["shown"] == 3
