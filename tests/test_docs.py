@@ -2,15 +2,17 @@
 
 What is checked here, and what is not:
 
-- the site builds with ``mkdocs build --strict`` (the command CI runs), and a broken link or a page
-  left out of the nav does fail that build (so the strict build is a real check, not a formality);
-- every ``mmrl ...`` command shown in a fenced code block of README.md or docs/*.md *parses* with
+- the site builds with ``mkdocs build --strict`` (the command CI runs), and a broken link, a link to
+  a section that does not exist or a page left out of the nav does fail that build (so the strict
+  build is a real check, not a formality);
+- every ``mmrl ...`` command shown in a fenced code block of README.md or docs/**/*.md *parses* with
   the real command line (typer's click command: the subcommand exists, its options and arguments
   are accepted), and every ``KEY=VALUE`` override in it is a config key that exists and takes that
   value (the overrides are loaded with ``mmrl.config.load_config``, on top of the shipped recipe the
   command names, if any). The commands are **not run**: a command that trains for minutes or needs a
   GPU is only checked this far. Where a block shows a transcript (``$ mmrl ...`` followed by a
-  ``config error: ...`` line), the error shown must be the error the config loader gives.
+  ``config error: ...`` line), the error shown must be the error the config loader gives; an error
+  of another kind that a transcript shows (one raised when the run is set up) is not checked.
   A command with a placeholder in angle brackets (``<run dir>``) is skipped; ``[--flag]`` is an
   optional flag and is checked with the flag;
 - the README's test commands are the ones ``.ci/run`` runs, in the same order, and the copies of
@@ -59,17 +61,19 @@ def test_the_site_builds_in_strict_mode(tmp_path):
 
 
 def test_strict_mode_fails_on_a_broken_link_and_on_a_page_missing_from_the_nav(tmp_path):
-    """The same build on a copy of the docs with one broken link and one page outside the nav."""
+    """The same build on a copy of the docs with a link to no page, a link to no section and a page
+    outside the nav: each is a warning, so the strict build fails."""
     shutil.copy(REPO / "mkdocs.yml", tmp_path / "mkdocs.yml")
     shutil.copytree(DOCS, tmp_path / "docs")
     (tmp_path / "mmrl").symlink_to(REPO / "mmrl")  # mkdocstrings reads the package from `paths: [.]`
     with open(tmp_path / "docs" / "index.md", "a") as f:
-        f.write("\nSee [the page that is not there](no-such-page.md).\n")
+        f.write("\nSee [the page that is not there](no-such-page.md) and [its section](tasks.md#no-such-anchor).\n")
     (tmp_path / "docs" / "orphan-page.md").write_text("# Not in the nav\n")
     r = _mkdocs(tmp_path, tmp_path / "site")
     assert r.returncode != 0
     warnings = [line for line in r.stderr.splitlines() if line.startswith("WARNING")]
     assert any("no-such-page.md" in line for line in warnings), r.stderr[-4000:]
+    assert any("no-such-anchor" in line for line in warnings), r.stderr[-4000:]
     assert any("orphan-page.md" in line for line in r.stderr.splitlines()), r.stderr[-4000:]
 
 
