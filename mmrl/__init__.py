@@ -12,6 +12,7 @@ The modules a plugin may import besides these names are listed in :data:`PUBLIC_
 
 from . import plugins  # noqa: F401  (installs the registries' plugin loader)
 from .api import train
+from .benchmarks import Benchmark, register_benchmark
 from .core.distributed import pick_device
 from .core.policy import PolicyBase
 from .core.protocol import Policy
@@ -41,6 +42,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "train",
+    "Benchmark",
+    "register_benchmark",
     "Policy",
     "PolicyBase",
     "Rollouts",
