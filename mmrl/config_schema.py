@@ -271,6 +271,10 @@ class LogConfig:
     output_dir: str = "runs"
     run_name: Optional[str] = None  # default: <task>-<timestamp>
     log_every: int = 1
+    # Experiment trackers (transformers' / TRL's key; docs/trackers.md): tensorboard, wandb, mlflow or
+    # another of accelerate's; "all" = every installed one; [] or [none] = none. metrics.jsonl is
+    # always written. tensorboard=false (the older switch, kept for recipes) drops tensorboard from it.
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
     tensorboard: bool = True
     save_rollouts_every: int = 10  # save a few rollouts (image, prompt, completion, rewards)
     num_rollouts_to_save: int = 4

@@ -156,7 +156,7 @@ class Trainer:
         self.policy.configure_optimizer(cfg.train, cfg.train.steps)
         if main and dist.world_size() > 1:
             print(f"mmrl: {dist.world_size()} processes, {self.policy.distributed_backend}", flush=True)
-        logger = RunLogger(self.run_dir, tensorboard=cfg.log.tensorboard) if main else None
+        logger = RunLogger(self.run_dir, cfg.log.tensorboard, cfg.log.report_to, config=cfg) if main else None
         skips = SkipRecord({"train": self.batches.train_examples, "eval": self.task.examples("eval")})
         log = skips.with_counts(logger.log if main else None)  # + data/<split>/<count> of what was skipped
         start, before = (self._resume() if cfg.resume else (0, {}))

@@ -3,13 +3,15 @@
 Run directory::
 
     metrics.jsonl                     one JSON object per logged step: {"step", "time", **metrics}
-    tensorboard/                      the same scalars for TensorBoard
+    tensorboard/                      the same scalars for TensorBoard (wandb/, mlruns/: log.report_to)
     rollouts/step_000010/0.png        sampled rollouts: input image, visualisation (boxes drawn),
     rollouts/step_000010/0_vis.png    and rollouts.jsonl with prompt, completion, rewards ...
     rollouts/step_000010/rollouts.jsonl
 
-metrics.jsonl is the source of truth (plain text, greppable, loads with pandas); TensorBoard is a
-convenience and is skipped with a warning if it cannot be imported. On resume the trainer calls
+metrics.jsonl is the source of truth (plain text, greppable, loads with pandas); the trackers of
+``log.report_to`` (TensorBoard by default; :mod:`mmrl.runs.trackers`) get the same numeric scalars,
+the config, and the pictures: the saved rollouts' PNGs, and ``samples_before.png`` /
+``samples_after.png`` at the step logged after the evaluation wrote them. On resume the trainer calls
 :meth:`RunLogger.truncate_after` with the checkpoint's step so the steps that are re-run are not
 logged twice.
 """
@@ -23,13 +25,14 @@ import numbers
 import os
 import shutil
 import time
-import warnings
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+
+from .trackers import Trackers, tracker_names
 
 __all__ = ["RunLogger", "TrainingProgress", "print_before_after", "read_jsonl", "to_jsonable", "write_summary"]
 
@@ -98,17 +101,26 @@ def _is_clip(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and bool(value) and all(_is_pil(v) for v in value)
 
 
-class RunLogger:
-    """Appends metrics to ``metrics.jsonl`` and TensorBoard, and saves sampled rollouts."""
+GALLERIES = ("samples_before.png", "samples_after.png")  # the evaluations' contact sheets, sent to trackers
 
-    def __init__(self, run_dir: Union[str, Path], tensorboard: bool = True):
+
+class RunLogger:
+    """Appends metrics to ``metrics.jsonl`` and the trackers, and saves sampled rollouts.
+
+    ``report_to`` is ``log.report_to`` (default: TensorBoard); ``tensorboard=False`` is
+    ``log.tensorboard=false``, the older switch, and drops TensorBoard from it. ``config`` (the
+    run's :class:`~mmrl.config_schema.Config`) is what the trackers store as the run's parameters.
+    """
+
+    def __init__(self, run_dir: Union[str, Path], tensorboard: bool = True,
+                 report_to: Optional[Sequence[str]] = None, config: Any = None):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.run_dir / "metrics.jsonl"
-        self.tensorboard = tensorboard
+        names = tracker_names(["tensorboard"] if report_to is None else report_to, tensorboard)
+        self.trackers = Trackers(self.run_dir, names, config)
         self._file: Optional[io.TextIOBase] = None
-        self._writer: Any = None
-        self._purge_step: Optional[int] = None
+        self._galleries = {name: self._mtime(name) for name in GALLERIES}  # those of an earlier start: sent then
 
     # -- metrics -----------------------------------------------------------------------------
 
@@ -120,27 +132,27 @@ class RunLogger:
             self._file = open(self.metrics_path, "a", encoding="utf-8")
         self._file.write(json.dumps(record, allow_nan=False) + "\n")
         self._file.flush()
-        writer = self._tb()
-        if writer is not None:
-            for k, v in clean.items():
-                if isinstance(v, numbers.Real):  # skips strings, lists, None
-                    writer.add_scalar(k, float(v), int(step))
-            writer.flush()
+        scalars = {k: float(v) for k, v in clean.items() if isinstance(v, numbers.Real)}  # not str, list, None
+        self.trackers.log(step, scalars, images=self._new_galleries())
 
-    def _tb(self) -> Any:
-        if not self.tensorboard:
+    def _mtime(self, name: str) -> Optional[int]:
+        try:
+            return (self.run_dir / name).stat().st_mtime_ns
+        except OSError:
             return None
-        if self._writer is None:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except Exception as exc:  # tensorboard missing or broken: metrics.jsonl still has it all
-                warnings.warn(f"TensorBoard logging disabled: {exc}", stacklevel=3)
-                self.tensorboard = False
-                return None
-            # purge_step makes TensorBoard drop events of steps that a resumed run logs again.
-            self._writer = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"), purge_step=self._purge_step)
-            self._purge_step = None
-        return self._writer
+
+    def _new_galleries(self) -> dict[str, Path]:
+        """The contact sheets written (or rewritten) since the last call: ``samples_before`` goes
+        with step 0's eval metrics, ``samples_after`` with the final step's."""
+        if not self.trackers.names:
+            return {}
+        new = {}
+        for name in GALLERIES:
+            mtime = self._mtime(name)
+            if mtime is not None and mtime != self._galleries[name]:
+                self._galleries[name] = mtime
+                new[Path(name).stem] = self.run_dir / name
+        return new
 
     def truncate_after(self, step: int) -> None:
         """Keep only metric lines with ``step <= step`` (and drop a torn last line from a kill),
@@ -151,10 +163,7 @@ class RunLogger:
         if self._file is not None:
             self._file.close()
             self._file = None
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-        self._purge_step = int(step) + 1
+        self.trackers.purge_after(step)  # TensorBoard drops the events of the steps re-run
         self._truncate_jsonl(self.metrics_path, step)
 
     @staticmethod
@@ -205,15 +214,15 @@ class RunLogger:
             lines.append(json.dumps(row, ensure_ascii=False) + "\n")
         with open(out_dir / "rollouts.jsonl", "w", encoding="utf-8") as f:
             f.writelines(lines)
+        pictures = {f"rollouts/{p.stem}": p for p in sorted(out_dir.glob("*.png"))}  # clips (GIFs) stay here
+        self.trackers.log(step, {}, images=pictures)
         return out_dir
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        self.trackers.finish()
 
     def __enter__(self) -> "RunLogger":
         return self
