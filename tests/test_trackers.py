@@ -188,3 +188,17 @@ def test_tensorboard_has_the_scalars_the_config_and_the_galleries(tracked_run):
 def test_a_resume_keeps_the_tracker_runs(tracked_run):
     run, first = tracked_run
     assert json.loads((run / "trackers.json").read_text()) == first
+
+
+@pytest.mark.slow
+def test_a_rank_that_does_not_log_refuses_an_unknown_tracker_at_setup(random_tiny_dir, tmp_path, monkeypatch):
+    """Only rank 0 makes the trackers; the names are checked on every rank while the trainer is set
+    up, so a typo stops all ranks instead of leaving the others waiting at a collective."""
+    import mmrl.core.trainer
+    from mmrl.core.trainer import Trainer
+    from mmrl.vlm.policy import VLMPolicy
+
+    cfg = tiny_run_config(random_tiny_dir, tmp_path, 1, "log.report_to=[wandbb]")
+    monkeypatch.setattr(mmrl.core.trainer.dist, "is_main", lambda: False)
+    with pytest.raises(ConfigError, match="unknown tracker 'wandbb'"):
+        Trainer(cfg, VLMPolicy(cfg))

@@ -30,6 +30,7 @@ from ..runs.checkpoint import CheckpointManager, rng_state, set_rng_state
 from ..runs.config_history import check_resume_config, record_start
 from ..runs.resume import finished_steps
 from ..runs.logging import RunLogger, TrainingProgress, print_before_after, write_summary
+from ..runs.trackers import tracker_names
 from ..task import Task
 from . import distributed as dist
 from .batch import BatchBuilder
@@ -76,6 +77,7 @@ class Trainer:
         self.policy = policy
         self.task = task or build_task(cfg)
         check_unused_keys(cfg, policy.unused_config, f"a {type(policy).__name__}")
+        tracker_names(cfg.log.report_to, cfg.log.tensorboard)  # every rank: a bad name stops them all, not rank 0 alone
         _check_eval_split(self.task)
         self.rewards = make_reward_computer(self.task, cfg.task)
         self.batches = BatchBuilder(cfg, self.task, policy, self.rewards)
