@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from ..config import check_unused_keys
+from ..measures.intervals import describe
 from ..registry import TASKS, load_plugins
 from ..runs.checkpoint import CheckpointManager, rng_state, set_rng_state
 from ..runs.config_history import check_resume_config, record_start
@@ -34,10 +35,11 @@ from ..runs.trackers import tracker_names
 from ..task import Task
 from . import distributed as dist
 from .batch import BatchBuilder
-from .evaluation import evaluate
+from .evaluation import run_evaluation
 from .interrupt import StopOnInterrupt, TrainingInterrupted
 from .reward_computer import make_reward_computer
 from .rollouts import Rollouts
+from .run_checks import check_eval_split, check_world
 from .schedules import should_reset_reference
 from .seeding import seed_everything, stream_seed
 from .skip_record import SkipRecord
@@ -78,11 +80,11 @@ class Trainer:
         self.task = task or build_task(cfg)
         check_unused_keys(cfg, policy.unused_config, f"a {type(policy).__name__}")
         tracker_names(cfg.log.report_to, cfg.log.tensorboard)  # every rank: a bad name stops them all, not rank 0 alone
-        _check_eval_split(self.task)
+        check_eval_split(self.task)
         self.rewards = make_reward_computer(self.task, cfg.task)
         self.batches = BatchBuilder(cfg, self.task, policy, self.rewards)
         self.updater = PolicyUpdate(cfg, policy, track_kl=self.batches.tracks_policy_kl)
-        _check_world(cfg)
+        check_world(cfg)
         # Rank 0 names the run (a timestamp): every rank must agree on it.
         self.run_dir = Path(dist.broadcast(str(run_dir or Path(cfg.log.output_dir) / run_name(cfg))))
         self.main = dist.is_main()
@@ -118,7 +120,8 @@ class Trainer:
             rngs = dist.gather(rng_state())
             if self.main:
                 torch.save({"step": step, "rng": rngs[0], "rank_rngs": rngs, "world_size": dist.world_size(),
-                            "before": before, **self.batches.state_dict()}, tmp / "trainer.pt")
+                            "before": before, "before_intervals": self.before_intervals,
+                            **self.batches.state_dict()}, tmp / "trainer.pt")
         except BaseException:
             if self.main:
                 self.ckpt.abort(tmp)
@@ -140,13 +143,17 @@ class Trainer:
         if dist.rank() < len(rngs):
             set_rng_state(rngs[dist.rank()])
         self.batches.load_state_dict(state)
+        self.before_intervals = dict(state.get("before_intervals") or {})
         if int(state["step"]) > self.cfg.train.steps:
             raise ValueError(f"{latest} is at step {state['step']}, past train.steps={self.cfg.train.steps}: "
                              "raise train.steps to continue the run")
         return int(state["step"]), dict(state.get("before") or {})
 
     def evaluate(self, **outputs: Any) -> dict[str, float]:
-        return evaluate(self.policy, self.task, self.rewards, self.cfg, **outputs)
+        return self.evaluation(**outputs).metrics
+
+    def evaluation(self, **outputs: Any):
+        return run_evaluation(self.policy, self.task, self.rewards, self.cfg, **outputs)
 
     # -- the loop ---------------------------------------------------------------------------------
     def train(self) -> TrainResult:
@@ -161,6 +168,7 @@ class Trainer:
         logger = RunLogger(self.run_dir, cfg.log.tensorboard, cfg.log.report_to, config=cfg) if main else None
         skips = SkipRecord({"train": self.batches.train_examples, "eval": self.task.examples("eval")})
         log = skips.with_counts(logger.log if main else None)  # + data/<split>/<count> of what was skipped
+        self.before_intervals, after_intervals = {}, {}
         start, before = (self._resume() if cfg.resume else (0, {}))
         if main:
             record_start(self.run_dir, cfg, resumed_from=start)
@@ -169,7 +177,8 @@ class Trainer:
         self.step_done, stopped = start, False
         try:
             if not start and cfg.eval.before:
-                before = self.evaluate(grid_path=self.run_dir / "samples_before.png")
+                first = self.evaluation(grid_path=self.run_dir / "samples_before.png", intervals=True)
+                before, self.before_intervals = first.metrics, first.intervals
                 log(0, {f"eval/{k}": v for k, v in before.items()})
             skipped_in_a_row = 0
             with TrainingProgress(cfg.train.steps, start_step=start, enabled=cfg.log.progress and main,
@@ -201,7 +210,8 @@ class Trainer:
             if not stopped:
                 if start < cfg.train.steps:  # a resumed run that stopped in its final eval has this one
                     self.save(cfg.train.steps, before)
-                after = self.evaluate(grid_path=self.run_dir / "samples_after.png")
+                last = self.evaluation(grid_path=self.run_dir / "samples_after.png", intervals=True)
+                after, after_intervals = last.metrics, last.intervals
                 log(cfg.train.steps, {f"eval/{k}": v for k, v in after.items()})
         except KeyboardInterrupt as exc:  # a second Ctrl-C, or one before the loop
             raise TrainingInterrupted(self.run_dir, self.step_done, self.ckpt.latest_step()) from exc
@@ -212,10 +222,12 @@ class Trainer:
             raise TrainingInterrupted(self.run_dir, self.step_done, self.step_done, saved=True)
         result = TrainResult(self.run_dir, before, after, cfg.train.steps)
         if main:
+            intervals = {"before": self.before_intervals, "after": after_intervals, **describe()}
             write_summary(self.run_dir, before=before, after=after, steps=cfg.train.steps,
-                          data=skips.summary(self.run_dir / "metrics.jsonl"))
+                          data=skips.summary(self.run_dir / "metrics.jsonl"), intervals=intervals)
             if before:
-                print_before_after(before, after, title=f"held-out eval ({self.task.name}, {cfg.eval.num_examples} examples)")
+                print_before_after(before, after, title=f"held-out eval ({self.task.name}, {cfg.eval.num_examples} "
+                                   "examples; 95% bootstrap intervals)", intervals=intervals)
         return result
 
     def _announce_stop(self) -> None:
@@ -270,27 +282,3 @@ class Trainer:
 def _agreed(flag: bool) -> bool:
     """Whether any rank's ``flag`` is set: every rank must stop after the same step."""
     return dist.all_max(float(flag)) > 0 if dist.world_size() > 1 else flag
-
-
-def _check_eval_split(task: Task) -> None:
-    """Open one held-out example now, so an eval split with nothing usable (every image broken,
-    every target invalid) stops the run before any training instead of at its first evaluation."""
-    try:
-        examples = task.examples("eval")
-        if len(examples):
-            examples[0]
-    except ValueError as exc:
-        raise ValueError(f"the eval split of task {task.name!r} is unusable: {exc}") from exc
-
-
-def _check_world(cfg) -> None:
-    """Setup-time checks of a launch against the config: whole groups per rank."""
-    world = dist.world_size()
-    if world == 1:
-        return
-    if cfg.train.prompts_per_step < world:
-        raise ValueError(f"train.prompts_per_step={cfg.train.prompts_per_step} prompts cannot give each of "
-                         f"{world} processes a group; use at least {world} (ideally a multiple)")
-    if cfg.train.mini_batch_size % world:
-        raise ValueError(f"train.mini_batch_size={cfg.train.mini_batch_size} must be a multiple of the "
-                         f"{world} processes (each rank trains its share of every mini-batch)")

@@ -326,11 +326,14 @@ def print_before_after(
     after: Mapping[str, Any],
     title: str = "Evaluation: before vs after training",
     console: Optional[Console] = None,
+    intervals: Optional[Mapping[str, Mapping[str, Sequence[float]]]] = None,
 ) -> str:
     """Print a table of metrics before and after training and return it as plain text.
 
     Rows are the metric names (those of ``before`` first, then any only in ``after``); the change
-    column is ``after - before``. The returned text is what a run also writes to its log.
+    column is ``after - before``; ``intervals`` (``{"before": {metric: (low, high)}, "after": ...}``,
+    summary.json's) adds each value's confidence interval. The returned text is what a run also
+    writes to its log.
     """
     names = list(before) + [k for k in after if k not in before]
 
@@ -349,10 +352,19 @@ def print_before_after(
                 if colour and d != 0 and not math.isnan(d):
                     change = f"[{'green' if d > 0 else 'red'}]{change}[/]"
             fmt = lambda v: "-" if v is None else _fmt(v, ".4f")  # noqa: E731
-            t.add_row(name, fmt(b), fmt(a), change)
+            t.add_row(name, fmt(b) + _interval(intervals, "before", name), fmt(a) + _interval(intervals, "after", name),
+                      change)
         return t
 
     buf = io.StringIO()
     Console(file=buf, width=100, color_system=None, force_terminal=False).print(table(False))
     (console or Console()).print(table(True))
     return buf.getvalue()
+
+
+def _interval(intervals, when: str, name: str) -> str:
+    """`` [low, high]`` of ``name``'s interval at ``when`` (before / after), or nothing."""
+    low_high = ((intervals or {}).get(when) or {}).get(name)
+    if not low_high or any(v is None or not math.isfinite(float(v)) for v in low_high):
+        return ""
+    return f" [{float(low_high[0]):.3f}, {float(low_high[1]):.3f}]"
