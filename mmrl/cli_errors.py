@@ -64,3 +64,11 @@ def interruptions():
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]")
         raise typer.Exit(130)
+
+
+def configure_threads(cfg) -> None:
+    """Set torch's thread count for a command's run (``train.threads``), saying what it picked."""
+    from .threads import configure_threads as configure
+
+    with user_errors():
+        configure(cfg, echo=lambda line: console.print(line, highlight=False))

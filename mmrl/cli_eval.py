@@ -1,0 +1,113 @@
+"""``mmrl eval``: score a run, a checkpoint or a recipe's starting model on its task's eval split (the
+metrics with 95% bootstrap intervals, a prediction gallery), or with ``--benchmark`` on a
+benchmark's files by its official protocol (:mod:`mmrl.benchmarks`); registered on the app by
+:mod:`mmrl.cli`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from .cli_errors import configure_threads, interruptions, user_errors
+from .cli_help import examples
+
+CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
+EXAMPLES = examples(
+    "mmrl eval runs/exp1                                  # the run's latest checkpoint",
+    "mmrl eval runs/exp1/checkpoints/step_00000050        # one checkpoint of it",
+    "mmrl eval configs/vlm/counting_tiny.yaml eval.num_examples=500   # the starting model",
+    "mmrl eval runs/exp1 --benchmark screenspot_v2 --data ScreenSpot-v2/ --image-root ScreenSpot-v2/screenspotv2_image",
+    "mmrl eval runs/exp1 --benchmark refcoco --data refcoco_val.json,refcoco_testA.json --image-root coco/train2014",
+    "mmrl list | grep '^benchmarks:'                      # the protocols")
+
+
+def eval_(
+    target: str = typer.Argument(..., metavar="TARGET",
+                                 help="a run directory, one checkpoint directory of a run, or a recipe"),
+    args: Optional[List[str]] = typer.Argument(None, metavar="KEY=VALUE",
+                                               help="dotted overrides such as eval.num_examples=500"),
+    num_examples: Optional[int] = typer.Option(None, help="eval examples (default: eval.num_examples)"),
+    gallery: Optional[Path] = typer.Option(None, help="where to write the prediction gallery "
+                                           "(default: <run dir>/eval_gallery, else ./eval_gallery)"),
+    benchmark: Optional[str] = typer.Option(None, help="score on a benchmark's files by its official protocol "
+                                            "and print its paper's table (mmrl list benchmarks)"),
+    data: Optional[str] = typer.Option(None, help="the benchmark's files: a file or folder (a per-file "
+                                       "benchmark such as refcoco: files separated by commas)"),
+    image_root: Optional[str] = typer.Option(None, help="where the benchmark files' image paths start"),
+):
+    """Score a checkpoint on its task's eval split: the task metric, pass@k, the mean reward and each
+    reward with 95% bootstrap intervals, and an HTML + PNG gallery of predictions marked by the
+    task's own success measure. With --benchmark, score it on a benchmark's files instead, the way
+    the benchmark's official script does, and print the paper's table with intervals."""
+    import json
+
+    from .config import builtin_config_path, load_config
+    from .api import make_policy
+    from .core.evaluation import run_evaluation
+    from .core.reward_computer import make_reward_computer
+    from .core.trainer import build_task
+    from .runs.checkpoint import CheckpointManager
+    from .runs.logging import to_jsonable
+
+    path = Path(target)
+    ckpt = None
+    with user_errors():
+        if path.is_dir() and (path / "config.yaml").exists():  # a run directory
+            cfg_path, ckpt = path / "config.yaml", CheckpointManager(path / "checkpoints").latest()
+        elif path.is_dir() and (path / "policy").exists():  # one checkpoint of a run
+            cfg_path, ckpt = path.parent.parent / "config.yaml", path
+        else:
+            cfg_path = builtin_config_path(target)
+        cfg = load_config(cfg_path, list(args or []) + ["resume=false"])
+        configure_threads(cfg)
+        if benchmark is not None:
+            return _eval_benchmark(cfg, ckpt, benchmark, data, image_root, num_examples, gallery, path)
+        task = build_task(cfg)
+        policy = make_policy(cfg, task)
+        if ckpt is not None:
+            policy.load(ckpt / "policy")
+        rewards = make_reward_computer(task, cfg.task)
+    if gallery is None:
+        gallery = (path if path.is_dir() and (path / "config.yaml").exists() else Path(".")) / "eval_gallery"
+    with user_errors(setup=False), interruptions():
+        result = run_evaluation(policy, task, rewards, cfg, num_examples, gallery_dir=gallery,
+                                grid_path=gallery / "samples.png", intervals=True)
+    from .measures.intervals import describe
+
+    report = {"checkpoint": str(ckpt) if ckpt else cfg.model.path, "task": cfg.task.name, **result.metrics,
+              "intervals": {**result.intervals, **describe()}}
+    print(json.dumps(to_jsonable(report), indent=2, allow_nan=False))  # a NaN metric (nothing parsed) is null
+    typer.echo(f"gallery: {gallery / 'index.html'} and {gallery / 'gallery.png'}", err=True)
+
+
+def _eval_benchmark(cfg, ckpt, name, data, image_root, num_examples, gallery, path) -> None:
+    """``mmrl eval --benchmark``: the table printed, and written as benchmark_<name>.json beside the gallery."""
+    import json
+
+    from .api import make_policy
+    from .benchmarks import BENCHMARKS, format_table
+    from .benchmarks.run import run_benchmark
+    from .runs.logging import to_jsonable
+
+    def load_policy(one, task):
+        policy = make_policy(one, task)
+        if ckpt is not None:
+            policy.load(ckpt / "policy")
+        return policy
+
+    if gallery is None:
+        gallery = (path if path.is_dir() and (path / "config.yaml").exists() else Path(".")) / "eval_gallery"
+    with user_errors():
+        bench = BENCHMARKS.get(name, "--benchmark")
+    with user_errors(setup=False), interruptions():
+        report = run_benchmark(name, cfg, data, image_root, load_policy, num_examples, gallery)
+    typer.echo(format_table(bench, report["rows"]))
+    if report["skipped"]:
+        typer.echo(f"{report['skipped']} entries skipped (unreadable; the warnings name each)", err=True)
+    gallery.mkdir(parents=True, exist_ok=True)
+    out = gallery / f"benchmark_{name}.json"
+    out.write_text(json.dumps(to_jsonable({"checkpoint": str(ckpt) if ckpt else cfg.model.path, **report}), indent=2,
+                              allow_nan=False), encoding="utf-8")
+    typer.echo(f"table: {out}; galleries under {gallery}", err=True)
