@@ -32,8 +32,10 @@ def bench_algos(
     variants: str = typer.Option("grpo,dr_grpo,dapo,gspo,spo,ngrpo", help="comma-separated variants"),
     steps: int = typer.Option(40, help="RL steps per variant"),
     seeds: str = typer.Option("0", "--seeds", "--seed", help="one seed, or several comma-separated (0,1,2): every "
-                              "variant runs with each; the table shows mean ± sd"),
-    out: Path = typer.Option(Path("runs/bench-algos"), help="output directory (a run per variant, algos.json/md/png)"),
+                              "variant runs with each; the table shows mean ± sd, then the IQM and mean with 95% "
+                              "stratified-bootstrap intervals (rliable)"),
+    out: Path = typer.Option(Path("runs/bench-algos"), help="output directory (a run per variant, algos.json/md/png, "
+                             "algos_profiles.png: performance profiles)"),
     threshold: Optional[float] = typer.Option(
         None, help="train-reward level for steps-to-threshold (default: halfway from before to the best after)"),
 ):

@@ -43,10 +43,11 @@ def test_two_variants_write_table_json_and_plot(random_tiny_dir, tmp_path):
     summary = json.loads((out / "algos.json").read_text())
     assert [v["variant"] for v in summary["variants"]] == ["grpo", "spo"] and summary["steps"] == 2
     md = (out / "algos.md").read_text()
-    rows = [line for line in md.splitlines() if line.startswith("| ")]
+    rows = [line for line in md.split("\n\n")[1].splitlines() if line.startswith("| ")]  # the first table
     assert rows[0].startswith("| variant |") and len(rows) == 3
     assert rows[1].startswith("| grpo |") and rows[2].startswith("| spo |")
     assert "on-policy" in md and any("on-policy" in n for n in summary["notes"])  # one update per batch
+    assert "[degenerate: 1 seed]" in md and summary["variants"][0]["aggregates"]["iqm"]["ci"] is None  # one seed
     with Image.open(out / "algos.png") as im:
         im.load()
         assert im.format == "PNG" and im.size[0] > 100 and im.size[1] > 100
@@ -121,6 +122,8 @@ def test_seeds_are_averaged_with_their_spread_and_the_table_leads_with_the_task_
 
 @pytest.mark.slow
 def test_several_seeds_run_every_variant_with_each(random_tiny_dir, tmp_path):
+    from PIL import Image
+
     out = tmp_path / "seeds"
     results = run_algo_bench(["grpo"], steps=1, seed=[0, 1], out_dir=out,
                              extra_overrides=[*_tiny(random_tiny_dir), "eval.pass_k=2"])
@@ -133,3 +136,10 @@ def test_several_seeds_run_every_variant_with_each(random_tiny_dir, tmp_path):
     assert all(0.0 <= r["pass1_after"] <= r["passk_after"] <= 1.0 for r in row["runs"])
     md = (out / "algos.md").read_text()
     assert "seeds 0, 1 (mean ± sd)" in md and "| accuracy before |" in md and "±" in md
+    # the IQM over the two seeds' held-out accuracies, with its bootstrap interval, and the profiles
+    iqm = row["aggregates"]["iqm"]
+    assert row["aggregates"]["scores"] == accs and iqm["ci"][0] <= iqm["estimate"] <= iqm["ci"][1]
+    assert "| accuracy after: IQM [95% CI] |" in md and f"| grpo | 2 | {iqm['estimate']:.3f} [" in md
+    with Image.open(out / "algos_profiles.png") as im:
+        im.load()
+        assert im.format == "PNG"

@@ -1,5 +1,7 @@
 """How ``mmrl bench algos`` shows its results: the table (terminal and Markdown), the train-reward
-plot, the JSON of every figure, and the caveats a reader of the table needs.
+plot, the JSON of every figure, and the caveats a reader of the table needs; below the table, the
+IQM and mean over seeds with 95% bootstrap intervals, and the performance profiles
+(``<report_name>_profiles.png``), from :mod:`mmrl.bench.algo_stats`.
 
 :func:`write_report` also fills in the steps-to-threshold column, since the threshold (unless
 given) is set from all variants' results: halfway from the reward before training to the best
@@ -13,8 +15,10 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
+from . import algo_stats
 from .algo_figures import FINAL_WINDOW, MA_WINDOW, mean_or_nan, steps_to_threshold
 from .algo_variants import BASE_OVERRIDES
+from .rliable_import import RliableMissingError
 
 def _columns(results: Sequence[dict[str, Any]]) -> tuple[str, ...]:
     metric = results[0].get("metric") or "task metric" if results else "task metric"
@@ -47,11 +51,13 @@ def _cells(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
+
+
 def markdown_table(results: Sequence[dict[str, Any]]) -> str:
-    columns = _columns(results)
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    lines += ["| " + " | ".join(_cells(r)) + " |" for r in results]
-    return "\n".join(lines) + "\n"
+    return _markdown(_columns(results), [_cells(r) for r in results])
 
 
 def _rich_table(results: Sequence[dict[str, Any]], threshold: float, title: str):
@@ -93,6 +99,36 @@ def _plot(results: Sequence[dict[str, Any]], threshold: float, path: Path, title
     plt.close(fig)
 
 
+def _aggregates_and_profiles(results: list[dict[str, Any]], path: Path,
+                             title: str) -> tuple[dict[str, Any] | None, list[str]]:
+    """IQM / mean / median / optimality gap with bootstrap intervals (each variant's ``aggregates``)
+    and the performance-profile PNG; without rliable, None and a note saying how to install it."""
+    try:
+        stats = algo_stats.aggregate_over_seeds(results)
+        profile = algo_stats.performance_profiles(stats)
+    except RliableMissingError as exc:
+        return None, [str(exc)]
+    for r in results:
+        r["aggregates"] = stats["variants"][r["variant"]]
+    algo_stats.plot_profiles(profile, stats["score"], path, f"performance profiles: {title}")
+    return {**stats, "profiles_png": path.name, "profiles": profile}, algo_stats.stats_notes(stats)
+
+
+def _stats_rich_table(stats: dict[str, Any], notes: Sequence[str]):
+    from rich.markup import escape
+    from rich.table import Table
+
+    header, rows = algo_stats.table_rows(stats)
+    table = Table(title=f"{stats['score']} over seeds: IQM and mean, {stats['confidence']:.0%} stratified-bootstrap "
+                        f"intervals (rliable, {stats['reps']} resamples, seed {stats['bootstrap_seed']})")
+    for i, col in enumerate(header):
+        table.add_column(escape(col), justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*map(escape, row))  # "[0.5, 0.7]" is not markup
+    table.caption = escape("; ".join(notes)) or None
+    return table
+
+
 def write_report(
     results: list[dict[str, Any]],
     out_dir: Path,
@@ -107,8 +143,10 @@ def write_report(
     base_overrides: Sequence[str] = BASE_OVERRIDES,
     report_name: str = "algos",
 ) -> None:
-    """Fill in the threshold columns, print the table, write <report_name>.json / .md / .png."""
+    """Fill in the threshold columns, print the tables, write <report_name>.json / .md / .png and
+    <report_name>_profiles.png."""
     from rich.console import Console
+    from rich.markup import escape
 
     console = console or Console()
     out_dir = Path(out_dir)
@@ -126,26 +164,35 @@ def write_report(
         r["threshold"] = threshold
         r["steps_to_threshold"] = steps_to_threshold(r["curve"]["step"], r["curve"]["reward_ma"], threshold)
 
-    seed_text = f"seed {seed}" if isinstance(seed, int) else f"seeds {', '.join(map(str, seed))} (mean ± sd)"
+    seeds_text = f"seed {seed}" if isinstance(seed, int) else f"seeds {', '.join(map(str, seed))}"
+    seed_text = seeds_text if isinstance(seed, int) else f"{seeds_text} (mean ± sd)"
     title = f"{config}: {steps} steps, {seed_text}"
+    profiles_path = out_dir / f"{report_name}_profiles.png"
+    stats, stats_notes = _aggregates_and_profiles(results, profiles_path, f"{config}: {steps} steps, {seeds_text}")
     summary = {
         "config": str(config), "steps": steps, "seed": seed, "extra_overrides": extra,
         "base_overrides": list(base_overrides), "threshold": threshold, "threshold_source": threshold_source,
-        "ma_window": MA_WINDOW, "final_window": FINAL_WINDOW, "notes": notes, "variants": results,
+        "ma_window": MA_WINDOW, "final_window": FINAL_WINDOW, "notes": notes + stats_notes,
+        "aggregates": stats and {k: v for k, v in stats.items() if k != "variants"},  # per variant: in each row
+        "variants": results,
     }
     (out_dir / f"{report_name}.json").write_text(json.dumps(summary, indent=2, default=_json_default))
     md = (f"`{config}`, {steps} steps, {seed_text}"
           + (f", overrides `{' '.join(extra)}`" if extra else "")
           + f"; threshold {threshold:.3f} ({threshold_source}) on the {MA_WINDOW}-step moving average"
           + " of the train reward\n\n" + markdown_table(results)
-          + "".join(f"\n- {n}" for n in notes) + ("\n" if notes else ""))
+          + "".join(f"\n- {n}" for n in notes) + ("\n" if notes else "")
+          + (f"\n{_markdown(*algo_stats.table_rows(stats))}" if stats else "")
+          + "".join(f"\n- {n}" for n in stats_notes) + ("\n" if stats_notes else ""))
     (out_dir / f"{report_name}.md").write_text(md)
     _plot(results, threshold, out_dir / f"{report_name}.png", title)
     console.print(_rich_table(results, threshold, title))
-    for n in notes:
-        console.print(f"note: {n}", highlight=False)
+    for n in notes if stats else notes + stats_notes:
+        console.print(f"note: {escape(n)}", highlight=False)
+    if stats:
+        console.print(_stats_rich_table(stats, stats_notes))
     console.print(f"wrote {out_dir / (report_name + '.json')}, {out_dir / (report_name + '.md')}, "
-                  f"{out_dir / (report_name + '.png')}")
+                  f"{out_dir / (report_name + '.png')}" + (f", {profiles_path}" if stats else ""))
 
 
 def caveats(results: Sequence[dict[str, Any]], base_cfg: Any) -> list[str]:

@@ -25,10 +25,15 @@ overrides (a variant is defined by its algorithm settings, so those win), then t
 run settings (steps, seed, output directory). The table leads with the task's own metric
 (``Task.success_metric``: counting accuracy, grounding IoU >= 0.5, ...) and pass@1 / pass@k
 (``eval.pass_k``), since a format reward alone can raise the total reward; with several seeds each
-figure is the mean ± the sample standard deviation over seeds. ``run_algo_bench`` writes, under
-``out_dir``: one run directory per variant (per variant and seed, ``<variant>-seed<s>``, with
-several), ``algos.json`` (everything in the table, each seed's figures, the train-reward curves),
-``algos.md`` (the table) and ``algos.png`` (train reward, moving average, vs step).
+figure is the mean ± the sample standard deviation over seeds. Below it, the task metric's
+interquartile mean and mean over seeds with 95% stratified-bootstrap intervals, and its performance
+profiles, as 'Deep Reinforcement Learning at the Edge of the Statistical Precipice' (Agarwal et al.,
+NeurIPS 2021) recommends, from its library rliable (:mod:`mmrl.bench.algo_stats`).
+``run_algo_bench`` writes, under ``out_dir``: one run directory per variant (per variant and seed,
+``<variant>-seed<s>``, with several), ``algos.json`` (everything in the tables, each seed's figures,
+the train-reward curves, each variant's ``aggregates`` with their intervals, the profiles),
+``algos.md`` (the tables), ``algos.png`` (train reward, moving average, vs step) and
+``algos_profiles.png`` (the performance profiles).
 """
 
 from __future__ import annotations
