@@ -23,8 +23,12 @@ class LoraConfig:
 
 @dataclass
 class ModelConfig:
-    # "tiny" = the built-in tiny Qwen2.5-VL in mmrl/assets; otherwise a local checkpoint directory.
+    # "tiny" = the built-in tiny Qwen2.5-VL in mmrl/assets; otherwise a local checkpoint directory or a
+    # hub id (org/name: the Hugging Face cache, downloaded there unless HF_HUB_OFFLINE=1; docs/hub-ids.md).
     path: str = "tiny"
+    # A hub id's branch, tag or commit (TRL's model_revision); None = main. A run's config.yaml records the
+    # commit it loaded here, so a resume or `mmrl eval` loads the same weights.
+    revision: Optional[str] = None
     # The compute dtype: float32 | bfloat16 | float16. Trained weights are kept in float32
     # (master weights) and forward passes run under autocast in this dtype, unless train.optim
     # keeps them in bfloat16.

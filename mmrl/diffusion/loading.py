@@ -1,5 +1,6 @@
 """Where a generator comes from and where it goes: ``model.path`` resolved to a pipeline directory
-and loaded (:func:`load_generator`), and a trained policy written back out as that directory with
+(a hub id ``org/name`` to its cached snapshot, :mod:`mmrl.hub`) and loaded (:func:`load_generator`),
+and a trained policy written back out as that directory with
 its trained transformer (:func:`export_generator`, for ``mmrl export``)."""
 
 from __future__ import annotations
@@ -16,28 +17,32 @@ TINY_GENERATORS = {"tiny": ("tiny-flow-shapes", "mmrl build-tiny diffusion"),
                    "tiny-t2v": ("tiny-wan-motion", "mmrl build-tiny video-gen")}
 
 
-def generator_dir(path: str) -> str:
-    """``model.path`` as a directory: the shipped tiny generators' names resolved to their assets."""
+def generator_dir(path: str, revision: str | None = None) -> str:
+    """``model.path`` as a directory: the shipped tiny generators' names resolved to their assets, a
+    hub id (a diffusers pipeline) at ``revision`` to its snapshot in the Hugging Face cache."""
+    from ..hub import resolve_checkpoint
     from .tiny import is_tiny_dir
 
-    if path in TINY_GENERATORS:
-        from ..assets import asset_path
+    if path not in TINY_GENERATORS or revision:
+        return str(resolve_checkpoint(path, revision, pipeline=True))
+    from ..assets import asset_path
 
-        name, command = TINY_GENERATORS[path]
-        path = str(asset_path(name))
-        if not is_tiny_dir(path):
-            raise FileNotFoundError(f"the tiny generator is missing from {path}; rebuild it with `{command}`")
+    name, command = TINY_GENERATORS[path]
+    path = str(asset_path(name))
+    if not is_tiny_dir(path):
+        raise FileNotFoundError(f"the tiny generator is missing from {path}; rebuild it with `{command}`")
     return path
 
 
-def load_generator(path: str, device: torch.device, dtype: torch.dtype) -> FlowPipeline:
+def load_generator(path: str, device: torch.device, dtype: torch.dtype,
+                   revision: str | None = None) -> FlowPipeline:
     """``"tiny"`` (the shipped tiny image generator), ``"tiny-t2v"`` (the shipped tiny video
     generator), a directory made by ``mmrl build-tiny diffusion | video-gen``, or a local diffusers
-    pipeline directory (SD3 / SD3.5, FLUX, Wan)."""
+    pipeline directory or hub id at ``revision`` (SD3 / SD3.5, FLUX, Wan)."""
     from .tiny import TinyFlowPipeline, is_tiny_dir, tiny_family
     from .tiny_video import FAMILY as TINY_VIDEO_FAMILY, TinyWanPipeline
 
-    path = generator_dir(path)
+    path = generator_dir(path, revision)
     if is_tiny_dir(path):
         cls = TinyWanPipeline if tiny_family(path) == TINY_VIDEO_FAMILY else TinyFlowPipeline
         return cls.from_pretrained(path, device, dtype)
@@ -55,7 +60,7 @@ def export_generator(policy, out: Path, adapters: bool = False) -> None:
 
     if adapters:
         raise ConfigError("--adapters: generators are exported with the adapters merged (leave out --adapters)")
-    base = Path(generator_dir(policy.cfg.model.path))
+    base = Path(generator_dir(policy.cfg.model.path, policy.cfg.model.revision))
     shutil.copytree(base, out, dirs_exist_ok=True, ignore=shutil.ignore_patterns("transformer"))
     transformer = policy.transformer
     if policy.lora:

@@ -71,7 +71,7 @@ class DiffusionPolicy(PolicyBase):
         super().__init__(cfg, device)
         self.d = cfg.diffusion
         self._check_config(cfg)
-        self.pipe = pipeline or load_generator(cfg.model.path, self.device, self.compute_dtype)
+        self.pipe = pipeline or load_generator(cfg.model.path, self.device, self.compute_dtype, cfg.model.revision)
         self.transformer = self.module = self.pipe.transformer
         if self.lora:
             self._apply_lora(cfg.model.lora)

@@ -5,7 +5,9 @@ config of every start (``000-start.yaml``, ``001-resume-step-40.yaml``, ...), so
 resumed with other settings says so. A resume compares its config with the run's: any difference
 is printed and refused unless ``allow_config_change=true`` (``--allow-config-change``), and the
 keys that define what is being trained (:data:`FIXED_KEYS`) are refused always; the keys that only
-change how the run is watched (:data:`FREE_KEYS`) may always differ.
+change how the run is watched (:data:`FREE_KEYS`) may always differ. A hub id's ``model.revision``
+is saved as the commit the run loaded (:func:`mmrl.hub.pin_revision`), so a resume, which takes the
+run's ``config.yaml``, loads the same weights even after the repo moved on.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ..config import load_config, save_config
+from ..config import load_config, recipe_of, save_config
+from ..hub import pin_revision
 
 # What is trained: a checkpoint of one of these means nothing under another value.
-FIXED_KEYS = ("model.path", "model.lora", "task.name", "task.options", "rollout.num_generations", "plugins")
+FIXED_KEYS = ("model.path", "model.revision", "model.lora", "task.name", "task.options", "rollout.num_generations",
+              "plugins")
 # How the run is watched or run, not what it computes (log.*: what is written, and how often).
 FREE_KEYS = ("resume", "allow_config_change", "log", "train.threads", "train.distributed_timeout",
              "train.oom_grow_back_steps", "train.device")
@@ -57,7 +61,7 @@ def check_resume_config(run_dir: Path, cfg) -> None:
     path = Path(run_dir) / "config.yaml"
     if not path.exists():
         return
-    changes = [c for c in config_changes(load_config(path), cfg) if not _under(c[0], FREE_KEYS)]
+    changes = [c for c in config_changes(load_config(path), pin_revision(cfg)) if not _under(c[0], FREE_KEYS)]
     if not changes:
         return
     lines = "\n".join(f"  {k}: {old!r} -> {new!r}" for k, old, new in changes)
@@ -74,11 +78,13 @@ def check_resume_config(run_dir: Path, cfg) -> None:
 
 
 def record_start(run_dir: Path, cfg, resumed_from: int = 0) -> Path:
-    """Write ``config.yaml`` and this start's copy in ``config_history/``; returns the copy."""
-    run_dir = Path(run_dir)
+    """Write ``config.yaml`` and this start's copy in ``config_history/``, a hub id's revision pinned
+    to its commit, the copy's first line ``# recipe: NAME`` when the config says (``recipe_of``);
+    returns the copy."""
+    run_dir, recipe, cfg = Path(run_dir), recipe_of(cfg), pin_revision(cfg)
     save_config(cfg, run_dir / "config.yaml")
     history = run_dir / HISTORY_DIR
     history.mkdir(exist_ok=True)
     number = len(list(history.glob("*.yaml")))
     name = f"{number:03d}-" + (f"resume-step-{resumed_from}" if resumed_from else "start") + ".yaml"
-    return save_config(cfg, history / name)
+    return save_config(cfg, history / name, comment=f"recipe: {recipe}" if recipe else "")
