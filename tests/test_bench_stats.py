@@ -3,6 +3,7 @@ intervals and performance profiles, from rliable (Agarwal et al., NeurIPS 2021).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -14,6 +15,8 @@ from mmrl.bench import algo_stats, rliable_import
 from mmrl.bench.algo_figures import over_seeds
 from mmrl.bench.algo_report import write_report
 
+needs_rliable = pytest.mark.skipif(importlib.util.find_spec("rliable") is None,
+                                   reason="rliable is not installed: pip install -e '.[bench]'")
 # 8 runs of one variant, out of order: sorted 0.1 0.2 0.3 0.4 0.5 0.6 0.9 1.0
 EIGHT = [0.9, 0.1, 0.5, 0.3, 1.0, 0.2, 0.6, 0.4]
 
@@ -32,6 +35,7 @@ def _variant(name: str, scores, rewards=None) -> dict:
     return over_seeds(name, [_run(s, a, r) for s, (a, r) in enumerate(zip(scores, rewards))], [])
 
 
+@needs_rliable
 def test_rliable_loads():
     # rliable 1.2.0 pins arch<8, whose import breaks on pandas 3; the adapter must still load it
     rly = rliable_import.load()
@@ -39,16 +43,21 @@ def test_rliable_loads():
     assert callable(rly.plot_utils.plot_performance_profiles)
 
 
+@needs_rliable
 def test_iqm_is_the_mean_of_the_middle_half_with_a_deterministic_interval():
     from scipy.stats import trim_mean
 
     results = [_variant("grpo", EIGHT)]
-    np.random.seed(7)
-    expected_next = np.random.rand()
-    np.random.seed(7)
-    stats = algo_stats.aggregate_over_seeds(results, reps=2000)
-    # nobody else's random numbers moved: the global state is as the caller left it
-    assert np.random.rand() == expected_next
+    state = np.random.get_state()
+    try:
+        np.random.seed(7)
+        expected_next = np.random.rand()
+        np.random.seed(7)
+        stats = algo_stats.aggregate_over_seeds(results, reps=2000)
+        # nobody else's random numbers moved: the global state is as the caller left it
+        assert np.random.rand() == expected_next
+    finally:
+        np.random.set_state(state)
 
     row = stats["variants"]["grpo"]
     assert stats["score"] == "accuracy after" and row["scores"] == EIGHT
@@ -67,6 +76,7 @@ def test_iqm_is_the_mean_of_the_middle_half_with_a_deterministic_interval():
     assert again["variants"] == stats["variants"]  # the same intervals, call after call
 
 
+@needs_rliable
 def test_one_seed_gives_a_degenerate_interval_not_a_crash():
     stats = algo_stats.aggregate_over_seeds([_variant("grpo", [0.5]), _variant("dapo", [0.6])], reps=200)
     row = stats["variants"]["grpo"]
@@ -79,6 +89,7 @@ def test_one_seed_gives_a_degenerate_interval_not_a_crash():
     assert profile["bands"] == {"grpo": None, "dapo": None}
 
 
+@needs_rliable
 def test_few_seeds_say_the_iqm_is_the_mean_and_a_task_without_a_metric_uses_the_reward():
     stats = algo_stats.aggregate_over_seeds([_variant("grpo", [None, None, None], [0.2, 0.9, 1.4])], reps=500)
     row = stats["variants"]["grpo"]
@@ -88,6 +99,7 @@ def test_few_seeds_say_the_iqm_is_the_mean_and_a_task_without_a_metric_uses_the_
     assert any("equals the mean" in n for n in algo_stats.stats_notes(stats))
 
 
+@needs_rliable
 def test_performance_profiles_fall_from_one_to_zero_over_the_scores():
     stats = algo_stats.aggregate_over_seeds([_variant("grpo", EIGHT), _variant("dapo", [0.3, 0.4, 0.5, 0.6])], reps=200)
     profile = algo_stats.performance_profiles(stats, reps=200)
@@ -117,6 +129,7 @@ def few_resamples(monkeypatch):
     monkeypatch.setattr(algo_stats, "PROFILE_REPS", 200)
 
 
+@needs_rliable
 def test_the_report_prints_and_writes_the_iqm_with_intervals(tmp_path, capsys, few_resamples):
     results = [_variant("grpo", [0.5, 0.7]), _variant("dapo", [0.55, 0.6])]
     write_report(results, tmp_path, config="vlm/counting_tiny", steps=2, seed=[0, 1])
@@ -164,6 +177,7 @@ def _fake_train(accuracy):
     return train
 
 
+@needs_rliable
 def test_bench_algos_over_two_seeds_prints_iqm_and_writes_the_profiles(tmp_path, monkeypatch, few_resamples):
     """The CLI path end to end, with training replaced by a stand-in (the slow test in test_bench.py trains)."""
     from typer.testing import CliRunner
