@@ -20,7 +20,8 @@ EXAMPLES = examples(
 def report(
     run_dir: Path = typer.Argument(..., help="a run directory (what `mmrl train` wrote), finished or not"),
     recipe: Optional[str] = typer.Option(None, help="the recipe to list the config's differences from (a YAML "
-                                         "file or a built-in name; default: the shipped recipe closest to it)"),
+                                         "file or a built-in name; default: the one the run started from, else "
+                                         "the closest shipped one)"),
 ):
     """Write a run's report.html: one offline page with the held-out before/after table and its
     intervals, the curves (each reward, held-out metrics, KL, entropy, clipping, completion length,

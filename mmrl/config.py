@@ -44,6 +44,7 @@ __all__ = [
     "save_config",
     "check_unused_keys",
     "config_to_dict",
+    "recipe_of",
     "builtin_config_path",
     "builtin_config_names",
 ]
@@ -127,7 +128,26 @@ def load_config(
         key = getattr(exc, "full_key", "") or "?"
         raise ConfigError(f"cannot resolve config key '{key}' ({locations.get(key, 'config')}): {exc.msg if hasattr(exc, 'msg') else exc}") from None
     assert isinstance(out, Config)
+    out._recipe = _recipe_name(recipe) if path is not None else recipe_of(base)  # not a field: see recipe_of
     return out
+
+
+def _recipe_name(path: Path) -> str:
+    from mmrl.configs import CONFIGS_DIR
+
+    path = path.resolve()
+    try:
+        return path.relative_to(CONFIGS_DIR.resolve()).with_suffix("").as_posix()
+    except ValueError:
+        return str(path)
+
+
+def recipe_of(cfg: Optional[Config]) -> Optional[str]:
+    """The recipe :func:`load_config` built ``cfg`` from (or its ``base`` was built from): a built-in
+    recipe's name (``vlm/counting_tiny``) or a file's absolute path; None for a config made
+    otherwise, or copied since (``dataclasses.replace``). The run records it (``config_history/``)
+    for its report's diff."""
+    return getattr(cfg, "_recipe", None)
 
 
 def check_unused_keys(cfg: Config, keys: Sequence[str], who: str) -> None:
@@ -162,15 +182,16 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)  # type: ignore[return-value]
 
 
-def save_config(cfg: Config, path: Union[str, Path]) -> Path:
+def save_config(cfg: Config, path: Union[str, Path], comment: str = "") -> Path:
     """Write the fully resolved config as YAML, so a run directory records exactly what ran.
 
     The file loads back with :func:`load_config` to an equal ``Config``. Written to a temporary
-    file and renamed, so a crash never leaves a half-written ``config.yaml`` behind.
+    file and renamed, so a crash never leaves a half-written ``config.yaml`` behind. ``comment``
+    is a first line (``# comment``) that loading ignores.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = OmegaConf.to_yaml(OmegaConf.structured(cfg), resolve=True)
+    text = (f"# {comment}\n" if comment else "") + OmegaConf.to_yaml(OmegaConf.structured(cfg), resolve=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)

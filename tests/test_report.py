@@ -152,6 +152,44 @@ def test_a_recipe_given_is_the_one_compared_with(run_dir):
     assert page.row("config-diff", "task.name")[1:] == ["grounding", "counting"]
 
 
+def test_the_recipe_the_run_started_from_is_the_one_compared_with(run_dir, tmp_path):
+    """A run records its recipe (the first line of config_history/000-start.yaml): the page compares
+    with it, not with the closest shipped one; a recorded recipe that no longer loads falls back."""
+    from mmrl.runs.config_history import record_start
+
+    mine = tmp_path / "my_counting.yaml"
+    mine.write_text("base: vlm/counting_tiny\ntrain:\n  steps: 7\n")
+    record_start(run_dir, load_config(mine, ["algo.epsilon_high=0.3"]))
+    assert (run_dir / "config_history" / "000-start.yaml").read_text().startswith(f"# recipe: {mine.resolve()}\n")
+    page = _page(run_dir)
+    assert f"the recipe it started from, <code>{mine.resolve()}</code>" in (run_dir / "report.html").read_text()
+    assert page.rows["config-diff"][1:] == [["algo.epsilon_high", "0.28", "0.3"]]  # train.steps is the recipe's
+    mine.unlink()
+    page = _page(run_dir)
+    text = (run_dir / "report.html").read_text()
+    assert "does not load" in text and "the shipped recipe closest to it, <code>vlm/counting_tiny</code>" in text
+    assert page.rows["config-diff"][1:] == [["algo.epsilon_high", "0.28", "0.3"], ["train.steps", "100", "7"]]
+
+
+def test_a_report_is_cheap_no_matplotlib_and_each_recipe_loaded_once(run_dir, monkeypatch):
+    """The trainer writes a page after every run: the curves are SVG written by hand (matplotlib,
+    ~0.1 s a plot, would fail to import here) and a recipe is parsed once per process."""
+    import sys
+
+    import mmrl.config
+    from mmrl.runs.config_history import record_start
+
+    record_start(run_dir, load_config("vlm/counting_tiny", ["train.steps=7", "algo.epsilon_high=0.3"]))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises
+    write_report(run_dir)
+    loads = []
+    monkeypatch.setattr(mmrl.config, "load_config", lambda *a, **k: loads.append(a))
+    page = _page(run_dir)
+    assert loads == [] and "could not be drawn" not in (run_dir / "report.html").read_text()
+    assert len(page.plots) == 10 and page.rows["config-diff"][1:] == [["algo.epsilon_high", "0.28", "0.3"],
+                                                                      ["train.steps", "100", "7"]]
+
+
 def test_the_galleries_are_the_run_s_images_next_to_the_page(run_dir):
     page = _page(run_dir)
     files = [src for src in page.images if not src.startswith("data:")]
@@ -212,6 +250,7 @@ def test_the_report_of_a_real_run_in_chromium(tmp_path):
     result = mmrl.train("vlm/counting_tiny", [*QUICK, f"log.output_dir={tmp_path}", "log.run_name=counting-2"])
     page_path = result.run_dir / "report.html"
     assert page_path.exists()  # written by the run itself
+    assert "the recipe it started from, <code>vlm/counting_tiny</code>" in page_path.read_text()
     summary = json.loads((result.run_dir / "summary.json").read_text())
     with playwright_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=[

@@ -5,15 +5,19 @@ where it has them), the curves of ``metrics.jsonl`` (each reward function, the h
 metrics, KL, entropy, clip fractions, completion length, the step time split into rollout and
 update), the galleries the run saved (``samples_before.png``, ``samples_after.png``, sampled
 rollouts, ``mmrl eval`` galleries), and the config with its differences from the recipe. It is
-self-contained: the curves are SVG images inside the page (drawn with matplotlib), the galleries
-are the run's own PNGs next to it, there is no script and nothing is fetched.
+self-contained: the curves are SVG images inside the page (written by :mod:`.report_curves`), the
+galleries are the run's own PNGs next to it, there is no script and nothing is fetched.
 
 The trainer writes it at the end of every run (:func:`report_after_run`, which only warns when it
 cannot); ``mmrl report RUN_DIR`` (re)builds it for any run directory, also one still running or
 killed: a torn last line of metrics.jsonl is skipped, a missing summary.json leaves the table to
-the step-0 evaluation. The run directory does not record the recipe it started from, so the
-config is compared with the shipped recipe closest to it (said so on the page), or with the one
-given (``--recipe``).
+the step-0 evaluation. The config is compared with the recipe the run started from (the first
+line of ``config_history/000-start.yaml``, ``# recipe: NAME``, when it was loaded from one), or
+with the one given (``--recipe``); a run directory without that line (written before runs
+recorded it, or from a ``Config`` built in a script) is compared with the shipped recipe of its
+task closest to it, which the page says. A recipe is loaded once per process and the curves need
+no matplotlib: a small run's page costs a few tens of milliseconds (tests/test_report.py checks
+both), which matters since every run, the test suite's ~100 tiny ones too, writes one.
 """
 
 from __future__ import annotations
@@ -140,49 +144,92 @@ def _run_config(run_dir: Path) -> dict[str, Any]:
     return flatten(yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {})
 
 
+_RECIPES: dict[tuple[str, int], dict[str, Any]] = {}  # (file, mtime_ns) -> its flattened config
+_TASKS: dict[str, Optional[str]] = {}  # a shipped recipe -> its task (None: it does not load)
+
+
 def _recipe_config(name: str) -> dict[str, Any]:
+    """The recipe (a file or a built-in name) as config.yaml holds it, flattened; loaded once per
+    process (and again when the file changed). Do not change the dict returned."""
     from ..config import builtin_config_path, config_to_dict, load_config
 
-    return flatten(config_to_dict(load_config(builtin_config_path(name))))  # as config.yaml holds it
+    path = builtin_config_path(name)
+    key = (str(path.resolve()), path.stat().st_mtime_ns)
+    if key not in _RECIPES:
+        _RECIPES[key] = flatten(config_to_dict(load_config(path)))
+    return _RECIPES[key]
+
+
+def _recipe_task(name: str) -> Optional[str]:
+    """A shipped recipe's ``task.name`` from its keys alone (cheap, no config built), once per process."""
+    if name not in _TASKS:
+        from ..config_schema import Config
+        from ..config_sources import builtin_config_path, yaml_items
+
+        try:
+            items: list = []
+            yaml_items(builtin_config_path(name), items, {})
+            _TASKS[name] = next((it.value for it in reversed(items) if it.key == "task.name"), Config().task.name)
+        except Exception:  # noqa: BLE001 - an unreadable recipe is no candidate
+            _TASKS[name] = None
+    return _TASKS[name]
 
 
 def _closest_recipe(run: dict[str, Any]) -> tuple[Optional[str], dict[str, Any]]:
-    """The shipped recipe of the run's task whose config differs from the run's in fewest keys."""
-    from ..config_schema import Config
-    from ..config_sources import builtin_config_names, builtin_config_path, yaml_items
+    """The shipped recipe of the run's task whose config differs from the run's in fewest keys (for
+    a run directory that does not record its recipe: one written before it did, or by a script)."""
+    from ..config_sources import builtin_config_names
 
     best: tuple[int, Optional[str], dict] = (1 << 30, None, {})
     for name in builtin_config_names():
+        if _recipe_task(name) != run.get("task.name"):
+            continue
         try:
-            items: list = []
-            yaml_items(builtin_config_path(name), items, {})  # its keys alone: cheap, read before loading
-            task = next((it.value for it in reversed(items) if it.key == "task.name"), Config().task.name)
-            if task != run.get("task.name"):
-                continue
             recipe = _recipe_config(name)
         except Exception:  # noqa: BLE001 - a recipe needing a plugin that is not installed
             continue
         n = sum(recipe.get(k) != v for k, v in run.items())
         if n < best[0]:
             best = (n, name, recipe)
-    return best[1], best[2] or {}
+    return best[1], best[2]
+
+
+def _started_from(run_dir: Path) -> Optional[str]:
+    """The recipe the run's first start was loaded from: the ``# recipe: NAME`` line that
+    :func:`~mmrl.runs.config_history.record_start` writes atop ``config_history/000-...yaml``."""
+    first = sorted((run_dir / HISTORY_DIR).glob("*.yaml"))[:1]
+    try:
+        with open(first[0], encoding="utf-8") as f:
+            line = f.readline().strip()
+    except (IndexError, OSError):
+        return None
+    name = line[len("# recipe: "):].strip() if line.startswith("# recipe: ") else ""
+    return name or None
 
 
 def _config(run_dir: Path, recipe: Optional[str]) -> str:
     path = run_dir / "config.yaml"
     if not path.is_file():
         return "<p>No config.yaml yet.</p>"
-    from ..config import config_to_dict
-    from ..config_schema import Config
-
-    run = _run_config(run_dir)
+    run, base = _run_config(run_dir), None
+    started = _started_from(run_dir) if recipe is None else None
+    why = "the run directory does not record which recipe it started from"
     if recipe is not None:
         base, about = _recipe_config(recipe), f"the recipe <code>{html.escape(recipe)}</code> (given)"
-    else:
+    elif started is not None:
+        try:
+            base, about = _recipe_config(started), f"the recipe it started from, <code>{html.escape(started)}</code>"
+        except Exception as exc:  # noqa: BLE001 - a recipe file since removed, a plugin not installed
+            why = (f"the recipe it started from, <code>{html.escape(started)}</code>, does not load: "
+                   f"{html.escape(repr(exc))}")
+    if base is None:
+        from ..config import config_to_dict
+        from ..config_schema import Config
+
         name, base = _closest_recipe(run)
-        about = (f"the shipped recipe closest to it, <code>{html.escape(name)}</code> (the run directory does "
-                 "not record which recipe it started from; <code>mmrl report RUN --recipe FILE</code> compares "
-                 "with another)") if name else "the schema defaults (no shipped recipe trains this task)"
+        about = (f"the shipped recipe closest to it, <code>{html.escape(name)}</code> ({why}; <code>mmrl report RUN "
+                 "--recipe FILE</code> compares with another)") if name else \
+            "the schema defaults (no shipped recipe trains this task)"
         base = base or flatten(config_to_dict(Config()))
     changes = config_changes(base, run)
     rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(_yaml(a))}</td><td>{html.escape(_yaml(b))}</td>"
