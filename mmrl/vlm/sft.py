@@ -35,7 +35,9 @@ def drop_thought(target: str) -> str:
 
 def sft_batch(policy, tasks: Sequence[Task], examples: Sequence[tuple[int, dict]],
               drop: Sequence[bool] | None = None) -> Rollouts:
-    """A batch whose "completions" are the tasks' reference answers (+ EOS), ready to score.
+    """A batch whose "completions" are the tasks' reference answers (:func:`sft_target`) + EOS,
+    ready to score: the prompt (the task's chat prompt, up to the assistant's turn) is context, so
+    ``action_mask[i]`` is 1 on exactly the reference's tokens and its EOS, 0 on the padding after.
 
     ``drop[i]`` removes the reasoning block of example i's reference (thought dropout).
     """
@@ -47,7 +49,8 @@ def sft_batch(policy, tasks: Sequence[Task], examples: Sequence[tuple[int, dict]
     patches = split_patches(enc, images_per_sample)
     eos = policy.tokenizer.eos_token_id
     drop = drop or [False] * len(examples)
-    texts = [drop_thought(tasks[t].target(ex)) if d else tasks[t].target(ex) for (t, ex), d in zip(examples, drop)]
+    texts = [sft_target(tasks[t], ex) for t, ex in examples]
+    texts = [drop_thought(text) if d else text for text, d in zip(texts, drop)]
     targets = [torch.tensor(policy.tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]) for text in texts]
     width = max(len(x) for x in targets)
     mask = torch.zeros(len(targets), width)
@@ -64,6 +67,43 @@ def sft_batch(policy, tasks: Sequence[Task], examples: Sequence[tuple[int, dict]
             "video": policy.split_videos(enc),
         },
     )
+
+
+def sft_target(task: Task, ex: dict) -> str:
+    """The reference completion of ``ex``: the task's :meth:`~mmrl.Task.target`; for a task
+    without reference completions (``target`` raises NotImplementedError), the example's own
+    ``messages`` (a chat whose last turn is the assistant's: that turn's text) or ``solution``."""
+    try:
+        return task.target(ex)
+    except NotImplementedError as exc:
+        own = record_completion(ex)
+        if own is None:
+            raise ValueError(f"{exc}; an example can give its own as 'messages' (a chat ending in an assistant "
+                             f"turn) or 'solution', which this one has not (keys: {', '.join(map(str, ex))})") from exc
+        return own
+
+
+def record_completion(ex: dict) -> str | None:
+    """The text of the last turn of ``ex["messages"]`` when it is the assistant's (``role`` /
+    ``content``, or LLaVA's ``from: gpt`` / ``value``; list contents keep their text parts), else
+    ``ex["solution"]`` when it is a string, else None."""
+    messages = ex.get("messages")
+    if isinstance(messages, list) and messages and isinstance(messages[-1], dict):
+        last = messages[-1]
+        if str(last.get("role", last.get("from", ""))).lower() in ("assistant", "gpt"):
+            content = last.get("content", last.get("value"))
+            if isinstance(content, list):
+                content = "".join(c.get("text", "") for c in content if isinstance(c, dict) and c.get("type") == "text")
+            if isinstance(content, str):
+                return content
+    solution = ex.get("solution")
+    return solution if isinstance(solution, str) else None
+
+
+def sft_split(task: Task, split: str):
+    """The examples SFT imitates: the task's ``split``, or for an episodic task the states of its
+    scripted solver's episodes (:class:`mmrl.envs.EnvTask`'s ``sft_examples``)."""
+    return getattr(task, "sft_examples", task.examples)(split)
 
 
 def draw_examples(rng: random.Random, splits: Sequence, batch_size: int,
@@ -105,8 +145,7 @@ def sft(policy, tasks: Sequence[Task], steps: int, batch_size: int = 32, lr: flo
     """
     rng = random.Random(seed)
     torch.manual_seed(seed)
-    # An episodic task imitates the states of scripted-solver episodes (mmrl.envs.EnvTask).
-    splits = [getattr(t, "sft_examples", t.examples)("train") for t in tasks]
+    splits = [sft_split(t, "train") for t in tasks]
     opt = torch.optim.AdamW([p for p in policy.model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     decay = max(decay_steps or steps, steps)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warm_start_lr_factor(s, decay))

@@ -1,0 +1,307 @@
+"""``mmrl sft``: supervised fine-tuning on a task's reference completions, with RL's machinery.
+
+The warm start of the R1-style recipes (SFT, then RL from its weights) as a command of its own::
+
+    mmrl sft vlm/counting_tiny log.run_name=warm            # writes runs/warm/model
+    mmrl train vlm vlm/counting_tiny model.path=runs/warm/model
+
+It reads the same config as ``mmrl train`` and builds the same policy (``model.path``,
+``model.lora``, precision, ``train.padding_free`` packing, DDP/FSDP2 launches), optimizer and
+schedule (``train.optim``, ``train.learning_rate``, ``train.lr_scheduler_type``,
+``train.warmup_steps``, counted in SFT steps). Each of ``train.steps`` steps takes the next
+``train.prompts_per_step`` examples of the task's train split (seeded epoch permutations, every
+example once per epoch, as RL's uniform sampler) in mini-batches of ``train.mini_batch_size`` (0:
+one optimizer step per step), ``train.micro_batch_size`` samples per forward. The examples'
+completions are the task's reference answers (:func:`mmrl.vlm.sft.sft_target`: ``task.target(ex)``,
+or the record's own ``messages``/``solution`` for a task without one).
+
+The loss is the mean negative log-likelihood of the completion tokens (the assistant's answer and
+its EOS; the prompt is context, never in the action mask), at temperature 1:
+
+    L = - sum_{i, t} m_it log p(y_it | prompt_i, y_i<t) / sum_{i, t} m_it
+
+Held-out loss (``eval/loss``, the same mean over the first ``eval.num_examples`` examples of the
+eval split) is logged before and after training and printed. Checkpoints, ``metrics.jsonl``,
+``config.yaml`` and resuming (``resume=true log.run_name=NAME``) are the RL run's; at the end
+``<run>/model`` holds the trained weights (LoRA merged) in the layout ``from_pretrained`` and
+``model.path`` read.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from .core import distributed as dist
+from .core.losses import ObjectiveConfig
+from .runs.checkpoint import CheckpointManager, rng_state, set_rng_state
+
+
+@dataclass
+class SFTResult:
+    run_dir: Path
+    model_dir: Path  # the trained weights as a model.path
+    before: float | None  # held-out loss of the starting model (None: eval.before=false)
+    after: float | None
+    steps: int
+
+
+class NLLObjective:
+    """The SFT loss in the place of the core objective (``policy.train_step`` calls it per
+    micro-batch): the masked token NLL over the mini-batch's token count ``num_tokens``, so the
+    micro-batches' losses sum to the mini-batch's mean. ``cfg`` is the core's defaults (no
+    entropy, no token selection), which is what the policy reads of it."""
+
+    def __init__(self):
+        self.cfg = ObjectiveConfig()
+
+    def __call__(self, logps: torch.Tensor, old_logps, advantages, mask: torch.Tensor, ref_logps=None,
+                 rollout_logps=None, num_tokens: float = 0.0, num_seqs: float = 0.0):
+        loss = -(logps * mask).sum() / max(float(num_tokens), 1.0)
+        return loss, {"loss": float(loss.detach())}
+
+
+def sft_config(recipe: str | Path | None, overrides: Sequence[str] = ()):
+    """The config of an SFT run: the recipe (path or built-in name; None: the tiny VLM default)
+    with ``overrides``, the loss read at temperature 1 (``rollout.temperature=1``)."""
+    from .config import builtin_config_path, load_config
+
+    cfg = load_config(builtin_config_path(str(recipe or "vlm/counting_tiny")), list(overrides))
+    return load_config(None, ["rollout.temperature=1.0"], base=cfg)
+
+
+def sft(config: str | Path | None = None, overrides: Sequence[str] = ()) -> SFTResult:
+    """Supervised fine-tuning (module docstring) of a recipe with dotted ``overrides``."""
+    return SFTRun(sft_config(config, overrides)).run()
+
+
+class SFTRun:
+    """One SFT run of ``cfg`` (module docstring): ``run()`` trains, evaluates and exports."""
+
+    def __init__(self, cfg, task=None, policy=None):
+        from .api import make_policy
+        from .core.batch.prompts import PromptSampler
+        from .core.trainer import build_task, run_name
+        from .runs.config_history import check_resume_config
+        from .vlm.sft import sft_split
+
+        dist.init(cfg.train.device, cfg.train.distributed_timeout)
+        self.cfg = cfg
+        self.task = task or build_task(cfg)
+        if self.task.modality != "vlm":
+            raise ValueError(f"mmrl sft trains vision-language policies; task {self.task.name!r} is a "
+                             f"{self.task.modality} task")
+        if cfg.resume and not cfg.log.run_name:
+            raise ValueError("resume=true: say which run to continue with log.run_name=NAME")
+        self.policy = policy or make_policy(cfg, self.task)
+        self.train_examples = sft_split(self.task, "train")
+        self.eval_examples = sft_split(self.task, "eval")
+        self.sampler = PromptSampler({self.task.name: len(self.train_examples)}, cfg.train.prompts_per_step,
+                                     cfg.train.seed)
+        self.run_dir = Path(dist.broadcast(str(Path(cfg.log.output_dir) / run_name(cfg))))
+        self.main = dist.is_main()
+        if self.main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.ckpt = CheckpointManager(self.run_dir / "checkpoints", keep=cfg.log.save_total_limit)
+        if cfg.resume:
+            check_resume_config(self.run_dir, cfg)
+
+    # -- batches and losses -------------------------------------------------------------------------
+    def batch(self, examples: Sequence[dict]):
+        """This rank's share of ``examples`` as an SFT batch (:func:`mmrl.vlm.sft.sft_batch`)."""
+        from .vlm.sft import sft_batch
+
+        mine = [ex for i, ex in enumerate(examples) if i % dist.world_size() == dist.rank()]
+        batch = sft_batch(self.policy, [self.task], [(0, ex) for ex in mine]) if mine else None
+        if batch is not None:
+            batch.advantages = torch.zeros(len(batch))  # read, never used, by the policy's loss terms
+        return batch
+
+    def train_step(self, step: int) -> dict[str, float]:
+        """One SFT step: the step's examples, one optimizer step per mini-batch."""
+        from .core.seeding import seed_everything, stream_seed
+
+        seed_everything(stream_seed(self.cfg.train.seed, step, "step", rank_salt=dist.rank_salt()))
+        self.policy.begin_step(step)  # the learning rate of this step
+        picks = self.sampler.uniform_indices(step - 1)
+        mini = self.cfg.train.mini_batch_size or len(picks)
+        sums: dict[str, float] = {}
+        chunks = [picks[c:c + mini] for c in range(0, len(picks), mini)]
+        total_tokens = 0.0
+        for chunk in chunks:
+            batch = self.batch([self.train_examples[i] for i in chunk])
+            tokens = dist.all_sum(float(batch.action_mask.sum()) if batch is not None else 0.0)
+            out = self.policy.train_step(batch if batch is not None else _empty(), NLLObjective(),
+                                         num_tokens=tokens, num_seqs=float(len(chunk)))
+            total_tokens += tokens
+            for k, v in out.items():
+                sums[k] = sums.get(k, 0.0) + v
+        return {**{k: v / len(chunks) for k, v in sums.items()}, "tokens": total_tokens}
+
+    @torch.no_grad()
+    def held_out_loss(self) -> float:
+        """The mean token NLL of the first ``eval.num_examples`` eval examples' references."""
+        n = min(self.cfg.eval.num_examples, len(self.eval_examples))
+        width = max(self.cfg.train.prompts_per_step, 1)
+        nll, tokens = 0.0, 0.0
+        for start in range(0, n, width):
+            batch = self.batch([self.eval_examples[i] for i in range(start, min(start + width, n))])
+            if batch is not None:
+                logps = self.policy.score(batch, reference=False)
+                nll -= float((logps * batch.action_mask).sum())
+                tokens += float(batch.action_mask.sum())
+        return dist.all_sum(nll) / max(dist.all_sum(tokens), 1.0)
+
+    # -- checkpoints ----------------------------------------------------------------------------------
+    def save(self, step: int, before: float | None) -> None:
+        """As the RL trainer saves: every rank takes part, rank 0 publishes atomically."""
+        tmp = Path(dist.broadcast(str(self.ckpt.begin(step)) if self.main else None))
+        try:
+            self.policy.save(tmp / "policy")
+            rngs = dist.gather(rng_state())
+            if self.main:
+                torch.save({"step": step, "rank_rngs": rngs, "before": before, "sft": True}, tmp / "trainer.pt")
+        except BaseException:
+            if self.main:
+                self.ckpt.abort(tmp)
+            raise
+        if self.main:
+            self.ckpt.commit(step, tmp)
+        dist.barrier()
+
+    def resume(self) -> tuple[int, float | None]:
+        latest = self.ckpt.latest()
+        if latest is None:
+            return 0, None
+        state = torch.load(latest / "trainer.pt", map_location="cpu", weights_only=False)
+        if not state.get("sft"):
+            raise ValueError(f"{latest} is a checkpoint of an RL run, not of mmrl sft: resume it with mmrl train")
+        if int(state["step"]) > self.cfg.train.steps:
+            raise ValueError(f"{latest} is at step {state['step']}, past train.steps={self.cfg.train.steps}")
+        self.policy.load(latest / "policy")
+        if dist.rank() < len(state["rank_rngs"]):
+            set_rng_state(state["rank_rngs"][dist.rank()])
+        return int(state["step"]), state.get("before")
+
+    def export(self) -> Path:
+        """``<run>/model``, written beside it first and renamed (a killed export leaves no half model)."""
+        out = self.run_dir / "model"
+        if self.main:
+            staging = self.run_dir / "model.tmp"
+            shutil.rmtree(staging, ignore_errors=True)
+            self.policy.export_pretrained(staging)
+            shutil.rmtree(out, ignore_errors=True)
+            staging.rename(out)
+        dist.barrier()
+        return out
+
+    # -- the loop -------------------------------------------------------------------------------------
+    def _announce(self) -> None:
+        if self.main:
+            print("\nCtrl-C: finishing this step, then saving a checkpoint and stopping. Press Ctrl-C again to "
+                  "stop at once.", file=sys.stderr, flush=True)
+
+    def run(self) -> SFTResult:
+        from .core.interrupt import StopOnInterrupt, TrainingInterrupted
+        from .runs.config_history import record_start
+        from .runs.logging import RunLogger, TrainingProgress, write_summary
+
+        cfg, main = self.cfg, self.main
+        self.policy.configure_optimizer(cfg.train, cfg.train.steps)
+        logger = RunLogger(self.run_dir, tensorboard=cfg.log.tensorboard) if main else None
+        log = logger.log if main else (lambda step, metrics: None)
+        start, before = self.resume() if cfg.resume else (0, None)
+        if main:
+            record_start(self.run_dir, cfg, resumed_from=start)
+            if cfg.resume:
+                logger.truncate_after(start if start else -1)
+        stopped, done = False, start
+        try:
+            if not start and cfg.eval.before:
+                before = self.held_out_loss()
+                log(0, {"eval/loss": before})
+            with TrainingProgress(cfg.train.steps, start_step=start, enabled=cfg.log.progress and main,
+                                  description=f"mmrl sft {self.task.name}") as progress, \
+                    StopOnInterrupt(self._announce) as interrupt:
+                for step in range(start + 1, cfg.train.steps + 1):
+                    t0 = time.perf_counter()
+                    metrics = self.train_step(step)
+                    metrics["step_time"] = time.perf_counter() - t0
+                    if step % max(cfg.log.log_every, 1) == 0 or step == cfg.train.steps:
+                        log(step, metrics)
+                    progress.update(step, loss=metrics["loss"], step_time=metrics["step_time"])
+                    done = step
+                    stopped = step < cfg.train.steps and dist.all_max(float(interrupt.requested)) > 0
+                    if step < cfg.train.steps and (stopped or (cfg.log.save_every and step % cfg.log.save_every == 0)):
+                        self.save(step, before)
+                    if stopped:
+                        break
+            if not stopped:
+                if start < cfg.train.steps:
+                    self.save(cfg.train.steps, before)
+                after = self.held_out_loss()
+                log(cfg.train.steps, {"eval/loss": after})
+        except KeyboardInterrupt as exc:
+            raise TrainingInterrupted(self.run_dir, done, self.ckpt.latest_step()) from exc
+        finally:
+            if logger is not None:
+                logger.close()
+        if stopped:
+            raise TrainingInterrupted(self.run_dir, done, done, saved=True)
+        model_dir = self.export()
+        if main:
+            write_summary(self.run_dir, before={"loss": before} if before is not None else {}, after={"loss": after},
+                          steps=cfg.train.steps, model=str(model_dir))
+        return SFTResult(self.run_dir, model_dir, before, after, cfg.train.steps)
+
+
+def command(args: Sequence[str]) -> None:
+    """The body of ``mmrl sft [RECIPE] [key=value ...]`` (mmrl/cli.py): train, print the held-out
+    loss before -> after, where the model is and the RL command that starts from it."""
+    import shlex
+
+    import typer
+
+    from .cli_errors import console, user_errors
+    from .core.interrupt import TrainingInterrupted
+    from .recipes import split_args
+    from .threads import configure_threads
+
+    args = list(args)
+    with user_errors():
+        recipe, overrides = split_args(args)
+        cfg = sft_config(recipe, overrides)
+        configure_threads(cfg, echo=lambda line: console.print(line, highlight=False))
+        run = SFTRun(cfg)
+    if run.main:
+        console.print(f"run directory: [bold]{run.run_dir}[/]")
+    try:
+        with user_errors(setup=False):
+            result = run.run()
+    except TrainingInterrupted as exc:
+        again = shlex.join(["mmrl", "sft", *[a for a in args if not a.startswith(("resume=", "log.run_name="))],
+                            "resume=true", f"log.run_name={exc.run_dir.name}"])
+        state = "checkpoint saved" if exc.saved else f"last checkpoint: step {exc.checkpoint_step or 'none'}"
+        console.print(f"[yellow]stopped after step {exc.step} ({state}); continue with: {again}[/]", highlight=False)
+        raise typer.Exit(130)
+    if run.main:
+        before = "-" if result.before is None else f"{result.before:.4f}"
+        print(f"held-out loss ({run.task.name}, {min(cfg.eval.num_examples, len(run.eval_examples))} examples): "
+              f"{before} -> {result.after:.4f}")
+        print(f"model: {result.model_dir}")
+        print(" ".join(["RL from it: mmrl train", run.task.modality, *([recipe] if recipe else []),
+                        f"model.path={result.model_dir}"]))
+
+
+def _empty():
+    """An empty batch: a rank with no example of a mini-batch still joins its gradient average."""
+    from .core.rollouts import Rollouts
+
+    return Rollouts(group_ids=torch.zeros(0, dtype=torch.long), action_mask=torch.zeros(0, 1),
+                    advantages=torch.zeros(0))
