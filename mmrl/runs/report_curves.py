@@ -140,7 +140,10 @@ def _line(pts: list[tuple[float, float]], color: str, markers: bool) -> list[str
 
 
 def _legend(entries: list[tuple[str, str]]) -> list[str]:
-    return [f'<rect x="{LEFT + 6}" y="{TOP + 6 + 13 * i}" width="10" height="8" fill="{color}"/>'
+    width = 24 + 5.5 * max(len(name) for name, _ in entries)  # on a pale box: readable over the data
+    return [f'<rect x="{LEFT + 3}" y="{TOP + 3}" width="{width:.0f}" height="{13 * len(entries) + 3}" fill="#fff" '
+            'fill-opacity="0.85"/>'] + [
+            f'<rect x="{LEFT + 6}" y="{TOP + 6 + 13 * i}" width="10" height="8" fill="{color}"/>'
             f'<text x="{LEFT + 20}" y="{TOP + 13.5 + 13 * i}">{html.escape(name)}</text>'
             for i, (name, color) in enumerate(entries)]
 
