@@ -69,11 +69,12 @@ class NLLObjective:
 
 def sft_config(recipe: str | Path | None, overrides: Sequence[str] = ()):
     """The config of an SFT run: the recipe (path or built-in name; None: the tiny VLM default)
-    with ``overrides``, the loss read at temperature 1 (``rollout.temperature=1``)."""
+    with ``overrides``, the loss read at temperature 1 (``rollout.temperature=1``) and no KL term
+    (``algo.beta=0``: no frozen reference copy of the model is made)."""
     from .config import builtin_config_path, load_config
 
     cfg = load_config(builtin_config_path(str(recipe or "vlm/counting_tiny")), list(overrides))
-    return load_config(None, ["rollout.temperature=1.0"], base=cfg)
+    return load_config(None, ["rollout.temperature=1.0", "algo.beta=0.0"], base=cfg)
 
 
 def sft(config: str | Path | None = None, overrides: Sequence[str] = ()) -> SFTResult:
