@@ -198,8 +198,10 @@ def build_tiny(
 
 
 from .cli_bench import bench_app  # noqa: E402
+from .cli_report import EXAMPLES as REPORT_EXAMPLES, report as report_command  # noqa: E402
 
 app.add_typer(bench_app, name="bench")
+app.command(name="report", epilog=REPORT_EXAMPLES)(report_command)
 
 
 @app.command(epilog=examples(

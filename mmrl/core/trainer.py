@@ -32,6 +32,7 @@ from ..runs.config_history import check_resume_config, record_start
 from ..runs.resume import finished_steps
 from ..runs.logging import RunLogger, TrainingProgress, print_before_after, write_summary
 from ..runs.trackers import tracker_names
+from ..runs.report import report_after_run
 from ..task import Task
 from . import distributed as dist
 from .batch import BatchBuilder
@@ -228,6 +229,7 @@ class Trainer:
             if before:
                 print_before_after(before, after, title=f"held-out eval ({self.task.name}, {cfg.eval.num_examples} "
                                    "examples; 95% bootstrap intervals)", intervals=intervals)
+            report_after_run(self.run_dir)  # report.html; a failure is a warning
         return result
 
     def _announce_stop(self) -> None:
