@@ -170,6 +170,19 @@ def export(
     console.print(f"exported {run_dir} to {path} (model card: {path / 'README.md'})")
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, epilog=examples(
+    "mmrl sft vlm/counting_tiny log.run_name=warm                  # -> runs/warm/model",
+    "mmrl train vlm vlm/counting_tiny model.path=runs/warm/model   # then RL from it (R1-style)",
+    "mmrl sft vlm/counting_tiny task.options.train_path=my.jsonl model.lora.enabled=true",
+    "mmrl sft vlm/counting_tiny log.run_name=warm resume=true      # continue it after a Ctrl-C"))
+def sft(args: Optional[List[str]] = typer.Argument(None, metavar=ARGS_METAVAR, help=ARGS_HELP)):
+    """Supervised fine-tuning on the task's reference answers (the loss on the answer tokens only),
+    with mmrl train's config, policy and checkpoints; writes <run dir>/model for model.path."""
+    from .sft_run import command
+
+    command(list(args or []))
+
+
 @app.command(name="build-tiny", epilog=examples(
     "mmrl build-tiny vlm                        # the tiny default (assets/tiny-qwen2.5-vl), ~10 min on CPU",
     "mmrl build-tiny gui --out /tmp/tiny-gui    # elsewhere, leaving the shipped one alone",

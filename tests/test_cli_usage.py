@@ -17,7 +17,7 @@ from mmrl.extras import EXTRA_OF_MODULE, install_hint
 from mmrl.recipes import recipe_names
 
 REPO = Path(__file__).resolve().parents[1]
-COMMANDS = [["train"], ["eval"], ["report"], ["list"], ["build-tiny"], ["demo"],
+COMMANDS = [["train"], ["eval"], ["report"], ["sft"], ["list"], ["build-tiny"], ["demo"],
             ["bench", "algos"], ["bench", "diffusion"], ["bench", "speed"], ["bench", "rollout"],
             ["bench", "optimizers"]]
 
