@@ -54,7 +54,8 @@ def _mkdocs(config_dir: Path, site: Path) -> subprocess.CompletedProcess:
 
 def test_the_site_builds_in_strict_mode(tmp_path):
     r = _mkdocs(REPO, tmp_path / "site")
-    assert r.returncode == 0, r.stderr[-4000:]
+    problems = [line for line in r.stderr.splitlines() if not line.startswith("INFO")]
+    assert r.returncode == 0, "\n".join(problems)[-4000:]  # a page outside the nav: add it to mkdocs.yml's nav
     assert (tmp_path / "site" / "index.html").is_file()
     api = (tmp_path / "site" / "api" / "task" / "index.html").read_text()
     assert "mmrl.task.Task" in api  # the API reference was generated from the docstrings
