@@ -35,6 +35,7 @@ from .registry import (
     register_sde_sampler,
     register_selection,
     register_task,
+    register_tool,
 )
 from .task import SyntheticExamples, Task, image_prompt, make_task, video_prompt
 
@@ -64,6 +65,7 @@ __all__ = [
     "register_advantage",
     "register_sampler",
     "register_env",
+    "register_tool",
     "Env",
     "Observation",
     "load_plugins",

@@ -34,6 +34,7 @@ PUBLIC_MODULES: tuple[str, ...] = (
     "mmrl.measures.gui_match",
     "mmrl.measures.gui_r1",
     "mmrl.measures.ui_r1",
+    "mmrl.measures.tool_use",  # trajectories that call tools: DeepEyes, crop grounding, curiosity
     # coordinate spaces, drawing for galleries, video clips
     "mmrl.media.coords",
     "mmrl.media.draw",
@@ -49,9 +50,13 @@ PUBLIC_MODULES: tuple[str, ...] = (
     "mmrl.data.screenspot",
     "mmrl.data.gui_episodes",
     "mmrl.data.gui_steps",
+    "mmrl.data.vstar",  # V* Bench folders
+    "mmrl.data.deepeyes",  # DeepEyes' parquet rows
     # the environment API (Env, Observation, register_env, make_env) and the environment task
     "mmrl.envs",
     "mmrl.envs.task",
+    # tools a VLM calls mid-completion (zoom_in, crop, rotate), the call parser and the budget
+    "mmrl.tools",
 )
 
 

@@ -96,11 +96,13 @@ def register_task(name: str, override: bool = False):
 
 
 def register_reward(name: str, minimum: float = 0.0, check: Callable[..., None] | None = None,
-                    media: str = "any", override: bool = False):
+                    media: str = "any", override: bool = False, maximum: float = 1.0):
     """Function decorator for a batched reward ``fn(completions, examples, **ctx) -> list``.
 
     A reward returns one float per completion, or ``None`` where the text cannot be parsed;
-    ``None`` scores ``minimum`` and is counted in the run's metrics. ``check(**reward_kwargs)``
+    ``None`` scores ``minimum`` and is counted in the run's metrics. Scores lie in ``[minimum,
+    maximum]`` (default [0, 1]; a paper's reward with another range declares it, e.g. DeepEyes'
+    [-0.2, 2.0]; the reward fuzz tests check it). ``check(**reward_kwargs)``
     (optional) validates the reward's configuration (e.g. that a weights path exists) when the
     run is set up, so a misconfigured reward stops the run before training instead of scoring
     every batch at its minimum.
@@ -124,6 +126,7 @@ def register_reward(name: str, minimum: float = 0.0, check: Callable[..., None] 
             checked = check
         fn.reward_name = name
         fn.reward_minimum = minimum
+        fn.reward_maximum = maximum
         fn.reward_check = checked
         fn.reward_media = media
         return REWARDS.register(name, fn, override)
@@ -175,6 +178,8 @@ KL_SCHEDULES: Registry[Callable[..., Any]] = Registry("KL schedule")
 PERTURBATIONS: Registry[Callable[..., Any]] = Registry("image perturbation")
 ENGINES: Registry[type] = Registry("rollout engine")
 ENVS: Registry[type] = Registry("environment")  # multi-step environments (mmrl.envs)
+# tools a VLM calls inside a completion (zoom_in, crop, rotate ...; mmrl.tools)
+TOOLS: Registry[type] = Registry("tool", modules=("mmrl.tools.builtin",))
 # by task modality: the policy that trains a task of it
 POLICIES: Registry[type] = Registry("policy", modules=("mmrl.vlm.policy", "mmrl.diffusion.policy"))
 # train.optim: the optimizer of the trained parameters (the built-ins register in mmrl.core.optimizer)
@@ -231,6 +236,7 @@ register_kl_schedule = _register_as(KL_SCHEDULES, "schedule_name")
 register_perturbation = _register_as(PERTURBATIONS, "perturbation_name")
 register_engine = _register_as(ENGINES, "engine_name")
 register_env = _register_as(ENVS, "name")  # @register_env("synthetic_gui") on an mmrl.envs.Env
+register_tool = _register_as(TOOLS, "name")  # @register_tool("zoom_in") on an mmrl.tools.Tool
 # @register_policy("vlm") on a policy class (mmrl.core.policy.PolicyBase): it trains the tasks whose
 # ``modality`` is that name, so a new modality is a plugin like a task.
 register_policy = _register_as(POLICIES, "modality")
@@ -242,7 +248,7 @@ ALL_REGISTRIES: dict[str, Registry] = {
     "tasks": TASKS, "rewards": REWARDS, "advantage estimators": ADVANTAGES, "losses": LOSSES,
     "data samplers (prompts)": PROMPT_SAMPLERS, "SDE samplers": SDE_SAMPLERS, "batch selections": SELECTIONS,
     "KL schedules": KL_SCHEDULES, "image perturbations": PERTURBATIONS, "rollout engines": ENGINES,
-    "environments": ENVS, "policies (task modalities)": POLICIES, "optimizers": OPTIMIZERS,
+    "environments": ENVS, "tools": TOOLS, "policies (task modalities)": POLICIES, "optimizers": OPTIMIZERS,
     "benchmarks": BENCHMARKS,
 }
 

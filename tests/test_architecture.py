@@ -196,7 +196,7 @@ def test_the_checks_see_what_they_look_for():
 
 @pytest.mark.parametrize("title", ["tasks", "rewards", "advantage estimators", "losses", "data samplers (prompts)",
                                    "SDE samplers", "batch selections", "KL schedules", "image perturbations",
-                                   "rollout engines", "optimizers"])
+                                   "rollout engines", "optimizers", "tools"])
 def test_mmrl_list_shows_every_named_choice(title):
     from typer.testing import CliRunner
 

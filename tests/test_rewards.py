@@ -213,10 +213,11 @@ TEXTS = st.one_of(
 EXAMPLE = {"answer": "2", "box": (10, 20, 40, 50), "image_size": (112, 112)}
 
 
-def _check(values, n):
+def _check(values, n, low=0.0, high=1.0):
+    """One score per completion, each None or a float in the reward's declared range (default [0, 1])."""
     assert len(values) == n
     for v in values:
-        assert v is None or (isinstance(v, float) and 0.0 <= v <= 1.0 and not math.isnan(v))
+        assert v is None or (isinstance(v, float) and low <= v <= high and not math.isnan(v))
 
 
 # The suite draws 150 lists; the reliability campaign (README) runs MMRL_FUZZ_EXAMPLES=4000, and
@@ -240,7 +241,9 @@ def test_every_reward_never_raises(texts):
                 check()
         except (FileNotFoundError, ValueError):
             continue  # model-based rewards refuse to run without weights (tested in test_image_rewards.py)
-        _check(REWARDS.get(name)(texts, [dict(EXAMPLE) for _ in texts], step=0), len(texts))
+        fn = REWARDS.get(name)
+        _check(fn(texts, [dict(EXAMPLE) for _ in texts], step=0), len(texts),
+               min(0.0, fn.reward_minimum), max(1.0, fn.reward_maximum))
     _check(REWARDS.get("format")(texts, [EXAMPLE] * len(texts), mode="lenient"), len(texts))
 
 

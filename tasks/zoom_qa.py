@@ -1,0 +1,194 @@
+"""``zoom_qa``: "thinking with images". Read a digit too small to see at the image budget: zoom in.
+
+Synthetic examples: a large canvas (1024 x 1024 by default) holding several small framed digits,
+one framed in red; the question asks for the digit in the red frame. The digits are drawn with
+PIL's bitmap font at 1x (about 7 px high), so under the tiny recipes' image budget
+(``vlm.max_pixels`` 12544, the canvas seen at 112 x 112) the target digit is under 1 px high and
+cannot be read; its red frame still leaves a trace to find. A ``zoom_in`` call on the frame shows
+it at full resolution (set the tool's ``min_pixels`` to the policy's ``vlm.max_pixels``). Train and
+eval examples come from distinct seeds (held out). Each example keeps the target's frame
+(``target_box``, original pixels) for the ``crop_iou`` reward, and the reference trajectory
+(:meth:`ZoomQA.reference_turns`: a zoom call on the frame, then the answer) for a warm start.
+
+Real data: ``train_path`` / ``eval_path`` name a DeepEyes parquet file
+(:mod:`mmrl.data.deepeyes`; its system prompt with DeepEyes' tool list is kept) or a V* Bench
+folder (:mod:`mmrl.data.vstar`, multiple choice).
+
+Rewards: DeepEyes' (``deepeyes``); ``crop_iou`` and Pixel Reasoner's terms can be added in the
+config. The multi-turn rollout that runs the tools is not built yet (docs/thinking-with-images.md).
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from pathlib import Path
+
+from PIL import Image, ImageDraw
+
+from mmrl import Task, register_task
+from mmrl.data.deepeyes import parse_deepeyes_record
+from mmrl.data.vstar import VSTAR_CATEGORIES, VStarExamples
+from mmrl.measures.tool_use import crop_iou, deepeyes_parts, tool_use_metrics
+from mmrl.media.coords import pixels_to_prediction
+from mmrl.media.draw import PRED, TRUE, bitmap_font, canvas, draw_box
+from mmrl.tools import call_text
+
+SPLIT_SEEDS = {"train": 31, "eval": 32}  # distinct seeds: eval examples are never trained on
+TARGET_COLOR, TARGET_NAME = (220, 0, 0), "red"
+DISTRACTOR_COLORS = ((0, 60, 200), (0, 150, 0), (40, 40, 40), (150, 0, 170), (0, 150, 160))
+GLYPH_W, GLYPH_H = 6, 11  # the bitmap font's cell, in canvas pixels
+PAD, BORDER = 3, 2  # around the digit, inside the frame
+INSTRUCTION = ("Zoom in with the zoom_in tool if the image is too small to read. "
+               "Answer with <think>...</think><answer>digit</answer>.")
+VSTAR_INSTRUCTION = ("Think first, call zoom_in if needed, then answer with the option's letter: "
+                     "<think>...</think><answer>letter</answer>.")
+
+
+def frame_size(scale: int) -> tuple[int, int]:
+    """(w, h) of a framed digit drawn at ``scale``."""
+    return (GLYPH_W * scale + 2 * (PAD + BORDER), GLYPH_H * scale + 2 * (PAD + BORDER))
+
+
+def draw_framed_digit(image: Image.Image, digit: str, xy: tuple[int, int], color, scale: int) -> tuple[int, int, int, int]:
+    """Draw ``digit`` framed in ``color`` with its top-left corner at ``xy``; the frame's box."""
+    w, h = frame_size(scale)
+    x, y = xy
+    draw = ImageDraw.Draw(image)
+    draw.rectangle((x, y, x + w - 1, y + h - 1), outline=color, width=BORDER)
+    glyph = Image.new("RGB", (GLYPH_W, GLYPH_H), image.getpixel((x + BORDER, y + BORDER)))
+    ImageDraw.Draw(glyph).text((0, 0), digit, font=bitmap_font(), fill=(0, 0, 0))
+    if scale > 1:
+        glyph = glyph.resize((GLYPH_W * scale, GLYPH_H * scale), resample=Image.NEAREST)
+    image.paste(glyph, (x + BORDER + PAD, y + BORDER + PAD))
+    return (x, y, x + w, y + h)
+
+
+def _free(box, taken, margin: int = 8) -> bool:
+    x1, y1, x2, y2 = box
+    return all(x2 + margin <= a or x1 >= c + margin or y2 + margin <= b or y1 >= d + margin for a, b, c, d in taken)
+
+
+@register_task("zoom_qa")
+class ZoomQA(Task):
+    modality = "vlm"
+    rewards = {"deepeyes": 1.0}
+
+    def default_options(self):
+        return {
+            "canvas_size": 1024,
+            "distractors": 8,
+            "glyph_scale": 1,  # 1: ~7 px digits, unreadable at 112 x 112; larger is easier
+            "train_size": 1_000_000,
+            "eval_size": 500,
+            "train_path": None,  # a DeepEyes parquet file, or a V* Bench folder
+            "eval_path": None,
+            "shuffle_options": False,  # V*: show the options in an order fixed by the example's id
+        }
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        o = self.options
+        w, h = frame_size(int(o["glyph_scale"]))
+        if not (isinstance(o["canvas_size"], int) and o["canvas_size"] >= 4 * max(w, h)):
+            raise ValueError(f"zoom_qa: canvas_size must be an int of at least {4 * max(w, h)}, got {o['canvas_size']!r}")
+        if not (isinstance(o["distractors"], int) and 0 <= o["distractors"] <= 40):
+            raise ValueError(f"zoom_qa: distractors must be an int in [0, 40], got {o['distractors']!r}")
+
+    # -- data -----------------------------------------------------------------------------------
+    def make(self, seed: int) -> dict:
+        rng = random.Random(seed)
+        o = self.options
+        size, scale = o["canvas_size"], int(o["glyph_scale"])
+        w, h = frame_size(scale)
+        background = tuple(rng.randint(215, 250) for _ in range(3))
+        image = Image.new("RGB", (size, size), background)
+        taken: list = []
+        boxes = []
+        for k in range(1 + o["distractors"]):
+            for _ in range(200):
+                x, y = rng.randint(8, size - w - 8), rng.randint(8, size - h - 8)
+                if _free((x, y, x + w, y + h), taken):
+                    break
+            else:
+                continue  # a crowded canvas: fewer distractors
+            color = TARGET_COLOR if k == 0 else rng.choice(DISTRACTOR_COLORS)
+            digit = rng.choice(string.digits)
+            box = draw_framed_digit(image, digit, (x, y), color, scale)
+            taken.append(box)
+            boxes.append((box, digit))
+        (target, answer), others = boxes[0], boxes[1:]
+        return {"image": image, "image_size": image.size,
+                "question": f"What digit is in the {TARGET_NAME} frame?", "answer": answer,
+                "target_box": target, "distractor_boxes": [b for b, _ in others], "id": seed}
+
+    def examples(self, split: str):
+        if split not in SPLIT_SEEDS:
+            raise ValueError(f"zoom_qa: unknown split {split!r}; valid splits: {sorted(SPLIT_SEEDS)}")
+        path = self.options.get(f"{split}_path")
+        if path and any((Path(path).expanduser() / c).is_dir() for c in VSTAR_CATEGORIES):
+            cache = self.__dict__.setdefault("_vstar", {})
+            if split not in cache:
+                cache[split] = VStarExamples(path, shuffle_options=self.options["shuffle_options"])
+            return cache[split]
+        return self.file_or_synthetic(split, SPLIT_SEEDS, parse_deepeyes_record)
+
+    # -- prompts and references -----------------------------------------------------------------
+    def prompt(self, ex: dict) -> list[dict]:
+        """The image and question with the instruction; a DeepEyes row keeps its system prompt
+        (its tool list) and user text; a V* example lists its options as "A. ..."."""
+        if ex.get("prompt_text") is not None:
+            messages = [{"role": "system", "content": ex["system"]}] if ex.get("system") else []
+            text = ex["prompt_text"].replace("<image>", "").strip()
+            return messages + [{"role": "user", "content": [{"type": "image", "image": ex["image"]},
+                                                            {"type": "text", "text": text}]}]
+        if ex.get("options"):
+            options = "\n".join(f"{string.ascii_uppercase[i]}. {o}" for i, o in enumerate(ex["options"]))
+            text = f"Question: {ex['question']}\nOptions:\n{options}\n{VSTAR_INSTRUCTION}"
+        else:
+            text = f"{ex['question']} {INSTRUCTION}"
+        return [{"role": "user", "content": [{"type": "image", "image": ex["image"]}, {"type": "text", "text": text}]}]
+
+    def reference_answer(self, ex: dict) -> str:
+        return ex.get("answer_letter") or str(ex["answer"])
+
+    def reasoning(self, ex: dict) -> str:
+        return f"The zoomed image shows {ex['answer']}." if "target_box" in ex else "I read the answer."
+
+    def zoom_call(self, ex: dict) -> str:
+        """The reference zoom call: ``zoom_in`` on the target's frame, in the policy's coordinate
+        frame (``pred_space`` / ``frame`` when the trainer recorded them, else pixels)."""
+        box = [round(v) for v in pixels_to_prediction(ex["target_box"], ex)]
+        return call_text("zoom_in", {"bbox_2d": box, "label": f"the {TARGET_NAME} frame"})
+
+    def reference_turns(self, ex: dict) -> list[str]:
+        """The assistant turns of a reference trajectory (for a multi-turn warm start): a zoom on
+        the target's frame, then, after the tool's image, the answer (:meth:`target`)."""
+        if "target_box" not in ex:
+            return [self.target(ex)]
+        first = f"<think>The {TARGET_NAME} frame is too small to read; zoom in on it.</think>{self.zoom_call(ex)}"
+        return [first, self.target(ex)]
+
+    # -- evaluation -----------------------------------------------------------------------------
+    def metrics(self, completions, examples) -> dict[str, float]:
+        """accuracy (DeepEyes' accuracy term, rule-based; a V* answer may be the option's letter
+        or text), crop_iou (mean over examples with a target; 0 without a crop) and the tool-use
+        metrics (:func:`mmrl.measures.tool_use.tool_use_metrics`)."""
+        n = max(1, len(examples))
+        parts = [deepeyes_parts(c, ex) for c, ex in zip(completions, examples)]
+        ious = [v for v in (crop_iou(ex) for ex in examples) if v is not None]
+        out = {"accuracy": sum(p["accuracy"] for p in parts if p) / n,
+               "format_error": sum(1.0 for p in parts if p and p["format"] < 0) / n}
+        if ious:
+            out["crop_iou"] = sum(ious) / len(ious)
+        return {**out, **tool_use_metrics(examples)}
+
+    def visualize(self, ex: dict, completion: str):
+        """The canvas with the target's frame in green and the crops in red (scale 1)."""
+        image, draw = canvas(ex["image"], scale=1)
+        for box in ex.get("target_boxes") or ([ex["target_box"]] if "target_box" in ex else []):
+            draw_box(draw, box, TRUE, scale=1)
+        for call in ex.get("tool_calls") or []:
+            if isinstance(call, dict) and call.get("ok") and call.get("box"):
+                draw_box(draw, call["box"], PRED, scale=1)
+        return image

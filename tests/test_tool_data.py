@@ -1,0 +1,163 @@
+"""Data for thinking with images: DeepEyes' parquet rows, V* Bench folders, the zoom_qa task."""
+
+import io
+import json
+import logging
+
+import pytest
+from PIL import Image
+
+from mmrl import make_task
+from mmrl.data.deepeyes import parse_deepeyes_record
+from mmrl.data.records import FileExamples
+from mmrl.data.vstar import VStarExamples
+from mmrl.media.coords import qwen_resized_size
+from mmrl.tools import ToolBudget, ToolState, make_tool, run_turn
+
+
+def png(size=(64, 48), color=(200, 10, 10)):
+    buf = io.BytesIO()
+    Image.new("RGB", size, color).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+SYSTEM = "You are a helpful assistant.\n# Tools\n<tools>{...image_zoom_in_tool...}</tools>"
+
+
+def deepeyes_row(question="What colour is the car?", truth="red", images=None, user=None, **extra):
+    return {
+        "data_source": "vstar",
+        "prompt": [{"role": "system", "content": SYSTEM},
+                   {"role": "user", "content": user if user is not None else f"<image>\n{question} Think first."}],
+        "images": images if images is not None else [{"bytes": png(), "path": "car.png"}],
+        "ability": "vl_chart", "env_name": "visual_toolbox_v5",
+        "reward_model": {"style": "model", "ground_truth": truth},
+        "extra_info": {"split": "train", "index": "0", "answer": truth, "question": question},
+        **extra,
+    }
+
+
+def write_parquet(path, rows):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+def test_deepeyes_parquet_rows(tmp_path, caplog):
+    rows = [deepeyes_row(),
+            deepeyes_row(truth=None),  # row 1: no ground truth
+            deepeyes_row(images=[]),  # row 2: no image
+            deepeyes_row(user="<image><image> two markers, one image"),  # row 3
+            deepeyes_row(question="Which sign is blue?", truth="B")]
+    path = tmp_path / "train.parquet"
+    write_parquet(path, rows)
+    with caplog.at_level(logging.WARNING):
+        data = FileExamples(path, parse_deepeyes_record)
+    assert len(data) == 2 and [n for n, _ in data.skipped] == [1, 2, 3]
+    assert "row 1 skipped: no 'reward_model.ground_truth'" in caplog.text
+    assert "row 2 skipped" in caplog.text and "2 <image> markers for 1 images" in caplog.text
+    ex = data[0]
+    assert ex["question"] == "What colour is the car?" and ex["answer"] == "red"
+    assert ex["system"] == SYSTEM and ex["data_source"] == "vstar" and ex["image"].size == (64, 48)
+    assert data[1]["answer"] == "B"
+    # the zoom_qa task reads it and keeps DeepEyes' system prompt (its tool list)
+    task = make_task("zoom_qa", train_path=str(path))
+    messages = task.prompt(task.examples("train")[0])
+    assert messages[0] == {"role": "system", "content": SYSTEM}
+    assert messages[1]["content"][1]["text"] == "What colour is the car? Think first."
+
+
+def write_vstar(root, anno, name, category="direct_attributes", size=(200, 100)):
+    folder = root / category
+    folder.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", size, (0, 0, 255)).save(folder / f"{name}.jpg")
+    if anno is not None:
+        (folder / f"{name}.json").write_text(anno if isinstance(anno, str) else json.dumps(anno))
+
+
+def test_vstar_folder(tmp_path, caplog):
+    good = {"target_object": ["umbrella"], "bbox": [[10, 20, 30, 40]], "question": "What is the color of the umbrella?",
+            "options": ["red", "blue", "green", "white"]}
+    write_vstar(tmp_path, good, "sa_1")
+    write_vstar(tmp_path, None, "sa_2")  # no JSON
+    write_vstar(tmp_path, "{not json", "sa_3")
+    write_vstar(tmp_path, {"question": "Q?", "options": ["only one"]}, "sa_4")
+    write_vstar(tmp_path, {"question": "Is the cup left or right of the dog?", "options": ["left", "right"]},
+                "sa_5", category="relative_position")
+    write_vstar(tmp_path, {**good, "bbox": [[190, 20, 30, 40]]}, "sa_6")  # box off the 200 px wide image
+    with caplog.at_level(logging.WARNING):
+        data = VStarExamples(tmp_path)
+    assert len(data) == 3 and len(data.skipped) == 3
+    assert "sa_2.jpg skipped: no annotation sa_2.json" in caplog.text and "not valid JSON" in caplog.text
+    ex = data.usable(0)
+    assert ex["answer"] == "red" and ex["answer_letter"] == "A" and ex["options"][0] == "red"
+    assert ex["target_boxes"] == [(10.0, 20.0, 40.0, 60.0)]  # [x, y, w, h] -> [x1, y1, x2, y2]
+    assert ex["category"] == "direct_attributes" and ex["id"] == "direct_attributes/sa_1"
+    assert data.usable(1) is None and "lies outside" in data.bad_targets[str(tmp_path / "direct_attributes/sa_6.jpg")]
+    assert data[2]["category"] == "relative_position" and data[2]["answer"] == "left"
+    assert data.stats() == {"examples": 3, "skipped_lines": 3, "bad_images": 0, "bad_targets": 1}
+    shuffled = VStarExamples(tmp_path, shuffle_options=True).usable(0)
+    again = VStarExamples(tmp_path, shuffle_options=True).usable(0)
+    assert shuffled["options"] == again["options"] and shuffled["options"][ord(shuffled["answer_letter"]) - 65] == "red"
+    with pytest.raises(FileNotFoundError, match="relative_position"):
+        VStarExamples(tmp_path / "direct_attributes" / "..", categories=("direct_attributes", "relative_position", "x"))
+    # zoom_qa reads a V* folder and lists the options
+    task = make_task("zoom_qa", eval_path=str(tmp_path))
+    text = task.prompt(task.examples("eval")[0])[0]["content"][1]["text"]
+    assert "Options:\nA. red\nB. blue" in text
+
+
+def test_zoom_qa_is_deterministic_and_held_out():
+    task = make_task("zoom_qa")
+    train, eval_ = task.examples("train"), task.examples("eval")
+    a, b = train[3], make_task("zoom_qa").examples("train")[3]
+    assert a["image"].tobytes() == b["image"].tobytes() and a["answer"] == b["answer"]
+    train_ids = {train[i]["id"] for i in range(50)}
+    assert not train_ids & {eval_[i]["id"] for i in range(50)}
+    assert eval_[0]["image"].tobytes() != train[0]["image"].tobytes()
+
+
+def test_zoom_qa_target_is_unreadable_at_the_tiny_budget_and_readable_zoomed():
+    """At the tiny recipes' budget (max_pixels 12544 = 112x112) the 1024 px canvas is shrunk 9.1
+    times: the digit's ink (7 px high) is under N = 1 px, its frame (21 px) under 3 px."""
+    task = make_task("zoom_qa")
+    ex = task.examples("eval")[0]
+    w, h = qwen_resized_size(1024, 1024, 3136, 12544)
+    assert (w, h) == (112, 112)
+    x1, y1, x2, y2 = ex["target_box"]
+    frame = ex["image"].crop((x1, y1, x2, y2))
+    ink = frame.crop((5, 5, frame.width - 5, frame.height - 5)).convert("L").point(lambda v: 255 if v < 60 else 0)
+    top, bottom = ink.getbbox()[1], ink.getbbox()[3]
+    assert 5 <= bottom - top <= 8 and (bottom - top) * h / 1024 < 1.0
+    assert (y2 - y1) * h / 1024 < 3.0
+    assert frame.getpixel((0, frame.height // 2)) == (220, 0, 0)  # the red frame
+    # the reference zoom call through the zoom_in tool shows the frame at the budget's resolution
+    zoom = make_tool("zoom_in", min_pixels=12544, max_pixels=12544)
+    first_turn = task.reference_turns(ex)[0]
+    obs, (rec,) = run_turn(first_turn, {"zoom_in": zoom}, ToolState([ex["image"]], ex), ToolBudget())
+    # the 16x21 frame (plus a pixel) grows to DeepEyes' 28 px minimum side: 28x39; smart_resize up to
+    # min_pixels 12544 scales by sqrt(12544 / (28 * 39)) = 3.39 and ceils to multiples of 28: 112x140
+    assert rec["ok"] and obs[0].image.size == (112, 140)
+    gx1, gy1, gx2, gy2 = rec["box"]
+    assert gx1 <= x1 and gy1 <= y1 and gx2 >= x2 and gy2 >= y2  # the whole frame is in view
+    assert (bottom - top) * obs[0].image.height / (gy2 - gy1) >= 15  # the digit is 15+ px high now
+    ex = {**ex, "tool_calls": [rec]}
+    trajectory = first_turn + "<tool_response><image></tool_response>" + task.target(ex)
+    assert task.target(ex) == f"<think>The zoomed image shows {ex['answer']}.</think><answer>{ex['answer']}</answer>"
+    m = task.metrics([trajectory], [ex])
+    assert m["accuracy"] == 1.0 and m["format_error"] == 0.0 and m["tool/rapr"] == 1.0 and 0 < m["crop_iou"] < 1
+    assert REWARDS_DEEPEYES([trajectory], [ex]) == [pytest.approx(2.0)]
+
+
+def REWARDS_DEEPEYES(completions, examples):
+    from mmrl.registry import REWARDS
+
+    return REWARDS.get("deepeyes")(completions, examples)
+
+
+def test_zoom_qa_options_are_checked():
+    with pytest.raises(ValueError, match="canvas_size"):
+        make_task("zoom_qa", canvas_size=20)
+    with pytest.raises(ValueError, match="unknown split"):
+        make_task("zoom_qa").examples("test")
