@@ -52,6 +52,7 @@ PUBLIC_MODULES: tuple[str, ...] = (
     "mmrl.data.gui_steps",
     "mmrl.data.vstar",  # V* Bench folders
     "mmrl.data.deepeyes",  # DeepEyes' parquet rows
+    "mmrl.data.hrbench",  # HR-Bench rows
     # the environment API (Env, Observation, register_env, make_env) and the environment task
     "mmrl.envs",
     "mmrl.envs.task",

@@ -11,8 +11,9 @@ eval examples come from distinct seeds (held out). Each example keeps the target
 (:meth:`ZoomQA.reference_turns`: a zoom call on the frame, then the answer) for a warm start.
 
 Real data: ``train_path`` / ``eval_path`` name a DeepEyes parquet file
-(:mod:`mmrl.data.deepeyes`; its system prompt with DeepEyes' tool list is kept) or a V* Bench
-folder (:mod:`mmrl.data.vstar`, multiple choice).
+(:mod:`mmrl.data.deepeyes`; its system prompt with DeepEyes' tool list is kept), an HR-Bench table
+(:mod:`mmrl.data.hrbench`, multiple choice; told apart by its option columns) or a V* Bench folder
+(:mod:`mmrl.data.vstar`, multiple choice).
 
 Rewards: DeepEyes' (``deepeyes``); ``crop_iou`` and Pixel Reasoner's terms can be added in the
 config. The multi-turn rollout that runs the tools is not built yet (docs/thinking-with-images.md).
@@ -28,6 +29,7 @@ from PIL import Image, ImageDraw
 
 from mmrl import Task, register_task
 from mmrl.data.deepeyes import parse_deepeyes_record
+from mmrl.data.hrbench import is_hrbench_record, parse_hrbench_record
 from mmrl.data.vstar import VSTAR_CATEGORIES, VStarExamples
 from mmrl.measures.tool_use import crop_iou, deepeyes_parts, tool_use_metrics
 from mmrl.media.coords import pixels_to_prediction
@@ -64,6 +66,11 @@ def draw_framed_digit(image: Image.Image, digit: str, xy: tuple[int, int], color
     return (x, y, x + w, y + h)
 
 
+def parse_record(record: dict) -> dict:
+    """An HR-Bench row (option columns A, B, ...) or a DeepEyes row."""
+    return parse_hrbench_record(record) if is_hrbench_record(record) else parse_deepeyes_record(record)
+
+
 def _free(box, taken, margin: int = 8) -> bool:
     x1, y1, x2, y2 = box
     return all(x2 + margin <= a or x1 >= c + margin or y2 + margin <= b or y1 >= d + margin for a, b, c, d in taken)
@@ -81,7 +88,7 @@ class ZoomQA(Task):
             "glyph_scale": 1,  # 1: ~7 px digits, unreadable at 112 x 112; larger is easier
             "train_size": 1_000_000,
             "eval_size": 500,
-            "train_path": None,  # a DeepEyes parquet file, or a V* Bench folder
+            "train_path": None,  # a DeepEyes parquet file, an HR-Bench table or a V* Bench folder
             "eval_path": None,
             "shuffle_options": False,  # V*: show the options in an order fixed by the example's id
         }
@@ -131,12 +138,12 @@ class ZoomQA(Task):
             if split not in cache:
                 cache[split] = VStarExamples(path, shuffle_options=self.options["shuffle_options"])
             return cache[split]
-        return self.file_or_synthetic(split, SPLIT_SEEDS, parse_deepeyes_record)
+        return self.file_or_synthetic(split, SPLIT_SEEDS, parse_record)
 
     # -- prompts and references -----------------------------------------------------------------
     def prompt(self, ex: dict) -> list[dict]:
         """The image and question with the instruction; a DeepEyes row keeps its system prompt
-        (its tool list) and user text; a V* example lists its options as "A. ..."."""
+        (its tool list) and user text; a V* or HR-Bench example lists its options as "A. ..."."""
         if ex.get("prompt_text") is not None:
             messages = [{"role": "system", "content": ex["system"]}] if ex.get("system") else []
             text = ex["prompt_text"].replace("<image>", "").strip()

@@ -1,5 +1,6 @@
 """Data for thinking with images: DeepEyes' parquet rows, V* Bench folders, the zoom_qa task."""
 
+import base64
 import io
 import json
 import logging
@@ -9,6 +10,7 @@ from PIL import Image
 
 from mmrl import make_task
 from mmrl.data.deepeyes import parse_deepeyes_record
+from mmrl.data.hrbench import parse_hrbench_record
 from mmrl.data.records import FileExamples
 from mmrl.data.vstar import VStarExamples
 from mmrl.media.coords import qwen_resized_size
@@ -66,6 +68,36 @@ def test_deepeyes_parquet_rows(tmp_path, caplog):
     messages = task.prompt(task.examples("train")[0])
     assert messages[0] == {"role": "system", "content": SYSTEM}
     assert messages[1]["content"][1]["text"] == "What colour is the car? Think first."
+
+
+def hrbench_row(index, answer="B", image=None, **options):
+    cols = {"A": "red", "B": "blue", "C": "green", "D": "white", **options}
+    return {"index": index, "question": "What colour is the flag?", "answer": answer, "category": "single",
+            "cycle_category": "0", "image": image if image is not None else base64.b64encode(png()).decode(), **cols}
+
+
+def test_hrbench_rows(tmp_path, caplog):
+    rows = [hrbench_row(0),
+            hrbench_row(1, answer="E"),  # no option E
+            hrbench_row(2, image="not base64!"),
+            hrbench_row(3, C=None, D=None),  # two options: fine
+            hrbench_row(4, B=None)]  # a gap in the option columns
+    path = tmp_path / "hr_bench_4k.parquet"
+    write_parquet(path, rows)
+    with caplog.at_level(logging.WARNING):
+        data = FileExamples(path, parse_hrbench_record)
+    assert len(data) == 2 and [n for n, _ in data.skipped] == [1, 2, 4]
+    assert "row 1 skipped: 'answer' must be one of the option letters A, B, C, D" in caplog.text
+    assert "not base64" in caplog.text and "without gaps" in caplog.text
+    ex = data[0]
+    assert ex["answer"] == "blue" and ex["answer_letter"] == "B" and ex["options"] == ["red", "blue", "green", "white"]
+    assert ex["image"].size == (64, 48) and ex["id"] == 0 and ex["category"] == "single"
+    assert data[1]["options"] == ["red", "blue"]
+    # zoom_qa tells HR-Bench rows from DeepEyes rows; "B" scores right through the option letter
+    task = make_task("zoom_qa", eval_path=str(path))
+    ex = task.examples("eval")[0]
+    assert "A. red\nB. blue\nC. green\nD. white" in task.prompt(ex)[0]["content"][1]["text"]
+    assert task.reference_answer(ex) == "B" and task.metrics(["<answer>B</answer>"], [ex])["accuracy"] == 1.0
 
 
 def write_vstar(root, anno, name, category="direct_attributes", size=(200, 100)):
