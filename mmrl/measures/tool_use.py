@@ -97,7 +97,11 @@ def deepeyes_parts(completion: Any, ex: dict) -> Optional[dict[str, float]]:
     (which also scores accuracy 0). The answer is ``text.split("<answer>")[-1].split("</answer>")[0]``,
     stripped (with no answer tag: the whole text). DeepEyes' third check, unequal counts of
     vision-start and vision-end markers, tests its own decoding and has no counterpart here.
-    tool: 1 when the answer is right (accuracy > 0.5) and a tool image came back."""
+    tool: 1 when the answer is right (accuracy > 0.5) and a tool image came back.
+
+    verl's port (``recipe/deepeyes/deepeyes.py``) differs: it takes the first answer block, calls a
+    missing one a format error and falls back to other text, and detects tool use by the
+    ``<tool_call>`` / ``<tool_response>`` tags; this follows DeepEyes' own repository."""
     truth = ex.get("answer") if isinstance(ex, dict) else None
     if truth is None or not isinstance(completion, str):
         return None
