@@ -96,7 +96,9 @@ class ZoomQA(Task):
     def __init__(self, **options):
         super().__init__(**options)
         o = self.options
-        w, h = frame_size(int(o["glyph_scale"]))
+        if isinstance(o["glyph_scale"], bool) or not isinstance(o["glyph_scale"], int) or not 1 <= o["glyph_scale"] <= 8:
+            raise ValueError(f"zoom_qa: glyph_scale must be an int in [1, 8], got {o['glyph_scale']!r}")
+        w, h = frame_size(o["glyph_scale"])
         if not (isinstance(o["canvas_size"], int) and o["canvas_size"] >= 4 * max(w, h)):
             raise ValueError(f"zoom_qa: canvas_size must be an int of at least {4 * max(w, h)}, got {o['canvas_size']!r}")
         if not (isinstance(o["distractors"], int) and 0 <= o["distractors"] <= 40):

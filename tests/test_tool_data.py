@@ -191,5 +191,9 @@ def REWARDS_DEEPEYES(completions, examples):
 def test_zoom_qa_options_are_checked():
     with pytest.raises(ValueError, match="canvas_size"):
         make_task("zoom_qa", canvas_size=20)
+    with pytest.raises(ValueError, match="glyph_scale"):
+        make_task("zoom_qa", glyph_scale=0)
+    assert make_task("zoom_qa", glyph_scale=3).examples("train")[0]["target_box"][3] - \
+        make_task("zoom_qa", glyph_scale=3).examples("train")[0]["target_box"][1] == 11 * 3 + 2 * (3 + 2)
     with pytest.raises(ValueError, match="unknown split"):
         make_task("zoom_qa").examples("test")
