@@ -23,13 +23,40 @@ from typing import Optional, Sequence
 
 SPACES = ("pixel", "resized", "rel1000", "norm")
 
-# What each Qwen-VL family is trained to write in its grounding answers (config.model_type).
+# What each family is trained to write in its grounding answers (config.model_type).
 FAMILY_OUTPUT_SPACE = {
     "qwen2_vl": "rel1000",
     "qwen2_5_vl": "resized",
     "qwen3_vl": "rel1000",
     "qwen3_vl_moe": "rel1000",
+    # InternVL's grounding answers: <ref>..</ref><box>[[x1, y1, x2, y2]]</box> normalised to 0-1000
+    # (InternVL documentation, "Grounding" / RefCOCO evaluation: coordinates / 1000 * image size).
+    "internvl": "rel1000",
+    # GLM-4.1V / GLM-V: boxes between <|begin_of_box|> and <|end_of_box|>, x and y normalised to 0-1000 of
+    # the image (zai-org's GLM-V grounding documentation: x = round(x_pixel / W * 1000)).
+    "glm4v": "rel1000",
 }
+
+# Families whose documentation states no grounding convention: box and point rewards refuse them
+# rather than guess a space (set vlm.box_space when a checkpoint was fine-tuned to answer in one).
+NO_GROUNDING_CONVENTION = {
+    # Google's Gemma 3 technical report and model card describe no box or point output format.
+    "gemma3": "Gemma 3 (its technical report and model card state no box or point output format)",
+    # Idefics3 / SmolVLM model cards: captioning, VQA, OCR; no grounding output format.
+    "idefics3": "Idefics3 (its model card states no box or point output format)",
+    "smolvlm": "SmolVLM / SmolVLM2 (their model cards state no box or point output format)",
+    # LLaVA-1.5 wrote 0-1 boxes, but neither the LLaVA-OneVision paper nor its transformers model cards
+    # state a box format for OneVision: not assumed.
+    "llava_onevision": "LLaVA-OneVision (its paper and model cards state no box or point output format)",
+}
+
+# The pred_space recorded for such a family's examples: "undeclared:<model_type>".
+UNDECLARED = "undeclared"
+
+
+class NoCoordinateFrame(RuntimeError):
+    """A box or point was read from a model whose family declares no coordinate frame. Not a
+    ValueError on purpose: parsers that score unparsable text 0 must not swallow it."""
 
 
 def _check_space(space: str) -> None:
@@ -130,8 +157,23 @@ def qwen_frame(image_size: Sequence[int], image_processor) -> Frame:
     return Frame(float(image_size[0]), float(image_size[1]), float(w), float(h))
 
 
+def declares_space(model_type: str) -> bool:
+    """Whether mmrl knows the coordinate space ``model_type``'s family answers in."""
+    return model_type in FAMILY_OUTPUT_SPACE
+
+
+def _refuse(model_type: str) -> NoCoordinateFrame:
+    why = NO_GROUNDING_CONVENTION.get(model_type, f"model_type {model_type!r}")
+    return NoCoordinateFrame(
+        f"{why} declares no coordinate frame for boxes or points, so grounding rewards and metrics refuse "
+        "to read its answers rather than guess one. If your checkpoint was fine-tuned to answer in one, set "
+        f"vlm.box_space to it ({', '.join(SPACES)})")
+
+
 def output_space(model_type: str) -> str:
     """The coordinate space a model family writes boxes in (from its config's ``model_type``)."""
+    if model_type in NO_GROUNDING_CONVENTION:
+        raise _refuse(model_type)
     if model_type not in FAMILY_OUTPUT_SPACE:
         raise ValueError(
             f"no known box coordinate space for model_type {model_type!r} "
@@ -143,8 +185,11 @@ def output_space(model_type: str) -> str:
 def prediction_to_pixels(coords: Sequence[float], ex: dict) -> tuple[float, ...]:
     """A model's predicted coordinates as original-image pixels, using what the trainer recorded
     on the example: ``ex["pred_space"]`` (the policy's output space) and ``ex["frame"]``.
-    Examples without them (e.g. scored outside a run) are taken to be in pixels already."""
+    Examples without them (e.g. scored outside a run) are taken to be in pixels already; a
+    family without a declared frame raises :class:`NoCoordinateFrame`."""
     space, frame = ex.get("pred_space", "pixel"), ex.get("frame")
+    if str(space).startswith(UNDECLARED):
+        raise _refuse(str(space).partition(":")[2])
     if space == "pixel" or frame is None:
         return tuple(float(v) for v in coords)
     return convert_points(coords, space, "pixel", frame)
@@ -154,6 +199,8 @@ def pixels_to_prediction(coords: Sequence[float], ex: dict) -> tuple[float, ...]
     """The inverse of :func:`prediction_to_pixels`: label coordinates in the policy's space
     (for reference completions: SFT targets, off-policy guidance)."""
     space, frame = ex.get("pred_space", "pixel"), ex.get("frame")
+    if str(space).startswith(UNDECLARED):
+        raise _refuse(str(space).partition(":")[2])
     if space == "pixel" or frame is None:
         return tuple(float(v) for v in coords)
     return convert_points(coords, "pixel", space, frame)

@@ -25,6 +25,8 @@ from typing import Any, Sequence
 
 import torch
 
+from .families import QWEN_VL, row_tokens
+
 IMAGE_BACKENDS = ("auto", "pil", "torchvision")
 IMAGE_PAD = "<|image_pad|>"
 VIDEO_PAD = "<|video_pad|>"
@@ -70,6 +72,8 @@ class VLMProcessor:
     ``device``: where a torchvision-backed image processor works (None: its default, the CPU);
     images then go to it as uint8 tensors and ``pixel_values`` come back on it."""
 
+    family = QWEN_VL  # what mmrl.vlm.families declares for these checkpoints
+
     def __init__(self, tokenizer, image_processor, chat_template: str | None = None,
                  min_pixels: int | None = None, max_pixels: int | None = None,
                  device: torch.device | None = None, video_processor=None,
@@ -89,9 +93,14 @@ class VLMProcessor:
         self.set_pixel_budget(min_pixels, max_pixels)
         self.image_token_id = self.tokenizer.convert_tokens_to_ids(IMAGE_PAD)
         self.video_token_id = self.tokenizer.convert_tokens_to_ids(VIDEO_PAD)
+        self.vision_token_ids = row_tokens(self.tokenizer, self.family.vision_tokens)
 
     def token_types(self, input_ids: torch.Tensor) -> torch.Tensor:
         return mm_token_type_ids(input_ids, self.image_token_id, self.video_token_id)
+
+    def token_inputs(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The inputs derived from token ids: ``mm_token_type_ids`` (what M-RoPE reads)."""
+        return {"mm_token_type_ids": self.token_types(input_ids)}
 
     @classmethod
     def from_pretrained(cls, path: str | Path, min_pixels: int | None = None, max_pixels: int | None = None,

@@ -3,7 +3,7 @@
 Prompts are encoded by the processor (images and clips taken out of the messages), completions are
 sampled by the configured rollout engine (:mod:`mmrl.vlm.engines`) or, for off-policy guidance,
 given and teacher-forced; either way each sample keeps its token ids and pixels in the batch's
-payload (:data:`PAYLOAD_KEYS`) so the same sequences can be re-scored (:mod:`mmrl.vlm.scoring`).
+payload (:func:`payload_keys`) so the same sequences can be re-scored (:mod:`mmrl.vlm.scoring`).
 
 :class:`VLMSampling` is a part of :class:`~mmrl.vlm.policy.VLMPolicy`; it reads what the policy
 sets up: ``cfg``, ``processor``, ``tokenizer``, ``engine``, ``eos_ids``, ``suppressed_ids``, and
@@ -18,10 +18,15 @@ import torch
 
 from ..core.rollouts import Rollouts
 from .engines import Sampling
-from .processing import split_patches, split_videos
+from .family_processing import split_images
+from .processing import split_videos
 
-# "video": a sample's video inputs (processing.split_videos), None without video.
-PAYLOAD_KEYS = ("prompt_ids", "completion_ids", "pixel_values", "image_grid_thw", "video")
+
+def payload_keys(family) -> tuple[str, ...]:
+    """What a sample keeps to be re-scored: its token ids, its family's image tensors
+    (``VLMFamily.image_keys``; Qwen-VL: ``pixel_values``, ``image_grid_thw``) and ``video``, its
+    video inputs (:func:`~mmrl.vlm.processing.split_videos`; None without video)."""
+    return ("prompt_ids", "completion_ids", *family.image_keys, "video")
 
 
 class VLMSampling:
@@ -93,7 +98,7 @@ class VLMSampling:
             examples=examples,
             truncated=torch.tensor([s["truncated"] for s in samples], dtype=torch.bool),
             off_policy=off_policy,
-            payload={k: [s[k] for s in samples] for k in PAYLOAD_KEYS},
+            payload={k: [s[k] for s in samples] for k in payload_keys(self.processor.family)},
         )
         if samples and all(s.get("logprobs") is not None for s in samples):
             # The engine reported its own sampling log-probs (vLLM): either they are the old
@@ -126,10 +131,10 @@ class VLMSampling:
                            torch.arange(len(prompts)).repeat_interleave(n), None, need_old_logps, need_ref_logps)
 
     def _end_of_turn_id(self) -> int:
-        """The stop token a real completion ends with: ``<|im_end|>`` for Qwen chat models (the
-        chat template closes every assistant turn with it), else the tokenizer's EOS, else the
-        first of the generation config's EOS ids."""
-        im_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        """The stop token a real completion ends with: the family's end of turn (``<|im_end|>``
+        for Qwen chat models: the chat template closes every assistant turn with it) when it stops
+        generation, else the tokenizer's EOS, else the first of the generation config's EOS ids."""
+        im_end = self.tokenizer.convert_tokens_to_ids(self.processor.family.end_of_turn)
         if im_end in self.eos_ids:
             return int(im_end)
         if self.tokenizer.eos_token_id in self.eos_ids:
@@ -159,7 +164,7 @@ class VLMSampling:
         for start in range(0, len(prompts), bs):
             chunk = prompts[start:start + bs]
             enc, images_per_sample = self.encode_prompts(chunk)
-            patches = split_patches(enc, images_per_sample)
+            images = split_images(enc, images_per_sample, self.processor)
             videos = self.split_videos(enc)
             for i in range(len(chunk)):
                 text_ids = self.tokenizer(completions[start + i], add_special_tokens=False)["input_ids"]
@@ -172,8 +177,7 @@ class VLMSampling:
                     "prompt_ids": enc["input_ids"][i][enc["attention_mask"][i].bool()],
                     "completion_ids": torch.tensor(ids[:max_len], dtype=torch.long),
                     "truncated": len(ids) > max_len,
-                    "pixel_values": patches[i][0],
-                    "image_grid_thw": patches[i][1],
+                    **images[i],
                     "video": videos[i],
                 })
         return self._batch(samples, list(examples), torch.arange(len(prompts)),

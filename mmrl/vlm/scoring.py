@@ -1,6 +1,6 @@
 """A VLM policy's scoring: token log-probs of a batch's completions, and the loss on them.
 
-The batch's payload (:data:`mmrl.vlm.sampling.PAYLOAD_KEYS`) is collated into one left-padded
+The batch's payload (:func:`mmrl.vlm.sampling.payload_keys`) is collated into one left-padded
 prompt block and right-padded completions; the LM head runs chunk by chunk
 (:mod:`mmrl.vlm.logprobs`), with shared prefixes (:mod:`mmrl.vlm.shared_prefix`) when configured.
 ``score`` is the no-grad pass (old and reference log-probs); ``loss_terms`` yields the core
@@ -23,7 +23,7 @@ from ..core.losses import TokenSelection, select_tokens
 from ..core.rollouts import Rollouts
 from .logprobs import split_head, token_logprobs
 from .packing import completion_positions, packed_inputs, token_balanced_micro_batches
-from .processing import batch_vision_inputs
+from .family_processing import join_images
 from .shared_prefix import prompt_groups, shared_prefix_hidden
 
 
@@ -47,8 +47,8 @@ class VLMScoring:
             attn[i, P - len(p):P] = 1
             ids[i, P:P + len(c)] = c
             attn[i, P:P + len(c)] = 1
-        inputs = {"input_ids": ids, "attention_mask": attn, "mm_token_type_ids": self.processor.token_types(ids),
-                  **batch_vision_inputs(batch.payload)}
+        inputs = {"input_ids": ids, "attention_mask": attn, **self.processor.token_inputs(ids),
+                  **join_images(batch.payload, self.processor.family)}
         return {k: v.to(self.device) for k, v in inputs.items()}, P
 
     def _targets(self, batch: Rollouts) -> torch.Tensor:

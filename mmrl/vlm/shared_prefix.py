@@ -92,10 +92,16 @@ def check_supported(backbone) -> None:
                          "Set train.shared_prefix=false")
 
 
-def uses_shared_prefix(setting: bool | None, padding_free: bool, backbone) -> bool:
+def uses_shared_prefix(setting: bool | None, padding_free: bool, backbone, family_off: str | None = None) -> bool:
     """``train.shared_prefix`` as a run applies it: true (checked against the model) or false as
     set; unset, on wherever it applies (every layer full attention, and no ``train.padding_free``,
-    which shares work its own way). Exact either way; measured faster on the tiny default."""
+    which shares work its own way). Exact either way; measured faster on the tiny default.
+    ``family_off``: why the model's family does not allow it (:mod:`mmrl.vlm.families`), or None;
+    then unset is false and true is refused with that reason."""
+    if family_off is not None:
+        if setting:
+            raise ValueError(f"train.shared_prefix=true: {family_off}. Set train.shared_prefix=false")
+        return False
     if setting is None:
         return not padding_free and not _partial_layers(backbone)
     if setting:

@@ -18,7 +18,7 @@ from mmrl.core.library_internals import can_compile_fullgraph
 from mmrl.core.oom import OOMBackoff, is_out_of_memory
 
 from ..lora_merge import merged_for_generation
-from ..processing import split_patches
+from ..family_processing import split_images
 from .base import RolloutEngine, Sampling
 
 log = logging.getLogger(__name__)
@@ -188,7 +188,7 @@ class HFGenerate(RolloutEngine):
             if max_time > 0 and time.perf_counter() - started >= max_time:
                 self.timed_out += len(chunk)
             prompt_len = enc["input_ids"].shape[1]
-            patches = split_patches(enc, images_per_sample)
+            images = split_images(enc, images_per_sample, policy.processor)
             videos = policy.split_videos(enc)
             for i in range(len(chunk)):
                 completion = out[i, prompt_len:]
@@ -197,8 +197,7 @@ class HFGenerate(RolloutEngine):
                     "prompt_ids": enc["input_ids"][i][enc["attention_mask"][i].bool()],
                     "completion_ids": completion[:length].clone(),
                     "truncated": not stopped,
-                    "pixel_values": patches[i][0],
-                    "image_grid_thw": patches[i][1],
+                    **images[i],  # the family's image tensors (Qwen-VL: pixel_values, image_grid_thw)
                     "video": videos[i],
                 })
         return results

@@ -1,0 +1,149 @@
+"""Prompt encoding for the non-Qwen families, and each family's image tensors per sample and batch.
+
+:class:`FamilyProcessor` puts transformers' own processor of a checkpoint (Gemma3Processor,
+Idefics3Processor, SmolVLMProcessor, ...) behind the interface of mmrl's Qwen
+:class:`~mmrl.vlm.processing.VLMProcessor`: chat template, batch encoding (left-padded, the
+family's placeholder expansion done by transformers), decoding, saving. Qwen-VL keeps its own
+processor (see :mod:`mmrl.vlm.processing` for why).
+
+A rollout keeps each sample's image tensors so the same sequence can be re-scored;
+:func:`split_images` cuts a batch encoding into samples and :func:`join_images` puts samples
+back into one batch, following the family's ``image_layout`` (:mod:`mmrl.vlm.families`).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from .families import VLMFamily, family_of, row_tokens
+from .processing import batch_vision_inputs, split_patches
+
+# Idefics3 / SmolVLM mark each tile of a split image with one of these.
+_TILE_TOKEN = re.compile(r"^<row_\d+_col_\d+>$")
+
+
+class FamilyProcessor:
+    """A non-Qwen family's transformers processor with :class:`VLMProcessor`'s interface."""
+
+    merge_size = 1  # read by split_videos only, which finds no video inputs for these families
+    video_token_id = None
+
+    def __init__(self, processor, family: VLMFamily, model_type: str):
+        self.hf = processor
+        self.family = family
+        self.model_type = model_type
+        self.tokenizer = processor.tokenizer
+        self.image_processor = processor.image_processor
+        self.chat_template = processor.chat_template or getattr(self.tokenizer, "chat_template", None)
+        if self.chat_template is None:
+            raise ValueError("the checkpoint has no chat template (chat_template.jinja / tokenizer_config.json)")
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.image_token_id = getattr(processor, "image_token_id", None)
+        # InternVL: image tokens per tile (its pixel_values are the batch's tiles, in order)
+        self.tokens_per_tile = int(getattr(processor, "image_seq_length", 0) or 0)
+        tiles = [t for t in self.tokenizer.get_vocab() if _TILE_TOKEN.match(t)]
+        self.vision_token_ids = row_tokens(self.tokenizer, [*family.vision_tokens, *tiles])
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, model_type: str) -> FamilyProcessor:
+        from transformers import AutoProcessor
+
+        return cls(AutoProcessor.from_pretrained(str(path)), family_of(model_type), model_type)
+
+    def set_pixel_budget(self, min_pixels: int | None, max_pixels: int | None) -> None:
+        if min_pixels is not None or max_pixels is not None:
+            raise ValueError(f"vlm.min_pixels / vlm.max_pixels are Qwen-VL's image budget; {self.family.name} "
+                             "resizes images its own way (its image processor's size): remove the keys")
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        return self.tokenizer.apply_chat_template(messages, chat_template=self.chat_template, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt)
+
+    def __call__(self, texts: Sequence[str], images: Sequence[Sequence[Any]] | None = None,
+                 videos: Sequence[Sequence[Any]] | None = None) -> dict:
+        """``texts`` (chat-formatted) with their images as the family's model inputs, left-padded."""
+        if videos:
+            raise ValueError(f"video prompts: {self.family.video_off}")
+        kwargs: dict[str, Any] = {"text": list(texts), "return_tensors": "pt", "padding": True,
+                                  "add_special_tokens": False}
+        if images:
+            kwargs["images"] = [list(ims) for ims in images]
+        enc = dict(self.hf(**kwargs))
+        enc.update(self.token_inputs(enc["input_ids"]))
+        return {k: v for k, v in enc.items() if isinstance(v, torch.Tensor)}
+
+    def token_inputs(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The inputs derived from token ids (Gemma 3: ``token_type_ids``, 1 on image tokens)."""
+        if self.family.token_types is None:
+            return {}
+        return {self.family.token_types: (input_ids == self.image_token_id).long()}
+
+    def token_types(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return (input_ids == self.image_token_id).long()
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def save_pretrained(self, path: str | Path) -> None:
+        self.hf.save_pretrained(str(path))
+
+
+def split_images(enc: dict, images_per_sample: list[int], processor) -> list[dict[str, Any]]:
+    """Each sample's image tensors (its family's ``image_keys``; values None for a sample without
+    images) in a batch encoding made by ``processor``."""
+    family = processor.family
+    empty = {k: None for k in family.image_keys}
+    if "pixel_values" not in enc:
+        return [dict(empty) for _ in images_per_sample]
+    if family.image_layout == "grid":
+        return [dict(zip(family.image_keys, pair)) for pair in split_patches(enc, images_per_sample)]
+    out, start = [], 0
+    for row, k in enumerate(images_per_sample):
+        if not k:
+            out.append(dict(empty))
+            continue
+        if family.image_layout in ("per_image", "per_tile"):
+            if family.image_layout == "per_tile":  # the row's tiles: its image tokens / tokens per tile
+                k = int((enc["input_ids"][row] == processor.image_token_id).sum()) // processor.tokens_per_tile
+            out.append({key: enc[key][start:start + k] for key in family.image_keys})
+            start += k
+        else:  # per_row: the row's tiles, without the all-zero ones that pad the batch
+            pixels = enc["pixel_values"][row]
+            real = pixels.flatten(1).ne(0).any(-1)
+            out.append({key: enc[key][row][real] for key in family.image_keys})
+    return out
+
+
+def join_images(payload: dict, family: VLMFamily) -> dict[str, torch.Tensor]:
+    """A batch's image (and video) inputs from its samples', in sample order (samples without
+    images skipped): the inverse of :func:`split_images`."""
+    if family.image_layout == "grid":
+        return batch_vision_inputs(payload)
+    rows = [i for i, x in enumerate(payload["pixel_values"]) if x is not None]
+    if not rows:
+        return {}
+    out = {}
+    for key in family.image_keys:
+        parts = [payload[key][i] for i in rows]
+        joined = torch.cat(_padded(parts))
+        # per_row: the model reads (rows, tiles, ...) and drops all-zero tiles, so all tiles in one row do
+        out[key] = joined[None] if family.image_layout == "per_row" else joined
+    if family.images_per_row:  # how many of the images each row owns (single- and multi-image rows differ)
+        out[family.images_per_row] = torch.tensor([len(payload["pixel_values"][i]) for i in rows])
+    return out
+
+
+def _padded(parts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Zero-pad every dimension after the first to the largest (LLaVA-style patch counts)."""
+    shape = [max(p.shape[d] for p in parts) for d in range(1, parts[0].dim())]
+    out = []
+    for p in parts:
+        pad = [x for d in reversed(range(1, p.dim())) for x in (0, shape[d - 1] - p.shape[d])]
+        out.append(torch.nn.functional.pad(p, pad) if any(pad) else p)
+    return out
