@@ -54,7 +54,17 @@ class FamilyProcessor:
     def from_pretrained(cls, path: str | Path, model_type: str) -> FamilyProcessor:
         from transformers import AutoProcessor
 
-        return cls(AutoProcessor.from_pretrained(str(path)), family_of(model_type), model_type)
+        from .processing import torchvision_available
+
+        try:
+            processor = AutoProcessor.from_pretrained(str(path))
+        except (ImportError, TypeError, ValueError) as exc:
+            if torchvision_available():
+                raise
+            # LLaVA-OneVision, InternVL, SmolVLM and GLM-4.1V processors hold a video processor
+            raise ImportError(f"the {family_of(model_type).name} processor could not be built without torchvision "
+                              f"(its video processor needs it): pip install -e \".[video]\" ({exc})") from exc
+        return cls(processor, family_of(model_type), model_type)
 
     def set_pixel_budget(self, min_pixels: int | None, max_pixels: int | None) -> None:
         if min_pixels is not None or max_pixels is not None:
