@@ -45,7 +45,7 @@ class VLMFamily:
     # a batch input holding each row's number of images (LLaVA-OneVision's batch_num_images), or None
     images_per_row: str | None = None
     lora_targets: tuple[str, ...] = LM_PROJECTIONS
-    vision_once_off: str | None = None
+    vision_once_off: str | None = None  # on: split per image by the grid, or per pixel row ("per_image")
     shared_prefix_off: str | None = None
     packing_off: str | None = None
     video_off: str | None = None
@@ -67,8 +67,6 @@ GEMMA3 = VLMFamily(
     name="Gemma 3", model_types=("gemma3",), processor="transformers", image_keys=("pixel_values",),
     image_layout="per_image", vision_tokens=("<start_of_image>", "<end_of_image>", "<image_soft_token>"),
     end_of_turn="<end_of_turn>", token_types="token_type_ids",
-    vision_once_off="Gemma 3 encodes every image at one fixed size in one batched call; mmrl's vision-once "
-                    "wrapper reads Qwen-VL's per-image patch grids and is not installed for it",
     shared_prefix_off="Gemma 3 interleaves sliding-window layers, whose cache keeps only the window",
     packing_off=_NOT_MROPE,
     video_off="Gemma 3 takes images, not video")

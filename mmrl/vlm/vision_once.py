@@ -21,29 +21,33 @@ import torch
 from torch import Tensor
 
 
-def share_image_encoding(model, cache: bool, method: str = "get_image_features") -> "SharedImageEncoder | None":
+def share_image_encoding(model, cache: bool, method: str = "get_image_features",
+                         per_row: bool = False) -> "SharedImageEncoder | None":
     """Install a :class:`SharedImageEncoder` on ``model``'s ``method`` (``get_image_features``, or
     ``get_video_features`` for clips: the same call shape) of a transformers Qwen-VL model,
-    peft-wrapped or not; None when the model has no such method (nothing to share)."""
+    peft-wrapped or not; None when the model has no such method (nothing to share). ``per_row``:
+    the method takes ``pixel_values`` alone, one row per image, and returns one row of features
+    per image (Gemma 3) instead of Qwen-VL's patches split by ``image_grid_thw``."""
     from .logprobs import split_head
 
     inner = split_head(model)[0]
     if not callable(getattr(inner, method, None)):
         return None
-    return SharedImageEncoder(inner, cache=cache, method=method)
+    return SharedImageEncoder(inner, cache=cache, method=method, per_row=per_row)
 
 
 class SharedImageEncoder:
     """Replaces ``inner.get_image_features`` (``inner``: a Qwen-VL ``*Model`` with a vision tower)."""
 
-    def __init__(self, inner, cache: bool = False, method: str = "get_image_features"):
+    def __init__(self, inner, cache: bool = False, method: str = "get_image_features", per_row: bool = False):
         import inspect
 
         self.encode = getattr(inner, method)
         # generate() finds an encoder's inputs by its signature (pixel_values / image_grid_thw,
         # pixel_values_videos / video_grid_thw): this wrapper shows the wrapped method's
         self.__signature__ = inspect.signature(self.encode)
-        self.input_names = tuple(self.__signature__.parameters)[:2]
+        self.input_names = tuple(self.__signature__.parameters)[:1 if per_row else 2]
+        self.per_row = per_row
         self.cache_enabled = cache
         self.cache: dict[tuple, list[tuple[Tensor, dict[str, Any]]]] = {}
         self.images_seen = 0  # images handed to the wrapper
@@ -54,12 +58,15 @@ class SharedImageEncoder:
         self.cache.clear()
 
     def __call__(self, *args, **kwargs):
-        pixels_name, grid_name = self.input_names
-        pixel_values = args[0] if args else kwargs.pop(pixels_name)
-        image_grid_thw = args[1] if len(args) > 1 else kwargs.pop(grid_name, None)
-        if image_grid_thw is None:
-            return self.encode(pixel_values, image_grid_thw, **kwargs)
-        pieces = torch.split(pixel_values, image_grid_thw.prod(-1).tolist())
+        pixel_values = args[0] if args else kwargs.pop(self.input_names[0])
+        if self.per_row:  # one row per image; the row's shape stands in for the grid
+            image_grid_thw = torch.tensor([list(pixel_values.shape[1:])] * len(pixel_values))
+            pieces = list(pixel_values)
+        else:
+            image_grid_thw = args[1] if len(args) > 1 else kwargs.pop(self.input_names[1], None)
+            if image_grid_thw is None:
+                return self.encode(pixel_values, image_grid_thw, **kwargs)
+            pieces = torch.split(pixel_values, image_grid_thw.prod(-1).tolist())
         sums = torch.stack([torch.stack((p.sum(), p.abs().sum())) for p in pieces]).tolist()
         records: list[dict[str, Any] | None] = [None] * len(pieces)
         todo: list[int] = []  # first occurrence of each image not found in the cache
@@ -81,7 +88,10 @@ class SharedImageEncoder:
         self.images_encoded += len(todo)
         out = None
         if todo:
-            out = self.encode(torch.cat([pieces[i] for i in todo]), image_grid_thw[todo], **kwargs)
+            if self.per_row:
+                out = self.encode(torch.stack([pieces[i] for i in todo]), **kwargs)
+            else:
+                out = self.encode(torch.cat([pieces[i] for i in todo]), image_grid_thw[todo], **kwargs)
             for rec, i in zip(_per_image(out, len(todo)), todo):
                 records[i] = rec
                 if self.cache_enabled:
@@ -89,7 +99,7 @@ class SharedImageEncoder:
                     self.cache.setdefault(key, []).append((pieces[i].detach(), _detached(rec)))
         for i, j in owner.items():
             records[i] = records[j]
-        return _assemble(out, records, kwargs)
+        return _assemble(out, records, kwargs, self.per_row)
 
 
 def _per_image(out, n: int) -> list[dict[str, Any]]:
@@ -107,9 +117,12 @@ def _detached(record: dict[str, Any]) -> dict[str, Any]:
     return {k: ([t.detach() for t in v] if isinstance(v, list) else v.detach()) for k, v in record.items()}
 
 
-def _assemble(template, records: list[dict[str, Any]], kwargs: dict):
-    """The encoder's output for all images, in order, from per-image records."""
+def _assemble(template, records: list[dict[str, Any]], kwargs: dict, per_row: bool = False):
+    """The encoder's output for all images, in order, from per-image records (``per_row``: one
+    tensor with a row per image, else a tuple of per-image tensors)."""
     pooler = tuple(r["pooler_output"] for r in records)
+    if per_row:
+        pooler = torch.stack(pooler)
     if template is not None and isinstance(template, (tuple, list)) and not hasattr(template, "pooler_output"):
         return pooler
     if template is None:  # every image came from the cache
