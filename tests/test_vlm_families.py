@@ -1,5 +1,7 @@
-"""The same policy code drives each Qwen-VL family: Qwen2-VL, Qwen2.5-VL and Qwen3-VL, built
-from small configs with real transformers classes (no downloads), plus the image budget."""
+"""The same policy code drives each family: Qwen2-VL, Qwen2.5-VL and Qwen3-VL, Gemma 3, Idefics3,
+SmolVLM, LLaVA-OneVision, InternVL and GLM-4.1V, built from small configs with real transformers
+classes (no downloads; tests/vlm_family_models.py), plus the Qwen image budget. What each family
+allows is declared in mmrl.vlm.families and mmrl.media.coords (docs/models.md)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import torch
 from conftest import make_config
 from mmrl.core.losses import Objective, ObjectiveConfig
 from mmrl.registry import TASKS
+from mmrl.vlm import loading as vlm_loading
+from mmrl.vlm.logprobs import split_head
 from mmrl.vlm import tiny
 from mmrl.vlm.policy import VLMPolicy
 
@@ -106,3 +110,240 @@ def test_max_pixels_sets_the_number_of_image_tokens(random_tiny_dir, max_pixels,
     assert per_sample == [1]
     assert int((enc["input_ids"] == image_pad).sum()) == tokens
     assert int(enc["image_grid_thw"].prod()) == tokens * 4
+
+
+# -- the other families, through the same policy code (tests/vlm_family_models.py builds them) ----------------
+
+OTHER_FAMILIES = ["gemma3", "idefics3", "smolvlm", "llava_onevision", "internvl", "glm4v"]
+
+
+@pytest.fixture(scope="session", params=OTHER_FAMILIES)
+def family_dir(request, tmp_path_factory):
+    """``(model_type, checkpoint dir)`` of a tiny random checkpoint of each family."""
+    from mmrl.registry import load_plugins
+    from mmrl.vlm.sft import tokenizer_corpus
+    from vlm_family_models import BUILDERS, NEEDS
+
+    for module in NEEDS.get(request.param, ()):
+        pytest.importorskip(module, reason=f"the {request.param} processor needs {module}: pip install {module}")
+    load_plugins()
+    corpus = tokenizer_corpus([TASKS.get("counting")(), TASKS.get("grounding")()], per_task=100)
+    return request.param, BUILDERS[request.param](tmp_path_factory.mktemp(request.param), corpus)
+
+
+def _family_policy(path, *extra):
+    return VLMPolicy(make_config(f"model.path={path}", "train.device=cpu", "rollout.max_completion_length=6",
+                                 "train.seed=0", *extra))
+
+
+def _counting(n=2, mixed_sizes=False):
+    """Counting examples and prompts; ``mixed_sizes``: the second image resized to 96x48, so the
+    batch pads the family's image tensors (tiles, anyres crops) across samples."""
+    task = TASKS.get("counting")()
+    exs = [task.examples("train")[i] for i in range(n)]
+    if mixed_sizes:
+        exs[1] = {**exs[1], "image": exs[1]["image"].resize((96, 48))}
+    return exs, [task.prompt(e) for e in exs]
+
+
+def _generation_logps(policy, monkeypatch):
+    """Capture generate()'s own logits during a rollout: the log-probs of the distribution each
+    token was sampled from (vision tokens suppressed, temperature 1), per sample and step."""
+    captured = []
+    generate = policy.module.generate
+
+    def recording(**kwargs):
+        out = generate(**kwargs, return_dict_in_generate=True, output_logits=True)
+        logits = torch.stack(out.logits, dim=1).float()  # (B, T, V) raw logits
+        logits[..., policy.suppressed_ids] = float("-inf")
+        captured.append(torch.log_softmax(logits, -1))
+        return out.sequences
+
+    monkeypatch.setattr(policy.module, "generate", recording)
+    return captured
+
+
+def test_family_rollout_rescores_to_the_sampled_logprobs(family_dir, monkeypatch):
+    """A rollout with image prompts; re-scoring its completions (the padded training forward,
+    image tensors from the payload) gives the log-probs of the distribution generate() sampled
+    them from, to 1e-5 in float32; no vision token is ever sampled."""
+    model_type, path = family_dir
+    policy = _family_policy(path, "rollout.temperature=1.0", "train.micro_batch_size=3")
+    assert policy.module.config.model_type == model_type
+    captured = _generation_logps(policy, monkeypatch)
+    exs, prompts = _counting(mixed_sizes=True)
+    batch = policy.rollout(exs, prompts, 2, "train")
+    assert len(batch) == 4 and batch.payload["pixel_values"][0] is not None
+    sampled = captured[0]
+    mask = batch.action_mask.bool()
+    comps = torch.zeros_like(batch.action_mask, dtype=torch.long)
+    for i, c in enumerate(batch.payload["completion_ids"]):
+        comps[i, :len(c)] = c
+        assert not set(c.tolist()) & set(policy.suppressed_ids)
+    expected = sampled[:, :comps.shape[1]].gather(-1, comps.unsqueeze(-1)).squeeze(-1)
+    scored = policy.score(batch, reference=False)
+    assert mask.any()
+    assert torch.allclose(scored[mask], expected[mask], atol=1e-5), (scored - expected)[mask].abs().max()
+
+
+def test_family_training_step_and_checkpoint_round_trip(family_dir, tmp_path):
+    """One training step changes the language model and the vision tower; the checkpoint the
+    policy saves loads into a fresh policy with identical log-probs."""
+    _, path = family_dir
+    policy = _family_policy(path)
+    exs, prompts = _counting()
+    batch = policy.rollout(exs, prompts, 2, "train", need_old_logps=True)
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    policy.configure_optimizer(policy.cfg.train, 2)
+    batch.advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    m = policy.train_step(batch, Objective(ObjectiveConfig()), float(batch.action_mask.sum()), 4.0)
+    assert abs(m["ratio_mean"] - 1) < 1e-5 and m["grad_norm"] > 0
+    changed = {n for n, p in policy.model.named_parameters() if not torch.equal(p, before[n])}
+    tower = vlm_loading.vision_tower(policy.model)
+    tower_names = {f"{n}" for n, m_ in policy.model.named_modules() if m_ is tower}
+    assert any("q_proj" in n and not any(n.startswith(t) for t in tower_names) for n in changed)
+    assert any(any(n.startswith(t) for t in tower_names) for n in changed)
+    after = policy.score(batch, reference=False)
+    policy.save(tmp_path / "ckpt")
+    fresh = _family_policy(path)
+    fresh.load(tmp_path / "ckpt")
+    assert torch.equal(fresh.score(batch, reference=False), after)
+
+
+def test_family_lora_in_bfloat16_adapts_the_language_model_only(family_dir):
+    """LoRA on the family's declared targets (the language model's projections, never the vision
+    tower's), base weights in bfloat16: a rollout and a training step run and move only adapters."""
+    _, path = family_dir
+    policy = _family_policy(path, "model.lora.enabled=true", "model.lora.r=4", "model.dtype=bfloat16")
+    trainable = [n for n, p in policy.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    tower = vlm_loading.vision_tower(policy.model.get_base_model())
+    assert not any("lora_" in n for n, _ in tower.named_parameters())
+    adapted = {n.split(".")[-4] for n in trainable if n.endswith("lora_A.default.weight")}
+    assert adapted == set(policy.family.lora_targets)
+    exs, prompts = _counting()
+    batch = policy.rollout(exs, prompts, 2, "train", need_old_logps=True)
+    assert torch.isfinite(batch.old_logps).all()
+    policy.configure_optimizer(policy.cfg.train, 2)
+    batch.advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    m = policy.train_step(batch, Objective(ObjectiveConfig()), float(batch.action_mask.sum()), 4.0)
+    assert m["grad_norm"] > 0
+
+
+def test_family_declares_what_it_does_not_do(family_dir):
+    """Where the architecture rules out a speed-up it is off, and asking for it is refused with the
+    family's reason; a video prompt is a stated error, not wrong inputs."""
+    from mmrl.config import ConfigError
+    from mmrl.vlm.shared_prefix import uses_shared_prefix
+
+    model_type, path = family_dir
+    policy = _family_policy(path)
+    family = policy.family
+    assert (policy.image_encoders == []) == bool(family.vision_once_off)
+    assert policy.shared_prefix is (family.shared_prefix_off is None)
+    if family.shared_prefix_off:
+        assert uses_shared_prefix(None, False, None, family.shared_prefix_off) is False
+        with pytest.raises(ValueError, match="train.shared_prefix=true"):
+            _family_policy(path, "train.shared_prefix=true")
+    with pytest.raises(ConfigError, match="train.padding_free=true: not for"):
+        _family_policy(path, "train.padding_free=true", "train.shared_prefix=false")
+    with pytest.raises(ValueError, match="min_pixels"):
+        _family_policy(path, "vlm.max_pixels=12544")
+    video = TASKS.get("temporal_grounding")()
+    clip = video.examples("train")[0]
+    with pytest.raises(ValueError, match="video"):
+        policy.rollout([clip], [video.prompt(clip)], 1, "train")
+
+
+def test_family_speedups_are_exact(family_dir):
+    """Where a family allows the vision tower once per distinct image (Gemma 3: a pixel row per
+    image; GLM-4.1V: Qwen-style grids) and one prompt pass per group (GLM-4.1V: M-RoPE like
+    Qwen-VL), log-probs and gradients equal the plain forward's."""
+    _, path = family_dir
+    fast = _family_policy(path, "train.micro_batch_size=4")
+    if fast.family.vision_once_off and fast.family.shared_prefix_off:
+        pytest.skip(f"{fast.family.name} allows neither (stated in mmrl.vlm.families)")
+    plain = _family_policy(path, "train.micro_batch_size=4", "train.shared_prefix=false")
+    inner = split_head(plain.module)[0]
+    for method in ("get_image_features", "get_video_features"):  # uninstall vision-once: the class's own
+        inner.__dict__.pop(method, None)
+    plain.image_encoders.clear()
+    for encoder in fast.image_encoders:
+        encoder.images_seen = encoder.images_encoded = 0
+    exs, prompts = _counting()
+    batch = fast.rollout(exs, prompts, 2, "train")
+    assert fast.shared_prefix is (fast.family.shared_prefix_off is None)
+    assert bool(fast.image_encoders) is (fast.family.vision_once_off is None)
+    grads = []
+    for policy in (fast, plain):
+        policy.module.zero_grad()
+        with policy.autocast():
+            logps = policy.completion_logps(policy.module, batch)
+        logps.sum().backward()
+        grads.append({n: p.grad.clone() for n, p in policy.module.named_parameters() if p.grad is not None})
+        if policy is fast:
+            fast_logps = logps.detach()
+    assert torch.allclose(fast_logps, logps.detach(), atol=1e-5)
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        assert torch.allclose(grads[0][name], grads[1][name], atol=1e-4, rtol=1e-3), name
+    for encoder in fast.image_encoders[:1]:
+        assert encoder.images_encoded < encoder.images_seen  # 2 distinct images, 4 samples
+
+
+def test_family_teacher_forced_completions_end_the_turn(family_dir):
+    """Given completions (off-policy guidance, SFT references) end with the token the family's chat
+    template closes an assistant turn with, which also stops its generation."""
+    _, path = family_dir
+    policy = _family_policy(path, "rollout.max_completion_length=12")
+    exs, prompts = _counting()
+    batch = policy.rollout_given(exs, prompts, ["<answer>3</answer>", "4"], True, False)
+    end = policy.tokenizer.convert_tokens_to_ids(policy.family.end_of_turn)
+    assert end in policy.eos_ids
+    assert [int(c[-1]) for c in batch.payload["completion_ids"]] == [end, end]
+    assert batch.completions == ["<answer>3</answer>", "4"] and torch.isfinite(batch.old_logps).all()
+
+
+def test_family_coordinate_frame(family_dir):
+    """Boxes are read in the frame the family documents (InternVL: 0-1000 of the image), and a
+    family that documents none is refused by the grounding rewards instead of guessed at, unless
+    ``vlm.box_space`` states one."""
+    from mmrl.media.coords import FAMILY_OUTPUT_SPACE, NoCoordinateFrame, declares_space
+    from mmrl.registry import REWARDS
+
+    model_type, path = family_dir
+    policy = _family_policy(path)
+    grounding = TASKS.get("grounding")()
+    raw = grounding.examples("train")[0]
+    (w, h), (x1, y1, x2, y2) = raw["image_size"], raw["box"]
+    in_rel1000 = "<answer>[{:.3f}, {:.3f}, {:.3f}, {:.3f}]</answer>".format(x1 / w * 1000, y1 / h * 1000,
+                                                                          x2 / w * 1000, y2 / h * 1000)
+    iou = REWARDS.get("iou")
+    if declares_space(model_type):
+        assert policy.box_space == FAMILY_OUTPUT_SPACE[model_type] == "rel1000"
+        ex = policy.prepare_examples([raw])[0]
+        assert iou([in_rel1000], [ex])[0] == pytest.approx(1.0, abs=1e-3)
+        return
+    ex = policy.prepare_examples([raw])[0]
+    with pytest.raises(NoCoordinateFrame, match="declares no coordinate frame.*vlm.box_space"):
+        iou([in_rel1000], [ex])
+    with pytest.raises(NoCoordinateFrame):
+        policy.box_space
+    stated = _family_policy(path, "vlm.box_space=rel1000")
+    ex = stated.prepare_examples([raw])[0]
+    assert ex["pred_space"] == "rel1000" and iou([in_rel1000], [ex])[0] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_family_two_step_cli_run(family_dir, tmp_path):
+    """`mmrl train vlm model.path=<tiny family dir>` trains 2 steps and writes its summary."""
+    import subprocess
+    import sys
+
+    from conftest import CLI_RUN
+
+    _, path = family_dir
+    r = subprocess.run([sys.executable, "-m", "mmrl.cli", "train", "vlm", f"model.path={path}", *CLI_RUN,
+                        "train.steps=2", "log.run_name=fam"], capture_output=True, text=True, cwd=tmp_path,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "runs" / "fam" / "summary.json").exists()

@@ -1,4 +1,4 @@
-"""Loading a Qwen-VL-family checkpoint from a local directory (never from a hub)."""
+"""Loading a Qwen-VL-family checkpoint from a local directory or a hub id's cached snapshot (:mod:`mmrl.hub`)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from .families import family_of
 from .processing import VLMProcessor, choose_image_backend
 
 # LoRA targets when model.lora.target_modules is unset: the language model's attention and MLP.
@@ -20,11 +21,14 @@ TINY_MODELS = {"tiny": ("tiny-qwen2.5-vl", "mmrl build-tiny vlm"),
                "tiny-gui-grounding": ("tiny-qwen2.5-vl-gui-grounding", "mmrl build-tiny gui-grounding")}
 
 
-def resolve_model_path(path: str) -> Path:
+def resolve_model_path(path: str, revision: str | None = None) -> Path:
     """``"tiny"`` is the built-in tiny Qwen2.5-VL, ``"tiny-video"`` the same warm-started on clips
     and ``"tiny-gui"`` on the synthetic phone's screens (``"tiny-gui-grounding"``: taught more
-    clicks); anything else must be a local directory."""
-    if path in TINY_MODELS:
+    clicks); anything else is a local directory, or a hub id ``org/name`` at ``revision``: its
+    snapshot in the Hugging Face cache (:func:`mmrl.hub.resolve_checkpoint`, downloaded unless offline)."""
+    from mmrl.hub import resolve_checkpoint
+
+    if path in TINY_MODELS and not revision:
         from mmrl.assets import asset_path
 
         name, command = TINY_MODELS[path]
@@ -32,15 +36,15 @@ def resolve_model_path(path: str) -> Path:
         if not (p / "config.json").exists():
             raise FileNotFoundError(f"the built-in {path} model is missing at {p}; rebuild it with `{command}`")
         return p
-    p = Path(path).expanduser()
+    p = resolve_checkpoint(path, revision)
     if (p / "model_index.json").exists() or (p / "mmrl_generator.json").exists():
         raise ValueError(f"model.path={path!r} is an image or video generator (a diffusers pipeline), not a "
                          f"vision-language model: train it with `mmrl train diffusion model.path={path}`")
     if not (p / "config.json").exists():
         raise FileNotFoundError(
-            f"model.path={path!r} is not a local checkpoint directory (no config.json there). "
-            "mmrl never downloads weights: download the checkpoint first and pass its directory, "
-            "or use model.path=tiny for the built-in model."
+            f"model.path={path!r} is not a local checkpoint directory (no config.json in {p}). "
+            "Pass a downloaded checkpoint's directory, a hub id (org/name, docs/hub-ids.md), "
+            "or model.path=tiny for the built-in model."
         )
     return p
 
@@ -48,17 +52,24 @@ def resolve_model_path(path: str) -> Path:
 def load_vlm(path: str, device: torch.device, dtype: torch.dtype = torch.float32,
              attn_implementation: str | None = None, min_pixels: int | None = None,
              max_pixels: int | None = None, image_backend: str = "auto",
-             video_min_pixels: int | None = None, video_max_pixels: int | None = None):
+             video_min_pixels: int | None = None, video_max_pixels: int | None = None,
+             revision: str | None = None):
     """Model (weights in ``dtype``) and :class:`VLMProcessor` with the given image and video
     budgets and image-processor backend (``vlm.image_processor_backend``, see
-    ``choose_image_backend``)."""
+    ``choose_image_backend``); ``revision``: a hub id's branch, tag or commit (``model.revision``)."""
     from transformers import AutoModelForImageTextToText
 
-    where = resolve_model_path(path)
+    where = resolve_model_path(path, revision)
     kwargs: dict[str, Any] = {"dtype": dtype}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     model = AutoModelForImageTextToText.from_pretrained(str(where), **kwargs).to(device)
+    if family_of(model.config.model_type).processor != "qwen":  # transformers' own processor (families.py)
+        from .family_processing import FamilyProcessor
+
+        processor = FamilyProcessor.from_pretrained(where, model.config.model_type)
+        processor.set_pixel_budget(min_pixels, max_pixels)
+        return model, processor
     backend, image_device = choose_image_backend(image_backend, torch.device(device))
     processor = VLMProcessor.from_pretrained(where, min_pixels, max_pixels, backend, image_device,
                                              video_min_pixels, video_max_pixels)

@@ -1,4 +1,6 @@
-"""The vision-language policy: a transformers Qwen-VL-family model whose actions are tokens.
+"""The vision-language policy: a transformers vision-language model whose actions are tokens
+(Qwen-VL, Gemma 3, Idefics3 / SmolVLM, LLaVA-OneVision, InternVL, GLM-4.1V: what differs between
+families is declared in :mod:`mmrl.vlm.families`).
 
 On top of :class:`~mmrl.core.policy.PolicyBase` (precision, optimizer step, reference, checkpoints)
 it supplies what is particular to a VLM, one concern per module:
@@ -31,7 +33,7 @@ from ..core.policy import PolicyBase
 from ..core.seeding import seeded
 from ..media.frame_order import shuffle_frames
 from ..media.video import Clip
-from .loading import VLM_LORA_TARGETS, load_vlm, resolve_model_path, vision_tower
+from .loading import load_vlm, resolve_model_path, vision_tower
 from .logprobs import split_head
 from .sampling import VLMSampling
 from .scoring import VLMScoring
@@ -43,7 +45,7 @@ __all__ = ["VLMPolicy", "load_vlm", "resolve_model_path", "vision_tower"]
 
 @register_policy("vlm")
 class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
-    """A Qwen-VL-family model trained with the core objective. See the module docstring."""
+    """A vision-language model trained with the core objective. See the module docstring."""
 
     capabilities = frozenset({"scoring", "teacher_forcing", "coordinates", "image_inputs", "video_inputs",
                               "multi_turn"})
@@ -70,18 +72,18 @@ class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
         self.module, self.processor = load_vlm(cfg.model.path, self.device,
                                                self.compute_dtype if self.lora else self.trained_dtype,
                                                cfg.model.attn_implementation, v.min_pixels, v.max_pixels,
-                                               v.image_processor_backend, v.video_min_pixels, v.video_max_pixels)
+                                               v.image_processor_backend, v.video_min_pixels, v.video_max_pixels,
+                                               revision=cfg.model.revision)
         self.module.config.use_cache = True
         self.tokenizer = self.processor.tokenizer
         eos = self.module.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos]) | {self.tokenizer.eos_token_id}
         self.eos_ids.discard(None)
         self.pad_id = self.tokenizer.pad_token_id
+        # What differs between model families is declared once (mmrl.vlm.families).
+        self.family = family = self.processor.family
         # Vision placeholder tokens are never sampled (see HFGenerate) and masked when scoring.
-        self.suppressed_ids = sorted({
-            i for t in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
-            if (i := self.tokenizer.convert_tokens_to_ids(t)) is not None and i != self.tokenizer.unk_token_id
-        })
+        self.suppressed_ids = list(self.processor.vision_token_ids)
         if v.freeze_vision:
             tower = vision_tower(self.module)
             if tower is None:
@@ -95,13 +97,14 @@ class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
         tower = vision_tower(self.module)
         frozen = tower is not None and not any(p.requires_grad for p in tower.parameters())
         self.image_encoders, self.video_encoders = (
-            [e for m in (self.module, self.ref_module) if m is not None
-             if (e := share_image_encoding(m, cache=frozen, method=method)) is not None]
+            [e for m in (self.module, self.ref_module) if m is not None and family.vision_once_off is None
+             if (e := share_image_encoding(m, cache=frozen, method=method,
+                                           per_row=family.image_layout == "per_image")) is not None]
             for method in ("get_image_features", "get_video_features"))
         # each distinct prompt of a micro-batch through the language model once (exact)
         self.shared_prefix = uses_shared_prefix(cfg.train.shared_prefix, cfg.train.padding_free,
-                                                split_head(self.module)[0])
-        _check_packing(cfg.train)
+                                                split_head(self.module)[0], family.shared_prefix_off)
+        _check_packing(cfg.train, family)
         attention = getattr(self.module.config, "_attn_implementation", None) or ""
         if cfg.train.padding_free and not attention.startswith("flash"):
             logging.getLogger("mmrl").warning(
@@ -109,6 +112,11 @@ class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
                 "(length x length) mask, which costs more than the padding it saves (the tiny default's GRPO run "
                 "took 4.9x as long on CPU); it pays with model.attn_implementation=flash_attention_2 on a GPU",
                 attention or "the default")
+        if cfg.rollout.engine != "hf" and family.processor != "qwen":
+            from mmrl.config import ConfigError
+
+            raise ConfigError(f"rollout.engine={cfg.rollout.engine}: only Qwen-VL checkpoints are wired to it; "
+                              f"{family.name} rolls out with rollout.engine=hf")
         self.engine = ENGINES.get(cfg.rollout.engine, "rollout.engine")(self)
 
     @property
@@ -131,9 +139,12 @@ class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
 
     def coordinate_frame(self, image_size):
         """The :class:`~mmrl.media.coords.Frame` of an image of ``image_size`` (width, height)
-        as this policy's image processor resizes it."""
-        from ..media.coords import qwen_frame
+        as this policy's image processor resizes it (Qwen-VL's budget; other families' spaces are
+        relative to the original image, so the frame is its size)."""
+        from ..media.coords import Frame, qwen_frame
 
+        if self.family.image_layout != "grid":
+            return Frame(float(image_size[0]), float(image_size[1]))
         return qwen_frame(image_size, self.processor.image_processor)
 
     def prepare_examples(self, examples: Sequence[dict]) -> list[dict]:
@@ -141,10 +152,15 @@ class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
         (the space its box answers are in) and ``frame`` (the image's original and resized sizes),
         so box rewards and metrics compare in original pixels
         (``mmrl.media.coords.prediction_to_pixels``). Examples without ``image_size`` unchanged."""
+        from ..media.coords import UNDECLARED, declares_space
+
+        # a family without a declared frame: recorded, and refused by the first box read (coords)
+        space = self.box_space if self.cfg.vlm.box_space or declares_space(self.module.config.model_type) \
+            else f"{UNDECLARED}:{self.module.config.model_type}"
         out = []
         for ex in examples:
             if isinstance(ex, dict) and ex.get("image_size") is not None:
-                ex = {**ex, "pred_space": self.box_space, "frame": self.coordinate_frame(ex["image_size"])}
+                ex = {**ex, "pred_space": space, "frame": self.coordinate_frame(ex["image_size"])}
             out.append(ex)
         return out
 
@@ -157,7 +173,7 @@ class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
         targets = [
             name for name, module in self.module.named_modules()
             if isinstance(module, torch.nn.Linear)
-            and name.split(".")[-1] in set(lora_cfg.target_modules or VLM_LORA_TARGETS)
+            and name.split(".")[-1] in set(lora_cfg.target_modules or self.family.lora_targets)
             and not (tower_prefix and name.startswith(tower_prefix + "."))
         ]
         if not targets:
@@ -234,10 +250,13 @@ class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
         del saved
 
 
-def _check_packing(train) -> None:
+def _check_packing(train, family) -> None:
     """``train.padding_free`` / ``train.micro_batch_tokens`` combinations that cannot be honoured."""
     from mmrl.config import ConfigError
 
+    if train.padding_free and family.packing_off:
+        raise ConfigError(f"train.padding_free=true: not for {family.name} ({family.packing_off}); "
+                          "set train.padding_free=false")
     if train.padding_free and train.shared_prefix:
         raise ConfigError("train.padding_free=true with train.shared_prefix=true: each shares work differently "
                           "(packed rows vs one prompt pass per group); set one of them to false")

@@ -121,7 +121,7 @@ class VLLMEngine(RolloutEngine):
             return self.llm
         policy, r = self.policy, self.policy.cfg.rollout
         kwargs: dict[str, Any] = dict(
-            model=str(resolve_model_path(policy.cfg.model.path)),
+            model=str(resolve_model_path(policy.cfg.model.path, policy.cfg.model.revision)),
             dtype=policy.cfg.model.dtype,
             seed=policy.cfg.train.seed,
             max_model_len=r.vllm_max_model_length,
