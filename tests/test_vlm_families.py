@@ -334,16 +334,22 @@ def test_family_coordinate_frame(family_dir):
     assert ex["pred_space"] == "rel1000" and iou([in_rel1000], [ex])[0] == pytest.approx(1.0, abs=1e-3)
 
 
-def test_family_two_step_cli_run(family_dir, tmp_path):
-    """`mmrl train vlm model.path=<tiny family dir>` trains 2 steps and writes its summary."""
-    import subprocess
-    import sys
+def test_family_two_step_cli_run(family_dir, tmp_path, monkeypatch):
+    """`mmrl train vlm model.path=<tiny family dir>` trains 2 steps and writes its summary (the
+    command line's own code, in this process: a subprocess would spend most of its time importing)."""
+    import torch
+    from typer.testing import CliRunner
 
     from conftest import CLI_RUN
+    from mmrl.cli import app
 
     _, path = family_dir
-    r = subprocess.run([sys.executable, "-m", "mmrl.cli", "train", "vlm", f"model.path={path}", *CLI_RUN,
-                        "train.steps=2", "log.run_name=fam"], capture_output=True, text=True, cwd=tmp_path,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
+    monkeypatch.chdir(tmp_path)
+    threads = torch.get_num_threads()
+    try:
+        r = CliRunner().invoke(app, ["train", "vlm", f"model.path={path}", *CLI_RUN, f"train.threads={threads}",
+                                     "train.steps=2", "log.run_name=fam"])
+    finally:
+        torch.set_num_threads(threads)
+    assert r.exit_code == 0, r.output[-2000:]
     assert (tmp_path / "runs" / "fam" / "summary.json").exists()
