@@ -326,7 +326,7 @@ def _launch_tab(gr, launcher: Launcher):
         recipe = gr.Dropdown(recipes, value=first, label="recipe", elem_id="launch-recipe")
         name = gr.Textbox(label="run name", value="demo-run", elem_id="launch-name")
     overrides = gr.Textbox(label="overrides (key=value ...: allow-listed keys, paths inside the served directories; "
-                                 "see the README's demo section)", value="train.steps=2", elem_id="launch-overrides")
+                                 "see docs/demo.md)", value="train.steps=2", elem_id="launch-overrides")
     with gr.Row():
         start = gr.Button("Start", variant="primary", elem_id="launch-start")
         stop = gr.Button("Stop", variant="stop", elem_id="launch-stop")
