@@ -40,7 +40,8 @@ import torch
 
 from .core import distributed as dist
 from .core.losses import ObjectiveConfig
-from .runs.checkpoint import CheckpointManager, rng_state, set_rng_state
+from .core.policy_checkpoint import save_run_checkpoint
+from .runs.checkpoint import CheckpointManager, set_rng_state
 
 
 @dataclass
@@ -162,19 +163,8 @@ class SFTRun:
     # -- checkpoints ----------------------------------------------------------------------------------
     def save(self, step: int, before: float | None) -> None:
         """As the RL trainer saves: every rank takes part, rank 0 publishes atomically."""
-        tmp = Path(dist.broadcast(str(self.ckpt.begin(step)) if self.main else None))
-        try:
-            self.policy.save(tmp / "policy")
-            rngs = dist.gather(rng_state())
-            if self.main:
-                torch.save({"step": step, "rank_rngs": rngs, "before": before, "sft": True}, tmp / "trainer.pt")
-        except BaseException:
-            if self.main:
-                self.ckpt.abort(tmp)
-            raise
-        if self.main:
-            self.ckpt.commit(step, tmp)
-        dist.barrier()
+        save_run_checkpoint(self.ckpt, step, self.policy,
+                            lambda rngs: {"step": step, "rank_rngs": rngs, "before": before, "sft": True})
 
     def resume(self) -> tuple[int, float | None]:
         latest = self.ckpt.latest()

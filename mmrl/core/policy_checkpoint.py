@@ -10,6 +10,7 @@ consolidated files, so a run resumes with any process count, sharded or not.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -66,3 +67,26 @@ def load_policy(policy, path: Path) -> None:
 def trained_names(module: torch.nn.Module) -> list[str]:
     """The trained parameters' names, in the order the optimizer was given them."""
     return [n for n, p in module.named_parameters() if p.requires_grad]
+
+
+def save_run_checkpoint(ckpt, step: int, policy, state: Callable[[list], dict]) -> None:
+    """A run's checkpoint of ``step``, published atomically: every rank takes part (a sharding
+    strategy gathers the weights; each rank's RNG state is gathered), rank 0 writes the policy and
+    ``state(rank_rngs)`` (``trainer.pt``) into ``ckpt``'s temp directory and commits it.
+    ``ckpt``: a :class:`~mmrl.runs.checkpoint.CheckpointManager`."""
+    from ..runs.checkpoint import rng_state
+
+    main = dist.is_main()
+    tmp = Path(dist.broadcast(str(ckpt.begin(step)) if main else None))
+    try:
+        policy.save(tmp / "policy")
+        rngs = dist.gather(rng_state())
+        if main:
+            torch.save(state(rngs), tmp / "trainer.pt")
+    except BaseException:
+        if main:
+            ckpt.abort(tmp)
+        raise
+    if main:
+        ckpt.commit(step, tmp)
+    dist.barrier()

@@ -27,7 +27,7 @@ import torch
 from ..config import check_unused_keys
 from ..measures.intervals import describe
 from ..registry import TASKS, load_plugins
-from ..runs.checkpoint import CheckpointManager, rng_state, set_rng_state
+from ..runs.checkpoint import CheckpointManager, set_rng_state
 from ..runs.config_history import check_resume_config, record_start
 from ..runs.resume import finished_steps
 from ..runs.logging import RunLogger, TrainingProgress, print_before_after, write_summary
@@ -38,6 +38,7 @@ from . import distributed as dist
 from .batch import BatchBuilder
 from .evaluation import run_evaluation
 from .interrupt import StopOnInterrupt, TrainingInterrupted
+from .policy_checkpoint import save_run_checkpoint
 from .reward_computer import make_reward_computer
 from .rollouts import Rollouts
 from .run_checks import check_eval_split, check_world
@@ -115,21 +116,9 @@ class Trainer:
     def save(self, step: int, before: dict[str, float]) -> None:
         """Every rank takes part (a sharding backend gathers the weights; each rank's RNG state
         is gathered); rank 0 writes into the temp directory and publishes it atomically."""
-        tmp = Path(dist.broadcast(str(self.ckpt.begin(step)) if self.main else None))
-        try:
-            self.policy.save(tmp / "policy")
-            rngs = dist.gather(rng_state())
-            if self.main:
-                torch.save({"step": step, "rng": rngs[0], "rank_rngs": rngs, "world_size": dist.world_size(),
-                            "before": before, "before_intervals": self.before_intervals,
-                            **self.batches.state_dict()}, tmp / "trainer.pt")
-        except BaseException:
-            if self.main:
-                self.ckpt.abort(tmp)
-            raise
-        if self.main:
-            self.ckpt.commit(step, tmp)
-        dist.barrier()
+        save_run_checkpoint(self.ckpt, step, self.policy, lambda rngs: {
+            "step": step, "rng": rngs[0], "rank_rngs": rngs, "world_size": dist.world_size(), "before": before,
+            "before_intervals": self.before_intervals, **self.batches.state_dict()})
 
     def _resume(self) -> tuple[int, dict[str, float]]:
         """Every rank reads the same checkpoint (a shared run directory); each restores its own
