@@ -1,5 +1,5 @@
 """Rewards for trajectories that call tools ("thinking with images"): DeepEyes' reward as its code
-computes it (``deepeyes``), the grounding of the crops (``crop_iou``, mmrl's own) and Pixel
+computes it (``deepeyes_rule_judge``: its formula, a rule in place of its LLM judge), the grounding of the crops (``crop_iou``, mmrl's own) and Pixel
 Reasoner's curiosity-driven terms (``pixel_reasoner_curiosity``, ``pixel_reasoner_penalty``).
 
 They read the trajectory record of :mod:`mmrl.measures.tool_use`: the completion is the whole
@@ -22,14 +22,15 @@ from mmrl.measures.tool_use import (CURIOSITY_H, PENALTY_N, crop_iou, curiosity_
                                     overuse)
 
 
-@register_reward("deepeyes", minimum=-0.2, maximum=2.0)
+@register_reward("deepeyes_rule_judge", minimum=-0.2, maximum=2.0)
 def deepeyes(completions, examples, **ctx) -> list:
     """DeepEyes' ``compute_score`` (verl/utils/reward_score/vl_agent.py in Visual-Agent/DeepEyes):
     0.8 * accuracy + 0.2 * format + 1.2 * tool, where format is -1 on a format error and tool is 1
     only when the answer is right and a tool image came back (:func:`mmrl.measures.tool_use.deepeyes_parts`).
     Accuracy is rule-based (equal after normalisation, or the right option letter): DeepEyes asks an
-    LLM judge (Qwen2.5-72B-Instruct), which mmrl does not run. None without ``ex["answer"]``."""
-    return score_each("deepeyes", completions, examples, deepeyes_score)
+    LLM judge (Qwen2.5-72B-Instruct), which mmrl does not run, hence the name: it is not the
+    paper's reward where the judge would disagree with the rule. None without ``ex["answer"]``."""
+    return score_each("deepeyes_rule_judge", completions, examples, deepeyes_score)
 
 
 @register_reward("crop_iou")

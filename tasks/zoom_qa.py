@@ -79,7 +79,7 @@ def _free(box, taken, margin: int = 8) -> bool:
 @register_task("zoom_qa")
 class ZoomQA(Task):
     modality = "vlm"
-    rewards = {"deepeyes": 1.0}
+    rewards = {"deepeyes_rule_judge": 1.0}
 
     def default_options(self):
         return {

@@ -185,7 +185,7 @@ def test_zoom_qa_target_is_unreadable_at_the_tiny_budget_and_readable_zoomed():
 def REWARDS_DEEPEYES(completions, examples):
     from mmrl.registry import REWARDS
 
-    return REWARDS.get("deepeyes")(completions, examples)
+    return REWARDS.get("deepeyes_rule_judge")(completions, examples)
 
 
 def test_zoom_qa_options_are_checked():

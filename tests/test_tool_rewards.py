@@ -39,9 +39,9 @@ def test_deepeyes_hand_computed():
         ("<answer>" + "red " * 300 + "</answer>", unused, -0.2),  # 1000+ characters: accuracy 0, format error
         (TRAJECTORY, {"answer": "red", "tool_calls": [record(ok=False)]}, 0.8),  # failed call: no image back
     ]
-    out = score("deepeyes", [c for c, _, _ in cases], [e for _, e, _ in cases])
+    out = score("deepeyes_rule_judge", [c for c, _, _ in cases], [e for _, e, _ in cases])
     assert out == pytest.approx([v for _, _, v in cases])
-    assert score("deepeyes", ["<answer>red</answer>"], [{}]) == [None]  # no ground truth
+    assert score("deepeyes_rule_judge", ["<answer>red</answer>"], [{}]) == [None]  # no ground truth
 
 
 def test_deepeyes_rule_judge_reads_option_letters():
@@ -51,7 +51,7 @@ def test_deepeyes_rule_judge_reads_option_letters():
     assert rule_judge("B. blue", "red", options) == 0.0
     assert rule_judge("Red.", "red") == 1.0 and rule_judge("2.0", "2") == 1.0
     assert rule_judge("it is red", "red") == 0.0  # the LLM judge would accept it; the rule does not
-    assert score("deepeyes", ["<answer>A</answer>"], [{"answer": "red", "options": options}]) == [pytest.approx(0.8)]
+    assert score("deepeyes_rule_judge", ["<answer>A</answer>"], [{"answer": "red", "options": options}]) == [pytest.approx(0.8)]
 
 
 def test_crop_iou_best_and_last():
@@ -114,7 +114,7 @@ def test_tool_rewards_never_raise_and_stay_in_range(items):
     texts = [t for t, _, _ in items]
     examples = [{"answer": "red", "options": ["red", "blue"], "tool_calls": r,
                  **({"target_box": (0, 0, 10, 10)} if has_target else {})} for _, r, has_target in items]
-    for name in ("deepeyes", "crop_iou", "pixel_reasoner_curiosity", "pixel_reasoner_penalty"):
+    for name in ("deepeyes_rule_judge", "crop_iou", "pixel_reasoner_curiosity", "pixel_reasoner_penalty"):
         fn = REWARDS.get(name)
         for v in fn(texts, examples, group_ids=list(range(len(texts)))):
             assert v is None or (fn.reward_minimum <= v <= fn.reward_maximum and not math.isnan(v))
