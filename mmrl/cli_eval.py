@@ -20,6 +20,7 @@ EXAMPLES = examples(
     "mmrl eval configs/vlm/counting_tiny.yaml eval.num_examples=500   # the starting model",
     "mmrl eval runs/exp1 --benchmark screenspot_v2 --data ScreenSpot-v2/ --image-root ScreenSpot-v2/screenspotv2_image",
     "mmrl eval runs/exp1 --benchmark refcoco --data refcoco_val.json,refcoco_testA.json --image-root coco/train2014",
+    "mmrl eval runs/t2i --benchmark geneval --clip ViT-L-14=weights/vit_l_14_openai.pt   # colours by CLIP",
     "mmrl list | grep '^benchmarks:'                      # the protocols")
 
 
@@ -36,6 +37,9 @@ def eval_(
     data: Optional[str] = typer.Option(None, help="the benchmark's files: a file or folder (a per-file "
                                        "benchmark such as refcoco: files separated by commas)"),
     image_root: Optional[str] = typer.Option(None, help="where the benchmark files' image paths start"),
+    clip: Optional[str] = typer.Option(None, metavar="ARCH=CHECKPOINT", help="geneval: decide colours by CLIP "
+                                       "zero-shot classification as GenEval's evaluate_images.py does (an open_clip "
+                                       "architecture and a local checkpoint file) instead of the pixel rule"),
 ):
     """Score a checkpoint on its task's eval split: the task metric, pass@k, the mean reward and each
     reward with 95% bootstrap intervals, and an HTML + PNG gallery of predictions marked by the
@@ -62,8 +66,12 @@ def eval_(
             cfg_path = builtin_config_path(target)
         cfg = load_config(cfg_path, list(args or []) + ["resume=false"])
         configure_threads(cfg)
+        settings = {"clip": clip} if clip is not None else {}
         if benchmark is not None:
-            return _eval_benchmark(cfg, ckpt, benchmark, data, image_root, num_examples, gallery, path)
+            return _eval_benchmark(cfg, ckpt, benchmark, data, image_root, num_examples, gallery, path, settings)
+        if settings:
+            raise ValueError(f"{', '.join('--' + k for k in settings)} is a setting of a benchmark: "
+                             "give it with --benchmark (e.g. --benchmark geneval)")
         task = build_task(cfg)
         policy = make_policy(cfg, task)
         if ckpt is not None:
@@ -82,12 +90,12 @@ def eval_(
     typer.echo(f"gallery: {gallery / 'index.html'} and {gallery / 'gallery.png'}", err=True)
 
 
-def _eval_benchmark(cfg, ckpt, name, data, image_root, num_examples, gallery, path) -> None:
+def _eval_benchmark(cfg, ckpt, name, data, image_root, num_examples, gallery, path, settings) -> None:
     """``mmrl eval --benchmark``: the table printed, and written as benchmark_<name>.json beside the gallery."""
     import json
 
     from .api import make_policy
-    from .benchmarks import BENCHMARKS, format_table
+    from .benchmarks import BENCHMARKS, configured, format_table
     from .benchmarks.run import run_benchmark
     from .runs.logging import to_jsonable
 
@@ -100,9 +108,9 @@ def _eval_benchmark(cfg, ckpt, name, data, image_root, num_examples, gallery, pa
     if gallery is None:
         gallery = (path if path.is_dir() and (path / "config.yaml").exists() else Path(".")) / "eval_gallery"
     with user_errors():
-        bench = BENCHMARKS.get(name, "--benchmark")
+        bench = configured(BENCHMARKS.get(name, "--benchmark"), settings)  # a bad --clip fails before any rollout
     with user_errors(setup=False), interruptions():
-        report = run_benchmark(name, cfg, data, image_root, load_policy, num_examples, gallery)
+        report = run_benchmark(name, cfg, data, image_root, load_policy, num_examples, gallery, settings)
     typer.echo(format_table(bench, report["rows"]))
     if report["skipped"]:
         typer.echo(f"{report['skipped']} entries skipped (unreadable; the warnings name each)", err=True)

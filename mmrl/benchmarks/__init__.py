@@ -5,15 +5,18 @@ A :class:`Benchmark` names the task that reads the benchmark's files (the same r
 uses), how one example is scored (``score``: the script's rule, e.g. ScreenSpot's click inside the
 element's box, VLM-R1's IoU > 0.5), which cells of the table an example counts in (``cells``:
 "mobile text", "CAD icon", "counting"), and which cells are averages of other cells (``macro``:
-SeeClick's ScreenSpot average is the mean of its six cells, not of its examples). Plugins add
-benchmarks with :func:`register_benchmark`; ``mmrl eval TARGET --benchmark NAME --data PATH``
-runs one (:func:`benchmark_table` builds the table from a finished evaluation).
+SeeClick's ScreenSpot average is the mean of its six cells, not of its examples). A benchmark
+may take command-line ``settings`` of its scoring (GenEval's ``--clip``: colours by CLIP instead
+of pixels), bound by :func:`configured`. Plugins add benchmarks with :func:`register_benchmark`;
+``mmrl eval TARGET --benchmark NAME --data PATH`` runs one (:func:`benchmark_table` builds the
+table from a finished evaluation).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Callable, Mapping, Optional, Sequence
 
 from ..registry import BENCHMARKS
@@ -34,11 +37,30 @@ class Benchmark:
     options: Callable[[Optional[str], Optional[str]], dict] = lambda data, root: {"eval_path": data, "image_root": root}
     per_file: bool = False  # each data file is its own split: one row per file (VLM-R1's RefCOCO files)
     needs_data: bool = True
+    # a keyword setting of ``score`` given on the command line (``--clip``) -> its parser from the
+    # command-line text; ``str`` of the parsed value says what it changes (it joins the title)
+    settings: Mapping[str, Callable[[str], object]] = field(default_factory=dict)
 
 
 def register_benchmark(benchmark: Benchmark, override: bool = False) -> Benchmark:
     """Make ``benchmark`` available to ``mmrl eval --benchmark`` under its name."""
     return BENCHMARKS.register(benchmark.name, benchmark, override)
+
+
+def configured(bench: Benchmark, settings: Mapping[str, str]) -> Benchmark:
+    """``bench`` with command-line ``settings`` (``{"clip": "ViT-L-14=/weights/clip.pt"}``) parsed
+    by its own parsers and given to its ``score``, each named in the title. A setting it does not
+    take is an error naming those it does."""
+    unknown = sorted(set(settings) - set(bench.settings))
+    if unknown:
+        takes = ", ".join(f"--{k}" for k in bench.settings) or "none"
+        raise ValueError(f"benchmark {bench.name!r} takes no {', '.join('--' + k for k in unknown)} "
+                         f"(its settings: {takes})")
+    if not settings:
+        return bench
+    parsed = {k: bench.settings[k](v) for k, v in settings.items()}
+    title = "; ".join([bench.title, *map(str, parsed.values())])
+    return replace(bench, score=partial(bench.score, **parsed), title=title)
 
 
 def benchmark_table(bench: Benchmark, task, completions: list, examples: list,

@@ -27,6 +27,9 @@
   two_object, counting, colors, position, color_attr) and the overall score, the mean over the
   tasks. Judged by the built-in shape checker on the built-in held-out prompts (flat shapes, so
   no detector); every built-in prompt names a colour, so single_object and two_object stay empty.
+  Colours are the pixel rule's by default; ``--clip ARCH=CHECKPOINT`` decides every detected
+  object's colour by CLIP zero-shot classification as GenEval's ``evaluate_images.py`` does
+  (:mod:`mmrl.benchmarks.geneval_clip`), which is what its colors and color_attr tasks measure.
 - ``mathvista``: MathVista ("MathVista: Evaluating Mathematical Reasoning of Foundation Models in
   Visual Contexts", Lu et al., 2024) and MathVerse-style files, answers judged by Math-Verify
   (``visual_math``'s judge): accuracy overall, per ``metadata.task`` (MathVista's FQA, GPS, MWP,
@@ -37,11 +40,14 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 from ..measures.boxes import answer_iou
 from ..measures.composition import composition_checks
 from ..measures.screen import click_score
 from ..measures.video_r1 import answer_tious, video_r1_accuracies
 from . import ALL, Benchmark, register_benchmark
+from .geneval_clip import ClipSetting, clip_colors, parse_clip
 
 PLATFORMS = ("mobile", "desktop", "web")
 SOURCE_PLATFORM = {"ios": "mobile", "android": "mobile", "macos": "desktop", "windows": "desktop"}  # else web
@@ -125,15 +131,16 @@ def geneval_task(spec: list[dict]) -> str:
     return "colors" if spec and spec[0].get("color") else "single_object"
 
 
-def _geneval(task, completions, examples):
-    return [{"accuracy": float(all(composition_checks(image, ex["spec"]).values()))}
-            for image, ex in zip(completions, examples)]
+def _geneval(task, completions, examples, clip: Optional[ClipSetting] = None):
+    """Every check right; with ``clip``, every object's colour decided by CLIP (GenEval's judge)."""
+    checks = composition_checks if clip is None else clip_colors(clip).checks
+    return [{"accuracy": float(all(checks(image, ex["spec"]).values()))} for image, ex in zip(completions, examples)]
 
 
 register_benchmark(Benchmark("geneval", "GenEval-style composition (summary_scores.py: overall = mean over the tasks)",
                              "composition", _geneval, lambda ex: [geneval_task(ex["spec"])],
                              order=(*GENEVAL_TASKS, "overall"), macro={"overall": GENEVAL_TASKS},
-                             options=lambda data, root: {}, needs_data=False))
+                             options=lambda data, root: {}, needs_data=False, settings={"clip": parse_clip}))
 
 
 def _task_accuracy(task, completions, examples):

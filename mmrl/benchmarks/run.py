@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
-from . import BENCHMARKS, Benchmark, benchmark_table
+from . import BENCHMARKS, Benchmark, benchmark_table, configured
 
 
 def benchmark_configs(cfg, bench: Benchmark, data: Optional[str], image_root: Optional[str]) -> list[tuple[Optional[str], object]]:
@@ -32,15 +32,17 @@ def benchmark_configs(cfg, bench: Benchmark, data: Optional[str], image_root: Op
 
 
 def run_benchmark(name: str, cfg, data: Optional[str], image_root: Optional[str], load_policy: Callable,
-                  num_examples: Optional[int] = None, gallery: Optional[Path] = None) -> dict:
+                  num_examples: Optional[int] = None, gallery: Optional[Path] = None,
+                  settings: Optional[Mapping[str, str]] = None) -> dict:
     """The table of benchmark ``name`` for the policy ``load_policy(cfg, task)`` returns (made
-    once, for the first split): ``{"benchmark", "title", "rows", "skipped"}``; each split's
-    examples all scored unless ``num_examples`` caps them."""
+    once, for the first split): ``{"benchmark", "title", "rows", "skipped", "settings"}``; each
+    split's examples all scored unless ``num_examples`` caps them; ``settings`` are the
+    benchmark's command-line settings (:func:`~mmrl.benchmarks.configured`)."""
     from ..core.evaluation import run_evaluation
     from ..core.reward_computer import make_reward_computer
     from ..core.trainer import build_task
 
-    bench = BENCHMARKS.get(name, "--benchmark")
+    bench = configured(BENCHMARKS.get(name, "--benchmark"), settings or {})
     rows, skipped, policy = [], 0, None
     for split, one in benchmark_configs(cfg, bench, data, image_root):
         task = build_task(one)
@@ -51,4 +53,5 @@ def run_benchmark(name: str, cfg, data: Optional[str], image_root: Optional[str]
         ev = run_evaluation(policy, task, make_reward_computer(task, one.task), one, n, gallery_dir=where)
         skipped += int(ev.metrics.get("skipped", 0))
         rows += benchmark_table(bench, task, ev.completions, ev.examples, split=split)
-    return {"benchmark": bench.name, "title": bench.title, "rows": rows, "skipped": skipped}
+    return {"benchmark": bench.name, "title": bench.title, "rows": rows, "skipped": skipped,
+            "settings": dict(settings or {})}

@@ -68,7 +68,8 @@ def _shape(area: int, width: int, height: int) -> str:
     return "square" if fill >= SQUARE_FILL else "circle"
 
 
-def detect_objects(image: Image.Image, min_area: float | None = None, max_dist: float = 80.0) -> list[dict]:
+def detect_objects(image: Image.Image, min_area: float | None = None, max_dist: float = 80.0,
+                   masks: bool = False) -> list[dict]:
     """Objects of palette colours: ``{"color", "shape", "cx", "cy", "area", "box"}``.
 
     ``cx``/``cy``: the centroid in continuous pixel coordinates (pixel x covers [x, x + 1)), so
@@ -76,7 +77,8 @@ def detect_objects(image: Image.Image, min_area: float | None = None, max_dist: 
     exclusive. ``shape``: "square" (fills >= 0.9 of its box), "circle", or "blob" (box aspect
     outside [0.6, 1.67] or fill < 0.6): a blob counts for colour and count but never matches a
     shape. Components under ``min_area`` pixels (default 12 at 32x32, scaled with the area) are
-    dropped as noise."""
+    dropped as noise. ``masks=True`` adds ``"mask"``: the object's pixels, an (H, W) bool array
+    (what GenEval's CLIP colour classifier keeps of the image, :mod:`mmrl.benchmarks.geneval_clip`)."""
     w, h = image.size
     if min_area is None:
         min_area = 12 * (w * h) / (IMAGE_SIZE * IMAGE_SIZE)
@@ -93,6 +95,9 @@ def detect_objects(image: Image.Image, min_area: float | None = None, max_dist: 
                 "cx": float(xs.mean()) + 0.5, "cy": float(ys.mean()) + 0.5,
                 "area": area, "box": (x1, y1, x2, y2),
             })
+            if masks:
+                objects[-1]["mask"] = np.zeros((h, w), dtype=bool)
+                objects[-1]["mask"][ys, xs] = True
     return objects
 
 
@@ -101,9 +106,14 @@ def composition_checks(image: Image.Image, spec: list[dict], min_area: float | N
     colour), ``count_i`` (exactly ``count`` objects of it), ``shape_i`` (at least one, and all of
     them have the group's shape), ``position_i`` (only for a positioned group: at least one, and
     all centres on that side of the midline); then ``no_extra`` (no object of another colour)."""
+    return object_checks(detect_objects(image, min_area), spec, image.size[0])
+
+
+def object_checks(objects: list[dict], spec: list[dict], width: int) -> dict[str, bool]:
+    """:func:`composition_checks` on objects already detected in an image ``width`` pixels wide
+    (whose colours another judge may have decided: GenEval's CLIP classifier)."""
     validate_spec(spec)
-    objects = detect_objects(image, min_area)
-    mid = image.size[0] / 2
+    mid = width / 2
     checks: dict[str, bool] = {}
     for i, group in enumerate(spec):
         mine = [o for o in objects if o["color"] == group["color"]]
