@@ -195,7 +195,7 @@ def bench_gpu(
     out: Path = typer.Option(Path("runs/bench-gpu"), help="output directory (speed.md, speed.json, rows.jsonl)"),
 ):
     """The GPU table against TRL in one command: full fine-tuning and LoRA with each rollout cache, peak
-    memory per train.optim, the 448-px micro-batch-16 fit, update MFU. Each group runs in its own process."""
+    memory per train.optim, the 448-px micro-batch-16 fit, update MFU. Each group runs in its own process (with --tiny, one process runs them all)."""
     from .bench.gpu import GpuBenchOptions, run_gpu_bench
 
     opts = GpuBenchOptions(tiny=tiny, groups=_names(groups), budget_s=budget, caches=_names(caches),

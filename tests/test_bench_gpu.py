@@ -88,6 +88,18 @@ def test_a_group_past_the_budget_is_stopped_and_reported(tmp_path):
     assert "group full: stopped at the budget" in (tmp_path / "speed.md").read_text()
 
 
+def test_apart_each_group_starts_only_with_its_minimum_left_and_is_stopped_at_the_budget(tmp_path, monkeypatch):
+    """The GPU path (a process per group; --tiny runs them in one): a group starts only with its
+    minimum time left, and one still running when the budget ends is stopped."""
+    from mmrl.bench import gpu
+
+    monkeypatch.setitem(gpu.MIN_GROUP_S, "full", 0)
+    (tmp_path / "options.json").write_text(json.dumps({"tiny": True}))
+    groups = gpu.run_groups_apart(("full", "lora"), tmp_path, budget_s=0.5, echo=lambda s: None)
+    assert groups["full"]["status"].startswith("stopped at the budget after")
+    assert groups["lora"]["status"].startswith("not run:") and "the group needs 120 s" in groups["lora"]["status"]
+
+
 def test_unknown_groups_and_caches_are_refused(tmp_path):
     with pytest.raises(ValueError, match="--groups: unknown speedy"):
         run_gpu_bench(GpuBenchOptions(tiny=True, groups=("speedy",)), tmp_path)

@@ -8,10 +8,13 @@ it, so the GPU run exercises code that already ran.
 
 Each group runs in its own Python process (:mod:`mmrl.bench.gpu_groups`), in priority order: an
 out-of-memory error, a compile failure or a hang ends that group, not the table, and each group
-starts on an empty GPU. A group appends one JSON line per side to ``rows.jsonl`` as soon as the side
-finishes, so a group stopped at the budget keeps what it measured. ``speed.md`` and ``speed.json``
-are written at the end from those lines. The ratios are measured side by side in one process: each
-mmrl row against the TRL row of its own group (same model, prompts, lengths and micro-batch).
+starts on an empty GPU. With ``--tiny`` (a CPU: no GPU memory to isolate) one process runs the
+groups in turn, a group that raises recorded as failed and the next started: a process per group
+would spend most of its ~10 s importing torch, transformers, TRL and diffusers again. A group
+appends one JSON line per side to ``rows.jsonl`` as soon as the side finishes, so a group stopped
+at the budget keeps what it measured. ``speed.md`` and ``speed.json`` are written at the end from
+those lines. The ratios are measured side by side in one process: each mmrl row against the TRL row
+of its own group (same model, prompts, lengths and micro-batch).
 """
 
 from __future__ import annotations
@@ -91,22 +94,8 @@ def run_gpu_bench(opts: GpuBenchOptions, out_dir: Path, echo: Callable[[str], No
     rows_path = out_dir / "rows.jsonl"
     rows_path.unlink(missing_ok=True)
     (out_dir / "options.json").write_text(json.dumps(asdict(opts), indent=2))
-    deadline = time.monotonic() + opts.budget_s
-    groups: dict[str, dict[str, Any]] = {}
-    for group in opts.groups:
-        left = deadline - time.monotonic()
-        if not opts.tiny and left < MIN_GROUP_S[group]:
-            groups[group] = {"status": f"not run: {left:.0f} s of the budget left, the group needs "
-                                       f"{MIN_GROUP_S[group]} s or more"}
-            echo(f"[{group}] {groups[group]['status']}")
-            continue
-        echo(f"[{group}] starting ({left:.0f} s of the budget left)")
-        t0 = time.monotonic()
-        code = run_group(group, out_dir, timeout=max(left, 0.1), echo=echo)
-        status = ("done" if code == 0 else f"failed (exit code {code}; see the log above)" if code is not None
-                  else f"stopped at the budget after {time.monotonic() - t0:.0f} s (rows measured before are kept)")
-        groups[group] = {"status": status, "seconds": round(time.monotonic() - t0, 1)}
-        echo(f"[{group}] {status} in {groups[group]['seconds']} s")
+    groups = (run_groups_together(opts.groups, out_dir, opts.budget_s, echo) if opts.tiny
+              else run_groups_apart(opts.groups, out_dir, opts.budget_s, echo))
     rows = [json.loads(line) for line in rows_path.read_text().splitlines()] if rows_path.exists() else []
     report = build_report(opts, rows, groups)
     (out_dir / "speed.json").write_text(json.dumps(report, indent=2))
@@ -117,8 +106,9 @@ def run_gpu_bench(opts: GpuBenchOptions, out_dir: Path, echo: Callable[[str], No
 
 
 def run_group(group: str, out_dir: Path, timeout: float, echo: Callable[[str], None]) -> int | None:
-    """``python -m mmrl.bench.gpu_groups GROUP OUT_DIR``, its output echoed line by line as it comes;
-    the exit code, or None if it was stopped at ``timeout`` seconds."""
+    """``python -m mmrl.bench.gpu_groups GROUP OUT_DIR`` (``GROUP``: one, or several comma-separated
+    for one process), its output echoed line by line as it comes; the exit code, or None if it was
+    stopped at ``timeout`` seconds."""
     proc = subprocess.Popen([sys.executable, "-m", "mmrl.bench.gpu_groups", group, str(out_dir)], text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=1)
     reader = threading.Thread(target=lambda: [echo(line.rstrip("\n")) for line in proc.stdout], daemon=True)
@@ -131,6 +121,44 @@ def run_group(group: str, out_dir: Path, timeout: float, echo: Callable[[str], N
         code = None
     reader.join(timeout=5)
     return code
+
+
+def run_groups_apart(names: tuple[str, ...], out_dir: Path, budget_s: float,
+                     echo: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+    """Each group of ``names`` in its own process while ``budget_s`` lasts; each one's status."""
+    deadline = time.monotonic() + budget_s
+    groups: dict[str, dict[str, Any]] = {}
+    for group in names:
+        left = deadline - time.monotonic()
+        if left < MIN_GROUP_S[group]:
+            groups[group] = {"status": f"not run: {left:.0f} s of the budget left, the group needs "
+                                       f"{MIN_GROUP_S[group]} s or more"}
+            echo(f"[{group}] {groups[group]['status']}")
+            continue
+        echo(f"[{group}] starting ({left:.0f} s of the budget left)")
+        t0 = time.monotonic()
+        code = run_group(group, out_dir, timeout=max(left, 0.1), echo=echo)
+        status = ("done" if code == 0 else f"failed (exit code {code}; see the log above)" if code is not None
+                  else f"stopped at the budget after {time.monotonic() - t0:.0f} s (rows measured before are kept)")
+        groups[group] = {"status": status, "seconds": round(time.monotonic() - t0, 1)}
+        echo(f"[{group}] {status} in {groups[group]['seconds']} s")
+    return groups
+
+
+def run_groups_together(names: tuple[str, ...], out_dir: Path, timeout: float,
+                         echo: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+    """``names`` in one process (``--tiny``), each group's status read from the ``groups.jsonl`` line
+    it wrote; a group without one was stopped at ``timeout`` or ended with the process."""
+    status_path = out_dir / "groups.jsonl"
+    status_path.unlink(missing_ok=True)
+    echo(f"[{','.join(names)}] starting in one process ({timeout:.0f} s of the budget left)")
+    t0 = time.monotonic()
+    code = run_group(",".join(names), out_dir, timeout=timeout, echo=echo)
+    lines = status_path.read_text().splitlines() if status_path.exists() else []
+    groups = {g.pop("group"): g for g in map(json.loads, lines)}
+    ended = (f"stopped at the budget after {time.monotonic() - t0:.0f} s (rows measured before are kept)" if code is None
+             else f"failed (the process ended with exit code {code}; see the log above)")
+    return {name: groups.get(name, {"status": ended}) for name in names}
 
 
 def build_report(opts: GpuBenchOptions, rows: list[dict], groups: dict[str, dict]) -> dict[str, Any]:

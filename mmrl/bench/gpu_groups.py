@@ -1,6 +1,7 @@
 """The groups of ``mmrl bench gpu`` (:mod:`mmrl.bench.gpu`), one per process:
 ``python -m mmrl.bench.gpu_groups GROUP OUT_DIR`` reads ``OUT_DIR/options.json`` and appends one
-JSON line per measured side to ``OUT_DIR/rows.jsonl``.
+JSON line per measured side to ``OUT_DIR/rows.jsonl``. ``GROUP,GROUP,...`` (``--tiny``) runs
+several in turn in one process, appending each one's status to ``OUT_DIR/groups.jsonl``.
 
 - ``full`` / ``lora``: mmrl with each rollout cache of ``caches`` (dynamic, static: transformers'
   compiled static-cache decode, static_plain: the same without shared prefixes in training, vllm:
@@ -235,11 +236,31 @@ def _has(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def main(argv: list[str]) -> int:
-    name, out_dir = argv[0], Path(argv[1])
+def run(name: str, out_dir: Path) -> None:
     group = Group(name, out_dir)
     {"full": lambda: group.speed(lora=False), "lora": lambda: group.speed(lora=True),
      "optimizers": group.optimizers, "fit448": group.fit448, "generator": group.generator}[name]()
+
+
+def main(argv: list[str]) -> int:
+    names, out_dir = argv[0].split(","), Path(argv[1])
+    if len(names) == 1:
+        run(names[0], out_dir)
+        return 0
+    import time
+
+    for name in names:  # one process for several groups: a group that raises is a status, the next runs
+        t0 = time.monotonic()
+        try:
+            run(name, out_dir)
+            status = "done"
+        except Exception as exc:
+            traceback.print_exc()
+            status = f"failed ({type(exc).__name__}; see the log above)"
+        seconds = round(time.monotonic() - t0, 1)
+        with (out_dir / "groups.jsonl").open("a") as f:
+            f.write(json.dumps({"group": name, "status": status, "seconds": seconds}) + "\n")
+        print(f"[{name}] {status} in {seconds} s", flush=True)
     return 0
 
 
