@@ -2,8 +2,11 @@
 computes it (``deepeyes_rule_judge``: its formula, a rule in place of its LLM judge), the grounding of the crops (``crop_iou``, mmrl's own) and Pixel
 Reasoner's curiosity-driven terms (``pixel_reasoner_curiosity``, ``pixel_reasoner_penalty``).
 
-They read the trajectory record of :mod:`mmrl.measures.tool_use`: the completion is the whole
-trajectory's text, ``ex["tool_calls"]`` the calls (an example without it called no tool).
+They read the trajectory record of :mod:`mmrl.measures.tool_use`: ``ex["trajectory"]`` (else the
+completion) is the whole trajectory's text, ``ex["tool_calls"]`` the calls (an example without it
+called no tool). Every turn-row of a multi-turn rollout carries its trajectory's record, so all
+rows of a trajectory score the trajectory's reward (``episode_grpo`` with ``episode_return: final``
+takes it once).
 
 Papers: "DeepEyes: Incentivizing 'Thinking with Images' via Reinforcement Learning" (Zheng et al.,
 2025) and "Pixel Reasoner: Incentivizing Pixel-Space Reasoning with Curiosity-Driven Reinforcement

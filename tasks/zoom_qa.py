@@ -15,8 +15,11 @@ Real data: ``train_path`` / ``eval_path`` name a DeepEyes parquet file
 (:mod:`mmrl.data.hrbench`, multiple choice; told apart by its option columns) or a V* Bench folder
 (:mod:`mmrl.data.vstar`, multiple choice).
 
-Rewards: DeepEyes' (``deepeyes``); ``crop_iou`` and Pixel Reasoner's terms can be added in the
-config. The multi-turn rollout that runs the tools is not built yet (docs/thinking-with-images.md).
+Rollouts: a :class:`~mmrl.tools.ToolUseTask`, so each example is rolled out as multi-turn
+trajectories whose ``zoom_in`` calls run and whose crops come back as the next turn
+(:mod:`mmrl.tools.rollout`; the tool, budget and over-turn options are the ToolUseTask's).
+Rewards: DeepEyes' formula with a rule judge (``deepeyes_rule_judge``); ``crop_iou`` and Pixel
+Reasoner's terms can be added in the config. See docs/thinking-with-images.md.
 """
 
 from __future__ import annotations
@@ -27,14 +30,14 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-from mmrl import Task, register_task
+from mmrl import register_task
 from mmrl.data.deepeyes import parse_deepeyes_record
 from mmrl.data.hrbench import is_hrbench_record, parse_hrbench_record
 from mmrl.data.vstar import VSTAR_CATEGORIES, VStarExamples
-from mmrl.measures.tool_use import crop_iou, deepeyes_parts, tool_use_metrics
+from mmrl.measures.tool_use import crop_iou, deepeyes_parts, images_returned, tool_use_metrics
 from mmrl.media.coords import pixels_to_prediction
 from mmrl.media.draw import PRED, TRUE, bitmap_font, canvas, draw_box
-from mmrl.tools import call_text
+from mmrl.tools import ToolUseTask, call_text
 
 SPLIT_SEEDS = {"train": 31, "eval": 32}  # distinct seeds: eval examples are never trained on
 TARGET_COLOR, TARGET_NAME = (220, 0, 0), "red"
@@ -77,12 +80,13 @@ def _free(box, taken, margin: int = 8) -> bool:
 
 
 @register_task("zoom_qa")
-class ZoomQA(Task):
+class ZoomQA(ToolUseTask):
     modality = "vlm"
     rewards = {"deepeyes_rule_judge": 1.0}
 
     def default_options(self):
         return {
+            **super().default_options(),  # the tools, the budget, over-turn masking
             "canvas_size": 1024,
             "distractors": 8,
             "glyph_scale": 1,  # 1: ~7 px digits, unreadable at 112 x 112; larger is easier
@@ -179,10 +183,11 @@ class ZoomQA(Task):
         return [first, self.target(ex)]
 
     # -- evaluation -----------------------------------------------------------------------------
-    def metrics(self, completions, examples) -> dict[str, float]:
-        """accuracy (DeepEyes' accuracy term, rule-based; a V* answer may be the option's letter
-        or text), crop_iou (mean over examples with a target; 0 without a crop) and the tool-use
-        metrics (:func:`mmrl.measures.tool_use.tool_use_metrics`)."""
+    def trajectory_metrics(self, completions, examples) -> dict[str, float]:
+        """Over whole trajectories: accuracy (DeepEyes' accuracy term, rule-based; a V* answer may be the option's letter
+        or text), crop_iou (mean over examples with a target; 0 without a crop), the tool-use
+        metrics (:func:`mmrl.measures.tool_use.tool_use_metrics`) and ``tool/right_with_tool``
+        (the share of right answers whose trajectory got a tool image back)."""
         n = max(1, len(examples))
         parts = [deepeyes_parts(c, ex) for c, ex in zip(completions, examples)]
         ious = [v for v in (crop_iou(ex) for ex in examples) if v is not None]
@@ -190,6 +195,9 @@ class ZoomQA(Task):
                "format_error": sum(1.0 for p in parts if p and p["format"] < 0) / n}
         if ious:
             out["crop_iou"] = sum(ious) / len(ious)
+        right = [ex for p, ex in zip(parts, examples) if p and p["accuracy"] > 0.5]
+        if right:  # DeepEyes' tool-use analysis: how many right answers looked again
+            out["tool/right_with_tool"] = sum(1.0 for ex in right if images_returned(ex) > 0) / len(right)
         return {**out, **tool_use_metrics(examples)}
 
     def visualize(self, ex: dict, completion: str):

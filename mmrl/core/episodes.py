@@ -34,6 +34,11 @@ class EpisodicTask:
         docstring); group i holds the rows of ``examples[i]``'s episodes."""
         raise NotImplementedError(f"{type(self).__name__} must implement run_episodes")
 
+    def rollout_metrics(self, rows: Rollouts) -> dict[str, float]:
+        """What the task reports of a training step's rows besides :func:`episode_metrics`
+        (a tool-use task: its metrics over the step's trajectories); none by default."""
+        return {}
+
 
 def is_episodic(task) -> bool:
     return isinstance(task, EpisodicTask)
@@ -59,9 +64,11 @@ def episode_key(row: dict) -> tuple:
 
 def episode_metrics(rows: Rollouts) -> dict[str, float]:
     """The step's episode metrics from its rows: success rate, mean length and return, and the
-    fraction of invalid actions; {} for a batch that holds no episodes."""
+    fraction of invalid actions, each where the rows carry it (an environment's rows carry all;
+    a tool-use trajectory's rows none, their task reports its own); {} for a batch that holds no
+    episodes."""
     episodes = {episode_key(ex): ex for ex in rows.examples if isinstance(ex, dict) and "episode_id" in ex}
-    if not episodes:
+    if not episodes or "episode_success" not in next(iter(episodes.values())):
         return {}
     n = len(episodes)
     return {

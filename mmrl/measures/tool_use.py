@@ -4,9 +4,11 @@ reward, the grounding of crops, Pixel Reasoner's curiosity terms and tool-use me
 **The trajectory record** (written by the multi-turn rollout engine on each example it rolls out,
 read by the rewards here; :func:`mmrl.tools.run_turn` builds the records):
 
-- the completion is the whole trajectory as text: the assistant turns in order, each tool turn
-  between them marked ``<tool_response>...</tool_response>`` (an image as ``<image>``, an error
-  observation as its text);
+- ``ex["trajectory"]``: the whole trajectory as text: the assistant turns in order, each tool
+  turn between them marked ``<tool_response>...</tool_response>`` (an image as ``<image>``, an
+  error observation as its text). The multi-turn rollout (:mod:`mmrl.tools.rollout`) makes every
+  turn a row whose completion is that turn alone, so the scores here read ``ex["trajectory"]``
+  when it is there (:func:`trajectory_of`) and the completion otherwise;
 - ``ex["tool_calls"]``: one dict per call, in order, with the keys of
   :data:`mmrl.tools.RECORD_KEYS`: ``turn`` (1, 2, ...), ``name`` (None when unreadable),
   ``arguments`` (dict or None), ``ok`` (the tool ran and its observation was returned), ``error``
@@ -38,6 +40,13 @@ def tool_calls_of(ex: Any) -> list[dict]:
     """``ex["tool_calls"]`` (the records of a trajectory), [] when the example has none."""
     calls = ex.get("tool_calls") if isinstance(ex, dict) else None
     return [c for c in calls if isinstance(c, dict)] if isinstance(calls, (list, tuple)) else []
+
+
+def trajectory_of(completion: Any, ex: Any) -> Any:
+    """The trajectory's whole text: ``ex["trajectory"]`` (a row of a multi-turn rollout) or the
+    completion itself (a trajectory given as one text)."""
+    text = ex.get("trajectory") if isinstance(ex, dict) else None
+    return text if isinstance(text, str) else completion
 
 
 def images_returned(ex: Any) -> int:
@@ -103,6 +112,7 @@ def deepeyes_parts(completion: Any, ex: dict) -> Optional[dict[str, float]]:
     missing one a format error and falls back to other text, and detects tool use by the
     ``<tool_call>`` / ``<tool_response>`` tags; this follows DeepEyes' own repository."""
     truth = ex.get("answer") if isinstance(ex, dict) else None
+    completion = trajectory_of(completion, ex)
     if truth is None or not isinstance(completion, str):
         return None
     error = completion.count("<think>") != completion.count("</think>")
@@ -170,12 +180,14 @@ def _groups(group_ids, n: int) -> list:
 
 def rapr(examples: Sequence[Any], group_ids=None) -> list[float]:
     """RaPR(x) of each sample's group: the share of the group's trajectories that made at least
-    one visual operation. Without ``group_ids`` the batch is one group."""
+    one visual operation. Without ``group_ids`` the batch is one group. The rows of one trajectory
+    (a multi-turn rollout's turns, which share ``episode_id``) count once."""
     groups = _groups(group_ids, len(examples))
     used: dict = {}
-    for g, ex in zip(groups, examples):
-        used.setdefault(g, []).append(1.0 if operations(ex) > 0 else 0.0)
-    return [sum(used[g]) / len(used[g]) for g in groups]
+    for i, (g, ex) in enumerate(zip(groups, examples)):
+        trajectory = ex.get("episode_id", ("row", i)) if isinstance(ex, dict) else ("row", i)
+        used.setdefault(g, {})[trajectory] = 1.0 if operations(ex) > 0 else 0.0
+    return [sum(used[g].values()) / len(used[g]) for g in groups]
 
 
 def curiosity_terms(examples: Sequence[Any], group_ids=None, threshold: float = CURIOSITY_H) -> list[float]:

@@ -84,23 +84,47 @@ def _normalise(x: Tensor, ids: Tensor, dtype: torch.dtype, eps: float, scale: bo
 EPISODE_STATS = ("episodes", "steps")  # the paper's Eq. 3; verl-agent's compute_mean_std_cross_steps=True
 
 
+EPISODE_RETURNS = ("sum", "final")
+
+
+def _final_rewards(r: Tensor, inverse: Tensor, n: int, step_indices) -> Tensor:
+    """Each episode's reward on its last step (the row with its largest step index), float64."""
+    if step_indices is None:
+        raise ValueError("episode_return='final' needs step_indices (the episode runner gives them)")
+    steps = _per_row(step_indices, r, "step_indices")
+    last = torch.full((n,), -1, dtype=torch.long, device=r.device).scatter_reduce(0, inverse, steps, "amax")
+    is_last = steps == last[inverse]
+    out = torch.zeros(n, dtype=torch.float64, device=r.device)
+    out[inverse[is_last]] = r.to(torch.float64)[is_last]
+    return out
+
+
 def _episode_advantage(r: Tensor, group_ids, episode_ids, eps: float, scale: bool,
-                       stats: str = "episodes") -> tuple[Tensor, Tensor]:
+                       stats: str = "episodes", episode_return: str = "sum",
+                       step_indices=None) -> tuple[Tensor, Tensor]:
     """Per-row A^E in float64 and the rows' episode index (see the module docstring).
 
     ``stats="episodes"``: the group's mean and std over its episodes, one vote each (the paper's
     Eq. 3). ``stats="steps"``: over the group's step rows, each carrying its episode's return, so an
-    episode of L steps counts L times (verl-agent's default, ``compute_mean_std_cross_steps``)."""
+    episode of L steps counts L times (verl-agent's default, ``compute_mean_std_cross_steps``).
+    ``episode_return="sum"``: R(tau) = sum of its step rewards (Eq. 3); ``"final"``: the reward of
+    its last step, an outcome reward of the whole episode (a tool-use trajectory, whose turn rows
+    each score the trajectory)."""
     if stats not in EPISODE_STATS:
         raise ValueError(f"episode_stats must be one of {', '.join(EPISODE_STATS)}, got {stats!r}")
+    if episode_return not in EPISODE_RETURNS:
+        raise ValueError(f"episode_return must be one of {', '.join(EPISODE_RETURNS)}, got {episode_return!r}")
     inverse, episode_group, n = _episode_index(r, group_ids, episode_ids)
-    returns = torch.zeros(n, dtype=torch.float64, device=r.device).index_add_(0, inverse, r.to(torch.float64))
+    if episode_return == "final":
+        returns = _final_rewards(r, inverse, n, step_indices)
+    else:
+        returns = torch.zeros(n, dtype=torch.float64, device=r.device).index_add_(0, inverse, r.to(torch.float64))
     if stats == "steps":
         return _normalise(returns[inverse], _per_row(group_ids, r, "group_ids"), r.dtype, eps, scale), inverse
     return _normalise(returns, episode_group, r.dtype, eps, scale)[inverse], inverse
 
 
-@register_advantage("episode_grpo", inputs=("episode_ids",))
+@register_advantage("episode_grpo", inputs=("episode_ids", "step_indices"))
 def episode_grpo(
     rewards: Tensor,
     group_ids: Tensor,
@@ -108,7 +132,9 @@ def episode_grpo(
     eps: float = 1e-6,
     scale_rewards: bool = True,
     episode_ids: Tensor | None = None,
+    step_indices: Tensor | None = None,
     episode_stats: str = "episodes",
+    episode_return: str = "sum",
 ) -> Tensor:
     """GRPO over whole episodes of a multi-step environment task.
 
@@ -123,11 +149,16 @@ def episode_grpo(
     episode returns are all equal (including a group of one episode) gets exactly 0. Without
     ``episode_ids`` each row is its own episode and this equals ``grpo``. ``episode_stats="steps"``
     takes the statistics over step rows instead (see :func:`gigpo`).
+
+    ``episode_return="final"``: R(tau) is the reward of tau's last step (largest step index) instead
+    of the sum: trajectory-level GRPO for an outcome reward that every row of the trajectory
+    scores, as tool-use rollouts give (DeepEyes, Mini-o3: one reward per trajectory).
     """
     r = as_float_tensor(rewards)
     if r.numel() == 0:
         return r.clone()
-    adv, _ = _episode_advantage(r, group_ids, episode_ids, eps, scale_rewards, episode_stats)
+    adv, _ = _episode_advantage(r, group_ids, episode_ids, eps, scale_rewards, episode_stats,
+                                episode_return, step_indices)
     return finalize_advantages(adv, r)
 
 

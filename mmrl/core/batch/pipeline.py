@@ -116,6 +116,8 @@ class BatchBuilder:
             batch.action_mask = batch.action_mask * overlong_mask(batch.truncated, len(batch))[:, None]
         self.score.stats, self.score.calls = whole.reward_stats, whole.reward_calls
         metrics = rollout_metrics(whole.rounds[0][0], self.score.mean_stats(), whole.extra)
+        if is_episodic(self.task):
+            metrics.update(self.task.rollout_metrics(whole.rounds[0][0]))
         if cfg.rollout.max_time > 0:
             metrics["rollout_timeouts"] = float(self.policy.take_generation_timeouts())
         metrics.update(observe(self.sampler, whole.rounds, whole.trained))                       # 12

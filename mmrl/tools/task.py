@@ -1,0 +1,128 @@
+"""Tasks whose completions may call tools: each example is rolled out as multi-turn trajectories.
+
+A :class:`ToolUseTask` is a :class:`~mmrl.task.Task` and an
+:class:`~mmrl.core.episodes.EpisodicTask`: the trainer and the evaluation roll out its examples
+with :func:`mmrl.tools.rollout.run_trajectories` (every turn a row) instead of single completions.
+A subclass writes the task as usual (examples, prompt, rewards on the trajectory record) and, for
+its metrics, :meth:`trajectory_metrics` over one completion per trajectory: the whole trajectory's
+text. Its options (``task.options.*``):
+
+- ``tools``: name -> options of the registered tools the model may call (``@register_tool``);
+- ``max_turns``: tool turns per trajectory (DeepEyes trains with 5); 0 makes a no-tool baseline;
+- ``max_tool_pixels`` / ``max_tokens``: the trajectory's pixel budget for tool images and its
+  token budget (conversation so far), None for none (:class:`~mmrl.tools.base.ToolBudget`);
+- ``max_calls_per_turn``: calls run per message (DeepEyes' ``max_action_per_turn``, 3);
+- ``over_turn_masking``: Mini-o3's over-turn masking (:mod:`mmrl.tools.rollout`);
+- ``tools_in_prompt``: put the tool list in a system message (Qwen2.5's tool block), for a model
+  whose chat template is not given the tools (mmrl renders the conversation without ``tools=``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+from mmrl.core.episodes import EpisodicTask, episode_key
+from mmrl.core.rollouts import Rollouts
+from mmrl.measures.tool_use import tool_use_metrics
+from mmrl.task import Task
+
+from .base import ToolBudget, make_tool
+from .rollout import run_trajectories
+
+__all__ = ["ToolUseTask", "tools_system_prompt"]
+
+
+def tools_system_prompt(tools) -> str:
+    """The tool block Qwen2.5's chat template writes into the system message for ``tools=``."""
+    listing = "\n".join(json.dumps(t.schema()) for t in tools)
+    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+            f"{listing}\n</tools>\n\nFor each function call, return a json object with function name and "
+            "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+            '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+
+
+class ToolUseTask(Task, EpisodicTask):
+    """Base class of tool-using tasks (module docstring)."""
+
+    default_tools: dict[str, dict] = {"zoom_in": {}}
+
+    def default_options(self) -> dict[str, Any]:
+        return {**super().default_options(), "tools": {k: dict(v) for k, v in self.default_tools.items()},
+                "max_turns": 5, "max_tool_pixels": None, "max_tokens": None, "max_calls_per_turn": 3,
+                "over_turn_masking": False, "tools_in_prompt": True}
+
+    def __init__(self, **options: Any):
+        super().__init__(**options)
+        o = self.options
+        for key in ("max_turns", "max_calls_per_turn"):
+            if isinstance(o[key], bool) or not isinstance(o[key], int) or o[key] < (0 if key == "max_turns" else 1):
+                raise ValueError(f"{self.name}: {key} must be an int >= {0 if key == 'max_turns' else 1}, got {o[key]!r}")
+        if not isinstance(o["tools"], dict):
+            raise ValueError(f"{self.name}: tools must map tool names to their options, got {o['tools']!r}")
+        self.bool_option("over_turn_masking"), self.bool_option("tools_in_prompt")
+        self.make_budget()  # the budget's values checked now, not at the first rollout
+        self.tools = self.make_tools()  # unknown tools and options fail here, naming them
+
+    # -- what a rollout uses -----------------------------------------------------------------------
+    def make_tools(self) -> dict:
+        """The tools of ``options["tools"]``, by name (fresh instances)."""
+        return {name: make_tool(name, **dict(opts or {})) for name, opts in self.options["tools"].items()}
+
+    def make_budget(self) -> ToolBudget:
+        o = self.options
+        return ToolBudget(max_turns=o["max_turns"], max_pixels=o["max_tool_pixels"], max_tokens=o["max_tokens"])
+
+    @property
+    def max_generations(self) -> int:
+        """Assistant messages per trajectory at most: each tool turn, then the answer."""
+        return int(self.options["max_turns"]) + 1
+
+    @property
+    def max_calls_per_turn(self) -> int:
+        return int(self.options["max_calls_per_turn"])
+
+    def tool_prompt(self, ex: dict) -> list[dict]:
+        """The first turn's messages: :meth:`build_prompt`, with the tool list as a system message
+        when ``tools_in_prompt`` is on, the task has tools and the prompt has no system message."""
+        messages = self.build_prompt(ex)
+        if not (self.options["tools_in_prompt"] and self.tools and self.options["max_turns"] > 0):
+            return messages
+        if messages and messages[0].get("role") == "system":
+            return messages
+        return [{"role": "system", "content": tools_system_prompt(self.tools.values())}] + messages
+
+    def run_episodes(self, policy, examples: Sequence[dict], n: int, mode: str, need_old_logps: bool = False,
+                     need_ref_logps: bool = False) -> Rollouts:
+        return run_trajectories(policy, self, examples, n, mode, need_old_logps, need_ref_logps)
+
+    # -- metrics over trajectories -----------------------------------------------------------------
+    def metrics(self, completions, examples) -> dict[str, float]:
+        """:meth:`trajectory_metrics` on one completion per trajectory (its whole text), with
+        ``turns`` (assistant messages per trajectory) and ``tool/over_turn`` (the share cut by the
+        budget before answering). Rows that are not turns (single completions) count as they are."""
+        texts, finals = [], []
+        seen = set()
+        for completion, ex in zip(completions, examples):
+            if isinstance(ex, dict) and "episode_id" in ex:
+                key = episode_key(ex)
+                if key in seen:
+                    continue
+                seen.add(key)
+                completion = ex.get("trajectory", completion)
+            texts.append(completion)
+            finals.append(ex)
+        out = self.trajectory_metrics(texts, finals)
+        if finals:
+            out["turns"] = sum(ex.get("turns", 1) for ex in finals) / len(finals)
+            out["tool/over_turn"] = sum(float(ex.get("over_turn", False)) for ex in finals) / len(finals)
+        return out
+
+    def rollout_metrics(self, rows: Rollouts) -> dict[str, float]:
+        """A training step's trajectories: :meth:`metrics` (tool use, turns, the task's own)."""
+        return self.metrics(rows.completions, rows.examples)
+
+    def trajectory_metrics(self, completions, examples) -> dict[str, float]:
+        """Metrics of whole trajectories (one completion each); default: the tool-use metrics."""
+        return tool_use_metrics(examples)
