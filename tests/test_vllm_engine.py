@@ -216,3 +216,28 @@ def test_without_vllm_the_error_says_how_to_install(monkeypatch, tmp_path):
     assert not list(Path(tmp_path).glob("*/metrics.jsonl"))
     bench = CliRunner().invoke(app, ["bench", "rollout"])
     assert bench.exit_code == 2 and "pip install mmrl[vllm]" in " ".join(bench.output.split()), bench.output
+
+
+@pytest.mark.vllm
+def test_a_later_turn_with_a_tool_image_rolls_out_through_vllm():
+    """A tool-use conversation's second turn (the question image, the model's zoom call, the
+    zoomed crop in a tool response) through vLLM: the engine's log-probs equal the trainer's on
+    the two-image prompt; with the limit at 1 image the error names rollout.vllm_limit_images."""
+    from mmrl import make_task
+    from mmrl.tools import ToolBudget, ToolState, run_turn
+    from mmrl.tools.rollout import conversation
+
+    policy = _policy("rollout.vllm_limit_images=3", "rollout.vllm_max_model_length=2048")
+    task = make_task("zoom_qa", canvas_size=256, distractors=2, tools_in_prompt=False)
+    [ex] = policy.prepare_examples([task.examples("eval")[0]])
+    call = task.zoom_call(ex)
+    observations, records = run_turn(call, task.make_tools(), ToolState([ex["image"]], ex), ToolBudget())
+    assert [r["ok"] for r in records] == [True]
+    prompt = conversation(task, ex, [(call, observations)])
+    torch.manual_seed(0)
+    batch = policy.rollout([ex], [prompt], 4, "train", need_old_logps=True, need_ref_logps=False)
+    assert len(batch.payload["image_grid_thw"][0]) == 2  # both images reached the trainer's forward
+    _assert_engine_matches_policy(batch)
+    tight = _policy("rollout.vllm_max_model_length=2048")
+    with pytest.raises(ValueError, match="rollout.vllm_limit_images=1"):
+        tight.rollout([ex], [prompt], 1, "train")

@@ -195,6 +195,11 @@ class VLLMEngine(RolloutEngine):
                     raise ValueError("rollout.engine=vllm takes image prompts only in this version; video "
                                      "tasks roll out with rollout.engine=hf")
                 request: dict[str, Any] = {"prompt": policy.processor.apply_chat_template(clean)}
+                if len(images) > policy.cfg.rollout.vllm_limit_images:
+                    raise ValueError(
+                        f"a prompt has {len(images)} images but rollout.vllm_limit_images="
+                        f"{policy.cfg.rollout.vllm_limit_images} (vLLM's limit_mm_per_prompt): raise it; a "
+                        "tool-use task adds up to max_turns x max_calls_per_turn tool images to its prompt")
                 if images:
                     images = [im.convert("RGB") for im in images]
                     request["multi_modal_data"] = {"image": images[0] if len(images) == 1 else images}
