@@ -146,6 +146,23 @@ def _counting(n=2, mixed_sizes=False):
     return exs, [task.prompt(e) for e in exs]
 
 
+VIDEO_FAMILIES = ["smolvlm", "llava_onevision", "internvl", "glm4v"]
+
+
+def _clips(n=2, frames=4):
+    """Temporal-grounding examples cut to their first ``frames`` frames (2 fps: 0, 0.5, 1, 1.5 s), and prompts."""
+    import dataclasses
+
+    task = TASKS.get("temporal_grounding")()
+    exs = []
+    for i in range(n):
+        ex, clip = task.examples("train")[i], task.examples("train")[i]["video"]
+        exs.append({**ex, "video": dataclasses.replace(clip, frames=clip.frames[:frames],
+                                                       timestamps=clip.timestamps[:frames],
+                                                       indices=clip.indices[:frames])})
+    return exs, [task.prompt(e) for e in exs]
+
+
 def _generation_logps(policy, monkeypatch):
     """Capture generate()'s own logits during a rollout: the log-probs of the distribution each
     token was sampled from (vision tokens suppressed, temperature 1), per sample and step."""
@@ -174,7 +191,12 @@ def test_family_rollout_rescores_to_the_sampled_logprobs(family_dir, monkeypatch
     exs, prompts = _counting(mixed_sizes=True)
     batch = policy.rollout(exs, prompts, 2, "train")
     assert len(batch) == 4 and batch.payload["pixel_values"][0] is not None
-    sampled = captured[0]
+    _assert_rescored_as_sampled(policy, batch, captured[0])
+
+
+def _assert_rescored_as_sampled(policy, batch, sampled):
+    """``policy.score`` of ``batch`` equals the log-probs of the sampled tokens under the captured
+    generation distribution ``sampled`` (to 1e-5), and no completion holds a vision token."""
     mask = batch.action_mask.bool()
     comps = torch.zeros_like(batch.action_mask, dtype=torch.long)
     for i, c in enumerate(batch.payload["completion_ids"]):
@@ -232,7 +254,7 @@ def test_family_lora_in_bfloat16_adapts_the_language_model_only(family_dir):
 
 def test_family_declares_what_it_does_not_do(family_dir):
     """Where the architecture rules out a speed-up it is off, and asking for it is refused with the
-    family's reason; a video prompt is a stated error, not wrong inputs."""
+    family's reason; a video prompt to a family without video is a stated error, not wrong inputs."""
     from mmrl.config import ConfigError
     from mmrl.vlm.shared_prefix import uses_shared_prefix
 
@@ -249,10 +271,12 @@ def test_family_declares_what_it_does_not_do(family_dir):
         _family_policy(path, "train.padding_free=true", "train.shared_prefix=false")
     with pytest.raises(ValueError, match="min_pixels"):
         _family_policy(path, "vlm.max_pixels=12544")
-    video = TASKS.get("temporal_grounding")()
-    clip = video.examples("train")[0]
-    with pytest.raises(ValueError, match="video"):
-        policy.rollout([clip], [video.prompt(clip)], 1, "train")
+    with pytest.raises(ValueError, match="vlm.video_min_pixels / vlm.video_max_pixels are Qwen-VL's"):
+        _family_policy(path, "vlm.video_max_pixels=12544")
+    if model_type not in VIDEO_FAMILIES:  # Gemma 3 takes no video; Idefics3's processor has no video processor
+        exs, prompts = _clips()
+        with pytest.raises(ValueError, match="video prompts: .*(takes images, not video|has no video processor)"):
+            policy.rollout(exs, prompts, 1, "train")
 
 
 def test_family_speedups_are_exact(family_dir):
@@ -260,6 +284,13 @@ def test_family_speedups_are_exact(family_dir):
     image; GLM-4.1V: Qwen-style grids) and one prompt pass per group (GLM-4.1V: M-RoPE like
     Qwen-VL), log-probs and gradients equal the plain forward's."""
     _, path = family_dir
+    _speedups_match_the_plain_forward(path, *_counting(), "image_encoders")
+
+
+def _speedups_match_the_plain_forward(path, exs, prompts, encoders: str):
+    """Log-probs and gradients of a rollout of ``prompts`` with the family's speed-ups equal the plain
+    forward's, and its vision-once wrappers (``encoders``: the policy's image or video ones) encode
+    each distinct image or clip once."""
     fast = _family_policy(path, "train.micro_batch_size=4")
     if fast.family.vision_once_off and fast.family.shared_prefix_off:
         pytest.skip(f"{fast.family.name} allows neither (stated in mmrl.vlm.families)")
@@ -268,12 +299,12 @@ def test_family_speedups_are_exact(family_dir):
     for method in ("get_image_features", "get_video_features"):  # uninstall vision-once: the class's own
         inner.__dict__.pop(method, None)
     plain.image_encoders.clear()
-    for encoder in fast.image_encoders:
+    plain.video_encoders.clear()
+    for encoder in getattr(fast, encoders):
         encoder.images_seen = encoder.images_encoded = 0
-    exs, prompts = _counting()
     batch = fast.rollout(exs, prompts, 2, "train")
     assert fast.shared_prefix is (fast.family.shared_prefix_off is None)
-    assert bool(fast.image_encoders) is (fast.family.vision_once_off is None)
+    assert bool(getattr(fast, encoders)) is (fast.family.vision_once_off is None)
     grads = []
     for policy in (fast, plain):
         policy.module.zero_grad()
@@ -287,8 +318,8 @@ def test_family_speedups_are_exact(family_dir):
     assert grads[0].keys() == grads[1].keys()
     for name in grads[0]:
         assert torch.allclose(grads[0][name], grads[1][name], atol=1e-4, rtol=1e-3), name
-    for encoder in fast.image_encoders[:1]:
-        assert encoder.images_encoded < encoder.images_seen  # 2 distinct images, 4 samples
+    for encoder in getattr(fast, encoders)[:1]:
+        assert encoder.images_encoded < encoder.images_seen  # 2 distinct images or clips, 4 samples
 
 
 def test_family_teacher_forced_completions_end_the_turn(family_dir):
@@ -353,3 +384,123 @@ def test_family_two_step_cli_run(family_dir, tmp_path, monkeypatch):
         torch.set_num_threads(threads)
     assert r.exit_code == 0, r.output[-2000:]
     assert (tmp_path / "runs" / "fam" / "summary.json").exists()
+
+
+# -- clips, through each family's own video processor ---------------------------------------------------------
+
+# What each family's processor writes for a 4-frame clip at 2 fps (frames at 0, 0.5, 1 and 1.5 s):
+# SmolVLM2 a time before each frame (whole seconds), then the frame as one image; GLM-4.1V a frame
+# pair's tokens then its first frame's second; InternVL a numbered image per frame; LLaVA-OneVision
+# 4 frames x 2x2 pooled tokens + 1 newline.
+CLIP_TEXT = {"smolvlm": ["Frame from 00:00:<fake_token_around_image><global-img>" + "<image>" * 4,
+                         "Frame from 00:01:<fake_token_around_image>"],
+             "glm4v": ["<|begin_of_video|><|begin_of_image|>" + "<|image|>" * 4 + "<|end_of_image|>0<|begin_of_image|>",
+                       "<|end_of_image|>1<|end_of_video|>"],
+             "internvl": ["Frame1: <img>" + "<IMG_CONTEXT>" * 4 + "</img>", "Frame4: <img>"],
+             "llava_onevision": ["<|im_start|>user " + "<video>" * 17 + "\n"]}
+
+
+@pytest.mark.parametrize("family_dir", VIDEO_FAMILIES, indirect=True)
+def test_family_video_rollout_rescores_to_the_sampled_logprobs(family_dir, monkeypatch):
+    """A rollout on clip prompts through the family's own processor: its prompt carries the frames
+    (with their times where the family writes them), each sample keeps its clip's tensors (its video
+    inputs, or 4 more images where the model reads frames as images), and re-scoring gives the
+    log-probs of the distribution generate() sampled from, to 1e-5 in float32; no vision token sampled."""
+    model_type, path = family_dir
+    policy = _family_policy(path, "rollout.temperature=1.0", "train.micro_batch_size=3")
+    captured = _generation_logps(policy, monkeypatch)
+    exs, prompts = _clips()
+    batch = policy.rollout(exs, prompts, 2, "train")
+    prompt = policy.tokenizer.decode(batch.payload["prompt_ids"][0])
+    assert all(text in prompt for text in CLIP_TEXT[model_type]), prompt
+    if policy.family.video_layout == "as_images":
+        assert batch.payload["video"] == [None] * 4 and [len(x) for x in batch.payload["pixel_values"]] == [4] * 4
+    else:
+        assert all(v["pixel_values_videos"] is not None for v in batch.payload["video"])
+    if model_type == "glm4v":  # frames are <|image|> tokens of type 2 (M-RoPE reads them): as its processor says
+        ids = batch.payload["prompt_ids"][0]
+        types = policy.processor.token_types(ids[None])[0]
+        assert types.tolist() == policy.processor.hf.create_mm_token_type_ids([ids.tolist()])[0]
+        assert set(types.tolist()) == {0, 2}
+    _assert_rescored_as_sampled(policy, batch, captured[0])
+
+
+@pytest.mark.parametrize("family_dir", VIDEO_FAMILIES, indirect=True)
+def test_family_video_training_step(family_dir):
+    """One training step on clip samples changes the language model and the vision tower (the
+    frames' features carry the gradient)."""
+    _, path = family_dir
+    policy = _family_policy(path)
+    exs, prompts = _clips()
+    batch = policy.rollout(exs, prompts, 2, "train", need_old_logps=True)
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    policy.configure_optimizer(policy.cfg.train, 2)
+    batch.advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    m = policy.train_step(batch, Objective(ObjectiveConfig()), float(batch.action_mask.sum()), 4.0)
+    assert abs(m["ratio_mean"] - 1) < 1e-5 and m["grad_norm"] > 0
+    changed = {n for n, p in policy.model.named_parameters() if not torch.equal(p, before[n])}
+    tower = vlm_loading.vision_tower(policy.model)
+    prefix = next(n for n, m_ in policy.model.named_modules() if m_ is tower)
+    assert any("q_proj" in n and not n.startswith(prefix) for n in changed)
+    assert any(n.startswith(prefix) for n in changed)
+
+
+@pytest.mark.parametrize("family_dir", ["smolvlm", "llava_onevision", "internvl"], indirect=True)
+def test_family_batch_of_clip_image_and_text_prompts(family_dir):
+    """One batch of a clip prompt, an image prompt and a text prompt (Video-R1 mixes clips and
+    images): each sample keeps its own inputs, so scored alone it has the log-probs it has in the batch."""
+    _, path = family_dir
+    policy = _family_policy(path)
+    (clip, _), (clip_prompt, _) = _clips()
+    (image,), (image_prompt,) = _counting(1)
+    text_prompt = [{"role": "user", "content": [{"type": "text", "text": "How many?"}]}]
+    batch = policy.rollout([clip, image, image], [clip_prompt, image_prompt, text_prompt], 1, "train",
+                           need_old_logps=True)
+    assert batch.payload["pixel_values"][1] is not None and batch.payload["pixel_values"][2] is None
+    for i in range(3):
+        alone = policy.score(batch.select([i]), reference=False)[0]
+        assert torch.allclose(alone, batch.old_logps[i, :len(alone)], atol=1e-5)
+
+
+@pytest.mark.parametrize("family_dir", ["glm4v", "llava_onevision", "internvl", "smolvlm"], indirect=True)
+def test_family_refuses_clip_batches_it_cannot_take(family_dir):
+    """GLM-4.1V cannot hold images and clips in one forward, LLaVA-OneVision's model and InternVL's
+    processor clips of unequal frame counts, SmolVLM2's processor one prompt's images and clip: a
+    rollout asking for it, and a batch put together from rollouts that each could be taken (scoring),
+    are refused with the reason, not fed wrong inputs."""
+    from mmrl.core.rollouts import Rollouts
+
+    model_type, path = family_dir
+    policy = _family_policy(path)
+    if model_type == "smolvlm":
+        (clip, _), (clip_prompt, _) = _clips()
+        (image,), _ = _counting(1)
+        both = [{"role": "user", "content": [{"type": "image", "image": image["image"]}, *clip_prompt[0]["content"]]}]
+        with pytest.raises(ValueError, match="both images and a clip: transformers' SmolVLMProcessor returns both"):
+            policy.rollout([clip], [both], 1, "train")
+        return
+    if model_type == "glm4v":
+        (clip, _), (clip_prompt, _) = _clips()
+        (image,), (image_prompt,) = _counting(1)
+        with pytest.raises(ValueError, match="image and video prompts: transformers' Glm4vModel"):
+            policy.rollout([clip, image], [clip_prompt, image_prompt], 1, "train")
+        parts = [policy.rollout([clip], [clip_prompt], 1, "train"), policy.rollout([image], [image_prompt], 1, "train")]
+        with pytest.raises(ValueError, match="image and video samples: transformers' Glm4vModel"):
+            policy.score(Rollouts.concat(parts), reference=False)
+        return
+    (four, _), (four_prompt, _) = _clips(frames=4)
+    (six, _), (six_prompt, _) = _clips(frames=6)
+    with pytest.raises(ValueError, match=r"clips of \[4, 6\] frames in one batch.*nframes"):
+        policy.rollout([four, six], [four_prompt, six_prompt], 1, "train")
+    if model_type == "llava_onevision":  # InternVL's model reads frames as tiles: only its processor stacks clips
+        parts = [policy.rollout([four], [four_prompt], 1, "train"), policy.rollout([six], [six_prompt], 1, "train")]
+        with pytest.raises(ValueError, match=r"clips of \[4, 6\] frames in one forward"):
+            policy.score(Rollouts.concat(parts), reference=False)
+
+
+@pytest.mark.parametrize("family_dir", ["glm4v"], indirect=True)
+def test_family_video_speedups_are_exact(family_dir):
+    """GLM-4.1V's clips through vision-once (its get_video_features, split by video_grid_thw) and
+    the shared prompt pass: log-probs and gradients equal the plain forward's; each clip encoded once."""
+    _, path = family_dir
+    _speedups_match_the_plain_forward(path, *_clips(), "video_encoders")

@@ -36,6 +36,13 @@ IDEFICS3_TEMPLATE = (
     "<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
 )
 
+# SmolVLM2's hub template (HuggingFaceTB/SmolVLM2-256M-Video-Instruct; transformers' SmolVLMProcessor
+# DEFAULT_CHAT_TEMPLATE): Idefics3's, plus a clip as <video> (the processor expands it into a timestamp
+# and an image per frame).
+SMOLVLM2_TEMPLATE = IDEFICS3_TEMPLATE.replace(
+    "{% elif line['type'] == 'image' %}{{ '<image>' }}",
+    "{% elif line['type'] == 'image' %}{{ '<image>' }}{% elif line['type'] == 'video' %}{{ '<video>' }}")
+
 # LLaVA-OneVision's hub template (llava-hf/llava-onevision-qwen2-0.5b-ov-hf): "<|im_start|>role ", the
 # turn's images first as <image> (the processor expands each by its anyres crops), then "\n" + text.
 LLAVA_ONEVISION_TEMPLATE = (
@@ -141,8 +148,11 @@ def build_idefics3(path: Path, corpus, smolvlm: bool = False) -> Path:
     ids = {t: tok.convert_tokens_to_ids(t) for t in specials}
     image_processor = ImageProcessor(size={"longest_edge": 64}, max_image_size={"longest_edge": 32},
                                      do_image_splitting=True)
-    videos = (transformers.SmolVLMVideoProcessor(),) if smolvlm else ()  # the class requires one
-    processor = Processor(image_processor, tok, *videos, image_seq_len=4, chat_template=IDEFICS3_TEMPLATE)
+    # the class requires one; frames resized to one 32x32 tile each (4 tokens), as SmolVLM2 squares them
+    videos = (transformers.SmolVLMVideoProcessor(size={"longest_edge": 32}, max_image_size={"longest_edge": 32}),) \
+        if smolvlm else ()
+    processor = Processor(image_processor, tok, *videos, image_seq_len=4,
+                          chat_template=SMOLVLM2_TEMPLATE if smolvlm else IDEFICS3_TEMPLATE)
     config = Config(
         text_config=dict(model_type="llama", vocab_size=len(tok), hidden_size=64, intermediate_size=128,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -174,8 +184,10 @@ def build_llava_onevision(path: Path, corpus) -> Path:
     image_processor = LlavaOnevisionImageProcessorPil(size={"height": 32, "width": 32},
                                                       crop_size={"height": 32, "width": 32},
                                                       image_grid_pinpoints=pinpoints)
-    # the video processor is required by the class (transformers' video processors need torchvision)
-    processor = LlavaOnevisionProcessor(image_processor, tok, LlavaOnevisionVideoProcessor(), num_image_tokens=16,
+    # the video processor is required by the class (transformers' video processors need torchvision);
+    # frames at the tower's 32x32, 16 patch tokens pooled to 4 a frame
+    videos = LlavaOnevisionVideoProcessor(size={"height": 32, "width": 32})
+    processor = LlavaOnevisionProcessor(image_processor, tok, videos, num_image_tokens=16,
                                         vision_feature_select_strategy="full",
                                         chat_template=LLAVA_ONEVISION_TEMPLATE)
     config = LlavaOnevisionConfig(
@@ -208,7 +220,9 @@ def build_internvl(path: Path, corpus) -> Path:
     ids = {t: tok.convert_tokens_to_ids(t) for t in specials}
     image_processor = GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, crop_to_patches=True,
                                                min_patches=1, max_patches=4)
-    processor = InternVLProcessor(image_processor, tok, InternVLVideoProcessor(), image_seq_length=4,
+    # frames at the tile size: one 32x32 tile (4 tokens) a frame
+    processor = InternVLProcessor(image_processor, tok, InternVLVideoProcessor(size={"height": 32, "width": 32}),
+                                  image_seq_length=4,
                                   chat_template=INTERNVL_TEMPLATE)
     config = InternVLConfig(
         text_config=dict(model_type="qwen2", vocab_size=len(tok), hidden_size=64, intermediate_size=128,
@@ -238,7 +252,9 @@ def build_glm4v(path: Path, corpus) -> Path:
                      eos_token="<|endoftext|>", pad_token="<|endoftext|>")
     ids = {t: tok.convert_tokens_to_ids(t) for t in specials}
     image_processor = Glm4vImageProcessorPil(size={"shortest_edge": 28 * 28, "longest_edge": 56 * 56})
-    processor = Glm4vProcessor(image_processor, tok, Glm4vVideoProcessor(), chat_template=GLM4V_TEMPLATE)
+    # a clip's pixel budget over all its frames: 8 frames of 56x56 (4 tokens a pair of frames)
+    videos = Glm4vVideoProcessor(size={"shortest_edge": 2 * 28 * 28, "longest_edge": 8 * 56 * 56})
+    processor = Glm4vProcessor(image_processor, tok, videos, chat_template=GLM4V_TEMPLATE)
     config = Glm4vConfig(
         text_config=dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,

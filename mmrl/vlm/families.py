@@ -4,7 +4,8 @@ The policy code is one path for every family (:mod:`mmrl.vlm.policy`); what a fa
 declared here and read where it matters: which processor encodes its prompts, which of its
 encoding's tensors a sample carries (``image_keys``) and how they split per sample and join per
 batch (``image_layout``), the vision tokens never sampled, the token that ends an assistant turn,
-LoRA targets, and which of mmrl's exact speed-ups its architecture allows: the vision tower once
+how its model reads a clip (``video_layout``), LoRA targets, and which of mmrl's exact speed-ups its
+architecture allows: the vision tower once
 per distinct image (:mod:`mmrl.vlm.vision_once`), one prompt pass per group
 (:mod:`mmrl.vlm.shared_prefix`), packed rows (:mod:`mmrl.vlm.packing`). A speed-up a family does
 not allow is off for it, and asking for it is refused with the reason stated here. The coordinate
@@ -48,7 +49,16 @@ class VLMFamily:
     vision_once_off: str | None = None  # on: split per image by the grid, or per pixel row ("per_image")
     shared_prefix_off: str | None = None
     packing_off: str | None = None
+    # how a clip reaches the model (None: no video, ``video_off`` says why): "grid", Qwen-style
+    # pixel_values_videos split by video_grid_thw (a sample keeps them as its "video"); "per_video",
+    # pixel_values_videos with one (frames, C, H, W) entry per clip (LLaVA-OneVision); "as_images",
+    # each frame one more image among the sample's image tensors (SmolVLM2, InternVL)
+    video_layout: str | None = None
     video_off: str | None = None
+    # why one forward cannot hold both images and clips (None: it can)
+    video_with_images_off: str | None = None
+    # why the clips of one batch need equal frame counts (None: they need not)
+    unequal_frames_off: str | None = None
 
 
 _NOT_MROPE = "its packed rows need M-RoPE position ids (get_rope_index), which only the Qwen-VL families have"
@@ -61,7 +71,7 @@ QWEN_VL = VLMFamily(
     name="Qwen2-VL / Qwen2.5-VL / Qwen3-VL", model_types=("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"),
     processor="qwen", image_keys=("pixel_values", "image_grid_thw"), image_layout="grid",
     vision_tokens=("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"),
-    end_of_turn="<|im_end|>", token_types="mm_token_type_ids")
+    end_of_turn="<|im_end|>", token_types="mm_token_type_ids", video_layout="grid")
 
 GEMMA3 = VLMFamily(
     name="Gemma 3", model_types=("gemma3",), processor="transformers", image_keys=("pixel_values",),
@@ -77,9 +87,7 @@ IDEFICS3 = VLMFamily(
     vision_tokens=("<image>", "<fake_token_around_image>", "<global-img>", "<video>"), end_of_turn="<end_of_utterance>",
     vision_once_off=_NO_VISION_ONCE.format("Idefics3 / SmolVLM (tiles padded per batch)"),
     shared_prefix_off=_QWEN_PREFIX.format("Idefics3 / SmolVLM"),
-    packing_off=_NOT_MROPE,
-    video_off="SmolVLM2 video prompts are not wired in this version (frames go through its video "
-              "processor and template); images work")
+    packing_off=_NOT_MROPE, video_layout="as_images")
 
 LLAVA_ONEVISION = VLMFamily(
     name="LLaVA-OneVision", model_types=("llava_onevision",), processor="transformers",
@@ -87,18 +95,16 @@ LLAVA_ONEVISION = VLMFamily(
     end_of_turn="<|im_end|>", images_per_row="batch_num_images",
     vision_once_off=_NO_VISION_ONCE.format("LLaVA-OneVision (anyres crops padded per batch)"),
     shared_prefix_off=_QWEN_PREFIX.format("LLaVA-OneVision"),
-    packing_off=_NOT_MROPE,
-    video_off="LLaVA-OneVision video prompts are not wired in this version (its video processor and pooled "
-              "frame tokens); images work")
+    packing_off=_NOT_MROPE, video_layout="per_video",
+    unequal_frames_off="its model takes a batch's clips as one (clips, frames, C, H, W) tensor")
 
 INTERNVL = VLMFamily(
     name="InternVL 3", model_types=("internvl",), processor="transformers", image_keys=("pixel_values",),
     image_layout="per_tile", vision_tokens=("<IMG_CONTEXT>", "<img>", "</img>", "<video>"), end_of_turn="<|im_end|>",
     vision_once_off=_NO_VISION_ONCE.format("InternVL (dynamic tiles, counted only by their tokens)"),
     shared_prefix_off=_QWEN_PREFIX.format("InternVL"),
-    packing_off=_NOT_MROPE,
-    video_off="InternVL video prompts are not wired in this version (its video processor and per-frame "
-              "tokens); images work")
+    packing_off=_NOT_MROPE, video_layout="as_images",
+    unequal_frames_off="transformers' InternVLProcessor stacks a batch's clips into one tensor")
 
 GLM4V = VLMFamily(
     name="GLM-4.1V", model_types=("glm4v",), processor="transformers", image_keys=("pixel_values", "image_grid_thw"),
@@ -108,8 +114,10 @@ GLM4V = VLMFamily(
     # GLM-4's MLP is one fused gate_up_proj
     lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"),
     packing_off="its packed rows are built for Qwen-VL's 4-row positions and not verified for GLM-4.1V",
-    video_off="GLM-4.1V video prompts are not wired in this version (it writes a timestamp before each "
-              "frame); images work")
+    video_layout="grid",
+    video_with_images_off="transformers' Glm4vModel writes a clip's frames with the image token <|image|> and "
+                          "checks each modality's features against every <|image|> of the batch, so images and "
+                          "clips cannot share one forward (put image and video prompts in separate batches)")
 
 FAMILIES = (QWEN_VL, GEMMA3, IDEFICS3, LLAVA_ONEVISION, INTERNVL, GLM4V)
 

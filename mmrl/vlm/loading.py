@@ -68,7 +68,7 @@ def load_vlm(path: str, device: torch.device, dtype: torch.dtype = torch.float32
         from .family_processing import FamilyProcessor
 
         processor = FamilyProcessor.from_pretrained(where, model.config.model_type)
-        processor.set_pixel_budget(min_pixels, max_pixels)
+        processor.set_pixel_budget(min_pixels, max_pixels, video_min_pixels, video_max_pixels)
         return model, processor
     backend, image_device = choose_image_backend(image_backend, torch.device(device))
     processor = VLMProcessor.from_pretrained(where, min_pixels, max_pixels, backend, image_device,

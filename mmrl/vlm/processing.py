@@ -102,6 +102,10 @@ class VLMProcessor:
         """The inputs derived from token ids: ``mm_token_type_ids`` (what M-RoPE reads)."""
         return {"mm_token_type_ids": self.token_types(input_ids)}
 
+    def split_videos(self, enc: dict) -> list[dict[str, torch.Tensor] | None]:
+        """Each sample's video inputs in a batch encoding (None without video)."""
+        return split_videos(enc, self.video_token_id, self.merge_size)
+
     @classmethod
     def from_pretrained(cls, path: str | Path, min_pixels: int | None = None, max_pixels: int | None = None,
                         backend: str = "pil", device: torch.device | None = None,
@@ -280,10 +284,12 @@ def split_patches(enc: dict, images_per_sample: list[int]) -> list[tuple[torch.T
 
 
 
-def split_videos(enc: dict, video_token_id: int, merge_size: int) -> list[dict[str, torch.Tensor] | None]:
+def split_videos(enc: dict, video_token_id: int | None, merge_size: int,
+                 video_mask: torch.Tensor | None = None) -> list[dict[str, torch.Tensor] | None]:
     """Per-sample video inputs (``pixel_values_videos``, ``video_grid_thw`` and, but for
     Qwen2-VL, ``second_per_grid_ts``) out of a batch encoding, None for a sample without video. Which
-    videos a row owns follows from its video placeholder tokens: videos are consumed in order
+    videos a row owns follows from its video placeholder tokens (``input_ids == video_token_id``, or
+    ``video_mask`` where the family writes frames with another token): videos are consumed in order
     until their token counts add up to the row's."""
     rows = len(enc["input_ids"])
     if "video_grid_thw" not in enc:
@@ -294,7 +300,7 @@ def split_videos(enc: dict, video_token_id: int, merge_size: int) -> list[dict[s
     out: list[dict[str, torch.Tensor] | None] = []
     v, p = 0, 0
     for row in range(rows):
-        need = int((enc["input_ids"][row] == video_token_id).sum())
+        need = int((enc["input_ids"][row] == video_token_id if video_mask is None else video_mask[row]).sum())
         first, got = v, 0
         while got < need:
             got += tokens[v]

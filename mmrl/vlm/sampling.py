@@ -19,7 +19,6 @@ import torch
 from ..core.rollouts import Rollouts
 from .engines import Sampling
 from .family_processing import split_images
-from .processing import split_videos
 
 
 def payload_keys(family) -> tuple[str, ...]:
@@ -59,7 +58,7 @@ class VLMSampling:
 
     def encode_prompts(self, prompts: Sequence[list[dict]]) -> tuple[dict[str, torch.Tensor], list[int]]:
         """Model inputs for a batch of chat prompts, and how many images each prompt has (a
-        sample's videos are found by :func:`~mmrl.vlm.processing.split_videos`)."""
+        sample's videos are found by its processor's ``split_videos``)."""
         texts, images, videos = [], [], []
         for messages in prompts:
             clean, imgs, clips = self.split_messages(messages)
@@ -71,7 +70,7 @@ class VLMSampling:
 
     def split_videos(self, enc: dict) -> list[dict | None]:
         """Each sample's video inputs in a batch encoding (None without video)."""
-        return split_videos(enc, self.processor.video_token_id, self.processor.merge_size)
+        return self.processor.split_videos(enc)
 
     def decode(self, ids: torch.Tensor) -> str:
         return self.processor.decode(ids.tolist())
