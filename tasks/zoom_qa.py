@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import random
 import string
+import zlib
 from pathlib import Path
 
 from PIL import Image, ImageDraw
@@ -37,7 +38,7 @@ from mmrl.data.vstar import VSTAR_CATEGORIES, VStarExamples
 from mmrl.measures.tool_use import crop_iou, deepeyes_parts, images_returned, tool_use_metrics
 from mmrl.media.coords import pixels_to_prediction
 from mmrl.media.draw import PRED, TRUE, bitmap_font, canvas, draw_box
-from mmrl.tools import ToolUseTask, call_text
+from mmrl.tools import ToolUseTask, call_text, cell_name
 
 SPLIT_SEEDS = {"train": 31, "eval": 32}  # distinct seeds: eval examples are never trained on
 TARGET_COLOR, TARGET_NAME = (220, 0, 0), "red"
@@ -95,6 +96,13 @@ class ZoomQA(ToolUseTask):
             "train_path": None,  # a DeepEyes parquet file, an HR-Bench table or a V* Bench folder
             "eval_path": None,
             "shuffle_options": False,  # V*: show the options in an order fixed by the example's id
+            # a grid x grid layout (one framed digit per cell, the tool zoom_cell) for a model that
+            # cannot regress boxes; None: digits anywhere, the tool zoom_in
+            "grid": None,
+            "thinking": True,  # a <think> block before each call and the answer
+            # the share of reference trajectories (the SFT warm start) that zoom before answering;
+            # the rest answer at once (a guess: the digit cannot be read), so RL can raise the share
+            "reference_look_rate": 1.0,
         }
 
     def __init__(self, **options):
@@ -107,6 +115,15 @@ class ZoomQA(ToolUseTask):
             raise ValueError(f"zoom_qa: canvas_size must be an int of at least {4 * max(w, h)}, got {o['canvas_size']!r}")
         if not (isinstance(o["distractors"], int) and 0 <= o["distractors"] <= 40):
             raise ValueError(f"zoom_qa: distractors must be an int in [0, 40], got {o['distractors']!r}")
+        grid = o["grid"]
+        if grid is not None:
+            if isinstance(grid, bool) or not isinstance(grid, int) or not 2 <= grid <= 26:
+                raise ValueError(f"zoom_qa: grid must be null or an int in [2, 26], got {grid!r}")
+            if o["canvas_size"] // grid < max(w, h) + 8 or o["distractors"] + 1 > grid * grid:
+                raise ValueError(f"zoom_qa: a {grid}x{grid} grid needs cells of at least {max(w, h) + 8} px "
+                                 f"(canvas_size {o['canvas_size']}) and at most {grid * grid - 1} distractors")
+        if not (isinstance(o["reference_look_rate"], (int, float)) and 0 <= o["reference_look_rate"] <= 1):
+            raise ValueError(f"zoom_qa: reference_look_rate must be in [0, 1], got {o['reference_look_rate']!r}")
 
     # -- data -----------------------------------------------------------------------------------
     def make(self, seed: int) -> dict:
@@ -118,10 +135,17 @@ class ZoomQA(ToolUseTask):
         image = Image.new("RGB", (size, size), background)
         taken: list = []
         boxes = []
+        grid = o["grid"]
+        cells = rng.sample(range(grid * grid), 1 + o["distractors"]) if grid else []
         for k in range(1 + o["distractors"]):
             for _ in range(200):
-                x, y = rng.randint(8, size - w - 8), rng.randint(8, size - h - 8)
-                if _free((x, y, x + w, y + h), taken):
+                if grid:  # anywhere inside its own cell, 4 px from the cell's edges
+                    cell, side = cells[k], size // grid
+                    x0, y0 = (cell % grid) * side, (cell // grid) * side
+                    x, y = rng.randint(x0 + 4, x0 + side - w - 4), rng.randint(y0 + 4, y0 + side - h - 4)
+                else:
+                    x, y = rng.randint(8, size - w - 8), rng.randint(8, size - h - 8)
+                if _free((x, y, x + w, y + h), taken, margin=0 if grid else 8):
                     break
             else:
                 continue  # a crowded canvas: fewer distractors
@@ -158,6 +182,11 @@ class ZoomQA(ToolUseTask):
         if ex.get("options"):
             options = "\n".join(f"{string.ascii_uppercase[i]}. {o}" for i, o in enumerate(ex["options"]))
             text = f"Question: {ex['question']}\nOptions:\n{options}\n{VSTAR_INSTRUCTION}"
+        elif self.options["grid"]:
+            g = self.options["grid"]
+            layout = "<think>...</think><answer>digit</answer>" if self.thinking else "<answer>digit</answer>"
+            text = (f"{ex['question']} Too small? Call zoom_cell on a cell of the {g}x{g} grid "
+                    f"(rows A-{string.ascii_uppercase[g - 1]}, columns 1-{g}). Answer with {layout}.")
         else:
             text = f"{ex['question']} {INSTRUCTION}"
         return [{"role": "user", "content": [{"type": "image", "image": ex["image"]}, {"type": "text", "text": text}]}]
@@ -170,17 +199,27 @@ class ZoomQA(ToolUseTask):
 
     def zoom_call(self, ex: dict) -> str:
         """The reference zoom call: ``zoom_in`` on the target's frame, in the policy's coordinate
-        frame (``pred_space`` / ``frame`` when the trainer recorded them, else pixels)."""
+        frame (``pred_space`` / ``frame`` when the trainer recorded them, else pixels); with a
+        ``grid``, ``zoom_cell`` on the target's cell."""
+        if self.options["grid"]:
+            return call_text("zoom_cell", {"cell": cell_name(ex["target_box"], self.options["grid"], *ex["image"].size)})
         box = [round(v) for v in pixels_to_prediction(ex["target_box"], ex)]
         return call_text("zoom_in", {"bbox_2d": box, "label": f"the {TARGET_NAME} frame"})
 
+    def looks(self, ex: dict) -> bool:
+        """Whether the reference trajectory of ``ex`` zooms (``reference_look_rate`` of the
+        examples, chosen by the example's id so a resumed warm start sees the same)."""
+        rate = float(self.options["reference_look_rate"])
+        return rate >= 1 or zlib.crc32(str(ex.get("id")).encode()) % 1000 < rate * 1000
+
     def reference_turns(self, ex: dict) -> list[str]:
         """The assistant turns of a reference trajectory (for a multi-turn warm start): a zoom on
-        the target's frame, then, after the tool's image, the answer (:meth:`target`)."""
-        if "target_box" not in ex:
+        the target's frame, then, after the tool's image, the answer (:meth:`target`); for the
+        examples that do not look (:meth:`looks`), the answer at once."""
+        if "target_box" not in ex or not self.looks(ex):
             return [self.target(ex)]
-        first = f"<think>The {TARGET_NAME} frame is too small to read; zoom in on it.</think>{self.zoom_call(ex)}"
-        return [first, self.target(ex)]
+        thought = f"<think>The {TARGET_NAME} frame is too small to read; zoom in on it.</think>" if self.thinking else ""
+        return [thought + self.zoom_call(ex), self.target(ex)]
 
     # -- evaluation -----------------------------------------------------------------------------
     def trajectory_metrics(self, completions, examples) -> dict[str, float]:
@@ -201,11 +240,20 @@ class ZoomQA(ToolUseTask):
         return {**out, **tool_use_metrics(examples)}
 
     def visualize(self, ex: dict, completion: str):
-        """The canvas with the target's frame in green and the crops in red (scale 1)."""
+        """The canvas with the target's frame in green and the crops in red (scale 1), and the
+        last crop's zoomed view beside it (what the model was shown, at the canvas's height)."""
         image, draw = canvas(ex["image"], scale=1)
         for box in ex.get("target_boxes") or ([ex["target_box"]] if "target_box" in ex else []):
             draw_box(draw, box, TRUE, scale=1)
-        for call in ex.get("tool_calls") or []:
-            if isinstance(call, dict) and call.get("ok") and call.get("box"):
-                draw_box(draw, call["box"], PRED, scale=1)
-        return image
+        crops = [c["box"] for c in ex.get("tool_calls") or [] if isinstance(c, dict) and c.get("ok") and c.get("box")]
+        for box in crops:
+            draw_box(draw, box, PRED, scale=1)
+        if not crops:
+            return image
+        zoom = ex["image"].crop(tuple(int(round(v)) for v in crops[-1]))
+        side = ex["image"].height
+        zoom = zoom.resize((max(1, round(zoom.width * side / zoom.height)), side), resample=Image.NEAREST)
+        both = Image.new("RGB", (image.width + 4 + zoom.width, image.height), (255, 255, 255))
+        both.paste(image, (0, 0))
+        both.paste(zoom, (image.width + 4, 0))
+        return both

@@ -293,3 +293,83 @@ def test_a_training_step_on_tool_rows_moves_the_weights(random_tiny_dir, tmp_pat
     trainer.update(batch, 0)
     moved = sum(not torch.equal(before[n], p) for n, p in policy.module.named_parameters() if n in before)
     assert moved > 0
+
+
+# -- the grid layout, zoom_cell and the warm start's turn examples -----------------------------------
+def _grid_task(**options):
+    return make_task("zoom_qa", canvas_size=448, grid=4, glyph_scale=3, distractors=7, thinking=False,
+                     tools={"zoom_cell": {"grid": 4}}, tools_in_prompt=False, max_turns=1, **options)
+
+
+def test_zoom_cell_returns_the_named_cell_and_refuses_other_names():
+    from PIL import Image
+
+    from mmrl.tools import ToolArgumentError, ToolState, cell_name, make_tool
+
+    image = Image.new("RGB", (448, 400))
+    tool = make_tool("zoom_cell", grid=4)
+    obs = tool({"cell": "b3"}, ToolState([image]))
+    assert obs.box == (224, 100, 336, 200) and obs.image.size == (112, 100)  # row B, column 3
+    assert cell_name((230, 120, 250, 150), 4, 448, 400) == "B3"
+    for bad in ("E1", "A5", "A0", "3B", "", None, 7):
+        with pytest.raises(ToolArgumentError, match="must name a cell of the 4x4 grid"):
+            tool({"cell": bad}, ToolState([image]))
+    small = Image.new("RGB", (112, 112))  # a 28 px cell, resized up to min_pixels as zoom_in resizes
+    assert make_tool("zoom_cell", grid=4, min_pixels=112 * 112)({"cell": "A1"}, ToolState([small])).image.size == (112, 112)
+
+
+def test_grid_layout_one_digit_per_cell_and_the_reference_zooms_on_the_targets_cell():
+    from mmrl.tools import ToolBudget, ToolState, cell_name, run_turn
+
+    task = _grid_task()
+    for i in range(5):
+        ex = task.examples("train")[i]
+        boxes = [ex["target_box"], *ex["distractor_boxes"]]
+        cells = [cell_name(b, 4, 448, 448) for b in boxes]
+        assert len(boxes) == 8 and len(set(cells)) == 8  # one framed digit per cell
+        for b, c in zip(boxes, cells):  # each frame lies inside its cell
+            r, col = "ABCD".index(c[0]), int(c[1]) - 1
+            assert col * 112 <= b[0] and b[2] <= (col + 1) * 112 and r * 112 <= b[1] and b[3] <= (r + 1) * 112
+        call, answer = task.reference_turns(ex)
+        assert answer == f"<answer>{ex['answer']}</answer>"
+        obs, [rec] = run_turn(call, task.make_tools(), ToolState([ex["image"]], ex), ToolBudget())
+        x1, y1, x2, y2 = rec["box"]
+        t = ex["target_box"]
+        assert rec["ok"] and x1 <= t[0] and t[2] <= x2 and y1 <= t[1] and t[3] <= y2
+
+
+def test_the_warm_starts_turn_examples_replay_the_reference_trajectory():
+    """reference_look_rate 0.5: by the example's id, some references zoom then answer, the others
+    answer at once. Turn example 2k is turn 0 of example k, 2k + 1 its turn 1 (or turn 0 again for
+    a one-turn reference); the second turn's prompt holds the call and the cell's image."""
+    task = _grid_task(reference_look_rate=0.5)
+    turns = task.sft_examples("train")
+    assert len(turns) == 2 * len(task.examples("train"))
+    looked = 0
+    for k in range(20):
+        ex = task.examples("train")[k]
+        first, second = turns[2 * k], turns[2 * k + 1]
+        if task.looks(ex):
+            looked += 1
+            assert task.target(first).startswith("<tool_call>") and task.target(second) == f"<answer>{ex['answer']}</answer>"
+            messages = task.build_prompt(second)
+            assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+            assert messages[1]["content"] == task.target(first)
+            assert messages[2]["content"][1]["image"].size == (112, 112)
+        else:
+            assert task.target(first) == task.target(second) == f"<answer>{ex['answer']}</answer>"
+            assert [m["role"] for m in task.build_prompt(second)] == ["user"]
+    assert 5 <= looked <= 15
+
+
+def test_the_picture_shows_the_crop_on_the_image_and_the_zoomed_view_beside_it():
+    task = _grid_task()
+    ex = task.examples("eval")[0]
+    rows = rollout_task(ScriptedPolicy(lambda turn, e: task.reference_turns(e)[turn]), task, [ex], 1, "eval")
+    picture = task.visualize(rows.examples[-1], rows.completions[-1])
+    assert picture.height >= 448 and picture.width > picture.height  # the canvas, then the zoomed cell
+    x1, y1, x2, y2 = (int(v) for v in rows.examples[-1]["tool_calls"][0]["box"])
+    right = picture.crop((picture.width - (picture.width - 452), 0, picture.width, picture.height))
+    cell = ex["image"].crop((x1, y1, x2, y2)).resize(right.size)
+    assert right.getcolors(1 << 16) and sorted(right.getcolors(1 << 16))[-1][1] == sorted(cell.getcolors(1 << 16))[-1][1]
+    assert task.visualize({**rows.examples[-1], "tool_calls": []}, "").size == ex["image"].size

@@ -1,5 +1,6 @@
 """The built-in tools: ``zoom_in`` (DeepEyes' ``image_zoom_in_tool``, also registered under that
-name), ``crop`` and ``rotate``.
+name), ``crop``, ``rotate`` and ``zoom_cell`` (mmrl's own: a named grid cell, for models that
+cannot regress boxes).
 
 Boxes are written in the model's coordinate frame (Qwen2.5-VL: pixels of the resized image it
 saw) and converted to pixels of the original image with :func:`mmrl.media.coords.prediction_to_pixels`
@@ -143,3 +144,54 @@ class Rotate(Tool):
             raise ToolArgumentError(f"'angle' must be a finite number of degrees, got {angle!r}")
         # PIL turns counter-clockwise for a positive angle; expand keeps the corners
         return ToolObservation(image=state.image.rotate(-float(angle), expand=True))
+
+
+def cell_box(name: Any, grid: int, width: int, height: int) -> tuple[int, int, int, int]:
+    """The pixel box of grid cell ``name`` ("B3": row B from the top, column 3 from the left) of a
+    ``grid`` x ``grid`` split of a ``width`` x ``height`` image."""
+    rows = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[:grid]
+    text = name.strip().upper() if isinstance(name, str) else ""
+    if len(text) < 2 or text[0] not in rows or not text[1:].isdigit() or not 1 <= int(text[1:]) <= grid:
+        raise ToolArgumentError(f"'cell' must name a cell of the {grid}x{grid} grid, a row {rows[0]}-{rows[-1]} "
+                                f"then a column 1-{grid} (e.g. \"B2\"), got {name!r}")
+    r, c = rows.index(text[0]), int(text[1:]) - 1
+    return (c * width // grid, r * height // grid, (c + 1) * width // grid, (r + 1) * height // grid)
+
+
+def cell_name(box, grid: int, width: int, height: int) -> str:
+    """The name of the grid cell that holds the centre of ``box`` (pixels)."""
+    cx, cy = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
+    return "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[min(grid - 1, int(cy * grid // height))] + str(min(grid, int(cx * grid // width) + 1))
+
+
+@register_tool("zoom_cell")
+class ZoomCell(Tool):
+    """mmrl's own: zoom into one cell of a grid laid over the image, named like a spreadsheet
+    cell. For a model that cannot regress boxes (the tiny default): its argument is one of
+    grid x grid names, not coordinates, so it needs no coordinate frame. The cell is returned at
+    its own resolution, or with ``min_pixels`` resized up as ``zoom_in`` resizes."""
+
+    description = ("Zoom in on one cell of a grid over the image: rows A, B, ... from the top, columns 1, 2, ... "
+                   "from the left (e.g. \"B2\").")
+    parameters = {"type": "object", "properties": {"cell": {"type": "string", "description": "The cell, e.g. \"B2\"."}},
+                  "required": ["cell"]}
+    example_arguments = {"cell": "B2"}
+
+    def default_options(self) -> dict[str, Any]:
+        return {"grid": 4, "min_pixels": None}
+
+    def __init__(self, **options: Any):
+        super().__init__(**options)
+        grid = self.options["grid"]
+        if isinstance(grid, bool) or not isinstance(grid, int) or not 1 <= grid <= 26:
+            raise ValueError(f"zoom_cell: grid must be an int in [1, 26], got {grid!r}")
+        self.example_arguments = {"cell": "A1" if grid < 2 else "B2"}
+
+    def __call__(self, arguments: dict, state: ToolState) -> ToolObservation:
+        image = state.image
+        box = cell_box(arguments.get("cell"), self.options["grid"], *image.size)
+        crop = image.crop(box)
+        if self.options["min_pixels"]:
+            w, h = qwen_resized_size(crop.width, crop.height, self.options["min_pixels"], EVAL_MAX_PIXELS, FACTOR)
+            crop = crop.resize((w, h), resample=3)
+        return ToolObservation(image=crop, box=box)

@@ -69,12 +69,9 @@ def observation_text(observations) -> str:
 
 
 def conversation(task, ex: dict, turns: Sequence[tuple[str, list]]) -> list[dict]:
-    """The chat messages of a trajectory's next turn: the task's prompt (with the tool list when
-    the task shows it), then per earlier turn the model's message and its observations."""
-    messages = task.tool_prompt(ex)
-    for text, observations in turns:
-        messages = messages + [{"role": "assistant", "content": text}, observation_message(observations)]
-    return messages
+    """The chat messages of a trajectory's next turn (:meth:`ToolUseTask.build_prompt` with the
+    earlier ``turns``: ``(text, observations)`` pairs)."""
+    return task.build_prompt({**ex, "tool_turns": list(turns)})
 
 
 def trajectory_text(turns: Sequence[tuple[str, list]], last: str) -> str:

@@ -27,8 +27,11 @@ from mmrl.core.rollouts import Rollouts
 from mmrl.measures.tool_use import tool_use_metrics
 from mmrl.task import Task
 
-from .base import ToolBudget, make_tool
-from .rollout import run_trajectories
+from mmrl.data.sequence import LazySequence
+
+from .base import ToolBudget, ToolState, make_tool
+from .calls import run_turn
+from .rollout import observation_message, run_trajectories
 
 __all__ = ["ToolUseTask", "tools_system_prompt"]
 
@@ -83,15 +86,53 @@ class ToolUseTask(Task, EpisodicTask):
     def max_calls_per_turn(self) -> int:
         return int(self.options["max_calls_per_turn"])
 
-    def tool_prompt(self, ex: dict) -> list[dict]:
-        """The first turn's messages: :meth:`build_prompt`, with the tool list as a system message
-        when ``tools_in_prompt`` is on, the task has tools and the prompt has no system message."""
-        messages = self.build_prompt(ex)
-        if not (self.options["tools_in_prompt"] and self.tools and self.options["max_turns"] > 0):
-            return messages
-        if messages and messages[0].get("role") == "system":
-            return messages
-        return [{"role": "system", "content": tools_system_prompt(self.tools.values())}] + messages
+    def build_prompt(self, ex: dict) -> list[dict]:
+        """The messages of a trajectory's next turn: the task's prompt (with the tool list as a
+        system message when ``tools_in_prompt`` is on, the task has tools and the prompt has no
+        system message of its own), then per earlier turn in ``ex["tool_turns"]`` (``(text,
+        observations)`` pairs; none for the first turn) the model's message and its observations.
+        A turn example of :meth:`sft_examples` replays its earlier reference turns."""
+        if "sft_turn" in ex:  # a turn example of a reference trajectory: its earlier turns replayed
+            ex = {**{k: v for k, v in ex.items() if k != "sft_turn"}, "tool_turns": self._replayed(ex)[1]}
+        messages = super().build_prompt({k: v for k, v in ex.items() if k != "tool_turns"})
+        if (self.options["tools_in_prompt"] and self.tools and self.options["max_turns"] > 0
+                and not (messages and messages[0].get("role") == "system")):
+            messages = [{"role": "system", "content": tools_system_prompt(self.tools.values())}] + messages
+        for text, observations in ex.get("tool_turns") or ():
+            messages = messages + [{"role": "assistant", "content": text}, observation_message(observations)]
+        return messages
+
+    # -- a warm start on reference trajectories (mmrl sft) -------------------------------------------
+    def reference_turns(self, ex: dict) -> list[str]:
+        """The assistant turns of a reference trajectory of ``ex`` (its calls in the policy's
+        frame: ``ex`` is prepared); default: the task's one-turn :meth:`target`."""
+        return [super().target(ex)]
+
+    def sft_examples(self, split: str) -> Sequence[dict]:
+        """Turn examples of the reference trajectories of ``split`` (what ``mmrl sft`` imitates):
+        item i is turn ``i % max_generations`` of example ``i // max_generations`` (cycling
+        over a shorter trajectory's turns), marked ``sft_turn``; its prompt replays the earlier
+        reference turns with the tools' real observations (:meth:`build_prompt`), its
+        :meth:`target` is that turn."""
+        return _TurnExamples(self, self.examples(split))
+
+    def _replayed(self, ex: dict) -> tuple[list[str], list[tuple[str, list]]]:
+        """The reference turns of a turn example and the ``(text, observations)`` before its turn."""
+        base = {k: v for k, v in ex.items() if k != "sft_turn"}
+        turns = self.reference_turns(base)
+        k = ex["sft_turn"] % len(turns)
+        state = ToolState(images=[base["image"]] if base.get("image") is not None else [], example=base)
+        budget, tools, replayed = self.make_budget(), self.make_tools(), []
+        for text in turns[:k]:
+            observations, _ = run_turn(text, tools, state, budget, self.max_calls_per_turn)
+            replayed.append((text, observations))
+        return turns, replayed
+
+    def target(self, ex: dict) -> str:
+        if "sft_turn" not in ex:
+            return super().target(ex)
+        turns, replayed = self._replayed(ex)
+        return turns[len(replayed)]
 
     def run_episodes(self, policy, examples: Sequence[dict], n: int, mode: str, need_old_logps: bool = False,
                      need_ref_logps: bool = False) -> Rollouts:
@@ -126,3 +167,16 @@ class ToolUseTask(Task, EpisodicTask):
     def trajectory_metrics(self, completions, examples) -> dict[str, float]:
         """Metrics of whole trajectories (one completion each); default: the tool-use metrics."""
         return tool_use_metrics(examples)
+
+
+class _TurnExamples(LazySequence):
+    """Turn examples of the reference trajectories of ``examples`` (:meth:`ToolUseTask.sft_examples`)."""
+
+    def __init__(self, task: ToolUseTask, examples: Sequence[dict]):
+        self.task, self.examples = task, examples
+
+    def __len__(self) -> int:
+        return len(self.examples) * self.task.max_generations
+
+    def item(self, i: int) -> dict:
+        return {**self.examples[i // self.task.max_generations], "sft_turn": i % self.task.max_generations}

@@ -44,7 +44,7 @@ def sft_batch(policy, tasks: Sequence[Task], examples: Sequence[tuple[int, dict]
     # Coordinates of the references in the policy's space (as RL's examples are prepared).
     prepared = policy.prepare_examples([ex for _, ex in examples])
     examples = [(t, ex) for (t, _), ex in zip(examples, prepared)]
-    prompts = [tasks[t].prompt(ex) for t, ex in examples]
+    prompts = [tasks[t].build_prompt(ex) for t, ex in examples]  # a tool task's turn: its conversation so far
     enc, images_per_sample = policy.encode_prompts(prompts)
     patches = split_patches(enc, images_per_sample)
     eos = policy.tokenizer.eos_token_id
