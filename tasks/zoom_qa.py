@@ -51,22 +51,23 @@ VSTAR_INSTRUCTION = ("Think first, call zoom_in if needed, then answer with the 
                      "<think>...</think><answer>letter</answer>.")
 
 
-def frame_size(scale: int) -> tuple[int, int]:
-    """(w, h) of a framed digit drawn at ``scale``."""
-    return (GLYPH_W * scale + 2 * (PAD + BORDER), GLYPH_H * scale + 2 * (PAD + BORDER))
+def frame_size(scale: int, border: int = BORDER) -> tuple[int, int]:
+    """(w, h) of a framed digit drawn at ``scale`` with a ``border`` px frame."""
+    return (GLYPH_W * scale + 2 * (PAD + border), GLYPH_H * scale + 2 * (PAD + border))
 
 
-def draw_framed_digit(image: Image.Image, digit: str, xy: tuple[int, int], color, scale: int) -> tuple[int, int, int, int]:
+def draw_framed_digit(image: Image.Image, digit: str, xy: tuple[int, int], color, scale: int,
+                      border: int = BORDER) -> tuple[int, int, int, int]:
     """Draw ``digit`` framed in ``color`` with its top-left corner at ``xy``; the frame's box."""
-    w, h = frame_size(scale)
+    w, h = frame_size(scale, border)
     x, y = xy
     draw = ImageDraw.Draw(image)
-    draw.rectangle((x, y, x + w - 1, y + h - 1), outline=color, width=BORDER)
-    glyph = Image.new("RGB", (GLYPH_W, GLYPH_H), image.getpixel((x + BORDER, y + BORDER)))
+    draw.rectangle((x, y, x + w - 1, y + h - 1), outline=color, width=border)
+    glyph = Image.new("RGB", (GLYPH_W, GLYPH_H), image.getpixel((x + border, y + border)))
     ImageDraw.Draw(glyph).text((0, 0), digit, font=bitmap_font(), fill=(0, 0, 0))
     if scale > 1:
         glyph = glyph.resize((GLYPH_W * scale, GLYPH_H * scale), resample=Image.NEAREST)
-    image.paste(glyph, (x + BORDER + PAD, y + BORDER + PAD))
+    image.paste(glyph, (x + border + PAD, y + border + PAD))
     return (x, y, x + w, y + h)
 
 
@@ -99,6 +100,7 @@ class ZoomQA(ToolUseTask):
             # a grid x grid layout (one framed digit per cell, the tool zoom_cell) for a model that
             # cannot regress boxes; None: digits anywhere, the tool zoom_in
             "grid": None,
+            "frame_width": BORDER,  # px; a wider frame keeps the target's colour visible when shrunk
             "thinking": True,  # a <think> block before each call and the answer
             # the share of reference trajectories (the SFT warm start) that zoom before answering;
             # the rest answer at once (a guess: the digit cannot be read), so RL can raise the share
@@ -110,7 +112,9 @@ class ZoomQA(ToolUseTask):
         o = self.options
         if isinstance(o["glyph_scale"], bool) or not isinstance(o["glyph_scale"], int) or not 1 <= o["glyph_scale"] <= 8:
             raise ValueError(f"zoom_qa: glyph_scale must be an int in [1, 8], got {o['glyph_scale']!r}")
-        w, h = frame_size(o["glyph_scale"])
+        if isinstance(o["frame_width"], bool) or not isinstance(o["frame_width"], int) or not 1 <= o["frame_width"] <= 16:
+            raise ValueError(f"zoom_qa: frame_width must be an int in [1, 16], got {o['frame_width']!r}")
+        w, h = frame_size(o["glyph_scale"], o["frame_width"])
         if not (isinstance(o["canvas_size"], int) and o["canvas_size"] >= 4 * max(w, h)):
             raise ValueError(f"zoom_qa: canvas_size must be an int of at least {4 * max(w, h)}, got {o['canvas_size']!r}")
         if not (isinstance(o["distractors"], int) and 0 <= o["distractors"] <= 40):
@@ -130,7 +134,7 @@ class ZoomQA(ToolUseTask):
         rng = random.Random(seed)
         o = self.options
         size, scale = o["canvas_size"], int(o["glyph_scale"])
-        w, h = frame_size(scale)
+        w, h = frame_size(scale, o["frame_width"])
         background = tuple(rng.randint(215, 250) for _ in range(3))
         image = Image.new("RGB", (size, size), background)
         taken: list = []
@@ -151,7 +155,7 @@ class ZoomQA(ToolUseTask):
                 continue  # a crowded canvas: fewer distractors
             color = TARGET_COLOR if k == 0 else rng.choice(DISTRACTOR_COLORS)
             digit = rng.choice(string.digits)
-            box = draw_framed_digit(image, digit, (x, y), color, scale)
+            box = draw_framed_digit(image, digit, (x, y), color, scale, o["frame_width"])
             taken.append(box)
             boxes.append((box, digit))
         (target, answer), others = boxes[0], boxes[1:]

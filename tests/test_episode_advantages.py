@@ -53,7 +53,7 @@ A_STEP_NO_STD = [0.25, 1 / 6, 0.0, -1 / 3, 1 / 6, -0.25]
 
 
 def test_registered_with_their_inputs():
-    assert ADVANTAGES.get("episode_grpo").estimator_inputs == ("episode_ids",)
+    assert ADVANTAGES.get("episode_grpo").estimator_inputs == ("episode_ids", "step_indices")
     assert ADVANTAGES.get("gigpo").estimator_inputs == ("episode_ids", "step_indices", "anchor_keys")
     assert ADVANTAGES.get("gigpo") is gigpo and ADVANTAGES.get("episode_grpo") is episode_grpo
 

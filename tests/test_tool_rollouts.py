@@ -373,3 +373,12 @@ def test_the_picture_shows_the_crop_on_the_image_and_the_zoomed_view_beside_it()
     cell = ex["image"].crop((x1, y1, x2, y2)).resize(right.size)
     assert right.getcolors(1 << 16) and sorted(right.getcolors(1 << 16))[-1][1] == sorted(cell.getcolors(1 << 16))[-1][1]
     assert task.visualize({**rows.examples[-1], "tool_calls": []}, "").size == ex["image"].size
+
+
+def test_a_saved_rollout_shows_the_turn_the_trajectory_and_its_calls():
+    task = _task()
+    rows = rollout_task(ScriptedPolicy(zoom_then_answer), task, [task.examples("train")[0]], 1, "train")
+    first = task.record(rows.examples[0], rows.completions[0])
+    assert first["turn"] == 0 and first["trajectory"] == rows.examples[0]["trajectory"]
+    assert [c["name"] for c in first["tool_calls"]] == ["zoom_in"] and first["tool_calls"][0]["ok"]
+    assert "box" not in first["tool_calls"][0] and first["answer"] == rows.examples[0]["answer"]

@@ -160,6 +160,15 @@ class ToolUseTask(Task, EpisodicTask):
             out["tool/over_turn"] = sum(float(ex.get("over_turn", False)) for ex in finals) / len(finals)
         return out
 
+    def record(self, ex: dict, completion: Any) -> dict[str, Any]:
+        """A saved rollout of a turn also shows its turn, the whole trajectory and its calls."""
+        out = super().record(ex, completion)
+        if isinstance(ex, dict) and "trajectory" in ex:
+            out.update(turn=ex.get("step_index", 0), trajectory=ex["trajectory"],
+                       tool_calls=[{k: c.get(k) for k in ("turn", "name", "arguments", "ok", "error")}
+                                   for c in ex.get("tool_calls") or []])
+        return out
+
     def rollout_metrics(self, rows: Rollouts) -> dict[str, float]:
         """A training step's trajectories: :meth:`metrics` (tool use, turns, the task's own)."""
         return self.metrics(rows.completions, rows.examples)
