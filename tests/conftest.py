@@ -7,7 +7,8 @@ import os
 import pytest
 import torch
 
-# Two cores: one process uses both; under pytest-xdist (the fast lane's `-n 2`) each worker uses one.
+# Two cores: one process uses both (one while the learning runs work in the background:
+# learning_fixtures.py); under pytest-xdist (the fast lane's `-n 2`) each worker uses one.
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 
 # The tiny generators (sd3_dir, flux_dir, wan_dir, tiny_flow_dir ...), each built once a session; the

@@ -3,10 +3,10 @@ process, one torch thread, two at a time). A learning test names its case with t
 ``learning_case`` mark; only the cases of the tests selected in this session run.
 
 The runs start in the background as soon as the session's tests are collected, at the lowest CPU
-priority (nice 19): while the other tests run they take only the processor time those leave idle,
-and the learning tests, moved to the end of the session, wait for them (``learning_results``; the
-wait is the setup time of the first of them in ``--durations``). A run's numbers do not depend on
-when it runs: one thread, every step seeded."""
+priority (nice 19): while the other tests run (at one torch thread from then on) they take only
+the processor time those leave idle, and the learning tests, moved to the end of the session, wait
+for them (``learning_results``; the wait is the setup time of the first of them in ``--durations``).
+A run's numbers do not depend on when it runs: one thread, every step seeded."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 from learning_cases import CASES, SHARED_START
 from learning_runs import Job, LearningRun, run_cases, stop_runs
 
@@ -72,6 +73,12 @@ def pytest_collection_modifyitems(config, items):
     if unknown:
         raise pytest.UsageError(f"learning_case names not in learning_cases.CASES: {unknown}")
     _POOLS[id(config)] = _Pool(names)
+    # From now on the runs keep both cores busy (at nice 19): a second torch thread of this process
+    # would wait at every parallel region for a core a run holds. Measured on the 2-core machine
+    # (2026-11-27), this process 68x the weight of the rest as nice 0 is of nice 19: five tiny-model
+    # test files beside a low-priority process took 82 s at two threads, 34 s at one; seven files
+    # with the detection and GRPO runs 274 s (365 s of CPU) at two, 166 s (228 s) at one.
+    torch.set_num_threads(1)
 
 
 def pytest_sessionfinish(session):
