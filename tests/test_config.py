@@ -182,6 +182,23 @@ def test_switching_task_drops_the_base_recipes_task_options(tmp_path):
     assert cfg.task.options == {"query": "shape"}  # same task: options merge as before
 
 
+def _assert_reference_trajectory_scores_the_best(task, rewards, name):
+    from mmrl.registry import REWARDS
+    from mmrl.tools import ToolState, run_turn
+    from mmrl.tools.rollout import observation_text
+
+    ex = next(e for e in (task.examples("train")[i] for i in range(40)) if len(task.reference_turns(e)) > 1)
+    turns = task.reference_turns(ex)
+    state, budget, tools, text, records = ToolState([ex["image"]], ex), task.make_budget(), task.make_tools(), "", []
+    for turn in turns[:-1]:
+        observations, recs = run_turn(turn, tools, state, budget)
+        text, records = text + turn + observation_text(observations), records + recs
+    ex = {**ex, "trajectory": text + turns[-1], "tool_calls": records}
+    total, _, _ = rewards([turns[-1]], [ex], group_ids=torch.arange(1))
+    best = sum(w * REWARDS.get(n).reward_maximum for n, w in rewards.weights.items() if w > 0)
+    assert total.item() == pytest.approx(best), name
+
+
 def test_every_builtin_recipe_builds_its_task():
     """Every shipped recipe builds its task and rewards, and they agree: the recipe sits in the folder
     of the policy that trains its task (``mmrl train vlm|diffusion`` refuses the other), and the
@@ -204,7 +221,7 @@ def test_every_builtin_recipe_builds_its_task():
         # `mmrl train video` trains a VLM; the GUI recipes are `mmrl train vlm configs/gui/...`
         policy = {"video": "vlm", "gui": "vlm"}.get(name.split("/")[0], name.split("/")[0])
         assert task.name == cfg.task.name and task.modality == policy, name
-        if cfg.task.name == "t2i_prompts" or name == "video/qwen2_5_vl_7b_video_r1":  # the data file is the user's
+        if cfg.task.name == "t2i_prompts" or name in ("video/qwen2_5_vl_7b_video_r1", "vlm/qwen2_5_vl_7b_deepeyes"):  # the data file is the user's
             with pytest.raises(FileNotFoundError, match=str(cfg.task.options["train_path"])):
                 task.examples("train")
             continue
@@ -213,6 +230,9 @@ def test_every_builtin_recipe_builds_its_task():
             assert all(task.read_action(task.target(ex), ex) is not None for ex in steps), name
             continue
         examples = [task.examples("train")[i] for i in range(4)]
+        if hasattr(task, "make_tools"):  # a tool task: a reference trajectory, its tools run, scores the best
+            _assert_reference_trajectory_scores_the_best(task, rewards, name)
+            continue
         if name in label_free:
             with pytest.raises(ValueError, match="no reference completion"):
                 task.target(examples[0])
