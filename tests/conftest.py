@@ -45,6 +45,25 @@ def random_tiny_dir(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="session")
+def tiny_clip(tmp_path_factory):
+    """A random tiny open_clip model registered as ``mmrl-test-tiny-clip``, saved to a local file:
+    ``(model name, checkpoint path)`` (skips without open_clip)."""
+    import json
+
+    open_clip = pytest.importorskip("open_clip")
+    folder = tmp_path_factory.mktemp("clip")
+    cfg = {"embed_dim": 16,
+           "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "patch_size": 8, "head_width": 16},
+           "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1}}
+    (folder / "mmrl-test-tiny-clip.json").write_text(json.dumps(cfg))
+    open_clip.add_model_config(folder / "mmrl-test-tiny-clip.json")
+    torch.manual_seed(0)
+    model = open_clip.create_model("mmrl-test-tiny-clip")
+    torch.save(model.state_dict(), folder / "clip.pt")
+    return "mmrl-test-tiny-clip", folder / "clip.pt"
+
+
 # The settings of the short `mmrl train vlm` runs made in a subprocess (resume, Ctrl-C, the demo).
 CLI_RUN = ["train.device=cpu", "train.prompts_per_step=2", "rollout.num_generations=2",
            "rollout.max_completion_length=6", "eval.num_examples=2", "eval.pass_k=0", "log.progress=false"]

@@ -136,23 +136,6 @@ def test_clip_setting_parses_arch_equals_checkpoint(tmp_path):
 
 # -- end to end on a tiny random CLIP ----------------------------------------------------------------
 
-# Copied from tests/test_image_rewards.py::tiny_clip (a module fixture there), under its own name.
-@pytest.fixture(scope="module")
-def tiny_clip(tmp_path_factory):
-    """A random tiny open_clip model registered as ``mmrl-test-geneval-clip``, saved to a local file."""
-    open_clip = pytest.importorskip("open_clip")
-    folder = tmp_path_factory.mktemp("clip")
-    cfg = {"embed_dim": 16,
-           "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "patch_size": 8, "head_width": 16},
-           "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1}}
-    (folder / "mmrl-test-geneval-clip.json").write_text(json.dumps(cfg))
-    open_clip.add_model_config(folder / "mmrl-test-geneval-clip.json")
-    torch.manual_seed(0)
-    model = open_clip.create_model("mmrl-test-geneval-clip")
-    torch.save(model.state_dict(), folder / "clip.pt")
-    return "mmrl-test-geneval-clip", folder / "clip.pt"
-
-
 @needs_open_clip
 def test_the_geneval_clip_variant_scores_with_the_loaded_clip(tiny_clip):
     from mmrl.rewards import model_scorers
@@ -192,7 +175,7 @@ def test_mmrl_eval_benchmark_geneval_with_clip(tiny_clip, tmp_path):
                                    f"{name}={ckpt}", "--num-examples", "2", "--gallery", str(tmp_path / "g")])
     assert res.exit_code == 0, res.output
     report = json.loads((tmp_path / "g" / "benchmark_geneval.json").read_text())
-    assert "colours by CLIP mmrl-test-geneval-clip" in report["title"]
+    assert f"colours by CLIP {name}" in report["title"]
     assert report["settings"] == {"clip": f"{name}={ckpt}"}
     overall = {r["cell"]: r for r in report["rows"]}["overall"]
     assert overall["n"] == 2 and 0.0 <= overall["accuracy"] <= 1.0

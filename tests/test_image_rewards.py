@@ -93,22 +93,6 @@ def test_clip_score_errors(tmp_path, monkeypatch):
         clip_score(ims, exs, pretrained=str(ckpt), device="cpu")
 
 
-@pytest.fixture(scope="module")
-def tiny_clip(tmp_path_factory):
-    """A random tiny open_clip model registered as ``mmrl-test-tiny-clip``, saved to a local file."""
-    open_clip = pytest.importorskip("open_clip")
-    folder = tmp_path_factory.mktemp("clip")
-    cfg = {"embed_dim": 16,
-           "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "patch_size": 8, "head_width": 16},
-           "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1}}
-    (folder / "mmrl-test-tiny-clip.json").write_text(json.dumps(cfg))
-    open_clip.add_model_config(folder / "mmrl-test-tiny-clip.json")
-    torch.manual_seed(0)
-    model = open_clip.create_model("mmrl-test-tiny-clip")
-    torch.save(model.state_dict(), folder / "clip.pt")
-    return "mmrl-test-tiny-clip", folder / "clip.pt"
-
-
 @needs_open_clip
 def test_clip_score_tiny_model(tiny_clip):
     name, ckpt = tiny_clip
