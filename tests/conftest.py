@@ -69,17 +69,40 @@ CLI_RUN = ["train.device=cpu", "train.prompts_per_step=2", "rollout.num_generati
            "rollout.max_completion_length=6", "eval.num_examples=2", "eval.pass_k=0", "log.progress=false"]
 
 
+def mmrl_here(*args):
+    """``mmrl ARGS`` by the command line's own code in this process (a subprocess would spend most of
+    its time importing torch), in the current directory; torch's thread count, which the command
+    sets (train.threads), put back after it."""
+    import traceback
+
+    from typer.testing import CliRunner
+
+    from mmrl.cli import app
+
+    threads = torch.get_num_threads()
+    try:
+        r = CliRunner().invoke(app, list(args))
+    finally:
+        torch.set_num_threads(threads)
+    assert r.exit_code == 0, r.output[-3000:] + "".join(traceback.format_exception(*r.exc_info))[-3000:]
+    return r
+
+
+@pytest.mark.slow
+
+
 @pytest.fixture(scope="session")
 def finished_cli_run(random_tiny_dir, tmp_path_factory):
     """A finished 2-step run of the random tiny model made by `mmrl train vlm` (runs/exp), trained
-    once a session: the resume tests and the demo's playground each work on a copy."""
-    import subprocess
-    import sys
-
+    once a session by the command line's own code in this process: the resume tests and the demo's
+    playground each work on a copy (the tests of the process boundary run their own commands)."""
     root = tmp_path_factory.mktemp("cli-run")
-    r = subprocess.run([sys.executable, "-m", "mmrl.cli", "train", "vlm", f"model.path={random_tiny_dir}", *CLI_RUN,
-                        "train.steps=2", "log.run_name=exp"], capture_output=True, text=True, cwd=root, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
+    here = os.getcwd()
+    os.chdir(root)
+    try:
+        mmrl_here("train", "vlm", f"model.path={random_tiny_dir}", *CLI_RUN, "train.steps=2", "log.run_name=exp")
+    finally:
+        os.chdir(here)
     return root / "runs" / "exp"
 
 

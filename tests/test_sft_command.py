@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+from conftest import mmrl_here
 from mmrl.task import Task, image_prompt
 from mmrl.vlm.sft import record_completion, sft_batch, sft_target
 
@@ -157,31 +158,11 @@ def test_a_resumed_sft_run_ends_with_the_weights_of_an_uninterrupted_one(random_
     assert steps == [1, 2, 3, 4, 4]  # steps 3-4 logged once: the killed attempt's lines were dropped
 
 
-def _mmrl_here(*args):
-    """``mmrl ARGS`` by the command line's own code in this process (a subprocess would spend most of
-    its time importing torch), in the current directory; torch's thread count, which the command
-    sets (train.threads), put back after it."""
-    import traceback
-
-    from typer.testing import CliRunner
-
-    from mmrl.cli import app
-
-    threads = torch.get_num_threads()
-    try:
-        r = CliRunner().invoke(app, list(args))
-    finally:
-        torch.set_num_threads(threads)
-    assert r.exit_code == 0, r.output[-3000:] + "".join(traceback.format_exception(*r.exc_info))[-3000:]
-    return r
-
-
-@pytest.mark.slow
 def test_sft_lowers_held_out_loss_then_rl_starts_from_its_model(random_tiny_dir, tmp_path, monkeypatch):
     """The R1 recipe as two commands: `mmrl sft` on the counting task's reference answers lowers
     the held-out loss, and `mmrl train vlm model.path=<its model>` trains from what it wrote."""
     monkeypatch.chdir(tmp_path)
-    r = _mmrl_here("sft", "vlm/counting_tiny", f"model.path={random_tiny_dir}", "train.device=cpu", "train.steps=8",
+    r = mmrl_here("sft", "vlm/counting_tiny", f"model.path={random_tiny_dir}", "train.device=cpu", "train.steps=8",
                    "train.prompts_per_step=8", "train.micro_batch_size=8", "train.learning_rate=3e-3",
                    "train.warmup_steps=0", "eval.num_examples=8", "log.output_dir=runs", "log.run_name=warm",
                    "log.progress=false", "log.save_every=4")
@@ -194,7 +175,7 @@ def test_sft_lowers_held_out_loss_then_rl_starts_from_its_model(random_tiny_dir,
     assert [m["step"] for m in metrics if "loss" in m] == list(range(1, 9))
     assert (run / "checkpoints" / "step_00000008" / "policy").is_dir()
 
-    _mmrl_here("train", "vlm", f"model.path={run / 'model'}", "train.device=cpu", "train.steps=1",
+    mmrl_here("train", "vlm", f"model.path={run / 'model'}", "train.device=cpu", "train.steps=1",
                "train.prompts_per_step=2", "rollout.num_generations=2", "rollout.max_completion_length=6",
                "eval.num_examples=2", "eval.pass_k=0", "log.output_dir=runs", "log.run_name=rl", "log.progress=false")
     config = (tmp_path / "runs" / "rl" / "config.yaml").read_text()
