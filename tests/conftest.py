@@ -88,9 +88,6 @@ def mmrl_here(*args):
     return r
 
 
-@pytest.mark.slow
-
-
 @pytest.fixture(scope="session")
 def finished_cli_run(random_tiny_dir, tmp_path_factory):
     """A finished 2-step run of the random tiny model made by `mmrl train vlm` (runs/exp), trained

@@ -158,6 +158,7 @@ def test_a_resumed_sft_run_ends_with_the_weights_of_an_uninterrupted_one(random_
     assert steps == [1, 2, 3, 4, 4]  # steps 3-4 logged once: the killed attempt's lines were dropped
 
 
+@pytest.mark.slow
 def test_sft_lowers_held_out_loss_then_rl_starts_from_its_model(random_tiny_dir, tmp_path, monkeypatch):
     """The R1 recipe as two commands: `mmrl sft` on the counting task's reference answers lowers
     the held-out loss, and `mmrl train vlm model.path=<its model>` trains from what it wrote."""
