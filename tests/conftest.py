@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
 import torch
@@ -69,22 +70,37 @@ CLI_RUN = ["train.device=cpu", "train.prompts_per_step=2", "rollout.num_generati
            "rollout.max_completion_length=6", "eval.num_examples=2", "eval.pass_k=0", "log.progress=false"]
 
 
-def mmrl_here(*args):
+def mmrl_in_process(*args, cwd=None) -> subprocess.CompletedProcess:
     """``mmrl ARGS`` by the command line's own code in this process (a subprocess would spend most of
-    its time importing torch), in the current directory; torch's thread count, which the command
-    sets (train.threads), put back after it."""
+    its time importing torch), in ``cwd`` (default: the current directory), as the completed process
+    it stands for: exit code, stdout, stderr. Torch's thread count, which the command sets
+    (train.threads), and the working directory are put back after it. The tests of the process
+    boundary itself (signals, the ``python -m mmrl`` entry point, environment variables read at
+    import) keep real subprocesses."""
     import traceback
 
     from typer.testing import CliRunner
 
     from mmrl.cli import app
 
-    threads = torch.get_num_threads()
+    threads, here = torch.get_num_threads(), os.getcwd()
     try:
-        r = CliRunner().invoke(app, list(args))
+        if cwd is not None:
+            os.chdir(cwd)
+        r = CliRunner().invoke(app, [str(a) for a in args])
     finally:
+        os.chdir(here)
         torch.set_num_threads(threads)
-    assert r.exit_code == 0, r.output[-3000:] + "".join(traceback.format_exception(*r.exc_info))[-3000:]
+    stderr = r.stderr
+    if r.exc_info is not None and not isinstance(r.exception, SystemExit):  # a crash, shown as Python shows it
+        stderr += "".join(traceback.format_exception(*r.exc_info))
+    return subprocess.CompletedProcess(["mmrl", *map(str, args)], r.exit_code, r.stdout, stderr)
+
+
+def mmrl_here(*args, cwd=None) -> subprocess.CompletedProcess:
+    """:func:`mmrl_in_process` that must succeed."""
+    r = mmrl_in_process(*args, cwd=cwd)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return r
 
 
@@ -94,12 +110,7 @@ def finished_cli_run(random_tiny_dir, tmp_path_factory):
     once a session by the command line's own code in this process: the resume tests and the demo's
     playground each work on a copy (the tests of the process boundary run their own commands)."""
     root = tmp_path_factory.mktemp("cli-run")
-    here = os.getcwd()
-    os.chdir(root)
-    try:
-        mmrl_here("train", "vlm", f"model.path={random_tiny_dir}", *CLI_RUN, "train.steps=2", "log.run_name=exp")
-    finally:
-        os.chdir(here)
+    mmrl_here("train", "vlm", f"model.path={random_tiny_dir}", *CLI_RUN, "train.steps=2", "log.run_name=exp", cwd=root)
     return root / "runs" / "exp"
 
 

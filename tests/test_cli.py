@@ -1,47 +1,36 @@
-"""The command line as a user meets it (the installed ``mmrl`` entry point, in a subprocess)."""
+"""The command line as a user meets it: its messages and exit codes, by the command line's own code
+in this process (``mmrl_in_process``); ``python -m mmrl.cli`` itself in a subprocess once."""
 
 from __future__ import annotations
-
-import pytest
 
 import subprocess
 import sys
 
+import pytest
 
-def _mmrl(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "mmrl.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=300)
+from conftest import mmrl_in_process
 
-
-# The quick commands below are independent (each in its own directory) and each spends most of its
-# time starting Python and importing torch: they are started together, once, and each test reads
-# its own command's result.
+# The quick commands below are independent (each in its own directory): each test reads its own
+# command's result.
 QUICK_COMMANDS = {
     "mistyped_override": ("train", "vlm", "algo.epslion=0.3"),
     "mistyped_yaml": ("train", "vlm", "bad.yaml"),
     "unknown_modality": ("train", "audio"),
     "other_modality": ("train", "vlm", "diffusion/composition_tiny"),
     "missing_generator": ("train", "diffusion", "model.path=/nonexistent/sd3"),
-    "list": ("list",),
 }
 
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
     """``name -> (CompletedProcess, the directory it ran in)`` for every command of QUICK_COMMANDS."""
-    started = {}
+    done = {}
     for name, args in QUICK_COMMANDS.items():
         cwd = tmp_path_factory.mktemp(name)
         if name == "mistyped_yaml":
             (cwd / "bad.yaml").write_text("rollout:\n  num_generation: 4\n")
             args = ("train", "vlm", str(cwd / "bad.yaml"))
-        cmd = [sys.executable, "-m", "mmrl.cli", *args]
-        started[name] = (cmd, cwd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                                    cwd=cwd))
-    done = {}
-    for name, (cmd, cwd, proc) in started.items():
-        out, err = proc.communicate(timeout=300)
-        done[name] = (subprocess.CompletedProcess(cmd, proc.returncode, out, err), cwd)
+        done[name] = (mmrl_in_process(*args, cwd=cwd), cwd)
     return done
 
 
@@ -76,8 +65,10 @@ def test_generator_recipe_with_a_missing_model_dir_is_a_clear_error(quick):
     assert r.returncode == 2 and "/nonexistent/sd3" in err and "downloaded" in err
 
 
-def test_list_shows_builtin_plugins(quick):
-    r, _ = quick["list"]
+def test_list_shows_builtin_plugins_through_python_m_mmrl_cli(tmp_path):
+    """The one command run as a user runs it: ``python -m mmrl.cli`` in a fresh process."""
+    r = subprocess.run([sys.executable, "-m", "mmrl.cli", "list"], capture_output=True, text=True, cwd=tmp_path,
+                       timeout=300)
     assert r.returncode == 0, r.stderr
     assert "counting" in r.stdout and "grounding" in r.stdout and "iou" in r.stdout and "grpo" in r.stdout
 
@@ -90,12 +81,12 @@ def test_train_resume_and_eval_from_the_command_line(random_tiny_dir, tmp_path):
     common = [f"model.path={random_tiny_dir}", "train.device=cpu", "train.prompts_per_step=2",
               "rollout.num_generations=2", "rollout.max_completion_length=6", "eval.num_examples=2",
               f"log.output_dir={tmp_path}", "log.run_name=cli", "log.progress=false"]
-    r = _mmrl("train", "vlm", *common, "train.steps=1", cwd=tmp_path)
+    r = mmrl_in_process("train", "vlm", *common, "train.steps=1", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
-    r = _mmrl("train", "vlm", *common, "train.steps=2", "--resume", cwd=tmp_path)
+    r = mmrl_in_process("train", "vlm", *common, "train.steps=2", "--resume", cwd=tmp_path)
     err = " ".join(r.stderr.split())
     assert r.returncode == 2 and "train.steps: 1 -> 2" in err and "--allow-config-change" in err
-    r = _mmrl("train", "vlm", *common, "train.steps=2", "--resume", "--allow-config-change", cwd=tmp_path)
+    r = mmrl_in_process("train", "vlm", *common, "train.steps=2", "--resume", "--allow-config-change", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     steps = [json.loads(line)["step"] for line in (tmp_path / "cli" / "metrics.jsonl").read_text().splitlines()
              if "reward" in json.loads(line)]
@@ -106,7 +97,7 @@ def test_train_resume_and_eval_from_the_command_line(random_tiny_dir, tmp_path):
         low, high = summary["intervals"][when]["accuracy"]
         assert low <= summary[when]["accuracy"] <= high
     assert summary["intervals"]["confidence"] == 0.95
-    r = _mmrl("eval", str(tmp_path / "cli"), "--num-examples", "3", cwd=tmp_path)
+    r = mmrl_in_process("eval", str(tmp_path / "cli"), "--num-examples", "3", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout[r.stdout.index("{"):])
     assert out["checkpoint"].endswith("step_00000002") and 0.0 <= out["reward"] <= 1.5 and "accuracy" in out

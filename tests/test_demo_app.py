@@ -9,13 +9,13 @@ import json
 import os
 import shutil
 import socket
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
+
+from conftest import mmrl_here
 
 gradio = pytest.importorskip("gradio", reason="the demo needs gradio: pip install -e '.[demo]'")
 playwright_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the dev extra)")
@@ -46,14 +46,8 @@ def demo_server(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("demo")
     runs = root / "runs"
-    # the two runs are independent: made at the same time
-    procs = [subprocess.Popen([sys.executable, "-m", "mmrl", "train", modality, *QUICK, f"log.output_dir={runs}",
-                               f"log.run_name={name}", "log.progress=false"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for modality, name in (("vlm", RUN), ("diffusion", GEN_RUN))]
-    for proc in procs:
-        _, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err[-2000:]
+    for modality, name in (("vlm", RUN), ("diffusion", GEN_RUN)):  # by the command line's code, here
+        mmrl_here("train", modality, *QUICK, f"log.output_dir={runs}", f"log.run_name={name}", "log.progress=false")
     (root / "secret.txt").write_text("not for the page")
     port = _free_port()
     app, play, launcher = launch_app(runs, port=port, upload_dir=root / "uploads", block=False, max_upload="1mb")

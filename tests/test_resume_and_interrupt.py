@@ -14,26 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CLI_RUN
+from conftest import CLI_RUN, mmrl_in_process
 from mmrl.core.interrupt import StopOnInterrupt
 from mmrl.runs.resume import NothingToResume, find_run, finished_steps
-
-
-def _mmrl(*args, cwd, timeout=300):
-    return subprocess.run([sys.executable, "-m", "mmrl.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=timeout)
-
-
-def _mmrl_together(*commands, cwd) -> list[subprocess.CompletedProcess]:
-    """Independent `mmrl` commands (argument tuples) started at the same time in ``cwd``, each
-    spending most of its time starting Python and importing torch."""
-    procs = [subprocess.Popen([sys.executable, "-m", "mmrl.cli", *args], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, cwd=cwd) for args in commands]
-    outs = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=300)
-        outs.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
-    return outs
 
 
 def _fake_run(root: Path, name: str, steps: int = 2, checkpoint: int | None = 2, summary: bool = True) -> Path:
@@ -104,9 +87,8 @@ def _copy(run: Path, tmp_path: Path) -> Path:
 @pytest.mark.slow
 def test_resume_without_a_run_or_with_a_misspelt_one_starts_nothing(finished_run, tmp_path):
     _copy(finished_run, tmp_path)
-    nameless, misspelt, misspelt_path = _mmrl_together(("train", "vlm", "--resume"),
-                                                       ("train", "vlm", "log.run_name=epx", "--resume"),
-                                                       ("train", "--resume", "runs/exq"), cwd=tmp_path)
+    nameless, misspelt, misspelt_path = (mmrl_in_process(*args, cwd=tmp_path) for args in (
+        ("train", "vlm", "--resume"), ("train", "vlm", "log.run_name=epx", "--resume"), ("train", "--resume", "runs/exq")))
     r = nameless
     assert r.returncode == 2 and "nothing to resume" in r.stderr and "runs in runs/: exp" in r.stderr
     r = misspelt
@@ -120,7 +102,7 @@ def test_resume_without_a_run_or_with_a_misspelt_one_starts_nothing(finished_run
 def test_resuming_a_finished_run_says_so_and_changes_nothing(finished_run, tmp_path):
     run = _copy(finished_run, tmp_path)
     before = (run / "metrics.jsonl").read_text()
-    r = _mmrl("train", "--resume", "runs/exp", cwd=tmp_path)
+    r = mmrl_in_process("train", "--resume", "runs/exp", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     said = " ".join(r.stderr.split())
     assert "runs/exp has trained all 2 steps" in said and "train.steps=4 --allow-config-change" in said
@@ -133,11 +115,11 @@ def test_resume_takes_the_runs_config_and_overrides_are_changes(finished_run, tm
     """Nothing of the first command is re-typed (model path, batch sizes): the run's config.yaml is
     used; an override is shown as a diff and refused unless allowed."""
     run = _copy(finished_run, tmp_path)
-    r = _mmrl("train", "--resume", "runs/exp", "train.steps=3", cwd=tmp_path)
+    r = mmrl_in_process("train", "--resume", "runs/exp", "train.steps=3", cwd=tmp_path)
     said = " ".join(r.stderr.split())
     assert r.returncode == 2 and "train.steps: 2 -> 3" in said and "--allow-config-change" in said
     assert "mmrl train --resume runs/exp" in said and "drop the overrides" not in said
-    r = _mmrl("train", "--resume", "runs/exp", "train.steps=3", "--allow-config-change", cwd=tmp_path)
+    r = mmrl_in_process("train", "--resume", "runs/exp", "train.steps=3", "--allow-config-change", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert _train_rows(run) == [1, 2, 3]
     history = sorted(p.name for p in (run / "config_history").iterdir())
@@ -173,7 +155,7 @@ def test_ctrl_c_finishes_the_step_saves_and_says_how_to_resume(random_tiny_dir, 
     stopped = int(said.split("stopped after step ")[1].split(",")[0])
     assert "checkpoint saved; resume with: mmrl train --resume runs/ctrlc" in said
     assert (run / "checkpoints" / f"step_{stopped:08d}").is_dir() and max(_train_rows(run)) == stopped
-    r = _mmrl("train", "--resume", "runs/ctrlc", f"train.steps={stopped + 1}", "--allow-config-change", cwd=tmp_path)
+    r = mmrl_in_process("train", "--resume", "runs/ctrlc", f"train.steps={stopped + 1}", "--allow-config-change", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert _train_rows(run)[-2:] == [stopped, stopped + 1]
 
