@@ -242,7 +242,7 @@ register_tool = _register_as(TOOLS, "name")  # @register_tool("zoom_in") on an m
 register_policy = _register_as(POLICIES, "modality")
 
 # benchmark protocols (mmrl.benchmarks): `mmrl eval --benchmark NAME`
-BENCHMARKS: Registry[Any] = Registry("benchmark", modules=("mmrl.benchmarks.protocols",))
+BENCHMARKS: Registry[Any] = Registry("benchmark", modules=("mmrl.benchmarks.protocols", "mmrl.benchmarks.visual_search"))
 
 ALL_REGISTRIES: dict[str, Registry] = {
     "tasks": TASKS, "rewards": REWARDS, "advantage estimators": ADVANTAGES, "losses": LOSSES,

@@ -33,7 +33,8 @@ class Benchmark:
     cells: Callable[[dict], Sequence[str]]  # the table cells an example counts in
     metrics: tuple[str, ...] = ("accuracy",)
     order: tuple[str, ...] = ()  # the cells in the paper's order; cells not listed follow, sorted
-    macro: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # cell -> the cells it averages
+    # cell -> the cells it averages, or a function choosing them from the cells present (names -> names)
+    macro: Mapping[str, tuple[str, ...] | Callable[[Sequence[str]], Sequence[str]]] = field(default_factory=dict)
     options: Callable[[Optional[str], Optional[str]], dict] = lambda data, root: {"eval_path": data, "image_root": root}
     per_file: bool = False  # each data file is its own split: one row per file (VLM-R1's RefCOCO files)
     needs_data: bool = True
@@ -83,7 +84,9 @@ def benchmark_table(bench: Benchmark, task, completions: list, examples: list,
     for cell in names:
         row: dict = {"cell": cell if split is None else (split if cell == ALL else f"{split} {cell}")}
         if cell in bench.macro:
-            parts = [values[c] for c in bench.macro[cell] if c in values]
+            members = bench.macro[cell]
+            members = members(sorted(values)) if callable(members) else members
+            parts = [values[c] for c in members if c in values]
             row["n"] = sum(len(p[bench.metrics[0]]) for p in parts)
             for m in bench.metrics:
                 means = [sum(p[m]) / len(p[m]) for p in parts]

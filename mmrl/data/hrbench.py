@@ -6,9 +6,9 @@ HR-Bench 4K / 8K ship as tables (``DreamMr/HR-Bench``; lmms-eval reads them in
 options in columns ``A``, ``B``, ``C``, ``D`` (a missing or NaN column is no option), ``answer``
 (the right option's letter), ``category`` (``single`` / ``cross``), ``cycle_category`` and
 ``image`` (the image file base64-encoded; some copies hold its bytes). :func:`parse_hrbench_record`
-is the ``parse`` of :class:`mmrl.data.records.FileExamples` for such rows (parquet, JSON or JSONL;
-the TSV files are read with pandas and saved as parquet first); a bad row is skipped and counted
-with its row number.
+is the ``parse`` of :class:`mmrl.data.records.FileExamples` for such rows (the ``.tsv`` files as
+they ship, parquet, JSON or JSONL); a bad row is skipped and counted with its row number. The
+``hrbench`` benchmark (:mod:`mmrl.benchmarks.visual_search`) scores them as lmms-eval does.
 """
 
 from __future__ import annotations
@@ -46,6 +46,11 @@ def _image_bytes(value) -> bytes:
     raise BadRecord("no 'image' (base64 text or bytes)")
 
 
+def _text(value) -> str:
+    """A label column as text; cycle 0 stays "0" (an int column: ``str(0 or "")`` would lose it)."""
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value).strip()
+
+
 def parse_hrbench_record(record: dict) -> dict:
     """One HR-Bench row -> an example: ``image`` (the decoded bytes, opened on access),
     ``question``, ``options`` (in letter order), ``answer`` (the right option's text),
@@ -62,7 +67,7 @@ def parse_hrbench_record(record: dict) -> dict:
         raise BadRecord(f"'answer' must be one of the option letters {', '.join(letters)}, got {record.get('answer')!r}")
     ex = {"image": _image_bytes(record.get("image")), "question": question.strip(), "options": options,
           "answer": options[letters.index(letter)], "answer_letter": letter,
-          "category": str(record.get("category") or ""), "cycle_category": str(record.get("cycle_category") or "")}
+          "category": _text(record.get("category")), "cycle_category": _text(record.get("cycle_category"))}
     if record.get("index") is not None:
         ex["id"] = record["index"]
     return ex

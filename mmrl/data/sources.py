@@ -14,6 +14,8 @@ the format. A record that cannot even be read (a JSONL line that is not JSON) is
   by id (GQA; :mod:`mmrl.data.json_files`); a ``.json`` file that is really JSONL is read as JSONL;
 - ``*.parquet``: read with ``datasets.load_dataset("parquet", data_files=...)`` (local files only;
   ``datasets`` caches an Arrow copy under ``HF_DATASETS_CACHE``);
+- ``*.tsv``: a tab-separated table with a header row (HR-Bench's ``hr_bench_4k.tsv``, images as
+  base64 columns), read with ``datasets.load_dataset("csv", delimiter="\t")``; an empty cell is "";
 - a directory written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``:
   ``datasets.load_from_disk``; a ``DatasetDict`` gives the split named like the one asked for;
 - any other directory, or a glob: its ``.parquet`` / ``.json`` / ``.jsonl`` files (recursively);
@@ -39,7 +41,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 from .json_files import HeldRecords, JsonRecords, Problem
 
-DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".tsv")
 # Names a split goes by in file names and DatasetDict keys; "eval" reads the first one present.
 SPLIT_NAMES = {"train": ("train",), "eval": ("validation", "val", "eval", "dev", "test")}
 _GLOB_CHARS = re.compile(r"[*?\[]")
@@ -261,7 +263,9 @@ def _from_files(files: list[Path], path: Path):
         sources.append(TableRecords(_load_parquet(parquet), parquet[0] if len(parquet) == 1 else path,
                                     parquet[0].parent))
     for f in files:
-        if f.suffix == ".jsonl" or (f.suffix == ".json" and _is_jsonl(f)):
+        if f.suffix == ".tsv":
+            sources.append(TableRecords(_load_tsv(f), f, f.parent))
+        elif f.suffix == ".jsonl" or (f.suffix == ".json" and _is_jsonl(f)):
             sources.append(JsonlRecords(f))
         elif f.suffix == ".json":
             sources.append(JsonRecords(f))
@@ -286,6 +290,13 @@ def _load_parquet(files: list[Path]):
     import datasets
 
     return datasets.load_dataset("parquet", data_files=[str(f) for f in files], split="train")
+
+
+def _load_tsv(file: Path):
+    import datasets
+
+    # keep_default_na=False: an option reading "None" or "NA" stays text; an empty cell is ""
+    return datasets.load_dataset("csv", data_files=[str(file)], delimiter="\t", keep_default_na=False, split="train")
 
 
 def _saved_dataset(path: Path, split: str):
