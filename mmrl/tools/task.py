@@ -33,7 +33,24 @@ from .base import ToolBudget, ToolState, make_tool
 from .calls import run_turn
 from .rollout import observation_message, run_trajectories
 
-__all__ = ["ToolUseTask", "tools_system_prompt"]
+__all__ = ["ToolUseTask", "one_per_trajectory", "tools_system_prompt"]
+
+
+def one_per_trajectory(completions: Sequence, examples: Sequence) -> tuple[list, list]:
+    """(texts, examples) with one entry per trajectory: a turn row's whole trajectory text and its
+    example, taken once (a trajectory is scored once, not once per turn); rows that are not turns
+    (single completions) as they are."""
+    texts, finals, seen = [], [], set()
+    for completion, ex in zip(completions, examples):
+        if isinstance(ex, dict) and "episode_id" in ex:
+            key = episode_key(ex)
+            if key in seen:
+                continue
+            seen.add(key)
+            completion = ex.get("trajectory", completion)
+        texts.append(completion)
+        finals.append(ex)
+    return texts, finals
 
 
 def tools_system_prompt(tools) -> str:
@@ -143,17 +160,7 @@ class ToolUseTask(Task, EpisodicTask):
         """:meth:`trajectory_metrics` on one completion per trajectory (its whole text), with
         ``turns`` (assistant messages per trajectory) and ``tool/over_turn`` (the share cut by the
         budget before answering). Rows that are not turns (single completions) count as they are."""
-        texts, finals = [], []
-        seen = set()
-        for completion, ex in zip(completions, examples):
-            if isinstance(ex, dict) and "episode_id" in ex:
-                key = episode_key(ex)
-                if key in seen:
-                    continue
-                seen.add(key)
-                completion = ex.get("trajectory", completion)
-            texts.append(completion)
-            finals.append(ex)
+        texts, finals = one_per_trajectory(completions, examples)
         out = self.trajectory_metrics(texts, finals)
         if finals:
             out["turns"] = sum(ex.get("turns", 1) for ex in finals) / len(finals)
