@@ -23,13 +23,14 @@ class ScriptedPolicy:
     capabilities = frozenset({"multi_turn"})
 
     def __init__(self, script):
-        self.script, self.prompts = script, []
+        self.script, self.prompts, self.stops = script, [], []
 
     def prepare_examples(self, examples):
         return [{**ex, "pred_space": "pixel"} for ex in examples]
 
-    def rollout(self, examples, prompts, n, mode, need_old_logps=False, need_ref_logps=False):
+    def rollout(self, examples, prompts, n, mode, need_old_logps=False, need_ref_logps=False, stop=()):
         self.prompts.append(prompts)
+        self.stops.append(stop)
         turn = len(self.prompts) - 1
         completions = [self.script(turn, ex) for ex in examples]
         return Rollouts(group_ids=torch.arange(len(prompts)), action_mask=torch.ones(len(prompts), 3),
@@ -60,6 +61,7 @@ def test_turns_become_rows_and_the_tool_image_comes_back_as_the_next_turn():
     rows = rollout_task(policy, task, specs, 2, "train")
     # 2 examples x 2 trajectories, each: a zoom turn, then the answer
     assert len(rows) == 8 and rows.group_ids.tolist() == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert policy.stops == [("</tool_call>",)] * 2  # stop_at_call: generation ends at the call
     assert [ex["episode_id"] for ex in rows.examples] == [0, 1, 2, 3] * 2
     assert [ex["step_index"] for ex in rows.examples] == [0] * 4 + [1] * 4
     # the first turn's prompt: the tool list as a system message, then the image and question
@@ -203,11 +205,11 @@ def _scripted(policy, script):
     random tiny model never writes a tool call by itself); everything else is the real policy's."""
     calls = []
 
-    def rollout(examples, prompts, n, mode, need_old_logps=False, need_ref_logps=False):
+    def rollout(examples, prompts, n, mode, need_old_logps=False, need_ref_logps=False, stop=()):
         turn = len(calls)
         calls.append(prompts)
         batch = policy.rollout_given(examples, prompts, [script(turn, ex) for ex in examples],
-                                     need_old_logps, need_ref_logps)
+                                     need_old_logps, need_ref_logps, stop=stop)
         batch.off_policy = None
         return batch
 

@@ -241,3 +241,31 @@ def test_a_later_turn_with_a_tool_image_rolls_out_through_vllm():
     tight = _policy("rollout.vllm_max_model_length=2048")
     with pytest.raises(ValueError, match="rollout.vllm_limit_images=1"):
         tight.rollout([ex], [prompt], 1, "train")
+
+
+@pytest.mark.vllm
+def test_vllm_stops_at_a_stop_text_as_the_hf_engine_does(policy):
+    """Seeded samples with and without a stop text (taken from a free sample): where the free
+    sample wrote it, the stopped sample is its tokens up to the one that completes it, not
+    truncated, with the engine's log-probs equal to the trainer's; elsewhere the samples agree."""
+    exs, prompts = _prompts(1)
+    torch.manual_seed(11)
+    free = policy.rollout(exs[:1], prompts[:1], 4, "train", need_old_logps=True, need_ref_logps=False)
+    longest = max(free.payload["completion_ids"], key=len)
+    assert len(longest) >= 6, "the tiny model stopped too early to test"
+    head = policy.decode(longest[:len(longest) // 2 + 1])
+    stop = next(head[-n:] for n in range(3, len(head) + 1) if head.find(head[-n:]) == len(head) - n)
+    torch.manual_seed(11)
+    stopped = policy.rollout(exs[:1], prompts[:1], 4, "train", need_old_logps=True, need_ref_logps=False,
+                             stop=(stop,))
+    hits = 0
+    for ids, got, trunc in zip(free.payload["completion_ids"], stopped.payload["completion_ids"],
+                               stopped.truncated.tolist()):
+        if stop in policy.decode(ids):
+            hits += 1
+            assert torch.equal(got, ids[:len(got)]) and not trunc
+            assert stop in policy.decode(got) and stop not in policy.decode(got[:-1])
+        else:
+            assert torch.equal(got, ids)
+    assert hits >= 1
+    _assert_engine_matches_policy(stopped)

@@ -6,8 +6,11 @@ for Visual Search"). :func:`run_trajectories` rolls out ``n`` trajectories of ea
 them batched: at every turn the policy writes one assistant message for each trajectory still
 running (one ``policy.rollout`` call, so the HF engine and vLLM alike), the calls in it run
 (:func:`mmrl.tools.calls.run_turn`), and their observations (tool images, error text) come back as
-the next user turn inside ``<tool_response>``. A trajectory ends with a message that calls no tool
-(its answer), or when its budget is spent (:class:`~mmrl.tools.base.ToolBudget`).
+the next user turn inside ``<tool_response>``. With the task's ``stop_at_call`` (the default) a
+message's generation stops where it closes its call (``</tool_call>``: transformers'
+``stop_strings``, vLLM's ``stop``), so the model never writes past its call; the chat template closes
+the message in the next turn's prompt, as context. A trajectory ends with a message that calls no
+tool (its answer), or when its budget is spent (:class:`~mmrl.tools.base.ToolBudget`).
 
 **Each turn is one row of the batch**, its prompt the whole conversation so far (every image the
 tools returned included), its actions the tokens the model wrote in that turn. Why rows and not one
@@ -103,13 +106,14 @@ def run_trajectories(policy, task, examples: Sequence[dict], n: int, mode: str, 
     rows_of: dict[int, list[tuple[int, int]]] = {e: [] for e in range(len(base))}
     parts: list[Rollouts] = []
     running = list(range(len(base)))
+    stop = {"stop": task.stop_texts} if task.stop_texts else {}  # a turn ends at its call (stop_at_call)
     for t in range(task.max_generations):
         if not running:
             break
         step_examples = [base[e] for e in running]
         prompts = [conversation(task, base[e], turns[e]) for e in running]
         batch = policy.rollout(step_examples, prompts, 1, mode, need_old_logps=need_old_logps,
-                               need_ref_logps=need_ref_logps)
+                               need_ref_logps=need_ref_logps, **stop)
         still = []
         for row, e in enumerate(running):
             text = batch.completions[row]

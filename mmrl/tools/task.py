@@ -11,6 +11,9 @@ text. Its options (``task.options.*``):
 - ``max_turns``: tool turns per trajectory (DeepEyes trains with 5); 0 makes a no-tool baseline;
 - ``max_tool_pixels`` / ``max_tokens``: the trajectory's pixel budget for tool images and its
   token budget (conversation so far), None for none (:class:`~mmrl.tools.base.ToolBudget`);
+- ``stop_at_call``: generation stops where the model closes a call (``</tool_call>``), the tool
+  runs and the next turn continues (default); false: each message is generated to its end of turn
+  and up to ``max_calls_per_turn`` of its calls run, as DeepEyes does;
 - ``max_calls_per_turn``: calls run per message (DeepEyes' ``max_action_per_turn``, 3);
 - ``over_turn_masking``: Mini-o3's over-turn masking (:mod:`mmrl.tools.rollout`);
 - ``tools_in_prompt``: put the tool list in a system message (Qwen2.5's tool block), for a model
@@ -30,7 +33,7 @@ from mmrl.task import Task
 from mmrl.data.sequence import LazySequence
 
 from .base import ToolBudget, ToolState, make_tool
-from .calls import run_turn
+from .calls import CLOSE, run_turn
 from .rollout import observation_message, run_trajectories
 
 __all__ = ["ToolUseTask", "one_per_trajectory", "tools_system_prompt"]
@@ -71,7 +74,7 @@ class ToolUseTask(Task, EpisodicTask):
     def default_options(self) -> dict[str, Any]:
         return {**super().default_options(), "tools": {k: dict(v) for k, v in self.default_tools.items()},
                 "max_turns": 5, "max_tool_pixels": None, "max_tokens": None, "max_calls_per_turn": 3,
-                "over_turn_masking": False, "tools_in_prompt": True}
+                "over_turn_masking": False, "tools_in_prompt": True, "stop_at_call": True}
 
     def __init__(self, **options: Any):
         super().__init__(**options)
@@ -81,7 +84,7 @@ class ToolUseTask(Task, EpisodicTask):
                 raise ValueError(f"{self.name}: {key} must be an int >= {0 if key == 'max_turns' else 1}, got {o[key]!r}")
         if not isinstance(o["tools"], dict):
             raise ValueError(f"{self.name}: tools must map tool names to their options, got {o['tools']!r}")
-        self.bool_option("over_turn_masking"), self.bool_option("tools_in_prompt")
+        self.bool_option("over_turn_masking"), self.bool_option("tools_in_prompt"), self.bool_option("stop_at_call")
         self.make_budget()  # the budget's values checked now, not at the first rollout
         self.tools = self.make_tools()  # unknown tools and options fail here, naming them
 
@@ -98,6 +101,11 @@ class ToolUseTask(Task, EpisodicTask):
     def max_generations(self) -> int:
         """Assistant messages per trajectory at most: each tool turn, then the answer."""
         return int(self.options["max_turns"]) + 1
+
+    @property
+    def stop_texts(self) -> tuple[str, ...]:
+        """The texts that end a turn's generation besides the end of turn (``stop_at_call``)."""
+        return (CLOSE,) if self.bool_option("stop_at_call") else ()
 
     @property
     def max_calls_per_turn(self) -> int:

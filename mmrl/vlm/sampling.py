@@ -76,12 +76,12 @@ class VLMSampling:
         return self.processor.decode(ids.tolist())
 
     # -- sampling -------------------------------------------------------------------------------
-    def sampling(self, mode: str) -> Sampling:
+    def sampling(self, mode: str, stop: Sequence[str] = ()) -> Sampling:
         """The training rollout's settings (``rollout.*``; modes "train" and "sample"), or for
-        ``mode="eval"`` the same budget at ``eval.temperature``."""
+        ``mode="eval"`` the same budget at ``eval.temperature``; ``stop``: texts that end a sample."""
         r = self.cfg.rollout
         temperature = self.cfg.eval.temperature if mode == "eval" else r.temperature
-        return Sampling(temperature, r.top_p, r.top_k, r.max_completion_length, max(0, r.batch_size))
+        return Sampling(temperature, r.top_p, r.top_k, r.max_completion_length, max(0, r.batch_size), tuple(stop))
 
     def _batch(self, samples: list[dict], examples: list[dict], group_ids: torch.Tensor,
                off_policy: torch.Tensor | None, need_old_logps: bool, need_ref_logps: bool) -> Rollouts:
@@ -123,9 +123,10 @@ class VLMSampling:
         return self.engine.take_timeouts()
 
     def rollout(self, examples: Sequence[dict], prompts: Sequence[list[dict]], n: int, mode: str = "train",
-                need_old_logps: bool = False, need_ref_logps: bool = False) -> Rollouts:
-        """``n`` samples for each prompt; group i holds the samples of ``prompts[i]``."""
-        samples = self.engine.generate([p for p in prompts for _ in range(n)], self.sampling(mode))
+                need_old_logps: bool = False, need_ref_logps: bool = False, stop: Sequence[str] = ()) -> Rollouts:
+        """``n`` samples for each prompt; group i holds the samples of ``prompts[i]``; a sample also
+        ends where it writes one of the ``stop`` texts (a tool call's closing tag)."""
+        samples = self.engine.generate([p for p in prompts for _ in range(n)], self.sampling(mode, stop))
         return self._batch(samples, [ex for ex in examples for _ in range(n)],
                            torch.arange(len(prompts)).repeat_interleave(n), None, need_old_logps, need_ref_logps)
 
@@ -141,13 +142,14 @@ class VLMSampling:
         return int(sorted(self.eos_ids)[0])
 
     def rollout_given(self, examples: Sequence[dict], prompts: Sequence[list[dict]], completions: Sequence[str],
-                      need_old_logps: bool, need_ref_logps: bool) -> Rollouts:
+                      need_old_logps: bool, need_ref_logps: bool, stop: Sequence[str] = ()) -> Rollouts:
         """One sample per ``(example, prompt, completion)`` by teacher forcing, not generation:
         the off-policy samples of "TempSamp-R1: Effective Temporal Sampling with Reinforcement
         Fine-Tuning for Video LLMs" (e.g. ground-truth solutions injected into the groups).
 
         Prompts are encoded as ``generate`` does; a completion is its text tokenized without
-        special tokens plus the end-of-turn id a real completion stops with. Longer than
+        special tokens plus the end-of-turn id a real completion stops with (none after a text that
+        ends with one of the ``stop`` texts: generation with them would have stopped there). Longer than
         ``rollout.max_completion_length`` it is cut there (no stop token, ``truncated``).
         ``group_ids = arange(len(prompts))``, ``off_policy`` is all True and ``completions`` are
         the decoded ids (what the rewards see, as for generated samples). The payload has the
@@ -157,7 +159,7 @@ class VLMSampling:
             raise ValueError(f"rollout_given: {len(examples)} examples, {len(prompts)} prompts and "
                              f"{len(completions)} completions; one of each per sample")
         max_len = self.cfg.rollout.max_completion_length
-        stop = self._end_of_turn_id()
+        end_of_turn, stop_texts = self._end_of_turn_id(), tuple(stop)
         bs = self.cfg.rollout.batch_size if self.cfg.rollout.batch_size > 0 else max(1, len(prompts))
         samples: list[dict] = []
         for start in range(0, len(prompts), bs):
@@ -171,7 +173,8 @@ class VLMSampling:
                     raise ValueError(f"rollout_given: completion {start + i} contains a vision placeholder "
                                      "token (<|image_pad|>, <|vision_start|>, ...), which is never sampled "
                                      "and cannot be scored")
-                ids = list(text_ids) + [stop]
+                ended = any(completions[start + i].endswith(t) for t in stop_texts)
+                ids = list(text_ids) + ([] if ended else [end_of_turn])
                 samples.append({
                     "prompt_ids": enc["input_ids"][i][enc["attention_mask"][i].bool()],
                     "completion_ids": torch.tensor(ids[:max_len], dtype=torch.long),

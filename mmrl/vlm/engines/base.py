@@ -17,6 +17,9 @@ class Sampling:
     top_k: int
     max_new_tokens: int
     batch_size: int
+    # texts that end a sample where they are written (a tool task's ``</tool_call>``), besides the
+    # stop tokens; the sample keeps the text and is not truncated
+    stop: tuple[str, ...] = ()
 
 
 class RolloutEngine:
@@ -42,10 +45,25 @@ class RolloutEngine:
     def sync_weights(self) -> None:
         """Nothing to do for an engine that generates from the policy's own module."""
 
-    def completion_length(self, completion: torch.Tensor) -> tuple[int, bool]:
-        """Tokens up to and including the first stop token; ``(length, stopped)``. A completion
-        without one ran the whole budget."""
-        for t, tok in enumerate(completion.tolist()):
+    def completion_length(self, completion: torch.Tensor, stop: Sequence[str] = ()) -> tuple[int, bool]:
+        """Tokens up to and including the first stop token, or the token that completes the first
+        of the ``stop`` texts written before it; ``(length, stopped)``. A completion without either
+        ran the whole budget. (The engines stop there too; what follows is padding, which may be a
+        stop token itself, so the text decides.)"""
+        ids = completion.tolist()
+        length, stopped = len(ids), False
+        for t, tok in enumerate(ids):
             if tok in self.policy.eos_ids:
-                return t + 1, True
-        return len(completion), False
+                length, stopped = t + 1, True
+                break
+        if stop and _has_stop(self.policy.decode(completion[:length]), stop):
+            low, high = 1, length  # the shortest prefix whose text holds a stop text (monotone)
+            while low < high:
+                mid = (low + high) // 2
+                low, high = (low, mid) if _has_stop(self.policy.decode(completion[:mid]), stop) else (mid + 1, high)
+            return low, True
+        return length, stopped
+
+
+def _has_stop(text: str, stop: Sequence[str]) -> bool:
+    return any(s in text for s in stop)

@@ -177,6 +177,8 @@ class HFGenerate(RolloutEngine):
                                   top_k=sampling.top_k)
             else:
                 gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+            if sampling.stop:  # transformers' StopStringCriteria: a text may end inside a token
+                gen_kwargs.update(stop_strings=list(sampling.stop), tokenizer=policy.tokenizer)
             if self.cache_options.get("cache_implementation") == "static" and _generate_takes_max_cache_len():
                 gen_kwargs["max_cache_len"] = static_cache_length(inputs["input_ids"].shape[1], sampling.max_new_tokens)
             max_time = policy.cfg.rollout.max_time
@@ -192,7 +194,7 @@ class HFGenerate(RolloutEngine):
             videos = policy.split_videos(enc)
             for i in range(len(chunk)):
                 completion = out[i, prompt_len:]
-                length, stopped = self.completion_length(completion)
+                length, stopped = self.completion_length(completion, sampling.stop)
                 results.append({
                     "prompt_ids": enc["input_ids"][i][enc["attention_mask"][i].bool()],
                     "completion_ids": completion[:length].clone(),

@@ -213,6 +213,8 @@ class VLLMEngine(RolloutEngine):
         banned = [policy.tokenizer.convert_ids_to_tokens(i) for i in policy.suppressed_ids]
         common = dict(max_tokens=sampling.max_new_tokens, stop_token_ids=sorted(policy.eos_ids),
                       bad_words=banned or None, logprobs=0, detokenize=False)
+        if sampling.stop:  # vLLM matches stop texts on the detokenized output
+            common.update(stop=list(sampling.stop), include_stop_str_in_output=True, detokenize=True)
         if sampling.temperature > 0:
             return self.vllm.SamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
                                             top_k=sampling.top_k, seed=seed, **common)
@@ -259,7 +261,7 @@ class VLLMEngine(RolloutEngine):
             completions = out.outputs if len(out.outputs) == n else [out.outputs[0]] * n
             for c in completions:
                 ids = torch.tensor(list(c.token_ids), dtype=torch.long)
-                length, stopped = self.completion_length(ids)
+                length, stopped = self.completion_length(ids, sampling.stop)
                 logps = [float(lp[tok].logprob) for tok, lp in zip(c.token_ids[:length], c.logprobs)]
                 results.append({
                     "prompt_ids": enc["prompt_ids"],
