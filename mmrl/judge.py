@@ -76,3 +76,39 @@ class VLMJudge:
             no = torch.logsumexp(logits[:, self.no_ids], dim=-1)
             scores += torch.sigmoid(yes - no).tolist()
         return scores
+
+
+class ChatJudge:
+    """A local chat LLM that answers text prompts (transformers' ``AutoModelForCausalLM`` and its
+    tokenizer's chat template): the LLM judge of DeepEyes' accuracy term
+    (:mod:`mmrl.measures.deepeyes_judge`). Local directories only; nothing is downloaded."""
+
+    def __init__(self, path: str | Path, device, dtype: str = "float32"):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from .core.precision import compute_dtype
+
+        self.tokenizer = AutoTokenizer.from_pretrained(str(path), padding_side="left")
+        self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=compute_dtype(dtype)).to(device).eval()
+        self.device = device
+
+    def __call__(self, prompts: Sequence[str], system: str, temperature: float = 0.0, max_new_tokens: int = 8,
+                 batch_size: int = 8) -> list[str]:
+        """The judge's reply to each prompt (a system message, then the prompt as the user turn);
+        sampled at ``temperature`` from torch's global random state (greedy at 0)."""
+        import torch
+
+        tok = self.tokenizer
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        sampling = dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0) if temperature > 0 else \
+            dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+        replies: list[str] = []
+        for start in range(0, len(prompts), batch_size):
+            texts = [tok.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": p}],
+                                             tokenize=False, add_generation_prompt=True)
+                     for p in prompts[start:start + batch_size]]
+            enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
+            with torch.no_grad():
+                out = self.model.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=pad, **sampling)
+            replies += tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        return replies

@@ -35,6 +35,7 @@ PUBLIC_MODULES: tuple[str, ...] = (
     "mmrl.measures.gui_r1",
     "mmrl.measures.ui_r1",
     "mmrl.measures.tool_use",  # trajectories that call tools: DeepEyes, crop grounding, curiosity
+    "mmrl.measures.deepeyes_judge",  # DeepEyes' judge prompt and how its reply is read (the deepeyes reward)
     # coordinate spaces, drawing for galleries, video clips
     "mmrl.media.coords",
     "mmrl.media.draw",

@@ -1,4 +1,5 @@
-"""Model-based image rewards from LOCAL weights: ``clip_score``, ``image_scorer``, ``vlm_judge``.
+"""Model-based rewards from LOCAL weights: ``clip_score``, ``image_scorer``, ``vlm_judge`` (images) and
+``deepeyes`` (DeepEyes' reward with its LLM judge, on answers).
 
 mmrl never downloads weights (runs must be reproducible offline and a hub outage must not kill a
 long run), so every reward here takes a local path and fails at once with the config key to set
@@ -15,8 +16,12 @@ called every step, a load costs seconds to minutes.
   probability of "yes" (the VQAScore recipe of "Evaluating Text-to-Visual Generation with
   Image-to-Text Generation", Lin et al., 2024), through the public :class:`mmrl.judge.VLMJudge`.
 
-All three are image rewards (``media="image"``): a clip's frames are scored in the same batch as
-the images and reduced per clip by ``frames`` (``mean`` | ``min``; :mod:`mmrl.media.clips`).
+- ``deepeyes``: DeepEyes' trajectory reward ("DeepEyes: Incentivizing 'Thinking with Images' via
+  Reinforcement Learning", Zheng et al., 2025) with its accuracy asked of a local chat model, on its
+  judge prompt, through the public :class:`mmrl.judge.ChatJudge`.
+
+The first three are image rewards (``media="image"``): a clip's frames are scored in the same batch
+as the images and reduced per clip by ``frames`` (``mean`` | ``min``; :mod:`mmrl.media.clips`).
 """
 
 from __future__ import annotations
@@ -29,8 +34,10 @@ from typing import Callable, Sequence
 from PIL import Image
 
 from mmrl import Registry, pick_device, register_reward
-from mmrl.judge import VLMJudge, resolve_checkpoint
+from mmrl.judge import ChatJudge, VLMJudge, resolve_checkpoint
 from mmrl.measures.batch import check_batch
+from mmrl.measures.deepeyes_judge import JUDGE_SYSTEM, judge_prompt, parse_judgement
+from mmrl.measures.tool_use import deepeyes_answer, deepeyes_parts, deepeyes_total
 
 _SCORERS: Registry[Callable] = Registry("image scorer")  # one registry implementation: mmrl's
 _CACHE: dict[tuple, object] = {}  # loaded models, per (kind, name, path, device)
@@ -291,4 +298,39 @@ def vlm_judge(completions, examples, path: str | None = None, question: str = DE
     questions = [question.replace("{prompt}", _prompt(examples[i])) for i in valid]
     for i, s in zip(valid, judge([completions[i] for i in valid], questions, batch_size)):
         out[i] = s
+    return out
+
+
+# -- DeepEyes' reward with its LLM judge ---------------------------------------------------------------
+
+def _check_deepeyes(judge=None, **_):
+    _require_path(judge, "task.reward_kwargs.deepeyes.judge")
+
+
+@register_reward("deepeyes", minimum=-0.2, maximum=2.0, check=_check_deepeyes)
+def deepeyes(completions, examples, judge: str | None = None, device: str = "auto", dtype: str = "float32",
+             temperature: float = 0.3, max_new_tokens: int = 8, batch_size: int = 8, **ctx) -> list:
+    """DeepEyes' ``compute_score`` with its LLM judge: 0.8 * accuracy + 0.2 * format + 1.2 * tool
+    (:func:`mmrl.measures.tool_use.deepeyes_parts`), accuracy the verdict of the local chat model at
+    ``judge`` (DeepEyes: Qwen2.5-72B-Instruct, sampled at temperature 0.3) on DeepEyes' judge prompt
+    (:mod:`mmrl.measures.deepeyes_judge`: the answer, the ground truth and ``ex["question"]``). The
+    rows of one trajectory share one verdict. ``deepeyes_rule_judge`` is the same formula with a rule
+    in place of the judge. None without ``ex["answer"]``."""
+    check_batch("deepeyes", completions, examples)
+    where = _require_path(judge, "task.reward_kwargs.deepeyes.judge")
+    asks = {}
+    for i, (c, ex) in enumerate(zip(completions, examples)):
+        answer = deepeyes_answer(c, ex)
+        if answer is not None:
+            asks[i] = judge_prompt(answer, str(ex["answer"]).strip(), str(ex.get("question") or ""))
+    out: list = [None] * len(completions)
+    if not asks:
+        return out
+    dev = _device(device)
+    model = _cached(("chat_judge", str(where.resolve()), str(dev), dtype), lambda: ChatJudge(where, dev, dtype))
+    prompts = list(dict.fromkeys(asks.values()))  # each trajectory (and each repeated case) asked once
+    verdicts = dict(zip(prompts, map(parse_judgement, model(prompts, JUDGE_SYSTEM, float(temperature),
+                                                            int(max_new_tokens), int(batch_size)))))
+    for i, prompt in asks.items():
+        out[i] = deepeyes_total(deepeyes_parts(completions[i], examples[i], accuracy=verdicts[prompt]))
     return out

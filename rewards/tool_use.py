@@ -31,8 +31,9 @@ def deepeyes(completions, examples, **ctx) -> list:
     0.8 * accuracy + 0.2 * format + 1.2 * tool, where format is -1 on a format error and tool is 1
     only when the answer is right and a tool image came back (:func:`mmrl.measures.tool_use.deepeyes_parts`).
     Accuracy is rule-based (equal after normalisation, or the right option letter): DeepEyes asks an
-    LLM judge (Qwen2.5-72B-Instruct), which mmrl does not run, hence the name: it is not the
-    paper's reward where the judge would disagree with the rule. None without ``ex["answer"]``."""
+    LLM judge (Qwen2.5-72B-Instruct), hence the name: it is not the paper's reward where the judge
+    would disagree with the rule; ``deepeyes`` (rewards/model_scorers.py) asks a local chat model as
+    DeepEyes does. None without ``ex["answer"]``."""
     return score_each("deepeyes_rule_judge", completions, examples, deepeyes_score)
 
 

@@ -96,10 +96,20 @@ def rule_judge(pred: str, truth: Any, options: Optional[Sequence[str]] = None) -
     return 0.0
 
 
-def deepeyes_parts(completion: Any, ex: dict) -> Optional[dict[str, float]]:
+def deepeyes_answer(completion: Any, ex: dict) -> Optional[str]:
+    """The answer DeepEyes' ``compute_score`` judges: ``text.split("<answer>")[-1].split("</answer>")[0]``
+    of the whole trajectory, stripped; None without a ground truth or text."""
+    completion = trajectory_of(completion, ex)
+    if not isinstance(ex, dict) or ex.get("answer") is None or not isinstance(completion, str):
+        return None
+    return completion.split("<answer>")[-1].split("</answer>")[0].strip()
+
+
+def deepeyes_parts(completion: Any, ex: dict, accuracy: Optional[float] = None) -> Optional[dict[str, float]]:
     """DeepEyes' ``compute_score`` (verl/utils/reward_score/vl_agent.py): its accuracy, format and
-    tool terms for one trajectory, accuracy by :func:`rule_judge`. None without a ground truth
-    (``ex["answer"]``).
+    tool terms for one trajectory, accuracy by :func:`rule_judge` unless ``accuracy`` gives a judge's
+    verdict on :func:`deepeyes_answer` (DeepEyes' LLM judge: the ``deepeyes`` reward). None without
+    a ground truth (``ex["answer"]``).
 
     format error: unequal counts of ``<think>`` and ``</think>`` in the trajectory; unequal counts
     of ``<answer>`` and ``</answer>`` after the last ``</think>``; an answer of 1000+ characters
@@ -118,20 +128,24 @@ def deepeyes_parts(completion: Any, ex: dict) -> Optional[dict[str, float]]:
     error = completion.count("<think>") != completion.count("</think>")
     after_think = completion.split("</think>")[-1].strip()
     error |= after_think.count("<answer>") != after_think.count("</answer>")
-    answer = completion.split("<answer>")[-1].split("</answer>")[0].strip()
-    accuracy = rule_judge(answer, truth, ex.get("options"))
+    answer = deepeyes_answer(completion, ex)
+    if accuracy is None:  # else the judge's verdict on this answer (the ``deepeyes`` reward's LLM judge)
+        accuracy = rule_judge(answer, truth, ex.get("options"))
     if len(answer) >= DEEPEYES_MAX_ANSWER:
         accuracy, error = 0.0, True
     tool = 1.0 if images_returned(ex) > 0 and accuracy > 0.5 else 0.0
     return {"accuracy": accuracy, "format": -1.0 if error else 0.0, "tool": tool}
 
 
-def deepeyes_score(completion: Any, ex: dict) -> Optional[float]:
-    """0.8 * accuracy + 0.2 * format + 1.2 * tool (:func:`deepeyes_parts`), in [-0.2, 2.0]."""
-    parts = deepeyes_parts(completion, ex)
-    if parts is None:
-        return None
+def deepeyes_total(parts: dict[str, float]) -> float:
+    """0.8 * accuracy + 0.2 * format + 1.2 * tool of :func:`deepeyes_parts`, in [-0.2, 2.0]."""
     return DEEPEYES_ACC * parts["accuracy"] + DEEPEYES_FORMAT * parts["format"] + DEEPEYES_TOOL * parts["tool"]
+
+
+def deepeyes_score(completion: Any, ex: dict) -> Optional[float]:
+    """DeepEyes' reward with the rule as judge (:func:`deepeyes_total` of :func:`deepeyes_parts`)."""
+    parts = deepeyes_parts(completion, ex)
+    return None if parts is None else deepeyes_total(parts)
 
 
 # -- grounding of crops (mmrl's own measure) ----------------------------------------------------
