@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 from rich.markup import escape
 
-from .cli_errors import console, user_errors
+from .cli_errors import configure_threads, console, user_errors
 from .cli_help import ARGS_HELP, ARGS_METAVAR, examples
 from .bench.gpu import GROUPS as GPU_GROUPS
 from .recipes import DEFAULT_RECIPES, split_args
@@ -21,6 +21,16 @@ def _run_bench(run) -> None:
     """Run a bench; a config or input problem is a clear one-line error and exit code 2."""
     with user_errors():
         run()
+
+
+def _threads_of(config: str, overrides: list[str]) -> None:
+    """The benches that train apply ``train.threads`` as ``mmrl train`` does (``auto``: one thread on
+    a machine busy with other work), once for every variant."""
+    from .config import builtin_config_path, load_config
+
+    with user_errors():
+        cfg = load_config(builtin_config_path(config), overrides)
+    configure_threads(cfg)
 
 
 @bench_app.command(name="algos", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
@@ -55,6 +65,7 @@ def bench_algos(
         console.print(f"[red]error:[/] --seeds {seeds!r}: give integers separated by commas, e.g. 0,1,2")
         raise typer.Exit(2)
     path, overrides = split_args(list(args or []))
+    _threads_of(path or DEFAULT_RECIPES["vlm"], overrides)
     _run_bench(lambda: run_algo_bench(names, steps=steps, seed=seed_list[0] if len(seed_list) == 1 else seed_list,
                                       out_dir=out, config=path or DEFAULT_RECIPES["vlm"],
                                       extra_overrides=overrides, threshold=threshold))
@@ -82,6 +93,7 @@ def bench_diffusion(
         console.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2)
     path, overrides = split_args(list(args or []))
+    _threads_of(path or DEFAULT_CONFIG, overrides)
     _run_bench(lambda: run_diffusion_bench(names, steps=steps, seed=seed, out_dir=out, config=path or DEFAULT_CONFIG,
                                            extra_overrides=overrides))
 

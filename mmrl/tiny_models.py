@@ -22,7 +22,7 @@ class TinyModel:
               vision_steps: int | None = None) -> Path:
         """Build the model into ``out`` (default: the shipped asset); ``steps`` / ``vision_steps``
         replace the recipe's (``vision_steps`` only where the recipe pre-trains a vision tower)."""
-        from assets import asset_path
+        from mmrl.assets import asset_path
 
         recipe = dict(_named(self.recipe))
         if steps:

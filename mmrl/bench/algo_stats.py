@@ -134,13 +134,17 @@ def performance_profiles(stats: dict[str, Any], reps: int | None = None,
     rly = rliable_import.load()
     tau = tau_grid(stats)
     matrices = {v: np.array(row["scores"], dtype=float)[:, None] for v, row in stats["variants"].items()}
-    with seeded_global_numpy(seed):
-        profiles, bands = rly.library.create_performance_profile(matrices, np.array(tau), reps=reps,
-                                                                 confidence_interval_size=CONFIDENCE)
+    several = {v: x for v, x in matrices.items() if x.shape[0] > 1}
+    profiles, bands = {}, {}
+    if several:  # a variant of one seed has no band (every resample is that run again): not resampled
+        with seeded_global_numpy(seed):
+            profiles, bands = rly.library.create_performance_profile(several, np.array(tau), reps=reps,
+                                                                     confidence_interval_size=CONFIDENCE)
     return {"tau": tau, "reps": reps,
-            "profiles": {v: np.asarray(p, dtype=float).tolist() for v, p in profiles.items()},
-            "bands": {v: (np.asarray(bands[v], dtype=float).tolist() if matrices[v].shape[0] > 1 else None)
-                      for v in profiles}}
+            "profiles": {v: np.asarray(profiles[v] if v in several else
+                                       rly.library.score_distributions(x, np.array(tau)), dtype=float).tolist()
+                         for v, x in matrices.items()},
+            "bands": {v: np.asarray(bands[v], dtype=float).tolist() if v in several else None for v in matrices}}
 
 
 def plot_profiles(profile: dict[str, Any], label: str, path: Path, title: str) -> None:
