@@ -9,10 +9,11 @@ What is checked here, and what is not:
   the real command line (typer's click command: the subcommand exists, its options and arguments
   are accepted), and every ``KEY=VALUE`` override in it is a config key that exists and takes that
   value (the overrides are loaded with ``mmrl.config.load_config``, on top of the shipped recipe the
-  command names, if any). The commands are **not run**: a command that trains for minutes or needs a
-  GPU is only checked this far. Where a block shows a transcript (``$ mmrl ...`` followed by a
-  ``config error: ...`` line), the error shown must be the error the config loader gives; an error
-  of another kind that a transcript shows (one raised when the run is set up) is not checked.
+  command names, if any). Running them is ``tests/test_docs_commands.py``'s job (each command with a
+  budget suffix and the suite's stand-ins); this parse check is the fast one. Where a block shows a
+  transcript (``$ mmrl ...`` followed by a ``config error: ...`` line), the error shown must be the
+  error the config loader gives; an error of another kind that a transcript shows (one raised when
+  the run is set up) is checked there, where the command runs.
   A command with a placeholder in angle brackets (``<run dir>``) is skipped; ``[--flag]`` is an
   optional flag and is checked with the flag;
 - the README's test commands are the ones ``.ci/run`` runs, in the same order, and the copies of
