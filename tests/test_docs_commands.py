@@ -28,12 +28,11 @@ import ast
 import json
 import re
 import shutil
-import traceback
 from pathlib import Path
 
 import pytest
-import torch
 
+from conftest import mmrl_in_process
 from test_docs import REPO, _parse, shown_commands
 
 COMMANDS = shown_commands()
@@ -333,28 +332,13 @@ def _substituted(args, stand_ins) -> list[str]:
 
 
 def _in_process(args, cwd: Path, env: dict | None = None):
-    """``mmrl ARGS`` by the command line's own code in this process, in ``cwd``: (exit code, stdout,
-    stderr with the traceback of a crash). Torch's thread count and the working directory are put back."""
-    import os
-
-    from typer.testing import CliRunner
-
-    from mmrl.cli import app
-
-    threads, here = torch.get_num_threads(), os.getcwd()
-    try:
-        os.chdir(cwd)
-        with pytest.MonkeyPatch.context() as mp:
-            for k, v in (env or {}).items():
-                mp.setenv(k, v)
-            r = CliRunner().invoke(app, [str(a) for a in args])
-    finally:
-        os.chdir(here)
-        torch.set_num_threads(threads)
-    err = r.stderr
-    if r.exc_info is not None and not isinstance(r.exception, SystemExit):
-        err += "".join(traceback.format_exception(*r.exc_info))
-    return r.exit_code, r.stdout, err
+    """(exit code, stdout, stderr) of :func:`conftest.mmrl_in_process` in ``cwd``, with the
+    environment variables a docs line sets before ``mmrl`` set for the call."""
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in (env or {}).items():
+            mp.setenv(k, v)
+        r = mmrl_in_process(*args, cwd=cwd)
+    return r.returncode, r.stdout, r.stderr
 
 
 def _free_port() -> int:
@@ -500,6 +484,7 @@ def _serving_returns(monkeypatch):
     return gradio
 
 
+@pytest.mark.slow  # ~50 s of runs: the full suite runs them, the fast lane leaves them out
 @pytest.mark.parametrize("where,args,following", _cases())
 def test_the_shown_command_runs(where, args, following, workspace, tmp_path, monkeypatch):
     text = _text(args)
