@@ -25,6 +25,7 @@ them alike.
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import Any
 
 import torch
@@ -55,9 +56,15 @@ def step_schedule(scheduler, step: int) -> None:
     The schedule counts RL steps, the unit of ``train.steps`` and ``train.warmup_steps`` (as verl
     steps its scheduler once per training step), whatever number of optimizer steps an RL step
     takes (mini-batches x ``num_iterations``, or a batch that dynamic sampling resized): stepped
-    per optimizer step, a linear decay would reach 0 part-way through the run."""
-    while scheduler.last_epoch < step - 1:
-        scheduler.step()
+    per optimizer step, a linear decay would reach 0 part-way through the run.
+
+    The schedule is set before the step's optimizer steps, by design (and a resumed run sets it
+    before its first): torch's warning that ``lr_scheduler.step()`` came before ``optimizer.step()``
+    (which assumes one scheduler step per optimizer step) does not apply and is silenced here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+        while scheduler.last_epoch < step - 1:
+            scheduler.step()
 
 
 def _library(optim: str, module: str, package: str):
