@@ -192,7 +192,7 @@ def build_tiny(
         f"{name} ({model.about})" for name, model in TINY_MODELS.items())),
     out: Optional[Path] = typer.Option(None, help="output directory (default: the shipped asset)"),
     steps: Optional[int] = typer.Option(None, help="warm-start steps (default: the recipe's: vlm 600, video 100 "
-                                        "gui 800 and gui-grounding 240 SFT steps, diffusion 4000 and video-gen 2500 flow-matching steps)"),
+                                        "gui 800, gui-grounding 240 and zoom 300 (then 150 more) SFT steps, diffusion 4000 and video-gen 2500 flow-matching steps)"),
     seed: int = typer.Option(0),
     vision_steps: Optional[int] = typer.Option(None, help="vlm and gui: pre-train the vision tower on per-cell "
                                                "labels for this many steps first, then freeze it (default: the "

@@ -47,6 +47,8 @@ TINY_MODELS: dict[str, TinyModel] = {
     "gui-grounding": TinyModel("tiny-qwen2.5-vl-gui-grounding", "mmrl.vlm.sft:build_tiny_gui_grounding",
                                "mmrl.vlm.sft:TINY_GUI_GROUNDING_RECIPE", "sft_steps", "tiny GUI grounding model",
                                "the tiny GUI model taught more clicks"),
+    "zoom": TinyModel("tiny-qwen2.5-vl-zoom", "mmrl.tools.tiny_zoom:build_tiny_zoom", "mmrl.tools.tiny_zoom:TINY_ZOOM_RECIPE",
+                      "sft_steps", "tiny zoom model", "the tiny VLM warm-started to zoom on a named cell"),
     "diffusion": TinyModel("tiny-flow-shapes", "mmrl.diffusion.pretrain:pretrain_tiny_generator",
                            "mmrl.diffusion.pretrain:TINY_GENERATOR_RECIPE", "steps", "tiny generator",
                            "the tiny text-to-image generator"),

@@ -1,4 +1,4 @@
-"""``zoom_qa``: "thinking with images". Read a digit too small to see at the image budget: zoom in.
+"""``zoom_qa``: "thinking with images". Read a detail too small to see at the image budget: zoom in.
 
 Synthetic examples: a large canvas (1024 x 1024 by default) holding several small framed digits,
 one framed in red; the question asks for the digit in the red frame. The digits are drawn with
@@ -9,6 +9,17 @@ it at full resolution (set the tool's ``min_pixels`` to the policy's ``vlm.max_p
 eval examples come from distinct seeds (held out). Each example keeps the target's frame
 (``target_box``, original pixels) for the ``crop_iou`` reward, and the reference trajectory
 (:meth:`ZoomQA.reference_turns`: a zoom call on the frame, then the answer) for a warm start.
+
+``detail: pattern`` (with a ``grid``; the tiny default, configs/vlm/zoom_qa_tiny.yaml): each of
+1 + ``distractors`` cells holds a square filled with a two-colour texture of period 2 px
+(:data:`PATTERNS`: horizontal stripes, vertical stripes or a checkerboard), half of its pixels of
+each colour, so every texture has the same mean colour and shrinking the canvas by an even factor
+leaves a flat square (its contrast fades in from the edges, :func:`draw_pattern`); the question
+names the target's cell ('Which pattern fills the square in cell "B1"?', quoted as the call quotes
+it: the same tokens). ``zoom_cell`` on that cell returns it at full resolution, where the texture
+is plain; the answer is the texture's name. ``distractor_pattern`` gives the other squares random
+textures or the target's; with the latter any zoom shows the answer, the tiny recipe's setting:
+the tiny model learned when to zoom but not which cell (docs/thinking-with-images.md, "Recipes").
 
 Real data: ``train_path`` / ``eval_path`` name a DeepEyes parquet file
 (:mod:`mmrl.data.deepeyes`; its system prompt with DeepEyes' tool list is kept), an HR-Bench table
@@ -29,6 +40,7 @@ import string
 import zlib
 from pathlib import Path
 
+import numpy as np
 from PIL import Image, ImageDraw
 
 from mmrl import register_task
@@ -47,6 +59,11 @@ GLYPH_W, GLYPH_H = 6, 11  # the bitmap font's cell, in canvas pixels
 PAD, BORDER = 3, 2  # around the digit, inside the frame
 INSTRUCTION = ("Zoom in with the zoom_in tool if the image is too small to read. "
                "Answer with <think>...</think><answer>digit</answer>.")
+# detail: pattern. Each texture takes the dark colour where its rule of (x, y), canvas pixels, is 1.
+PATTERNS = {"horizontal": lambda x, y: y % 2, "vertical": lambda x, y: x % 2,
+            "checkerboard": lambda x, y: (x + y) % 2}
+DETAILS = ("digit", "pattern")
+PATTERN_RAMP = 16  # px over which a pattern's contrast fades in from its square's edges (draw_pattern)
 VSTAR_INSTRUCTION = ("Think first, call zoom_in if needed, then answer with the option's letter: "
                      "<think>...</think><answer>letter</answer>.")
 
@@ -69,6 +86,23 @@ def draw_framed_digit(image: Image.Image, digit: str, xy: tuple[int, int], color
         glyph = glyph.resize((GLYPH_W * scale, GLYPH_H * scale), resample=Image.NEAREST)
     image.paste(glyph, (x + border + PAD, y + border + PAD))
     return (x, y, x + w, y + h)
+
+
+def draw_pattern(image: Image.Image, pattern: str, box: tuple[int, int, int, int], dark, light,
+                 ramp: int = PATTERN_RAMP) -> None:
+    """Fill ``box`` (pixels) of ``image`` with ``pattern`` (:data:`PATTERNS`, phased on the canvas's
+    own pixel grid) between ``dark`` and ``light``: their mean plus or minus half their difference,
+    the contrast faded in over ``ramp`` px from the square's edges. Without the fade, the rows at an
+    edge of horizontal stripes (light at the top, dark at the bottom) leave a trace in the shrunk
+    image that a checkerboard does not."""
+    x1, y1, x2, y2 = box
+    y, x = np.mgrid[y1:y2, x1:x2]
+    sign = np.where(PATTERNS[pattern](x, y) == 1, -1.0, 1.0)
+    edge = np.minimum(np.minimum(x - x1, x2 - 1 - x), np.minimum(y - y1, y2 - 1 - y))
+    fade = np.minimum(1.0, (edge + 0.5) / max(1, ramp))
+    mean, half = (np.add(dark, light) / 2.0), (np.subtract(light, dark) / 2.0)
+    pixels = mean + (sign * fade)[..., None] * half
+    image.paste(Image.fromarray(np.clip(np.rint(pixels), 0, 255).astype(np.uint8), "RGB"), (x1, y1))
 
 
 def parse_record(record: dict) -> dict:
@@ -100,6 +134,14 @@ class ZoomQA(ToolUseTask):
             # a grid x grid layout (one framed digit per cell, the tool zoom_cell) for a model that
             # cannot regress boxes; None: digits anywhere, the tool zoom_in
             "grid": None,
+            # what the target is: "digit" (a framed digit, the red one) or "pattern" (with a grid:
+            # a textured square in the cell the question names; see the module docstring)
+            "detail": "digit",
+            "pattern_size": 64,  # px, the side of a pattern's square (detail: pattern)
+            # the distractor squares' textures (detail: pattern): "random" (zooming on another cell
+            # misleads) or "same" as the target's (any cell shows the answer: where to look does not
+            # matter, only whether to)
+            "distractor_pattern": "random",
             "frame_width": BORDER,  # px; a wider frame keeps the target's colour visible when shrunk
             "thinking": True,  # a <think> block before each call and the answer
             # the share of reference trajectories (the SFT warm start) that zoom before answering;
@@ -126,11 +168,24 @@ class ZoomQA(ToolUseTask):
             if o["canvas_size"] // grid < max(w, h) + 8 or o["distractors"] + 1 > grid * grid:
                 raise ValueError(f"zoom_qa: a {grid}x{grid} grid needs cells of at least {max(w, h) + 8} px "
                                  f"(canvas_size {o['canvas_size']}) and at most {grid * grid - 1} distractors")
+        if o["detail"] not in DETAILS:
+            raise ValueError(f"zoom_qa: detail must be one of {list(DETAILS)}, got {o['detail']!r}")
+        if o["detail"] == "pattern":
+            side = o["pattern_size"]
+            if grid is None:
+                raise ValueError("zoom_qa: detail: pattern needs a grid (the question names the target's cell)")
+            if isinstance(side, bool) or not isinstance(side, int) or not 4 <= side <= o["canvas_size"] // grid - 8:
+                raise ValueError(f"zoom_qa: pattern_size must be an int in [4, {o['canvas_size'] // grid - 8}] "
+                                 f"(a cell less 8 px), got {side!r}")
+        if o["distractor_pattern"] not in ("random", "same"):
+            raise ValueError(f"zoom_qa: distractor_pattern must be 'random' or 'same', got {o['distractor_pattern']!r}")
         if not (isinstance(o["reference_look_rate"], (int, float)) and 0 <= o["reference_look_rate"] <= 1):
             raise ValueError(f"zoom_qa: reference_look_rate must be in [0, 1], got {o['reference_look_rate']!r}")
 
     # -- data -----------------------------------------------------------------------------------
     def make(self, seed: int) -> dict:
+        if self.options["detail"] == "pattern":
+            return self.make_pattern(seed)
         rng = random.Random(seed)
         o = self.options
         size, scale = o["canvas_size"], int(o["glyph_scale"])
@@ -163,6 +218,30 @@ class ZoomQA(ToolUseTask):
                 "question": f"What digit is in the {TARGET_NAME} frame?", "answer": answer,
                 "target_box": target, "distractor_boxes": [b for b, _ in others], "id": seed}
 
+    def make_pattern(self, seed: int) -> dict:
+        """A ``detail: pattern`` example: textured squares in distinct cells, the first the target."""
+        rng = random.Random(seed)
+        o = self.options
+        size, grid, side = o["canvas_size"], o["grid"], o["pattern_size"]
+        cell_side = size // grid
+        background = tuple(rng.randint(215, 250) for _ in range(3))
+        image = Image.new("RGB", (size, size), background)
+        boxes: list = []
+        for cell in rng.sample(range(grid * grid), 1 + o["distractors"]):
+            x0, y0 = (cell % grid) * cell_side, (cell // grid) * cell_side
+            x, y = rng.randint(x0 + 4, x0 + cell_side - side - 4), rng.randint(y0 + 4, y0 + cell_side - side - 4)
+            pattern = rng.choice(sorted(PATTERNS))
+            if boxes and o["distractor_pattern"] == "same":
+                pattern = boxes[0][1]
+            dark = tuple(rng.randint(0, 90) for _ in range(3))
+            light = tuple(rng.randint(150, 255) for _ in range(3))
+            draw_pattern(image, pattern, (x, y, x + side, y + side), dark, light)
+            boxes.append(((x, y, x + side, y + side), pattern))
+        (target, answer), others = boxes[0], boxes[1:]
+        cell = cell_name(target, grid, size, size)
+        return {"image": image, "image_size": image.size, "question": f'Which pattern fills the square in cell "{cell}"?',
+                "answer": answer, "target_box": target, "distractor_boxes": [b for b, _ in others], "id": seed}
+
     def examples(self, split: str):
         if split not in SPLIT_SEEDS:
             raise ValueError(f"zoom_qa: unknown split {split!r}; valid splits: {sorted(SPLIT_SEEDS)}")
@@ -188,9 +267,11 @@ class ZoomQA(ToolUseTask):
             text = f"Question: {ex['question']}\nOptions:\n{options}\n{VSTAR_INSTRUCTION}"
         elif self.options["grid"]:
             g = self.options["grid"]
-            layout = "<think>...</think><answer>digit</answer>" if self.thinking else "<answer>digit</answer>"
+            what = "digit" if self.options["detail"] == "digit" else "pattern"
+            layout = f"<think>...</think><answer>{what}</answer>" if self.thinking else f"<answer>{what}</answer>"
+            names = f" ({', '.join(sorted(PATTERNS))})" if what == "pattern" else ""
             text = (f"{ex['question']} Too small? Call zoom_cell on a cell of the {g}x{g} grid "
-                    f"(rows A-{string.ascii_uppercase[g - 1]}, columns 1-{g}). Answer with {layout}.")
+                    f"(rows A-{string.ascii_uppercase[g - 1]}, columns 1-{g}). Answer with {layout}{names}.")
         else:
             text = f"{ex['question']} {INSTRUCTION}"
         return [{"role": "user", "content": [{"type": "image", "image": ex["image"]}, {"type": "text", "text": text}]}]
@@ -222,7 +303,8 @@ class ZoomQA(ToolUseTask):
         examples that do not look (:meth:`looks`), the answer at once."""
         if "target_box" not in ex or not self.looks(ex):
             return [self.target(ex)]
-        thought = f"<think>The {TARGET_NAME} frame is too small to read; zoom in on it.</think>" if self.thinking else ""
+        what = f"The {TARGET_NAME} frame" if self.options["detail"] == "digit" else "The square"
+        thought = f"<think>{what} is too small to read; zoom in on it.</think>" if self.thinking else ""
         return [thought + self.zoom_call(ex), self.target(ex)]
 
     # -- evaluation -----------------------------------------------------------------------------

@@ -102,6 +102,17 @@ def test_video_default_raises_heldout_accuracy(learning_results):
     assert result.after["accuracy"] > result.before["accuracy"], (result.before, result.after)
 
 
+@pytest.mark.slow
+@learning_case("zoom")
+def test_zoom_default_learns_to_look(learning_results):
+    """Thinking with images on the tiny zoom default (`mmrl train vlm vlm/zoom_qa_tiny`): the texture
+    of the square cannot be seen in the whole image, only in a zoom_cell call's image, so held-out
+    accuracy rises only with the share of trajectories that zoom, which rises with it."""
+    result = learned("zoom", learning_results)
+    assert result.after["tool/rapr"] > result.before["tool/rapr"], (result.before, result.after)
+    assert result.after["turns"] > result.before["turns"]
+
+
 # Temporal grounding with T-GRPO on the tiny video default: the shuffled-frame twins are rolled out
 # and the bonus is logged every step; tIoU is not asserted (the tiny model does not learn when a
 # named shape is shown: README, "Video"), so this is a smoke test of T-GRPO's wiring.

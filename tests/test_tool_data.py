@@ -197,3 +197,101 @@ def test_zoom_qa_options_are_checked():
         make_task("zoom_qa", glyph_scale=3).examples("train")[0]["target_box"][1] == 11 * 3 + 2 * (3 + 2)
     with pytest.raises(ValueError, match="unknown split"):
         make_task("zoom_qa").examples("test")
+
+
+# -- detail: pattern (the tiny default's task) --------------------------------------------------------
+def _pattern_task(**options):
+    """The tiny recipe's settings (configs/vlm/zoom_qa_tiny.yaml)."""
+    return make_task("zoom_qa", canvas_size=224, grid=2, detail="pattern", pattern_size=80, distractors=3,
+                     thinking=False, tools={"zoom_cell": {"grid": 2}}, tools_in_prompt=False, max_turns=1, **options)
+
+
+def _texture(cell: Image.Image) -> str:
+    """A hand-written reader of a full-resolution texture: the pattern whose neighbours along its
+    stripes are alike (horizontal: along a row; vertical: along a column; checkerboard: diagonally)."""
+    import numpy as np
+
+    a = np.asarray(cell.convert("L"), dtype=float)
+    alike = {"horizontal": np.abs(np.diff(a, axis=1)).mean(), "vertical": np.abs(np.diff(a, axis=0)).mean(),
+             "checkerboard": np.abs(a[1:, 1:] - a[:-1, :-1]).mean()}
+    return min(alike, key=alike.get)
+
+
+def test_pattern_detail_names_the_cell_and_the_zoomed_cell_shows_the_texture():
+    from mmrl.tools import cell_name
+
+    task = _pattern_task()
+    answers = set()
+    for i in range(12):
+        ex = task.examples("eval")[i]
+        cell = cell_name(ex["target_box"], 2, 224, 224)
+        assert ex["question"] == f'Which pattern fills the square in cell "{cell}"?'
+        cells = {cell_name(b, 2, 224, 224) for b in [ex["target_box"], *ex["distractor_boxes"]]}
+        assert len(cells) == 4  # one square per cell: zooming another cell shows another square
+        call, answer = task.reference_turns(ex)
+        assert call == '<tool_call>\n{"name": "zoom_cell", "arguments": {"cell": "%s"}}\n</tool_call>' % cell
+        assert answer == f"<answer>{ex['answer']}</answer>"
+        obs, [rec] = run_turn(call, task.make_tools(), ToolState([ex["image"]], ex), ToolBudget())
+        assert rec["ok"] and obs[0].image.size == (112, 112)  # the cell at full resolution
+        x1, y1, x2, y2 = ex["target_box"]
+        cx, cy = rec["box"][0], rec["box"][1]
+        square = obs[0].image.crop((x1 - cx + 16, y1 - cy + 16, x2 - cx - 16, y2 - cy - 16))  # inside the fade
+        assert _texture(square) == ex["answer"]
+        answers.add(ex["answer"])
+    assert answers == {"horizontal", "vertical", "checkerboard"}
+    text = task.prompt(ex)[0]["content"][1]["text"]
+    assert "zoom_cell" in text and "(checkerboard, horizontal, vertical)" in text
+
+
+@pytest.mark.parametrize("canvas", [224, 448])
+def test_pattern_is_the_same_flat_square_for_every_texture_at_the_tiny_budget(canvas):
+    """The tiny recipes' processor (max_pixels 12544: a 224 px canvas at 112 px, 2x smaller; a 448 px
+    one 4x) gives the same pixel values, to about two grey levels, whichever texture fills a square,
+    black and white at full contrast: each texture is half dark, half light with period 2 px, and
+    its contrast fades in over 16 px from the edges (without the fade: 0.21 at 4x)."""
+    import numpy as np
+    from assets import asset_path
+    from transformers import AutoImageProcessor
+
+    from mmrl.tasks.zoom_qa import PATTERNS, draw_pattern
+
+    processor = AutoImageProcessor.from_pretrained(str(asset_path("tiny-qwen2.5-vl")))
+    for box in ((37, 50, 117, 130), (120, 130, 200, 210), (121, 131, 201, 211)):  # odd and even offsets
+        values = {}
+        for name in PATTERNS:
+            image = Image.new("RGB", (canvas, canvas), (230, 225, 240))
+            draw_pattern(image, name, box, (0, 0, 0), (255, 255, 255))
+            out = processor(images=[image], return_tensors="pt")
+            assert out["image_grid_thw"].tolist() == [[1, 8, 8]]
+            values[name] = out["pixel_values"].numpy()
+        spread = max(np.abs(values[a] - values[b]).max() for a in values for b in values)
+        # normalised units, (v / 255 - mean) / std with std ~0.27: 0.035 is 2.4 grey levels of 255
+        assert spread < 0.035, (box, spread)
+        assert _texture(image.crop((box[0] + 16, box[1] + 16, box[2] - 16, box[3] - 16))) == name  # the last drawn
+
+
+def test_pattern_distractors_of_the_same_texture_make_any_zoom_show_the_answer():
+    """distractor_pattern: same (the tiny recipe's): every cell's square has the target's texture."""
+    task = _pattern_task(distractor_pattern="same")
+    for i in range(6):
+        ex = task.examples("train")[i]
+        for cell in ("A1", "A2", "B1", "B2"):
+            from mmrl.tools import call_text
+
+            obs, [rec] = run_turn(call_text("zoom_cell", {"cell": cell}), task.make_tools(),
+                                  ToolState([ex["image"]], ex), ToolBudget())
+            box = next(b for b in [ex["target_box"], *ex["distractor_boxes"]]
+                       if rec["box"][0] <= b[0] and b[2] <= rec["box"][2] and rec["box"][1] <= b[1] and b[3] <= rec["box"][3])
+            x, y = box[0] - rec["box"][0], box[1] - rec["box"][1]
+            assert _texture(obs[0].image.crop((x + 16, y + 16, x + 64, y + 64))) == ex["answer"]
+
+
+def test_pattern_options_are_checked():
+    with pytest.raises(ValueError, match="detail must be one of"):
+        make_task("zoom_qa", detail="colour")
+    with pytest.raises(ValueError, match="needs a grid"):
+        make_task("zoom_qa", detail="pattern")
+    with pytest.raises(ValueError, match="distractor_pattern"):
+        make_task("zoom_qa", detail="pattern", grid=2, canvas_size=224, distractors=3, distractor_pattern="other")
+    with pytest.raises(ValueError, match="pattern_size"):
+        make_task("zoom_qa", detail="pattern", grid=4, canvas_size=448, pattern_size=110)

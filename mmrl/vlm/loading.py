@@ -18,13 +18,14 @@ VLM_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_pro
 TINY_MODELS = {"tiny": ("tiny-qwen2.5-vl", "mmrl build-tiny vlm"),
                "tiny-video": ("tiny-qwen2.5-vl-video", "mmrl build-tiny video"),
                "tiny-gui": ("tiny-qwen2.5-vl-gui", "mmrl build-tiny gui"),
-               "tiny-gui-grounding": ("tiny-qwen2.5-vl-gui-grounding", "mmrl build-tiny gui-grounding")}
+               "tiny-gui-grounding": ("tiny-qwen2.5-vl-gui-grounding", "mmrl build-tiny gui-grounding"),
+               "tiny-zoom": ("tiny-qwen2.5-vl-zoom", "mmrl build-tiny zoom")}
 
 
 def resolve_model_path(path: str, revision: str | None = None) -> Path:
     """``"tiny"`` is the built-in tiny Qwen2.5-VL, ``"tiny-video"`` the same warm-started on clips
     and ``"tiny-gui"`` on the synthetic phone's screens (``"tiny-gui-grounding"``: taught more
-    clicks); anything else is a local directory, or a hub id ``org/name`` at ``revision``: its
+    clicks; ``"tiny-zoom"``: to zoom on a named cell, :mod:`mmrl.tools.tiny_zoom`); anything else is a local directory, or a hub id ``org/name`` at ``revision``: its
     snapshot in the Hugging Face cache (:func:`mmrl.hub.resolve_checkpoint`, downloaded unless offline)."""
     from mmrl.hub import resolve_checkpoint
 

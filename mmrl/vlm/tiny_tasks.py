@@ -40,6 +40,7 @@ TINY_MODEL_TASKS = {"tiny": {spec["name"] for spec in DEFAULT_TINY_TASKS} | {"vq
 TINY_MODEL_TASKS["tiny-video"] = TINY_MODEL_TASKS["tiny"] | {spec["name"] for spec in DEFAULT_TINY_VIDEO_TASKS}
 TINY_MODEL_TASKS["tiny-gui"] = TINY_MODEL_TASKS["tiny"] | {spec["name"] for spec in DEFAULT_TINY_GUI_TASKS}
 TINY_MODEL_TASKS["tiny-gui-grounding"] = TINY_MODEL_TASKS["tiny-gui"]
+TINY_MODEL_TASKS["tiny-zoom"] = TINY_MODEL_TASKS["tiny"] | {"zoom_qa"}  # mmrl.tools.tiny_zoom
 
 
 def untrained_task_warning(model_path: str, task_names: Sequence[str]) -> str | None:
