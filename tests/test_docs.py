@@ -5,7 +5,7 @@ What is checked here, and what is not:
 - the site builds with ``mkdocs build --strict`` (the command CI runs), and a broken link, a link to
   a section that does not exist or a page left out of the nav does fail that build (so the strict
   build is a real check, not a formality);
-- every ``mmrl ...`` command shown in a fenced code block of README.md or docs/**/*.md *parses* with
+- every ``mmrl ...`` command shown in a code block (fenced, or indented) of README.md or docs/**/*.md *parses* with
   the real command line (typer's click command: the subcommand exists, its options and arguments
   are accepted), and every ``KEY=VALUE`` override in it is a config key that exists and takes that
   value (the overrides are loaded with ``mmrl.config.load_config``, on top of the shipped recipe the
@@ -83,7 +83,8 @@ def test_strict_mode_fails_on_a_broken_link_and_on_a_page_missing_from_the_nav(t
 
 
 def _fenced_lines(path: Path):
-    """(line number, text, following line) of each line inside a shell-like fenced block; a line
+    """(line number, text, following line) of each line inside a shell-like fenced block, and of
+    each ``mmrl`` line of an indented code block (four spaces or more, outside fences); a line
     ending in a backslash is joined with the next."""
     lines = path.read_text().splitlines()
     fence, pending, start = None, "", 0
@@ -91,7 +92,9 @@ def _fenced_lines(path: Path):
         if line.startswith("```"):
             fence = line[3:].strip() if fence is None else None
             continue
-        if fence is None or fence not in SHELL_FENCES:
+        if fence is None and line.startswith("    ") and (pending or _INVOCATION.match(line.strip())):
+            line = line.strip()  # an indented code block (a command shown under a list item)
+        elif fence is None or fence not in SHELL_FENCES:
             continue
         if line.rstrip().endswith("\\"):
             pending, start = pending + line.rstrip()[:-1] + " ", start or i

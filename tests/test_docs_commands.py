@@ -143,9 +143,36 @@ def _needs_gpu(args) -> bool:
         (args[:2] == ["bench", "gpu"] and "--tiny" not in args)
 
 
+def _recipe(args):
+    """The config of the shipped recipe a ``train`` / ``sft`` command names, else None."""
+    from mmrl.config import ConfigError, builtin_config_path, load_config
+
+    for a in args[1:]:
+        if "=" in a or a.startswith("-") or a in ("vlm", "video", "diffusion", "gui"):
+            continue
+        try:
+            return load_config(builtin_config_path(a), [])
+        except (ConfigError, FileNotFoundError, ValueError):
+            return None
+    return None
+
+
 def _needs_vllm(args) -> bool:
-    """The command uses vLLM: rollout.engine=vllm, or bench rollout's HF-vs-vLLM comparison."""
-    return "rollout.engine=vllm" in args or (args[:2] == ["bench", "rollout"] and "--caches" not in args)
+    """The command uses vLLM: rollout.engine=vllm (given, or set by the recipe it names), or bench
+    rollout's HF-vs-vLLM comparison."""
+    if args[:2] == ["bench", "rollout"]:
+        return "--caches" not in args
+    cfg = _recipe(args) if args[0] in ("train", "sft") else None
+    return "rollout.engine=vllm" in args or (cfg is not None and cfg.rollout.engine == "vllm")
+
+
+def _with_recipe_checkpoint(args) -> list[str]:
+    """A shipped recipe whose ``model.path`` is a checkpoint of :data:`STAND_INS` (the real-model
+    recipes' /models/...) gets that path as an override, so its stand-in replaces it."""
+    if args[0] not in ("train", "sft") or any(a.startswith("model.path=") for a in args):
+        return list(args)
+    cfg = _recipe(args)
+    return [*args, f"model.path={cfg.model.path}"] if cfg is not None and cfg.model.path in STAND_INS else list(args)
 
 
 def _subcommand(args) -> str:
@@ -372,7 +399,7 @@ class Workspace:
             if a in STAND_IN_RUNS and not (self.root / a).is_dir():
                 code, out, err, argv = self.run(STAND_IN_RUNS[a][:-1], extra=STAND_IN_RUNS[a][-1:])
                 assert code == 0, f"`mmrl {_text(argv)}`\n{out[-3000:]}\n{err[-3000:]}"
-        argv = _substituted(_budgeted(list(args), gpu), self.stand_ins) + list(extra)
+        argv = _substituted(_budgeted(_with_recipe_checkpoint(args), gpu), self.stand_ins) + list(extra)
         ctx, path = _parse(argv)
         key = (tuple(path), repr(sorted((ctx.params or {}).items())) if ctx else "", tuple(ctx.args) if ctx else ())
         if key not in self.done:
@@ -414,8 +441,9 @@ def _check(args, out: str, err: str, cwd: Path) -> None:
         _trained(run, steps=2)
     elif args[0] in ("train",):
         _trained(_run_dir(out + err, cwd))
-    elif sub == "sft":
-        assert (cwd / "runs" / "warm" / "model" / "config.json").is_file()
+    elif sub == "sft":  # the model the docs' next command trains from: runs/<log.run_name>/model
+        name = next((a.split("=", 1)[1] for a in args if a.startswith("log.run_name=")), "warm")
+        assert (cwd / "runs" / name / "model" / "config.json").is_file()
     elif sub == "eval" and "--benchmark" in args:  # the table, written beside the gallery
         name, target = args[args.index("--benchmark") + 1], cwd / args[1]
         gallery = (target if (target / "config.yaml").is_file() else cwd) / "eval_gallery"
@@ -510,7 +538,7 @@ def test_the_shown_command_runs(where, args, following, workspace, tmp_path, mon
         (checkpoints / "latest").write_text("step_00000001\n")
         (tmp_path / "runs" / "exp1" / "summary.json").unlink()
         cwd = tmp_path
-    elif args[0] == "train" and text not in PRODUCERS and "runs/warm/model" not in text:
+    elif args[0] == "train" and text not in PRODUCERS and "model.path=runs/" not in text:  # else it reads a run
         cwd = tmp_path  # a run directory of its own (two runs of one recipe in one second would share one)
     code, out, err, argv = workspace.run(args, cwd=cwd, gpu=gpu,
                                          extra=PRODUCERS.get(text, ()))
