@@ -81,6 +81,14 @@ def pytest_collection_modifyitems(config, items):
     torch.set_num_threads(1)
 
 
+def pytest_runtest_setup(item):
+    """Once the session's learning runs are done, this process takes both cores again (one thread
+    was only to leave the other core to the runs)."""
+    pool = _POOLS.get(id(item.config))
+    if pool is not None and not pool.thread.is_alive() and torch.get_num_threads() < 2:
+        torch.set_num_threads(2)
+
+
 def pytest_sessionfinish(session):
     """Runs still going when the session ends (interrupted, -x) are killed; the run directories go."""
     pool = _POOLS.pop(id(session.config), None)
