@@ -164,8 +164,11 @@ class AlgoConfig(LossConfig):
 class DataConfig:
     # Which train examples each step draws: uniform (seeded epochs) | variance (MMR1 variance-aware
     # sampling) | dump (DUMP: UCB bandit over the data sources of a task mixture).
-    sampler: str = "uniform"
+    sampler: str = "uniform"  # | weighted (each source by its weight, sampler_kwargs.weights)
     sampler_kwargs: dict[str, Any] = field(default_factory=dict)
+    # mmrl sft: the fraction of reference completions trained without their <think> block (Think
+    # or Not?'s thought dropout)
+    thought_dropout: float = 0.0
     # Vision Matters perturbations of training images (boxes follow): None | distractor | mixup |
     # rotation | random (one of the three per example); applied with probability perturbation_prob.
     perturbation: Optional[str] = None
@@ -239,7 +242,9 @@ class TrainConfig:
     # steps in a row with a skipped update stop the run with a checkpoint of the last good weights
     # (0: never stop).
     max_consecutive_skipped_steps: int = 5
-    lr_scheduler_type: str = "constant_with_warmup"  # any transformers scheduler name
+    # any transformers scheduler name, or mmrl's linear_horizon (mmrl/core/optimizer.py)
+    lr_scheduler_type: str = "constant_with_warmup"
+    lr_scheduler_kwargs: dict[str, Any] = field(default_factory=dict)  # the schedule's own options
     warmup_steps: int = 0
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:1 ...

@@ -8,12 +8,14 @@ The warm start of the R1-style recipes (SFT, then RL from its weights) as a comm
 It reads the same config as ``mmrl train`` and builds the same policy (``model.path``,
 ``model.lora``, precision, ``train.padding_free`` packing, DDP/FSDP2 launches), optimizer and
 schedule (``train.optim``, ``train.learning_rate``, ``train.lr_scheduler_type``,
-``train.warmup_steps``, counted in SFT steps). Each of ``train.steps`` steps takes the next
-``train.prompts_per_step`` examples of the task's train split (seeded epoch permutations, every
-example once per epoch, as RL's uniform sampler) in mini-batches of ``train.mini_batch_size`` (0:
-one optimizer step per step), ``train.micro_batch_size`` samples per forward. The examples'
-completions are the task's reference answers (:func:`mmrl.vlm.sft.sft_target`: ``task.target(ex)``,
-or the record's own ``messages``/``solution`` for a task without one).
+``train.warmup_steps``, counted in SFT steps). Each of ``train.steps`` steps takes
+``train.prompts_per_step`` examples of the task's train split, drawn by RL's prompt sampler
+(``data.sampler``: ``uniform``, seeded epoch permutations, every example once per epoch; or
+``weighted``, a mixture's sources by ``data.sampler_kwargs.weights``), in mini-batches of
+``train.mini_batch_size`` (0: one optimizer step per step), ``train.micro_batch_size`` samples per
+forward. The examples' completions are the task's reference answers
+(:func:`mmrl.vlm.sft.sft_target`: ``task.target(ex)``, or the record's own ``messages``/``solution``
+for a task without one); ``data.thought_dropout`` of them lose their ``<think>`` block.
 
 The loss is the mean negative log-likelihood of the completion tokens (the assistant's answer and
 its EOS; the prompt is context, never in the action mask), at temperature 1:
@@ -29,6 +31,7 @@ eval split) is logged before and after training and printed. Checkpoints, ``metr
 
 from __future__ import annotations
 
+import random
 import shutil
 import sys
 import time
@@ -41,6 +44,7 @@ import torch
 from .core import distributed as dist
 from .core.losses import ObjectiveConfig
 from .core.policy_checkpoint import save_run_checkpoint
+from .core.seeding import stream_seed
 from .runs.checkpoint import CheckpointManager, set_rng_state
 
 
@@ -88,7 +92,6 @@ class SFTRun:
 
     def __init__(self, cfg, task=None, policy=None):
         from .api import make_policy
-        from .core.batch.prompts import PromptSampler
         from .core.trainer import build_task, run_name
         from .runs.config_history import check_resume_config
         from .vlm.sft import sft_split
@@ -104,8 +107,7 @@ class SFTRun:
         self.policy = policy or make_policy(cfg, self.task)
         self.train_examples = sft_split(self.task, "train")
         self.eval_examples = sft_split(self.task, "eval")
-        self.sampler = PromptSampler({self.task.name: len(self.train_examples)}, cfg.train.prompts_per_step,
-                                     cfg.train.seed)
+        self.sampler = sft_sampler(cfg, self.task.source_sizes(self.train_examples))
         self.run_dir = Path(dist.broadcast(str(Path(cfg.log.output_dir) / run_name(cfg))))
         self.main = dist.is_main()
         if self.main:
@@ -115,29 +117,34 @@ class SFTRun:
             check_resume_config(self.run_dir, cfg)
 
     # -- batches and losses -------------------------------------------------------------------------
-    def batch(self, examples: Sequence[dict]):
-        """This rank's share of ``examples`` as an SFT batch (:func:`mmrl.vlm.sft.sft_batch`)."""
+    def batch(self, examples: Sequence[dict], drop: Sequence[bool] | None = None):
+        """This rank's share of ``examples`` as an SFT batch (:func:`mmrl.vlm.sft.sft_batch`);
+        ``drop[i]``: example i without its reasoning block."""
         from .vlm.sft import sft_batch
 
-        mine = [ex for i, ex in enumerate(examples) if i % dist.world_size() == dist.rank()]
-        batch = sft_batch(self.policy, [self.task], [(0, ex) for ex in mine]) if mine else None
+        mine = [i for i in range(len(examples)) if i % dist.world_size() == dist.rank()]
+        drop = [bool(drop[i]) for i in mine] if drop is not None else None
+        batch = sft_batch(self.policy, [self.task], [(0, examples[i]) for i in mine], drop) if mine else None
         if batch is not None:
             batch.advantages = torch.zeros(len(batch))  # read, never used, by the policy's loss terms
         return batch
 
     def train_step(self, step: int) -> dict[str, float]:
         """One SFT step: the step's examples, one optimizer step per mini-batch."""
-        from .core.seeding import seed_everything, stream_seed
+        from .core.seeding import seed_everything
 
         seed_everything(stream_seed(self.cfg.train.seed, step, "step", rank_salt=dist.rank_salt()))
         self.policy.begin_step(step)  # the learning rate of this step
-        picks = self.sampler.uniform_indices(step - 1)
+        picks = self.sampler.indices(step - 1)
+        rate = float(self.cfg.data.thought_dropout)
+        dropout = random.Random(stream_seed(self.cfg.train.seed, step, "thought_dropout"))
+        drop = [rate > 0 and dropout.random() < rate for _ in picks]
         mini = self.cfg.train.mini_batch_size or len(picks)
         sums: dict[str, float] = {}
-        chunks = [picks[c:c + mini] for c in range(0, len(picks), mini)]
+        chunks = [range(c, min(c + mini, len(picks))) for c in range(0, len(picks), mini)]
         total_tokens = 0.0
         for chunk in chunks:
-            batch = self.batch([self.train_examples[i] for i in chunk])
+            batch = self.batch([self.train_examples[picks[j]] for j in chunk], [drop[j] for j in chunk])
             tokens = dist.all_sum(float(batch.action_mask.sum()) if batch is not None else 0.0)
             out = self.policy.train_step(batch if batch is not None else _empty(), NLLObjective(),
                                          num_tokens=tokens, num_seqs=float(len(chunk)))
@@ -164,7 +171,8 @@ class SFTRun:
     def save(self, step: int, before: float | None) -> None:
         """As the RL trainer saves: every rank takes part, rank 0 publishes atomically."""
         save_run_checkpoint(self.ckpt, step, self.policy,
-                            lambda rngs: {"step": step, "rank_rngs": rngs, "before": before, "sft": True})
+                            lambda rngs: {"step": step, "rank_rngs": rngs, "before": before, "sft": True,
+                                          "sampler_state": self.sampler.state_dict()})
 
     def resume(self) -> tuple[int, float | None]:
         latest = self.ckpt.latest()
@@ -176,6 +184,7 @@ class SFTRun:
         if int(state["step"]) > self.cfg.train.steps:
             raise ValueError(f"{latest} is at step {state['step']}, past train.steps={self.cfg.train.steps}")
         self.policy.load(latest / "policy")
+        self.sampler.load_state_dict(state.get("sampler_state") or {})
         if dist.rank() < len(state["rank_rngs"]):
             set_rng_state(state["rank_rngs"][dist.rank()])
         return int(state["step"]), state.get("before")
@@ -288,6 +297,20 @@ def command(args: Sequence[str]) -> None:
         print(f"model: {result.model_dir}")
         print(" ".join(["RL from it: mmrl train", run.task.modality, *([recipe] if recipe else []),
                         f"model.path={result.model_dir}"]))
+
+
+def sft_sampler(cfg, sizes: dict[str, int]):
+    """RL's prompt sampler of ``data.sampler`` over the train split's sources; a sampler that
+    learns from rollouts' rewards (``variance``, ``dump``) has nothing to learn from here."""
+    from .config import ConfigError
+    from .core.batch.prompts import PromptSampler, make_sampler
+
+    sampler = make_sampler(cfg.data.sampler, sizes, cfg.train.prompts_per_step, cfg.train.seed,
+                           **dict(cfg.data.sampler_kwargs))
+    if type(sampler).observe is not PromptSampler.observe:
+        raise ConfigError(f"data.sampler={cfg.data.sampler} chooses prompts by their rollouts' rewards, which "
+                          "mmrl sft does not make: use data.sampler=uniform or weighted")
+    return sampler
 
 
 def _empty():

@@ -9,10 +9,13 @@ its position in ``tasks``) is what data-source bandits (DUMP) and per-task norma
     task:
       name: mixture
       options:
-        tasks: {counting: {query: color}, grounding: {}}   # registry name -> its options
+        tasks: {counting: {query: color}, grounding: {}}   # source name -> the task's options
         rewards: {grounding: {iou: 1.0}}                   # optional per-source weight overrides
 
-Each task appears once (the mapping's keys are its registry names), so a source is a task name.
+A source is named by its key, which is also the registered task it builds unless its options name
+another with ``task``: ``tasks: {color: {task: counting, query: color}, shape: {task: counting,
+query: shape}}`` mixes one task under two sets of options (the tiny default's SFT mixture does).
+How often each source is drawn is the prompt sampler's business (``data.sampler=weighted``).
 """
 
 from __future__ import annotations
@@ -169,13 +172,14 @@ class Mixture(Task):
             )
         self.sub_tasks: dict[str, Task] = {}
         for name, opts in specs.items():
-            if name == self.name:
-                raise ValueError("mixture: a mixture cannot contain a mixture; list its tasks directly")
             sub_options = _mapping(opts, f"the options of task {name!r}")
+            registered = sub_options.pop("task", name)  # a source may name its task (one task, two option sets)
+            if registered == self.name:
+                raise ValueError("mixture: a mixture cannot contain a mixture; list its tasks directly")
             try:
-                self.sub_tasks[name] = make_task(name, **sub_options)
+                self.sub_tasks[name] = make_task(registered, **sub_options)
             except UnknownNameError as exc:
-                raise UnknownNameError(f"mixture option tasks: {exc}") from None
+                raise UnknownNameError(f"mixture option tasks ({name}): {exc}") from None
         modalities = {n: t.modality for n, t in self.sub_tasks.items()}
         if len(set(modalities.values())) > 1:
             raise ValueError(f"mixture: all tasks must share one modality (one policy trains on all), got {modalities}")
@@ -234,6 +238,12 @@ class Mixture(Task):
         """The sub-tasks' ``split`` as one lazy sequence: "eval" in round-robin order (so the first
         n examples an evaluation takes cover every task), any other split concatenated."""
         parts = {name: task.examples(split) for name, task in self.sub_tasks.items()}
+        return SourceConcat(parts, order="round_robin" if split == "eval" else "concat")
+
+    def sft_examples(self, split: str) -> SourceConcat:
+        """What ``mmrl sft`` imitates, laid out as :meth:`examples`: each source's own SFT examples
+        (an environment or tool task's are its reference steps or turns), else its examples."""
+        parts = {name: getattr(task, "sft_examples", task.examples)(split) for name, task in self.sub_tasks.items()}
         return SourceConcat(parts, order="round_robin" if split == "eval" else "concat")
 
     def prompt(self, ex: dict) -> list[dict]:

@@ -134,15 +134,28 @@ def _sft_config(path, out, *extra):
         f"log.output_dir={out}", "log.run_name=warm", "log.progress=false", "log.tensorboard=false", *extra])
 
 
-def test_a_resumed_sft_run_ends_with_the_weights_of_an_uninterrupted_one(random_tiny_dir, tmp_path):
+# The tiny models' warm-start shape: a mixture holding one task twice (two option sets), drawn by
+# weight with replacement, a quarter of the references without their <think> block, a schedule
+# whose horizon lies past the run.
+WEIGHTED_MIXTURE = ("task.name=mixture",
+                    'task.options={"tasks": {"color": {"task": "counting", "query": "color"}, '
+                    '"shape": {"task": "counting", "query": "shape"}, "grounding": {}}}',
+                    "data.sampler=weighted", 'data.sampler_kwargs={"weights": {"color": 3, "shape": 1, "grounding": 1}}',
+                    "data.thought_dropout=0.25", "train.lr_scheduler_type=linear_horizon",
+                    'train.lr_scheduler_kwargs={"decay_steps": 8, "min_lr_rate": 0.05}', "train.warmup_steps=2")
+
+
+@pytest.mark.parametrize("sampling", [(), WEIGHTED_MIXTURE], ids=["uniform", "weighted-mixture"])
+def test_a_resumed_sft_run_ends_with_the_weights_of_an_uninterrupted_one(random_tiny_dir, tmp_path, sampling):
     """4 steps in one go, and 4 steps whose last 2 are run again from the step-2 checkpoint (the
-    data order, the seeds, the optimizer and the schedule are restored): the same weights."""
+    data order, the weighted sampler's random state, the dropped thoughts, the seeds, the optimizer
+    and the schedule are restored): the same weights."""
     from safetensors.torch import load_file
 
     from mmrl.sft_run import SFTRun
 
-    SFTRun(_sft_config(random_tiny_dir, tmp_path / "a", "train.steps=4", "log.save_every=0")).run()
-    SFTRun(_sft_config(random_tiny_dir, tmp_path / "b", "train.steps=4", "log.save_every=2")).run()
+    SFTRun(_sft_config(random_tiny_dir, tmp_path / "a", "train.steps=4", "log.save_every=0", *sampling)).run()
+    SFTRun(_sft_config(random_tiny_dir, tmp_path / "b", "train.steps=4", "log.save_every=2", *sampling)).run()
     import shutil
 
     run = tmp_path / "b" / "warm"
@@ -150,7 +163,7 @@ def test_a_resumed_sft_run_ends_with_the_weights_of_an_uninterrupted_one(random_
     (run / "checkpoints" / "latest").write_text("step_00000002\n")
     shutil.rmtree(run / "model")
     result = SFTRun(_sft_config(random_tiny_dir, tmp_path / "b", "train.steps=4", "log.save_every=2",
-                                "resume=true")).run()
+                                "resume=true", *sampling)).run()
     a = load_file(tmp_path / "a" / "warm" / "model" / "model.safetensors")
     b = load_file(result.model_dir / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

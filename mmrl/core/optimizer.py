@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from mmrl.options import check_options
 from mmrl.registry import OPTIMIZERS, register_optimizer
 
 from .library_internals import stochastic_rounding_adamw
@@ -38,16 +39,42 @@ ADAM_EPSILON = 1e-8  # transformers' TrainingArguments.adam_epsilon default, for
 
 
 def make_optimizer(params, train_cfg: Any, total_steps: int):
-    """The optimizer of ``train.optim`` over ``params`` and the configured transformers LR
-    scheduler over ``total_steps`` RL steps (stepped once per RL step by :func:`step_schedule`)."""
+    """The optimizer of ``train.optim`` over ``params`` and the LR scheduler of
+    ``train.lr_scheduler_type`` (transformers' ``get_scheduler`` with ``train.lr_scheduler_kwargs``,
+    or :func:`linear_horizon`) over ``total_steps`` RL steps (stepped once per RL step by
+    :func:`step_schedule`)."""
     from transformers import get_scheduler
 
     build = OPTIMIZERS.get(train_cfg.optim, "train.optim")
     optimizer = build(params, lr=train_cfg.learning_rate, betas=(train_cfg.adam_beta1, train_cfg.adam_beta2),
                       weight_decay=train_cfg.weight_decay, eps=ADAM_EPSILON)
+    kwargs = dict(train_cfg.lr_scheduler_kwargs or {})
+    if train_cfg.lr_scheduler_type == "linear_horizon":
+        check_options(linear_horizon, kwargs, "train.lr_scheduler_kwargs", "the linear_horizon schedule",
+                      ("optimizer", "warmup_steps", "total_steps"))
+        return optimizer, linear_horizon(optimizer, train_cfg.warmup_steps, max(total_steps, 1), **kwargs)
     scheduler = get_scheduler(train_cfg.lr_scheduler_type, optimizer, num_warmup_steps=train_cfg.warmup_steps,
-                              num_training_steps=max(total_steps, 1))
+                              num_training_steps=max(total_steps, 1), scheduler_specific_kwargs=kwargs or None)
     return optimizer, scheduler
+
+
+def linear_horizon_factor(step: int, warmup_steps: int, decay_steps: int, min_lr_rate: float = 0.0) -> float:
+    """The learning rate of (0-based) ``step`` as a fraction of its peak under :func:`linear_horizon`:
+    ``min(1, (step + 1) / warmup_steps) * max(min_lr_rate, 1 - step / decay_steps)``."""
+    return min(1.0, (step + 1) / max(warmup_steps, 1)) * max(min_lr_rate, 1.0 - step / decay_steps)
+
+
+def linear_horizon(optimizer, warmup_steps: int, total_steps: int, decay_steps: int | None = None,
+                   min_lr_rate: float = 0.0):
+    """``train.lr_scheduler_type=linear_horizon`` (mmrl's; transformers has no such schedule): a
+    linear warmup over ``warmup_steps`` times a linear decay that would reach ``min_lr_rate`` of the
+    peak at ``decay_steps`` (``train.lr_scheduler_kwargs``; default and minimum: the run's steps).
+    A horizon past the run's end stops the run with the rate part-way down: the tiny models' SFT
+    warm starts stop at three quarters of theirs, which leaves RL room (docs/tiny-default.md).
+    Unlike transformers' ``linear``, step 0 already runs at ``1 / warmup_steps`` of the peak."""
+    decay = max(int(decay_steps or total_steps), total_steps)
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: linear_horizon_factor(s, warmup_steps, decay, float(min_lr_rate)))
 
 
 def step_schedule(scheduler, step: int) -> None:

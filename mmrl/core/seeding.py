@@ -26,6 +26,7 @@ STREAMS: dict[str, tuple[int, int]] = {
     "perturbation": (300, 100),  # Vision Matters perturbations, per round
     "temporal_shuffle": (400, 100),  # T-GRPO frame orders, per round
     "prompt_refill": (1000, 1000),  # dynamic-sampling refills, per round
+    "thought_dropout": (2000, 1),  # mmrl sft: which references lose their <think> block
 }
 
 

@@ -81,6 +81,7 @@ class Trainer:
         self.policy = policy
         self.task = task or build_task(cfg)
         check_unused_keys(cfg, policy.unused_config, f"a {type(policy).__name__}")
+        check_unused_keys(cfg, ["data.thought_dropout"], "RL (mmrl train); it is read by mmrl sft")
         tracker_names(cfg.log.report_to, cfg.log.tensorboard)  # every rank: a bad name stops them all, not rank 0 alone
         check_eval_split(self.task)
         self.rewards = make_reward_computer(self.task, cfg.task)

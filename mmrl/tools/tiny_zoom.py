@@ -18,7 +18,6 @@ of the task), so the shipped warm start is the two-stage one."""
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -39,6 +38,7 @@ def build_tiny_zoom(out: str | Path, sft_steps: int = TINY_ZOOM_RECIPE["sft_step
     ``sft_steps`` (``seed``), then ``more_steps`` more from its model (``seed + 1``; 0: none); the
     model saved to ``out`` (through a staging directory: a build that dies leaves the old one)."""
     from mmrl.sft_run import sft
+    from mmrl.vlm.sft import publish
 
     out = Path(out)
     with tempfile.TemporaryDirectory(prefix="mmrl-tiny-zoom-") as runs:
@@ -48,9 +48,4 @@ def build_tiny_zoom(out: str | Path, sft_steps: int = TINY_ZOOM_RECIPE["sft_step
         if more_steps > 0:
             model = sft(ZOOM_RECIPE, [*warm_start_overrides(more_steps, batch_size, lr, seed + 1), *logging,
                                       f"model.path={model}", "log.run_name=more"]).model_dir
-        staging = out.with_name(out.name + ".tmp")
-        shutil.rmtree(staging, ignore_errors=True)
-        shutil.copytree(model, staging)
-    shutil.rmtree(out, ignore_errors=True)
-    staging.rename(out)
-    return out
+        return publish(model, out)

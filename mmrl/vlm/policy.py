@@ -58,7 +58,9 @@ class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
         that was never warm-started on the task (or on one of a mixture's tasks)."""
         from .tiny_tasks import untrained_task_warning
 
-        warning = untrained_task_warning(str(cfg.model.path), task.source_names())
+        sources = getattr(task, "sub_tasks", None)  # a mixture's sources may be aliases: their tasks' names
+        names = [sub.name for sub in sources.values()] if sources else task.source_names()
+        warning = untrained_task_warning(str(cfg.model.path), names)
         if warning:
             logging.getLogger("mmrl").warning("warning: %s", warning)
         return cls(cfg)

@@ -1,20 +1,22 @@
-"""Supervised warm start, and the recipe that builds the shipped tiny model.
+"""Supervised warm start: the SFT batch ``mmrl sft`` trains on, and the builders of the shipped
+tiny models, which run ``mmrl sft`` (:mod:`mmrl.sft_run`) as their warm start.
 
 R1-style recipes run SFT before RL so that RL starts from a policy that already follows the answer
 format and is sometimes right (GRPO learns nothing from groups whose rewards are all zero). The
 tiny default follows that recipe: ``build_tiny_vlm`` trains the tokenizer, initialises a small
-Qwen2.5-VL, runs a short SFT on the synthetic tasks' reference completions and saves the result.
-It is deliberately short, so that RL has visible headroom.
+Qwen2.5-VL, pre-trains its vision tower, runs a short ``mmrl sft`` on the synthetic tasks'
+reference completions and saves the result. It is deliberately short, so that RL has visible
+headroom.
 """
 
 from __future__ import annotations
 
-import random
+import json
 import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
@@ -106,73 +108,6 @@ def sft_split(task: Task, split: str):
     return getattr(task, "sft_examples", task.examples)(split)
 
 
-def draw_examples(rng: random.Random, splits: Sequence, batch_size: int,
-                  task_weights: Sequence[float] | None = None) -> list[tuple[int, dict]]:
-    """``batch_size`` (task index, example) pairs: each task drawn with probability proportional
-    to its weight (uniform when None), then one of its examples uniformly."""
-    picks = []
-    for _ in range(batch_size):
-        if task_weights is None:
-            t = rng.randrange(len(splits))
-        else:
-            t = rng.choices(range(len(splits)), task_weights)[0]
-        picks.append((t, splits[t][rng.randrange(len(splits[t]))]))
-    return picks
-
-
-def warm_start_lr_factor(step: int, decay_steps: int, warmup_steps: int = 20) -> float:
-    """The SFT learning rate at ``step`` as a fraction of its peak: linear warmup over
-    ``warmup_steps``, times a linear decay that reaches 0 at ``decay_steps`` (floored at 5%)."""
-    return min(1.0, (step + 1) / warmup_steps) * max(0.05, 1 - step / decay_steps)
-
-
-def sft(policy, tasks: Sequence[Task], steps: int, batch_size: int = 32, lr: float = 1e-3,
-        seed: int = 0, log_every: int = 50, progress: bool = True, thought_dropout: float = 0.0,
-        task_weights: Sequence[float] | None = None, decay_steps: int | None = None) -> list[float]:
-    """Teacher-forced cross-entropy on reference completions of a mixture of tasks.
-
-    Each example's task is drawn with probability proportional to ``task_weights`` (uniform when
-    None).
-
-    The learning rate warms up over 20 steps, then falls linearly towards zero over
-    ``decay_steps`` (default and minimum ``steps``; floored at 5% of the peak). ``decay_steps``
-    > ``steps`` stops the warm start before the rate has annealed: the tiny default does this so that RL, not
-    the last SFT steps, does the sharpening.
-
-    ``thought_dropout``: the fraction of references trained without their ``<think>`` block
-    ("Think or Not? Selective Reasoning via Reinforcement Learning for Vision-Language Models":
-    thought dropout in the SFT stage), so the model learns both answer styles.
-    """
-    rng = random.Random(seed)
-    torch.manual_seed(seed)
-    splits = [sft_split(t, "train") for t in tasks]
-    opt = torch.optim.AdamW([p for p in policy.model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
-    decay = max(decay_steps or steps, steps)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warm_start_lr_factor(s, decay))
-    losses = []
-    policy.model.train()
-    from rich.progress import Progress
-
-    with Progress(disable=not progress) as bar:
-        task_id = bar.add_task("SFT warm start", total=steps)
-        for step in range(steps):
-            picks = draw_examples(rng, splits, batch_size, task_weights)
-            drop = [thought_dropout > 0 and rng.random() < thought_dropout for _ in picks]
-            batch = sft_batch(policy, tasks, picks, drop)
-            logps = policy.completion_logps(policy.model, batch)
-            loss = -(logps.sum() / batch.action_mask.sum())
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(policy.model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            losses.append(loss.item())
-            bar.update(task_id, advance=1, description=f"SFT warm start loss {loss.item():.3f}")
-            if log_every and (step + 1) % log_every == 0 and not progress:
-                print(f"sft step {step + 1}/{steps} loss {sum(losses[-log_every:]) / log_every:.4f}")
-    return losses
-
-
 def tokenizer_corpus(tasks: Sequence[Task], per_task: int = 3000) -> list[str]:
     """The text the tiny tokenizer is trained on: prompts, reference answers, numbers."""
     texts = ["You are a helpful assistant.", "system", "user", "assistant"]
@@ -192,17 +127,71 @@ def tokenizer_corpus(tasks: Sequence[Task], per_task: int = 3000) -> list[str]:
 
 
 # How the shipped tiny VLM is built (`mmrl build-tiny vlm`); each value chosen by measurement, see
-# the README's "The tiny default".
+# docs/tiny-default.md.
 TINY_VLM_RECIPE = {"vision_steps": 300, "sft_steps": 600, "decay_steps": 800, "batch_size": 32,
                    "lr": 1e-3, "thought_dropout": 0.0}
 
 
-def mixture_weights(task_specs: Sequence[dict]) -> list[float] | None:
-    """The specs' optional ``weight`` entries (default 1), or None when no spec sets one (a
-    uniform draw, the same random calls as before weights existed)."""
-    if not any("weight" in spec for spec in task_specs):
-        return None
-    return [float(spec.get("weight", 1.0)) for spec in task_specs]
+def source_name(spec: dict) -> str:
+    """A warm-start mixture's name for the source of ``spec``: the task's name, followed by its
+    option values where the specs hold that task more than once (``counting_color_enumerate``)."""
+    values = [str(v) for v in spec["options"].values() if isinstance(v, (str, int, float, bool))]
+    return "_".join([spec["name"], *values])
+
+
+def warm_start_overrides(task_specs: Sequence[dict], sft_steps: int, decay_steps: int | None, batch_size: int,
+                         lr: float, seed: int, thought_dropout: float = 0.0) -> list[str]:
+    """The ``mmrl sft`` config of a tiny model's warm start (beside ``model.path`` and where it
+    logs): the ``task_specs`` as one task (a ``mixture`` of them when there are several), each drawn
+    with its ``weight`` (``data.sampler=weighted``, with replacement); AdamW at ``lr`` without weight
+    decay, a 20-step warmup times a linear decay that would end at ``decay_steps``, floored at 5%
+    (``linear_horizon``); gradients clipped at norm 1; the whole batch in one forward and one
+    optimizer step; the vision tower frozen."""
+    names = [spec["name"] for spec in task_specs]
+    sources = [source_name(spec) if names.count(spec["name"]) > 1 else spec["name"] for spec in task_specs]
+    weights = {source: float(spec.get("weight", 1.0)) for source, spec in zip(sources, task_specs)}
+    if len(task_specs) == 1:
+        task = [f"task.name={names[0]}", f"task.options={json.dumps(task_specs[0]['options'])}"]
+    else:
+        tasks = {source: {"task": spec["name"], **spec["options"]} for source, spec in zip(sources, task_specs)}
+        task = ["task.name=mixture", f"task.options={json.dumps({'tasks': tasks})}"]
+    return [*task, "data.sampler=weighted", f"data.sampler_kwargs={json.dumps({'weights': weights})}",
+            f"data.thought_dropout={thought_dropout}", f"train.steps={sft_steps}", f"train.seed={seed}",
+            f"train.prompts_per_step={batch_size}", "train.mini_batch_size=0", f"train.micro_batch_size={batch_size}",
+            "train.optim=adamw_torch", f"train.learning_rate={lr}", "train.weight_decay=0.0", "train.adam_beta1=0.9",
+            "train.adam_beta2=0.999", "train.max_grad_norm=1.0", "train.lr_scheduler_type=linear_horizon",
+            f"train.lr_scheduler_kwargs={json.dumps({'decay_steps': decay_steps or sft_steps, 'min_lr_rate': 0.05})}",
+            "train.warmup_steps=20", "train.device=cpu", "vlm.freeze_vision=true", "eval.num_examples=64"]
+
+
+def run_warm_start(base: str | Path, out: str | Path, overrides: Sequence[str], task_specs: Sequence[dict],
+                   sft_steps: int, decay_steps: int | None, batch_size: int, lr: float, seed: int,
+                   progress: bool, thought_dropout: float = 0.0) -> Path:
+    """``mmrl sft`` of ``base`` (:func:`warm_start_overrides`, plus the config ``overrides``, e.g.
+    the inputs' pixel budget) in a scratch run directory; its model saved to ``out`` through a
+    staging directory, so a build that dies leaves the previous checkpoint whole."""
+    from ..config import load_config
+    from ..sft_run import SFTRun
+
+    with tempfile.TemporaryDirectory(prefix="mmrl-warm-start-") as runs:
+        cfg = load_config(None, [f"model.path={base}", *overrides,
+                                 *warm_start_overrides(task_specs, sft_steps, decay_steps, batch_size, lr, seed,
+                                                       thought_dropout),
+                                 "rollout.temperature=1.0", "algo.beta=0.0", f"log.output_dir={runs}",
+                                 "log.run_name=warm-start", f"log.progress={str(progress).lower()}",
+                                 "log.tensorboard=false", "log.save_every=0"])
+        result = SFTRun(cfg).run()
+        return publish(result.model_dir, Path(out))
+
+
+def publish(model_dir: Path, out: Path) -> Path:
+    """Copy ``model_dir`` to ``out`` through a staging directory (a copy that dies leaves ``out``)."""
+    staging = out.with_name(out.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(model_dir, staging)
+    shutil.rmtree(out, ignore_errors=True)
+    staging.rename(out)
+    return out
 
 
 def build_tiny_vlm(out: str | Path, sft_steps: int = TINY_VLM_RECIPE["sft_steps"],
@@ -214,13 +203,12 @@ def build_tiny_vlm(out: str | Path, sft_steps: int = TINY_VLM_RECIPE["sft_steps"
     """Build the tiny Qwen2.5-VL from scratch and warm-start it; returns the checkpoint dir.
 
     The defaults (:data:`TINY_VLM_RECIPE`) were found by measurement so that RL has competence to
-    sharpen (README, "The tiny default"):
+    sharpen (docs/tiny-default.md):
     - ``vision_steps`` first pre-trains the whole vision tower to name each cell's colour and
-      shape (:mod:`mmrl.vlm.vision_pretrain`), then freezes it. SFT then learns colour-specific
-      counting, which it did not with a random tower; and the tower is never trained at the SFT
-      learning rate, which collapsed its features to one vector per image. With
-      ``vision_steps=0`` the patch embedding and blocks keep their random initialisation and only
-      the merger and the language model train.
+      shape (:mod:`mmrl.vlm.vision_pretrain`); SFT then runs with it frozen, and learns
+      colour-specific counting, which it did not with a random tower; a tower trained at the SFT
+      learning rate collapsed its features to one vector per image. ``vision_steps=0`` keeps the
+      random tower (frozen).
     - ``thought_dropout`` 0: every reference keeps its ``<think>`` block, so the warm-started model
       already writes the answer layout and RL's reward moves with task accuracy, not format.
       (> 0 trains that fraction without the block, "Think or Not?"'s thought dropout.)
@@ -228,47 +216,29 @@ def build_tiny_vlm(out: str | Path, sft_steps: int = TINY_VLM_RECIPE["sft_steps"
       greedy counting accuracy ~0.55 while pass@8 is ~0.94; finishing the schedule alone would
       take it to ~0.85.
 
-    A spec may carry a ``"weight"``: its share of the SFT batches (:func:`mixture_weights`).
+    The SFT stage is ``mmrl sft`` (:func:`run_warm_start`); a spec's ``"weight"`` is its share of
+    the batches.
     """
     from ..config import load_config
     from ..registry import TASKS, load_plugins
-    from .policy import VLMPolicy, vision_tower
+    from .policy import VLMPolicy
     from .vision_pretrain import pretrain_vision
 
     load_plugins()
     tasks = [TASKS.get(spec["name"])(**spec["options"]) for spec in task_specs]
-    out = Path(out)
     torch.manual_seed(seed)
     tokenizer = tiny.build_tokenizer(tokenizer_corpus(tasks), vocab_size=1024)
     processor = tiny.build_processor(tokenizer)
     model = tiny.build_model(tokenizer, seed=seed)
-    with tempfile.TemporaryDirectory() as tmp:
-        tiny.save_tiny(model, processor, tmp)
-        cfg = load_config(None, [f"model.path={tmp}", "train.device=cpu"])
-        policy = VLMPolicy(cfg)
-        tower = vision_tower(policy.model)
+    with tempfile.TemporaryDirectory(prefix="mmrl-tiny-") as tmp:
+        base = tiny.save_tiny(model, processor, Path(tmp) / "random")
         if vision_steps > 0:
+            policy = VLMPolicy(load_config(None, [f"model.path={base}", "train.device=cpu"]))
             pretrain_vision(policy.model, policy.processor.image_processor, steps=vision_steps, seed=seed)
-            tower.requires_grad_(False)
-        else:
-            tower.patch_embed.requires_grad_(False)
-            tower.blocks.requires_grad_(False)
-        sft(policy, tasks, steps=sft_steps, batch_size=batch_size, lr=lr, seed=seed, progress=progress,
-            thought_dropout=thought_dropout, task_weights=mixture_weights(task_specs),
-            decay_steps=decay_steps)
-        policy.model.requires_grad_(True)
-        return save_atomically(policy, out)
-
-
-def save_atomically(policy, out: Path) -> Path:
-    """Write ``policy``'s model and processor to ``out`` through a staging directory, so a build
-    that dies leaves the previous checkpoint whole."""
-    staging = out.with_name(out.name + ".tmp")
-    shutil.rmtree(staging, ignore_errors=True)
-    tiny.save_tiny(policy.model, policy.processor, staging)
-    shutil.rmtree(out, ignore_errors=True)
-    staging.rename(out)
-    return out
+            base = tiny.save_tiny(policy.model, policy.processor, Path(tmp) / "vision-pretrained")
+            del policy
+        return run_warm_start(base, out, (), task_specs, sft_steps, decay_steps, batch_size, lr, seed, progress,
+                              thought_dropout)
 
 
 # The tiny video default (`mmrl build-tiny video`): the shipped tiny VLM (its tower pre-trained on
@@ -282,11 +252,10 @@ def build_tiny_video(out: str | Path, base: str = "tiny", sft_steps: int = TINY_
                      batch_size: int = TINY_VIDEO_RECIPE["batch_size"], lr: float = TINY_VIDEO_RECIPE["lr"],
                      seed: int = 0, progress: bool = True,
                      task_specs: Sequence[dict] = DEFAULT_TINY_VIDEO_TASKS) -> Path:
-    """Warm-start ``base`` (default: the shipped tiny VLM) on the video tasks' reference answers
-    with its vision tower frozen; returns the checkpoint dir. See the README's "Video"."""
-    return warm_start_tiny(out, [f"vlm.video_min_pixels={TINY_VIDEO_PIXELS}", f"vlm.video_max_pixels={TINY_VIDEO_PIXELS}"],
-                           task_specs, base=base, sft_steps=sft_steps, decay_steps=decay_steps,
-                           batch_size=batch_size, lr=lr, seed=seed, progress=progress)
+    """``mmrl sft`` of ``base`` (default: the shipped tiny VLM) on the video tasks' reference
+    answers with its vision tower frozen; returns the checkpoint dir. See docs/video.md."""
+    budget = [f"vlm.video_min_pixels={TINY_VIDEO_PIXELS}", f"vlm.video_max_pixels={TINY_VIDEO_PIXELS}"]
+    return run_warm_start(base, out, budget, task_specs, sft_steps, decay_steps, batch_size, lr, seed, progress)
 
 
 # The tiny GUI default (`mmrl build-tiny gui`): the shipped tiny VLM whose vision tower is pre-trained
@@ -305,19 +274,25 @@ def build_tiny_gui(out: str | Path, base: str = "tiny", sft_steps: int = TINY_GU
                    batch_size: int = TINY_GUI_RECIPE["batch_size"], lr: float = TINY_GUI_RECIPE["lr"],
                    seed: int = 0, progress: bool = True, task_specs: Sequence[dict] = DEFAULT_TINY_GUI_TASKS) -> Path:
     """Pre-train ``base``'s vision tower on the phone's screens (``vision_steps``; 0: keep it),
-    then warm-start it on the GUI tasks with the tower frozen; returns the checkpoint dir. See the
-    README's "GUI agents"."""
+    then ``mmrl sft`` on the GUI tasks with the tower frozen; returns the checkpoint dir. See
+    docs/gui-agents.md."""
+    from ..config import load_config
     from ..envs import make_env
+    from .policy import VLMPolicy
     from .vision_pretrain import pretrain_vision_on_screens
 
-    def screens(policy) -> None:
-        if vision_steps > 0:
-            pretrain_vision_on_screens(policy.model, policy.processor.image_processor, make_env("synthetic_gui"),
-                                       steps=vision_steps, seed=seed)
-
-    return warm_start_tiny(out, TINY_GUI_BUDGET,
-                           task_specs, base=base, sft_steps=sft_steps, decay_steps=decay_steps,
-                           batch_size=batch_size, lr=lr, seed=seed, progress=progress, before_sft=screens)
+    if vision_steps <= 0:
+        return run_warm_start(base, out, TINY_GUI_BUDGET, task_specs, sft_steps, decay_steps, batch_size, lr,
+                              seed, progress)
+    torch.manual_seed(seed)
+    with tempfile.TemporaryDirectory(prefix="mmrl-tiny-gui-") as tmp:
+        policy = VLMPolicy(load_config(None, [f"model.path={base}", "train.device=cpu", *TINY_GUI_BUDGET]))
+        pretrain_vision_on_screens(policy.model, policy.processor.image_processor, make_env("synthetic_gui"),
+                                   steps=vision_steps, seed=seed)
+        tiny.save_tiny(policy.model, policy.processor, tmp)
+        del policy
+        return run_warm_start(tmp, out, TINY_GUI_BUDGET, task_specs, sft_steps, decay_steps, batch_size, lr, seed,
+                              progress)
 
 
 # The tiny grounding default (`mmrl build-tiny gui-grounding`): the tiny GUI default taught more
@@ -325,7 +300,7 @@ def build_tiny_gui(out: str | Path, base: str = "tiny", sft_steps: int = TINY_GU
 # first step is a click on an app's icon, so a warm start that grounds well (point accuracy about
 # 0.4, where supervised grounding learns fastest) already solves about 0.4 of the episodes, and
 # one that leaves episodes to RL (0.01) grounds at 0.15, where grounding barely moves in a 10-minute
-# run (README, "The tiny GUI default").
+# run (docs/gui-agents.md).
 TINY_GUI_GROUNDING_RECIPE = {"sft_steps": 240, "decay_steps": 480, "batch_size": 32, "lr": 1e-3}
 
 
@@ -334,33 +309,7 @@ def build_tiny_gui_grounding(out: str | Path, base: str = "tiny-gui",
                              decay_steps: int | None = TINY_GUI_GROUNDING_RECIPE["decay_steps"],
                              batch_size: int = TINY_GUI_GROUNDING_RECIPE["batch_size"],
                              lr: float = TINY_GUI_GROUNDING_RECIPE["lr"], seed: int = 0, progress: bool = True) -> Path:
-    """SFT of ``base`` (default: the tiny GUI default) on screen grounding alone, tower frozen;
-    returns the checkpoint dir."""
-    return warm_start_tiny(out, TINY_GUI_BUDGET,
-                           ({"name": "screen_grounding", "options": {}, "weight": 1.0},), base=base,
-                           sft_steps=sft_steps, decay_steps=decay_steps, batch_size=batch_size, lr=lr, seed=seed,
-                           progress=progress)
-
-
-def warm_start_tiny(out: str | Path, overrides: Sequence[str], task_specs: Sequence[dict], base: str = "tiny",
-                    sft_steps: int = 100, decay_steps: int | None = None, batch_size: int = 32, lr: float = 1e-3,
-                    seed: int = 0, progress: bool = True, before_sft: Callable | None = None) -> Path:
-    """SFT of ``base`` (config ``overrides``: e.g. the pixel budget of the inputs) on the
-    ``task_specs``' reference answers with the vision tower frozen, saved atomically to ``out``;
-    ``before_sft(policy)`` runs first (e.g. pre-training the tower on new images)."""
-    from ..config import load_config
-    from ..registry import TASKS, load_plugins
-    from .policy import VLMPolicy, vision_tower
-
-    load_plugins()
-    tasks = [TASKS.get(spec["name"])(**spec["options"]) for spec in task_specs]
-    torch.manual_seed(seed)
-    cfg = load_config(None, [f"model.path={base}", "train.device=cpu", *overrides])
-    policy = VLMPolicy(cfg)
-    if before_sft is not None:
-        before_sft(policy)
-    vision_tower(policy.model).requires_grad_(False)
-    sft(policy, tasks, steps=sft_steps, batch_size=batch_size, lr=lr, seed=seed, progress=progress,
-        task_weights=mixture_weights(task_specs), decay_steps=decay_steps)
-    policy.model.requires_grad_(True)
-    return save_atomically(policy, Path(out))
+    """``mmrl sft`` of ``base`` (default: the tiny GUI default) on screen grounding alone, tower
+    frozen; returns the checkpoint dir."""
+    return run_warm_start(base, out, TINY_GUI_BUDGET, ({"name": "screen_grounding", "options": {}, "weight": 1.0},),
+                          sft_steps, decay_steps, batch_size, lr, seed, progress)

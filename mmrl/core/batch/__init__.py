@@ -9,6 +9,7 @@ from .aggregation import AGGREGATION_MODES, aggregate_rewards
 from .pipeline import BatchBuilder
 from .prompts import PromptSampler, make_sampler
 from .selection import dynamic_sampling, group_has_variance
+from .weighted import WeightedSourceSampler
 
 __all__ = ["AGGREGATION_MODES", "BatchBuilder", "PromptSampler", "aggregate_rewards", "dynamic_sampling",
-           "group_has_variance", "make_sampler"]
+           "group_has_variance", "make_sampler", "WeightedSourceSampler"]
