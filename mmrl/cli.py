@@ -184,7 +184,7 @@ def sft(args: Optional[List[str]] = typer.Argument(None, metavar=ARGS_METAVAR, h
 
 
 @app.command(name="build-tiny", epilog=examples(
-    "mmrl build-tiny vlm                        # the tiny default (assets/tiny-qwen2.5-vl), ~10 min on CPU",
+    "mmrl build-tiny vlm                        # the tiny default (assets/tiny-qwen2.5-vl), ~5 min on CPU",
     "mmrl build-tiny gui --out /tmp/tiny-gui    # elsewhere, leaving the shipped one alone",
     "mmrl build-tiny diffusion --steps 1000 --seed 1"))
 def build_tiny(

@@ -227,7 +227,7 @@ class SFTRun:
                 before = self.held_out_loss()
                 log(0, {"eval/loss": before})
             with TrainingProgress(cfg.train.steps, start_step=start, enabled=cfg.log.progress and main,
-                                  description=f"mmrl sft {self.task.name}") as progress, \
+                                  description=f"mmrl sft {self.task.name}", metric="loss") as progress, \
                     StopOnInterrupt(self._announce) as interrupt:
                 for step in range(start + 1, cfg.train.steps + 1):
                     t0 = time.perf_counter()

@@ -38,14 +38,14 @@ def _named(ref: str):
 
 
 TINY_MODELS: dict[str, TinyModel] = {
-    "vlm": TinyModel("tiny-qwen2.5-vl", "mmrl.vlm.sft:build_tiny_vlm", "mmrl.vlm.sft:TINY_VLM_RECIPE",
+    "vlm": TinyModel("tiny-qwen2.5-vl", "mmrl.vlm.tiny_builders:build_tiny_vlm", "mmrl.vlm.tiny_builders:TINY_VLM_RECIPE",
                      "sft_steps", "tiny model", "the tiny default"),
-    "video": TinyModel("tiny-qwen2.5-vl-video", "mmrl.vlm.sft:build_tiny_video", "mmrl.vlm.sft:TINY_VIDEO_RECIPE",
+    "video": TinyModel("tiny-qwen2.5-vl-video", "mmrl.vlm.tiny_builders:build_tiny_video", "mmrl.vlm.tiny_builders:TINY_VIDEO_RECIPE",
                        "sft_steps", "tiny video model", "the tiny VLM warm-started on clips"),
-    "gui": TinyModel("tiny-qwen2.5-vl-gui", "mmrl.vlm.sft:build_tiny_gui", "mmrl.vlm.sft:TINY_GUI_RECIPE",
+    "gui": TinyModel("tiny-qwen2.5-vl-gui", "mmrl.vlm.tiny_builders:build_tiny_gui", "mmrl.vlm.tiny_builders:TINY_GUI_RECIPE",
                      "sft_steps", "tiny GUI model", "the tiny VLM warm-started on the synthetic phone"),
-    "gui-grounding": TinyModel("tiny-qwen2.5-vl-gui-grounding", "mmrl.vlm.sft:build_tiny_gui_grounding",
-                               "mmrl.vlm.sft:TINY_GUI_GROUNDING_RECIPE", "sft_steps", "tiny GUI grounding model",
+    "gui-grounding": TinyModel("tiny-qwen2.5-vl-gui-grounding", "mmrl.vlm.tiny_builders:build_tiny_gui_grounding",
+                               "mmrl.vlm.tiny_builders:TINY_GUI_GROUNDING_RECIPE", "sft_steps", "tiny GUI grounding model",
                                "the tiny GUI model taught more clicks"),
     "zoom": TinyModel("tiny-qwen2.5-vl-zoom", "mmrl.tools.tiny_zoom:build_tiny_zoom", "mmrl.tools.tiny_zoom:TINY_ZOOM_RECIPE",
                       "sft_steps", "tiny zoom model", "the tiny VLM warm-started to zoom on a named cell"),

@@ -36,7 +36,7 @@ def random_tiny_dir(tmp_path_factory):
     """An untrained tiny Qwen2.5-VL checkpoint directory (tokenizer trained on task text)."""
     from mmrl.registry import TASKS, load_plugins
     from mmrl.vlm import tiny
-    from mmrl.vlm.sft import tokenizer_corpus
+    from mmrl.vlm.tiny_builders import tokenizer_corpus
 
     load_plugins()
     tasks = [TASKS.get("counting")(), TASKS.get("grounding")()]

@@ -90,6 +90,13 @@ def test_progress_columns_and_resume_start():
         p.update(5, reward=0.4567, step_time=1.234)
     text = buf.getvalue()
     assert "rl" in text and "step 5/10" in text and "reward 0.457" in text and "step time 1.23s" in text
+    # mmrl sft's bar shows its loss in that column, not an empty reward
+    buf = io.StringIO()
+    with TrainingProgress(10, console=Console(file=buf, force_terminal=True, width=200, color_system=None),
+                          description="mmrl sft counting", metric="loss") as p:
+        p.update(3, loss=0.305, step_time=0.28)
+    text = buf.getvalue()
+    assert "loss 0.305" in text and "reward" not in text
 
 
 def test_before_after_table(capsys):

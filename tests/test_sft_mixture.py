@@ -113,7 +113,7 @@ def test_the_tiny_default_warm_start_is_a_weighted_mixture_of_every_task():
     four counting sources are named by their options, each drawn by its weight."""
     from mmrl.core.trainer import build_task
     from mmrl.sft_run import sft_sampler
-    from mmrl.vlm.sft import warm_start_overrides
+    from mmrl.vlm.tiny_builders import warm_start_overrides
     from mmrl.vlm.tiny_tasks import DEFAULT_TINY_TASKS
 
     cfg = load_config(None, warm_start_overrides(DEFAULT_TINY_TASKS, 600, 800, 32, 1e-3, 0))

@@ -25,7 +25,7 @@ def test_each_row_names_a_builder_that_takes_its_recipe(name):
 
 def test_steps_and_vision_steps_replace_the_recipe_values(monkeypatch, tmp_path):
     """What a row's builder is called with (the builder replaced by a recorder)."""
-    import mmrl.vlm.sft as sft
+    import mmrl.vlm.tiny_builders as sft
 
     calls = []
     monkeypatch.setattr(sft, "build_tiny_gui", lambda out, **kw: calls.append((out, kw)) or out)

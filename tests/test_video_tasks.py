@@ -159,7 +159,7 @@ def test_build_tiny_video_warm_starts_a_checkpoint_that_loads(random_tiny_dir, t
     atomically (no staging directory left), loadable as model.path, vision tower unchanged."""
     from safetensors.torch import load_file
 
-    from mmrl.vlm.sft import build_tiny_video
+    from mmrl.vlm.tiny_builders import build_tiny_video
 
     out = build_tiny_video(tmp_path / "tiny-video", base=str(random_tiny_dir), sft_steps=2, batch_size=2,
                            progress=False)

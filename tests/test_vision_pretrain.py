@@ -108,7 +108,7 @@ def test_build_tiny_gui_pretrains_the_tower_then_warm_starts(random_tiny_dir, tm
     the GUI tasks with it frozen; saved atomically and loadable as model.path."""
     from safetensors.torch import load_file
 
-    from mmrl.vlm.sft import build_tiny_gui
+    from mmrl.vlm.tiny_builders import build_tiny_gui
 
     out = build_tiny_gui(tmp_path / "tiny-gui", base=str(random_tiny_dir), vision_steps=2, sft_steps=2,
                          batch_size=2, progress=False)
@@ -129,7 +129,7 @@ def test_build_tiny_gui_grounding_teaches_clicks_with_the_tower_frozen(random_ti
     the tower stays as it was, the language model moves, and the result loads as model.path."""
     from safetensors.torch import load_file
 
-    from mmrl.vlm.sft import build_tiny_gui_grounding
+    from mmrl.vlm.tiny_builders import build_tiny_gui_grounding
 
     out = build_tiny_gui_grounding(tmp_path / "tiny-gui-grounding", base=str(random_tiny_dir), sft_steps=2,
                                    batch_size=2, progress=False)

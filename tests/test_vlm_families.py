@@ -121,7 +121,7 @@ OTHER_FAMILIES = ["gemma3", "idefics3", "smolvlm", "llava_onevision", "internvl"
 def family_dir(request, tmp_path_factory):
     """``(model_type, checkpoint dir)`` of a tiny random checkpoint of each family."""
     from mmrl.registry import load_plugins
-    from mmrl.vlm.sft import tokenizer_corpus
+    from mmrl.vlm.tiny_builders import tokenizer_corpus
     from vlm_family_models import BUILDERS, NEEDS
 
     for module in NEEDS.get(request.param, ()):

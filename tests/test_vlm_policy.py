@@ -213,7 +213,7 @@ def test_missing_model_dir_names_the_path(tmp_path):
 @pytest.mark.slow
 def test_build_tiny_is_reproducible(tmp_path):
     """`mmrl build-tiny vlm` is deterministic: two builds (shortened SFT) are byte-identical."""
-    from mmrl.vlm.sft import build_tiny_vlm
+    from mmrl.vlm.tiny_builders import build_tiny_vlm
 
     a = build_tiny_vlm(tmp_path / "a", sft_steps=2, batch_size=4, progress=False, vision_steps=0)
     b = build_tiny_vlm(tmp_path / "b", sft_steps=2, batch_size=4, progress=False, vision_steps=0)

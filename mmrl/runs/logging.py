@@ -244,7 +244,8 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
 
 
 class TrainingProgress:
-    """Progress bar: description, bar, ``step M/N``, reward, step time, elapsed and ETA.
+    """Progress bar: description, bar, ``step M/N``, the run's ``metric`` (RL's reward, SFT's
+    loss), step time, elapsed and ETA.
 
     When resuming, the bar starts at ``start_step`` and the ETA is estimated from the steps done
     since then (rich only samples speed from updates, not from the initial ``completed``).
@@ -259,8 +260,10 @@ class TrainingProgress:
         enabled: bool = True,
         description: str = "train",
         console: Optional[Console] = None,
+        metric: str = "reward",
     ):
         self.total_steps = int(total_steps)
+        self.metric = metric
         self.start_step = int(start_step)
         self.enabled = enabled
         self.description = description
@@ -268,7 +271,7 @@ class TrainingProgress:
             TextColumn("[progress.description]{task.description}"),
             BarColumn(),
             TextColumn("step {task.completed:.0f}/{task.total:.0f}"),
-            TextColumn("reward {task.fields[reward]}"),
+            TextColumn(metric + " {task.fields[reward]}"),
             TextColumn("step time {task.fields[step_time]}"),
             TimeElapsedColumn(),
             TimeRemainingColumn(),
@@ -305,8 +308,10 @@ class TrainingProgress:
             self._started = False
 
     def update(self, step: int, reward: Any = None, step_time: Any = None, **extra: Any) -> None:
-        """Show that ``step`` steps are complete (absolute, not an increment)."""
+        """Show that ``step`` steps are complete (absolute, not an increment); the ``metric``
+        column shows ``reward`` or the keyword named as the metric."""
         fields: dict[str, Any] = {}
+        reward = extra.pop(self.metric, reward)
         if reward is not None:
             fields["reward"] = _fmt(reward, ".3f")
         if step_time is not None:

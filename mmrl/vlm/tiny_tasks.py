@@ -1,6 +1,6 @@
 """What each shipped tiny VLM was warm-started on, and the warning when a run asks one for a task it
 never saw: RL then starts from a model that cannot read the prompts. Read by the VLM policy when a
-run starts and by the builders of the tiny models (:mod:`mmrl.vlm.sft`)."""
+run starts and by the builders of the tiny models (:mod:`mmrl.vlm.tiny_builders`)."""
 
 from __future__ import annotations
 
