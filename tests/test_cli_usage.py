@@ -130,6 +130,14 @@ def test_the_tiny_image_model_on_clips_is_warned_about():
     assert untrained_task_warning("tiny-video", ["video_qa"]) is None
     assert "model.path=tiny-gui" in untrained_task_warning("tiny", ["gui_env"])
     assert untrained_task_warning("/models/Qwen2.5-VL-3B-Instruct", ["video_qa"]) is None
+    # a mixture's sources named otherwise are judged by their tasks: counting is known, video_qa not
+    from mmrl import make_task
+    from mmrl.vlm.tiny_tasks import registered_task_names
+
+    mix = make_task("mixture", tasks={"color": {"task": "counting", "query": "color"}, "clips": {"task": "video_qa"}})
+    assert registered_task_names(mix) == ["counting", "video_qa"]
+    warning = untrained_task_warning("tiny", registered_task_names(mix))
+    assert "never warm-started on video_qa" in warning and "color" not in warning
 
 
 def test_a_generator_given_to_the_vlm_path_says_it_is_a_generator():

@@ -56,11 +56,9 @@ class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
     def for_task(cls, cfg, task) -> VLMPolicy:
         """The policy for ``task``, first warning when ``model.path`` is a shipped tiny model
         that was never warm-started on the task (or on one of a mixture's tasks)."""
-        from .tiny_tasks import untrained_task_warning
+        from .tiny_tasks import registered_task_names, untrained_task_warning
 
-        sources = getattr(task, "sub_tasks", None)  # a mixture's sources may be aliases: their tasks' names
-        names = [sub.name for sub in sources.values()] if sources else task.source_names()
-        warning = untrained_task_warning(str(cfg.model.path), names)
+        warning = untrained_task_warning(str(cfg.model.path), registered_task_names(task))
         if warning:
             logging.getLogger("mmrl").warning("warning: %s", warning)
         return cls(cfg)

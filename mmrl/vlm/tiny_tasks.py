@@ -43,6 +43,13 @@ TINY_MODEL_TASKS["tiny-gui-grounding"] = TINY_MODEL_TASKS["tiny-gui"]
 TINY_MODEL_TASKS["tiny-zoom"] = TINY_MODEL_TASKS["tiny"] | {"zoom_qa"}  # mmrl.tools.tiny_zoom
 
 
+def registered_task_names(task) -> list[str]:
+    """The registered names of the tasks ``task`` draws from: a mixture's sub-tasks (its sources
+    may be named otherwise, ``{color: {task: counting}}``), else the task's sources."""
+    sources = getattr(task, "sub_tasks", None)
+    return [sub.name for sub in sources.values()] if sources else list(task.source_names())
+
+
 def untrained_task_warning(model_path: str, task_names: Sequence[str]) -> str | None:
     """A warning when a shipped tiny model is given a task it was never warm-started on (the image
     model on clips, say): RL then starts from a model that cannot read the prompts, and the run
