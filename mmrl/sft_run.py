@@ -235,8 +235,8 @@ class SFTRun:
                     metrics["step_time"] = time.perf_counter() - t0
                     if step % max(cfg.log.log_every, 1) == 0 or step == cfg.train.steps:
                         log(step, metrics)
+                    done = step  # as soon as it is logged (a second Ctrl-C may land in the bar's update)
                     progress.update(step, loss=metrics["loss"], step_time=metrics["step_time"])
-                    done = step
                     stopped = step < cfg.train.steps and dist.all_max(float(interrupt.requested)) > 0
                     if step < cfg.train.steps and (stopped or (cfg.log.save_every and step % cfg.log.save_every == 0)):
                         self.save(step, before)

@@ -187,11 +187,13 @@ class Trainer:
                         metrics.update({f"eval/{k}": v for k, v in self.evaluate().items()})
                     if step % max(cfg.log.log_every, 1) == 0 or step == cfg.train.steps:
                         log(step, metrics)
+                    # done as soon as it is logged: a second Ctrl-C during the writes below must not
+                    # report one step fewer than metrics.jsonl holds
+                    self.step_done = step
                     if main and cfg.log.save_rollouts_every and step % cfg.log.save_rollouts_every == 0:
                         logger.save_rollouts(step, self._rollout_records(batch))
                     skipped_in_a_row = self._record_skips(step, skipped_in_a_row, before)
                     progress.update(step, reward=metrics["reward"], step_time=metrics["step_time"])
-                    self.step_done = step
                     saved = bool(cfg.log.save_every) and step % cfg.log.save_every == 0
                     stopped = step < cfg.train.steps and _agreed(interrupt.requested)
                     if (saved or stopped) and step < cfg.train.steps:
