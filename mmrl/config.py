@@ -58,7 +58,7 @@ def _apply(cfg: Any, item: Item, locations: dict[str, str]) -> None:
         if not str(key).startswith(item.key):
             key = item.key
         value = getattr(exc, "value", item.value) if key != item.key else item.value
-        where = locations.get(key, item.where)
+        where = item.where if key == item.key else locations.get(key, item.where)  # the item's own line
         hint = ""
         if typing.get_origin(classify(key).type if classify(key) else None) is list:
             example = value if isinstance(value, (str, int, float)) else "a, b"

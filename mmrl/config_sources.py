@@ -135,7 +135,7 @@ def _collect(
         field = classify(path)
         if field is None:
             raise _unknown(path, where(k_node))
-        locations.setdefault(path, where(k_node))
+        locations[path] = where(k_node)  # the last file to set a key is the one whose value stands
         if field.kind == "section" and field.key == path:
             _collect(loader, v_node, path, where, items, locations)
         else:

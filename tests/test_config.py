@@ -139,6 +139,26 @@ def test_base_error_in_base_file_names_that_file(tmp_path):
         load_config(b)
 
 
+def test_type_error_names_the_file_that_set_the_bad_value(tmp_path):
+    """A recipe on a shipped base: the base sets train.steps (valid) and the user's file overrides
+    it with a bad value; the message names the user's file and line, not the base's line."""
+    mine = write(tmp_path / "mine.yaml", "base: vlm/counting_tiny\ntrain:\n  steps: lots\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(mine)
+    assert f"'train.steps' ({mine}, line 3)" in str(err.value)
+    assert "counting_tiny" not in str(err.value)
+    # a bad value that the base itself holds is still blamed on the base
+    write(tmp_path / "a.yaml", "algo:\n  beta: 0.1\ntrain:\n  steps: many\n")
+    b = write(tmp_path / "b.yaml", "base: a.yaml\nalgo:\n  beta: 0.2\n")
+    with pytest.raises(ConfigError, match=r"'train\.steps' \(.*a\.yaml, line 4\)"):
+        load_config(b)
+    # and a bad value deep in a section set by both files: the user's line
+    write(tmp_path / "c.yaml", "model:\n  lora:\n    r: 8\n")
+    d = write(tmp_path / "d.yaml", "base: c.yaml\nmodel:\n  lora:\n    r: eight\n")
+    with pytest.raises(ConfigError, match=r"'model\.lora\.r' \(.*d\.yaml, line 4\)"):
+        load_config(d)
+
+
 def test_save_round_trip(tmp_path):
     cfg = load_config(None, ["algo.epsilon_high=0.28", "task.options.query=color", "train.learning_rate=3e-6"])
     out = save_config(cfg, tmp_path / "run" / "config.yaml")
