@@ -51,6 +51,7 @@ def eval_(
     from .api import make_policy
     from .core.evaluation import run_evaluation
     from .core.reward_computer import make_reward_computer
+    from .core.run_checks import check_eval_split
     from .core.trainer import build_task
     from .runs.checkpoint import CheckpointManager
     from .runs.logging import to_jsonable
@@ -73,6 +74,7 @@ def eval_(
             raise ValueError(f"{', '.join('--' + k for k in settings)} is a setting of a benchmark: "
                              "give it with --benchmark (e.g. --benchmark geneval)")
         task = build_task(cfg)
+        check_eval_split(task)  # as mmrl train does: nothing usable to score stops here, before the model loads
         policy = make_policy(cfg, task)
         if ckpt is not None:
             policy.load(ckpt / "policy")

@@ -106,3 +106,37 @@ def test_train_resume_and_eval_from_the_command_line(random_tiny_dir, tmp_path):
     assert (gallery / "gallery.png").exists() and len(list(gallery.glob("0*.png"))) == 3
     assert json.loads((gallery / "summary.json").read_text())["shown"] == 3
     assert "right</h3>" in (gallery / "index.html").read_text()
+
+
+def test_eval_with_no_usable_eval_example_is_one_line_before_the_model_loads(tmp_path):
+    """`mmrl eval RECIPE` whose eval split has nothing usable (every image path wrong; GQA's
+    layout without image_template) stops as `mmrl train` does on the same data: one line naming the
+    file, exit code 2, before the model loads (model.path names no model: that error never comes)."""
+    import json
+
+    from PIL import Image
+
+    from test_data_formats import gqa_questions
+
+    Image.new("RGB", (100, 80)).save(tmp_path / "a.png")
+    good = {"image": "a.png", "question": "q", "answer": [10, 10, 50, 40]}
+    (tmp_path / "train.jsonl").write_text(json.dumps(good) + "\n")
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps({**good, "image": f"nope{i}.png"}) + "\n"
+                                                 for i in range(3)))
+    gqa = gqa_questions(tmp_path)
+    cases = {
+        "missing images": ("vlm/grounding_tiny", f"task.options.train_path={tmp_path / 'train.jsonl'}",
+                           f"task.options.eval_path={tmp_path / 'eval.jsonl'}", str(tmp_path / "nope0.png")),
+        "gqa without image_template": ("vlm/counting_tiny", "task.name=vqa", f"task.options.train_path={gqa}",
+                                       f"task.options.eval_path={gqa}", "task.options.fields={image: imageId}",
+                                       f"task.options.image_root={tmp_path / 'images'}", "02930152"),
+    }
+    for name, (recipe, *overrides, named) in cases.items():
+        r = mmrl_in_process("eval", recipe, *overrides, "model.path=/nonexistent/model", cwd=tmp_path)
+        err = " ".join(r.stderr.split())
+        assert r.returncode == 2, (name, r.stderr[-2000:])
+        errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+        assert "Traceback" not in r.stderr and len(errors) == 1, (name, r.stderr[-2000:])
+        assert errors[0].startswith("error: the eval split of task"), (name, err)
+        assert "no example could be used" in err and named in err and "/nonexistent/model" not in err, (name, err)
+        assert not (tmp_path / "eval_gallery").exists()
