@@ -232,6 +232,40 @@ def test_ci_runs_exactly_the_readme_test_commands():
     assert "mkdocs build --strict --site-dir /tmp/mmrl-site" in expected
 
 
+VIDEO_INSTALL = 'pip install -e ".[video]"'
+
+
+def test_every_video_command_shows_the_video_install_line_with_it():
+    """`mmrl train video` stops until the `video` extra is installed (issue 51, item 16): wherever a
+    page shows the command, the install line is shown with it: in a code block, on a line of the
+    same block above it (or on its own line); in prose or a table row, in the same paragraph or row, or
+    in a code block of the page."""
+    seen = 0
+    for page in _docs_pages():
+        lines = page.read_text().splitlines()
+        fence_start = None
+        for i, line in enumerate(lines):
+            if line.startswith("```"):
+                fence_start = i if fence_start is None else None
+                continue
+            if "mmrl train video" not in line:
+                continue
+            seen += 1
+            if fence_start is not None:
+                context = lines[fence_start:i + 1]
+            else:  # the paragraph (or table row) around it
+                start, end = i, i
+                while start > 0 and lines[start - 1].strip() and not line.startswith("|"):
+                    start -= 1
+                while end + 1 < len(lines) and lines[end + 1].strip() and not line.startswith("|"):
+                    end += 1
+                context = lines[start:end + 1]
+            in_a_block = any(VIDEO_INSTALL in text for _, text, _ in _fenced_lines(page))
+            assert any(VIDEO_INSTALL in c for c in context) or (fence_start is None and in_a_block), \
+                f"{page.relative_to(REPO)}:{i + 1}: {line.strip()}"
+    assert seen >= 6  # video.md's three, getting-started, models.md, the feature table in README and index
+
+
 def test_the_site_shows_the_readme_blocks_unchanged():
     readme = README.read_text()
     assert _block_after(readme, "## Tests") == _block_after((DOCS / "tests.md").read_text(), "# Tests")
