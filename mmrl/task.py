@@ -218,7 +218,9 @@ class Task:
             import numpy as np
             from PIL import Image
 
-            pixels = np.asarray(image.convert("RGB"), dtype=np.float32)
+            from .media.pixels import to_rgb
+
+            pixels = np.asarray(to_rgb(image), dtype=np.float32)
             noisy = pixels + rng.normal(0.0, noise_std * 255.0, size=pixels.shape)
             return {**ex, "image": Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8))}
         if direction == "easier":

@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from ..media.pixels import to_rgb
 from .messages import shorten
 from .sequence import SkippingSequence
 
@@ -29,12 +30,13 @@ _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def load_image(path: Path):
-    """An RGB PIL image, fully decoded now (so a truncated file fails here, not later)."""
+    """An RGB PIL image, fully decoded now (so a truncated file fails here, not later), converted as
+    transformers converts it (:func:`mmrl.media.pixels.to_rgb`: transparency on white)."""
     from PIL import Image
 
     with Image.open(path) as im:
         im.load()
-        return im.convert("RGB")
+        return to_rgb(im)
 
 
 def _first(value: Any) -> Any:
@@ -79,13 +81,13 @@ def open_image(value: Any, root: Path) -> tuple[Any, Optional[Path]]:
 
     value = _first(value)
     if isinstance(value, Image.Image):
-        return value.convert("RGB"), None
+        return to_rgb(value), None
     if isinstance(value, dict):
         value = value["bytes"] if value.get("bytes") else value["path"]
     if isinstance(value, (bytes, bytearray)):
         with Image.open(io.BytesIO(value)) as im:
             im.load()
-            return im.convert("RGB"), None
+            return to_rgb(im), None
     path = Path(str(value).strip()).expanduser()
     path = path if path.is_absolute() else root / path
     return load_image(path), path

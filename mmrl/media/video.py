@@ -21,6 +21,8 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import torch
 
+from .pixels import to_rgb
+
 log = logging.getLogger(__name__)
 
 FPS = 2.0
@@ -172,7 +174,8 @@ def _resize_arrays(arrays: list[np.ndarray], size: tuple[int, int]) -> torch.Ten
 
 
 def _rgb_array(image: Any) -> np.ndarray:
-    """HWC uint8 RGB of a PIL image (RGBA over white, as qwen-vl-utils), an array or an image path."""
+    """HWC uint8 RGB of a PIL image (converted by :func:`mmrl.media.pixels.to_rgb`: transparency on
+    white, as transformers and qwen-vl-utils), an array or an image path."""
     from PIL import Image
 
     if isinstance(image, (str, Path)):
@@ -183,11 +186,7 @@ def _rgb_array(image: Any) -> np.ndarray:
         except OSError as exc:
             raise VideoReadError(f"cannot open frame image {image}: {exc}") from exc
     if isinstance(image, Image.Image):
-        if image.mode == "RGBA":
-            background = Image.new("RGB", image.size, (255, 255, 255))
-            background.paste(image, mask=image.split()[3])
-            image = background
-        return np.array(image.convert("RGB"))
+        return np.array(to_rgb(image))
     array = np.array(image)  # a writable copy, for torch.from_numpy
     if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3:
         raise ValueError(f"a frame array must be uint8 [H, W, 3] RGB, got {array.dtype} {list(array.shape)}")

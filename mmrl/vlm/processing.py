@@ -25,6 +25,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..media.pixels import to_rgb
 from .families import QWEN_VL, row_tokens
 
 IMAGE_BACKENDS = ("auto", "pil", "torchvision")
@@ -215,7 +216,7 @@ class VLMProcessor:
         from torchvision.transforms.functional import pil_to_tensor
 
         # uint8 tensors on the device: the resize and normalisation run there, not in PIL
-        tensors = [pil_to_tensor(im.convert("RGB")).to(self.device, non_blocking=True) for im in images]
+        tensors = [pil_to_tensor(to_rgb(im)).to(self.device, non_blocking=True) for im in images]
         return self.image_processor(images=tensors, return_tensors="pt", device=self.device)
 
     def _encode_videos(self, clips: list) -> dict[str, torch.Tensor]:

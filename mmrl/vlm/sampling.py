@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import torch
 
 from ..core.rollouts import Rollouts
+from ..media.pixels import to_rgb
 from .engines import Sampling
 from .family_processing import split_images
 
@@ -63,7 +64,7 @@ class VLMSampling:
         for messages in prompts:
             clean, imgs, clips = self.split_messages(messages)
             texts.append(self.processor.apply_chat_template(clean))
-            images.append([im.convert("RGB") for im in imgs])
+            images.append([to_rgb(im) for im in imgs])  # transparency on white, as transformers
             videos.append(clips)
         enc = self.processor(texts, images if any(images) else None, videos if any(videos) else None)
         return enc, [len(x) for x in images]

@@ -38,6 +38,7 @@ import torch
 
 from mmrl.registry import register_engine
 
+from ...media.pixels import to_rgb
 from ..loading import resolve_model_path, vision_tower
 from ..lora_merge import merged_lora_weights
 from ..processing import split_patches
@@ -201,7 +202,7 @@ class VLLMEngine(RolloutEngine):
                         f"{policy.cfg.rollout.vllm_limit_images} (vLLM's limit_mm_per_prompt): raise it; a "
                         "tool-use task adds up to max_turns x max_calls_per_turn tool images to its prompt")
                 if images:
-                    images = [im.convert("RGB") for im in images]
+                    images = [to_rgb(im) for im in images]
                     request["multi_modal_data"] = {"image": images[0] if len(images) == 1 else images}
                 out.append({"request": request,
                             "prompt_ids": enc["input_ids"][i][enc["attention_mask"][i].bool()],
