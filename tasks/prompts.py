@@ -25,7 +25,7 @@ def _parse(record: dict) -> dict:
 
 def read_prompt_lines(path: Path) -> list[dict]:
     """``{"prompt": ...}`` examples from a .txt file: one prompt a line, ``#`` lines are comments."""
-    lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()]
+    lines = [ln.strip() for ln in path.read_text(encoding="utf-8-sig").splitlines()]  # a BOM dropped, as data files
     prompts = [{"prompt": ln} for ln in lines if ln and not ln.startswith("#")]
     if not prompts:
         raise ValueError(f"{path} has no prompts (one per line; '#' lines are comments)")

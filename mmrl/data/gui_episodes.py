@@ -43,6 +43,7 @@ from typing import Any, Optional, Sequence
 from .gui_labels import parse_android_control
 from .gui_odyssey import parse_gui_odyssey
 from .gui_steps import is_usable_step
+from .json_files import ENCODING
 from .records import BadRecord
 from .sources import JsonlRecords, JsonRecords
 
@@ -130,7 +131,7 @@ def _records(file: Path):
             else:
                 yield source.locate(i)[0], item, None, None
         return
-    text = file.read_text(encoding="utf-8")
+    text = file.read_text(encoding=ENCODING)
     head = text.lstrip()[:1]
     if head == "{":
         try:

@@ -25,6 +25,11 @@ from typing import Any, NamedTuple, Optional
 
 from .messages import listing, shorten
 
+# Every text data file (JSON, JSONL, TSV, annotation and prompt files) is read as "utf-8-sig": a
+# UTF-8 byte order mark, which Windows tools write, is dropped. Read as plain "utf-8" it stays in
+# the text, and the first JSONL record, or the whole JSON file, is then not valid JSON.
+ENCODING = "utf-8-sig"
+
 
 class Problem(NamedTuple):
     """A record that could not be read: its line / row ``number``, ``where`` in full
@@ -60,7 +65,7 @@ class JsonRecords(HeldRecords):
 
     def __init__(self, path: Path):
         self.path, self.folder = path, path.parent
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding=ENCODING)
         newlines = [m.start() for m in re.finditer("\n", text)]
         items, self.key, self.keyed = _json_records(text, path)
         # (line, entry index, key or None, value) of each element, in file order

@@ -39,7 +39,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
-from .json_files import HeldRecords, JsonRecords, Problem
+from .json_files import ENCODING, HeldRecords, JsonRecords, Problem
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".tsv")
 # Names a split goes by in file names and DatasetDict keys; "eval" reads the first one present.
@@ -77,7 +77,7 @@ class JsonlRecords:
     def record(self, i: int) -> dict:
         with self.path.open("rb") as f:
             f.seek(self._offsets[i])
-            return json.loads(f.readline())
+            return json.loads(f.readline().decode(ENCODING))
 
     def locate(self, i: int) -> tuple[int, str, str]:
         n = self._lines[i]
@@ -86,7 +86,7 @@ class JsonlRecords:
 
 def _json_object(raw: bytes) -> tuple[Optional[dict], Optional[str]]:
     """A JSONL line as ``(record, None)``, ``(None, reason)``, or ``(None, None)`` when blank."""
-    text = raw.decode("utf-8", errors="replace").strip()
+    text = raw.decode(ENCODING, errors="replace").strip()  # a BOM starts the first line
     if not text:
         return None, None
     try:
@@ -167,7 +167,7 @@ class CharadesRecords(HeldRecords):
         self._records: list[tuple[int, dict]] = []
 
     def scan(self) -> Scan:
-        for n, line in enumerate(self.path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
+        for n, line in enumerate(self.path.read_text(encoding=ENCODING, errors="replace").splitlines(), start=1):
             if not line.strip():
                 continue
             head, sep, sentence = line.partition("##")
@@ -190,7 +190,7 @@ class ActivityNetCaptionRecords(CharadesRecords):
     record per (video, sentence). Records are numbered by video entry (``entry N``)."""
 
     def scan(self) -> Scan:
-        data = json.loads(self.path.read_text(encoding="utf-8"))
+        data = json.loads(self.path.read_text(encoding=ENCODING))
         for n, (video, entry) in enumerate(data.items(), start=1):
             stamps = entry.get("timestamps") if isinstance(entry, dict) else None
             sentences = entry.get("sentences") if isinstance(entry, dict) else None
@@ -215,7 +215,7 @@ class ActivityNetCaptionRecords(CharadesRecords):
 def _is_activitynet_captions(path: Path) -> bool:
     """An object whose first value has ``timestamps`` and ``sentences`` (ActivityNet Captions)."""
     with path.open("rb") as f:
-        head = f.read(1 << 12).decode("utf-8", errors="replace")
+        head = f.read(1 << 12).decode(ENCODING, errors="replace")
     return head.lstrip().startswith("{") and '"timestamps"' in head and '"sentences"' in head
 
 
@@ -276,7 +276,7 @@ def _is_jsonl(path: Path) -> bool:
     """A ``.json`` file holding one object per line (common for conversation datasets): its first
     line is a whole JSON object and more text follows."""
     with path.open("rb") as f:
-        head = f.read(1 << 16).lstrip()
+        head = f.read(1 << 16).removeprefix(b"\xef\xbb\xbf").lstrip()  # the UTF-8 BOM (ENCODING)
     first, _, rest = head.partition(b"\n")
     if not first.strip().startswith(b"{") or not rest.strip():
         return False
@@ -296,7 +296,8 @@ def _load_tsv(file: Path):
     import datasets
 
     # keep_default_na=False: an option reading "None" or "NA" stays text; an empty cell is ""
-    return datasets.load_dataset("csv", data_files=[str(file)], delimiter="\t", keep_default_na=False, split="train")
+    return datasets.load_dataset("csv", data_files=[str(file)], delimiter="\t", keep_default_na=False,
+                                 encoding=ENCODING, split="train")
 
 
 def _saved_dataset(path: Path, split: str):

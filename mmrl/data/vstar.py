@@ -29,6 +29,7 @@ from typing import Any, Optional, Sequence
 
 from ..media.coords import box_problem
 from .images import IMAGE_EXTENSIONS, load_image
+from .json_files import ENCODING
 from .messages import shorten
 from .records import BadRecord
 from .sequence import SkippingSequence
@@ -89,7 +90,7 @@ class VStarExamples(SkippingSequence):
                     if not anno_path.exists():
                         raise BadRecord(f"no annotation {anno_path.name}")
                     try:
-                        anno = json.loads(anno_path.read_text(encoding="utf-8"))
+                        anno = json.loads(anno_path.read_text(encoding=ENCODING))
                     except (ValueError, UnicodeDecodeError) as exc:
                         raise BadRecord(f"{anno_path.name} is not valid JSON ({exc})") from None
                     self._items.append((path, category, parse_vstar_annotation(anno)))
