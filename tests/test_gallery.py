@@ -15,8 +15,9 @@ from conftest import make_config
 from mmrl.core.reward_computer import make_reward_computer
 from mmrl.data.shapes_t2i import render
 from mmrl.registry import TASKS, load_plugins
-from mmrl.runs.contact_sheet import TITLE
-from mmrl.runs.gallery import RIGHT, WRONG, write_gallery
+from mmrl.runs.contact_sheet import CHAR, LINE, TITLE, caption_height, wrap
+from mmrl.runs.gallery import (RIGHT, SHEET_PICTURES, SHEET_STRIPS, STRIP_WIDTH, WRONG, sample_caption,
+                               save_samples_grid, write_gallery)
 
 
 def card_marks(page: str) -> list[bool]:
@@ -154,3 +155,67 @@ def test_a_video_strip_keeps_its_aspect_ratio_on_the_sheet(tmp_path):
         assert w >= 0.9 * sheet.width - 2 * border  # a wide tile across the row, not a 224-px thumbnail
     assert wrong[1] > right[3]  # one strip per row
     assert sheet.height < 2 * (right[3] - right[1]) + 120  # no big coloured field around thin strips
+
+
+def test_a_video_runs_samples_sheet_shows_a_few_clips_with_frames_large_enough_to_count(tmp_path):
+    """Issue 51 item 18: 200 held-out clips made a 24-px strip each in an 11,000-px sheet. The sheet
+    now shows the first 4 clips, a strip across a 1280-px sheet: the strip of 8 frames of 112 px
+    (frame_strip's scale 2: 8 x (224 + 2) = 1808 x 224 + 18 footer = 242 px) is fitted into
+    1280 - 2 x (3 + 6) = 1262 px, a scale of 1262 / 1808 = 0.698, so each frame is 224 x 0.698 =
+    156 px tall (>= 96); each tile is marked, and its caption holds the whole completion."""
+    load_plugins()
+    task = TASKS.get("video_qa")(kinds=["appear_count"])
+    exs = [task.examples("eval")[i] for i in range(200)]
+    long = "<think>" + "I count the shapes that were not there at the start, frame by frame. " * 3 + "</think>"
+    completions = [long + task.target(ex) if i % 2 else "<answer>99</answer>" for i, ex in enumerate(exs)]
+    rewards = [1.5 if i % 2 else 0.0 for i in range(200)]
+    save_samples_grid(tmp_path / "samples_before.png", task, completions, exs, rewards, best=1.5)
+    sheet = Image.open(tmp_path / "samples_before.png").convert("RGB")
+    strip = task.visualize(exs[0], completions[0])
+    assert strip.size == (1808, 242)
+    assert sheet.width == STRIP_WIDTH and sheet.height < 1000  # 4 strips and their captions, not 200
+    assert sheet_marks(sheet, TITLE + 6) == [False]  # one strip across the first row, marked wrong
+    tops = [y for y in range(1, sheet.height) if sheet.getpixel((6, y)) in (RIGHT, WRONG)
+            and sheet.getpixel((6, y - 1)) not in (RIGHT, WRONG)]
+    assert len(tops) == SHEET_STRIPS == 4
+    left, _, right, _ = box_of(sheet, WRONG)  # the red tiles (clips 0 and 2)
+    inner_w = 1280 - 2 * 6 - 2 * 3
+    assert right - left - 2 * 3 == inner_w
+    outer_h = next(y for y in range(tops[0], sheet.height) if sheet.getpixel((6, y)) != WRONG) - tops[0]
+    inner_h = outer_h - 2 * 3
+    assert inner_h == round(242 * inner_w / 1808) == 169
+    frame_height = inner_h * 224 / 242  # the strip's frames above its footer
+    assert 156 <= frame_height < 157 and frame_height >= 96
+    # the second tile's caption is the whole completion, wrapped at the tile's width in 6-px characters
+    caption = sample_caption(1, True, 1.5, completions[1])
+    lines = wrap(caption, (inner_w + 6) // CHAR)
+    assert len(lines) == 2 and "".join(lines).replace(" ", "") == caption.replace(" ", "")
+    second_bottom = tops[1] + outer_h
+    for k in range(len(lines)):  # ink in each line's band under the tile, none in the band after them
+        band = sheet.crop((6, second_bottom + 2 + LINE * k, 1274, second_bottom + 2 + LINE * (k + 1)))
+        assert min(band.convert("L").getdata()) < 100, k
+    assert tops[2] >= second_bottom + caption_height(len(lines))
+
+
+def test_wrapping_keeps_tags_whole_and_every_character():
+    text = "<think>The clip shows three shapes appearing.</think>\n<answer>3</answer>"
+    lines = wrap(text, 16)
+    assert lines == ["<think>The clip", "shows three", "shapes", "appearing.", "</think>", "<answer>3", "</answer>"]
+    assert all(line.count("<") == line.count(">") for line in lines)  # no tag cut across lines
+    assert wrap("a" * 20, 8) == ["aaaaaaaa", "aaaaaaaa", "aaaa"]  # a word longer than a line is cut
+    many = wrap(" ".join(str(i) for i in range(100)), 9, max_lines=5)  # 100 numbers, 3 a line: 34 lines
+    assert many[:2] == ["0 1 2 3 4", "5 6 7 8 9"] and many[-1].endswith("99") and len(many) == 5
+    assert many[2].startswith("[...")
+
+
+def test_the_eval_gallery_sheet_shows_the_first_few_of_its_cards(tmp_path):
+    task = TASKS.get("counting")()
+    exs = [task.examples("eval")[i] for i in range(16)]
+    completions = [task.target(ex) for ex in exs]
+    summary = write_gallery(tmp_path, task, completions, exs, [1.5] * 16, {}, 1.5)
+    assert summary["shown"] == 16 and len(list(tmp_path.glob("0*.png"))) == 16  # every card on the page
+    sheet = Image.open(tmp_path / "gallery.png").convert("RGB")
+    rows = [y for y in range(1, sheet.height) if sheet.getpixel((7, y)) == RIGHT
+            and sheet.getpixel((7, y - 1)) != RIGHT]
+    assert len(rows) == SHEET_PICTURES // 4 == 2  # two rows of four on the sheet
+    assert sheet_marks(sheet, TITLE + 6) == [True] * 4

@@ -93,12 +93,12 @@ def run_evaluation(policy, task: Task, rewards, cfg, num_examples: int | None = 
             where = gallery_dir / "episodes" if gallery_dir is not None else \
                 grid_path.parent / grid_path.stem.replace("samples", "episodes")
             viewer = write_episode_viewer(where, task, completions, scored)
+        best = sum(w for w in rewards.weights.values() if w > 0)
         if gallery_dir is not None:
-            best = sum(w for w in rewards.weights.values() if w > 0)
             write_gallery(gallery_dir, task, completions, scored, total.tolist(), comps, best,
                           viewer="episodes/index.html" if viewer is not None else None)
         if grid_path is not None:
-            save_samples_grid(grid_path, task, completions, scored, total.tolist())
+            save_samples_grid(grid_path, task, completions, scored, total.tolist(), best)
     return result
 
 

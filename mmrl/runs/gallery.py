@@ -1,9 +1,14 @@
 """An evaluation gallery: the first predictions drawn by the task, marked right or wrong.
 
 ``write_gallery`` writes ``index.html`` (one card per example: picture, question, completion,
-rewards, a green or red border; per episode for an environment task) and ``gallery.png`` (a contact sheet of the same pictures with the
-same borders, each at its own aspect ratio: :mod:`mmrl.runs.contact_sheet`) so a run's behaviour
-can be looked at without any tooling.
+rewards, a green or red border; per episode for an environment task) and ``gallery.png`` (a contact
+sheet of the first few of the same pictures with the same borders, each at its own aspect ratio:
+:mod:`mmrl.runs.contact_sheet`) so a run's behaviour can be looked at without any tooling. The
+trainer's ``samples_before.png`` / ``samples_after.png`` are the same kind of sheet
+(:func:`save_samples_grid`). A sheet is read, not scrolled (:func:`sample_sheet`): at most
+:data:`SHEET_PICTURES` pictures, or :data:`SHEET_STRIPS` clips' frame strips, each strip across a
+wide sheet so its frames stay large enough to count what is in them, each captioned with its mark,
+reward and whole completion, wrapped.
 
 Right or wrong is the task's own success measure, :meth:`~mmrl.task.Task.success` (what pass@k
 counts), so "k of n right" is the task's success metric on the shown examples; a task without a
@@ -27,6 +32,9 @@ from ..envs.task import episode_key
 from .contact_sheet import contact_sheet, side_by_side
 
 RIGHT, WRONG = (40, 160, 60), (210, 50, 40)
+SHEET_PICTURES = 8  # pictures on a sheet: two rows of four
+SHEET_STRIPS = 4  # frame strips (a clip each, alone on its row) on a sheet
+STRIP_WIDTH = 1280  # a sheet with strips: frame_strip's 8 frames of a 112-px clip ~157 px tall on it
 STYLE = ("body{font-family:sans-serif}.card{display:inline-block;vertical-align:top;width:260px;margin:6px;"
          "padding:6px;border:4px solid}.card.wide{width:540px}.right{border-color:#28a03c}"
          ".wrong{border-color:#d23228}img{max-width:100%}pre,code{white-space:pre-wrap;font-size:12px}"
@@ -94,10 +102,41 @@ def _completion_text(completion: Any) -> str:
     return str(completion)
 
 
-def _tail(text: str, n: int = 26) -> str:
-    """The end of ``text`` on one line (an answer comes last), at most ``n`` characters."""
-    text = " ".join(text.split())
-    return text if len(text) <= n else ".." + text[2 - n:]
+def is_strip(picture: Image.Image) -> bool:
+    """A frame strip (a clip's frames side by side, an episode's steps), as the HTML's wide card."""
+    return picture.width >= 2 * picture.height
+
+
+def sample_sheet(pictures: Sequence[Image.Image], right: Sequence[bool], captions: Sequence[str],
+                 title: str) -> Image.Image:
+    """The PNG look at samples: the first ones, up to :data:`SHEET_PICTURES` pictures or
+    :data:`SHEET_STRIPS` strips (200 held-out clips made a 24-px strip each in an 11,000-px sheet),
+    a strip across a :data:`STRIP_WIDTH` sheet, each in a green (right) or red (wrong) border with
+    its caption wrapped under it. The title says how many of how many are shown."""
+    shown = on_a_sheet(pictures)
+    if shown < len(pictures):
+        title = f"{title}; the first {shown} of {len(pictures)} shown"
+    strips = any(is_strip(p) for p in pictures[:shown])
+    sheet, _ = contact_sheet(pictures[:shown], [RIGHT if ok else WRONG for ok in right[:shown]], title,
+                             captions[:shown], width=STRIP_WIDTH if strips else 960)
+    return sheet
+
+
+def on_a_sheet(pictures: Sequence[Image.Image]) -> int:
+    """How many of the first ``pictures`` a sheet shows: up to :data:`SHEET_PICTURES`, and no more
+    than :data:`SHEET_STRIPS` strips."""
+    shown, strips = 0, 0
+    for picture in pictures:
+        if shown == SHEET_PICTURES or (is_strip(picture) and strips == SHEET_STRIPS):
+            break
+        shown, strips = shown + 1, strips + is_strip(picture)
+    return shown
+
+
+def sample_caption(i: int, right: bool, reward: float, text: str) -> str:
+    """A tile's caption: its number, the mark in words (not only the border's colour), the reward
+    and the whole completion (or a generator's prompt)."""
+    return f"{i:03d} {'right' if right else 'wrong'} r={reward:.2f}: {text}"
 
 
 def write_gallery(out_dir: Path, task, completions: Sequence[Any], examples: Sequence[dict],
@@ -116,16 +155,16 @@ def write_gallery(out_dir: Path, task, completions: Sequence[Any], examples: Seq
     how = marked_by(task, by_success, best, episodic)
     right = sum(card.right for card in cards)
     unit = "episode" if episodic else "example"
-    html_cards, pictures, colours, captions = [], [], [], []
+    html_cards, pictures, marked, captions = [], [], [], []
     for i, card in enumerate(cards):
         img = ""
         if card.picture is not None:
             card.picture.save(out_dir / f"{i:03d}.png")
             pictures.append(card.picture)
-            colours.append(RIGHT if card.right else WRONG)
-            captions.append(f"{i:03d} {card.caption}")
+            marked.append(card.right)
+            captions.append(f"{i:03d} {'right' if card.right else 'wrong'} {card.caption}")
             img = f'<img src="{i:03d}.png">'
-        wide = " wide" if card.picture is not None and card.picture.width >= 2 * card.picture.height else ""
+        wide = " wide" if card.picture is not None and is_strip(card.picture) else ""
         html_cards.append(f'<div class="card {"right" if card.right else "wrong"}{wide}">{img}{card.body}</div>')
     title = f"{right} of {len(cards)} right"
     link = f' &middot; <a href="{html.escape(viewer)}">step through the episodes</a>' if viewer else ""
@@ -134,8 +173,7 @@ def write_gallery(out_dir: Path, task, completions: Sequence[Any], examples: Seq
         f"<h3>{title}</h3><p>{'one card per episode; ' if episodic else ''}{html.escape(how)}{link}</p>"
         + "".join(html_cards), encoding="utf-8")
     if pictures:
-        sheet, _ = contact_sheet(pictures, colours, f"{title} ({unit}s) - {how}", captions)
-        sheet.save(out_dir / "gallery.png")
+        sample_sheet(pictures, marked, captions, f"{title} ({unit}s) - {how}").save(out_dir / "gallery.png")
     summary = {"right": right, "shown": len(cards), "marked_by": "success" if by_success else "reward", "unit": unit}
     (out_dir / "summary.json").write_text(json.dumps(summary))
     return summary
@@ -154,8 +192,8 @@ def _example_cards(task, completions, examples, rewards, components, best, limit
                           f"<p>truth: {html.escape(str(ex.get('answer', '')))}</p>"
                           f"<pre>{html.escape(_completion_text(completion))}</pre>"
                           f"<p>reward {float(rewards[i]):.2f} ({html.escape(scores)})</p>",
-                          f"r={float(rewards[i]):.2f} "
-                          + (str(ex.get("prompt", "")) if is_generated_media(completion) else _tail(str(completion)))))
+                          f"r={float(rewards[i]):.2f}: "
+                          + (str(ex.get("prompt", "")) if is_generated_media(completion) else str(completion))))
     return cards, by_success
 
 
@@ -187,21 +225,35 @@ def _episode_cards(task, completions, examples, rewards, best, limit) -> tuple[l
 
 
 def save_samples_grid(path: Path, task, completions: Sequence[Any], examples: Sequence[dict],
-                      rewards: Sequence[float]) -> Path:
+                      rewards: Sequence[float], best: Optional[float] = None) -> Path:
     """The before/after look at a run: generated images (clips: their middle frame) captioned with
-    their prompts, or for text answers the task's pictures (boxes drawn) captioned with the answer."""
+    their prompts, or for text answers a :func:`sample_sheet` of the first samples' pictures
+    (boxes drawn, clips as frame strips), marked as the gallery marks them (``best``: the best
+    reward, for a task without per-example success; None: the best here)."""
     if completions and is_generated_media(completions[0]):
         images = [_still(c) for c in completions]
         captions = [str(task.prompt(ex)) for ex in examples]  # a generator task's prompt is its text
         return save_image_grid(path, images, captions, rewards)
-    pictures, captions, scores = [], [], []
+    path = Path(path)
+    rows = []  # the samples with a picture, as far as a sheet shows them
     for c, ex, r in zip(completions, examples, rewards):
         pic = sample_picture(task, ex, c)
         if pic is not None:
-            pictures.append(pic)
-            captions.append(str(c).replace("\n", " ")[-34:])
-            scores.append(r)
-    return save_image_grid(path, pictures, captions, scores, columns=4, cell=192) if pictures else Path(path)
+            rows.append((pic, c, ex, float(r)))
+        if len(rows) == SHEET_PICTURES:
+            break
+    if not rows:
+        return path
+    rows = rows[:on_a_sheet([row[0] for row in rows])]
+    pictures, shown, scored, scores = (list(column) for column in zip(*rows))
+    best = max(scores) if best is None else best
+    right, by_success = marks(task, shown, scored, scores, best)
+    captions = [sample_caption(i, ok, r, str(c)) for i, (ok, r, c) in enumerate(zip(right, scores, shown))]
+    title = (f"{sum(right)} of {len(right)} right - {marked_by(task, by_success, best)}"
+             f"; the first {len(right)} of {len(completions)} samples")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sample_sheet(pictures, right, captions, title).save(path)
+    return path
 
 
 def save_image_grid(path: Path, images: Sequence[Image.Image], captions: Sequence[str],

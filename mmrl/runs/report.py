@@ -257,7 +257,8 @@ h1{margin-bottom:4px}h2{border-bottom:1px solid #ccc;padding-bottom:4px;margin-t
 table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ddd;padding:3px 8px}th{background:#f3f3f3}
 td:not(:first-child){text-align:right;font-variant-numeric:tabular-nums}#config-diff td{text-align:left}
 .plots,.shots{display:flex;flex-wrap:wrap;gap:8px}figure{margin:0}.plot img{width:290px;height:auto}
-.shot img{width:200px;height:auto;image-rendering:pixelated}.wide .shot img{width:540px;image-rendering:auto}
+.shot img{width:200px;height:auto;image-rendering:pixelated}
+.wide .shot{max-width:100%}.wide .shot img{width:auto;max-width:100%;image-rendering:auto}
 figcaption{font-size:12px;color:#555;max-width:220px;overflow-wrap:anywhere}.wide figcaption{max-width:none}
 pre{background:#f7f7f7;padding:8px;overflow:auto;max-height:600px}nav a{margin-right:12px}"""
 
