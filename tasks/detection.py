@@ -205,6 +205,7 @@ class Detection(Task):
     def examples(self, split: str):
         space = self.options["box_space"]
         return self.file_or_synthetic(split, SPLIT_SEEDS, lambda r: _parse_record(r, space),
+                                      box_key="source_boxes", box_space=space,
                                       finish=lambda ex: to_pixel_boxes(ex, space))
 
     # -- prompting ------------------------------------------------------------------------------

@@ -100,8 +100,9 @@ class Grounding(Task):
         }
 
     def examples(self, split: str):
-        return self.file_or_synthetic(split, SPLIT_SEEDS, parse_rec_record,
-                                      finish=lambda ex: finish_rec_example(ex, self.options["box_space"]))
+        space = self.options["box_space"]
+        return self.file_or_synthetic(split, SPLIT_SEEDS, parse_rec_record, box_key="file_box", box_space=space,
+                                      finish=lambda ex: finish_rec_example(ex, space))
 
 
     def reference_answer(self, ex: dict) -> str:

@@ -89,3 +89,41 @@ def test_an_inverted_box_written_as_text_in_a_conversation_is_refused(tmp_path):
     assert sorted(ds.bad_targets) == [f"{p}:2", f"{p}:3"]
     assert all("inverted" in reason for reason in ds.bad_targets.values())
     assert ds.stats()["bad_targets"] == 2
+
+
+def test_a_file_of_0_1_boxes_read_as_pixels_stops_naming_box_space(tmp_path):
+    """[0.05, 0.2, 0.25, 0.8] on the 200x100 image means pixels (10, 20, 50, 80); read as pixels it
+    would be a 0.2 x 0.6 px box that passes every per-box check."""
+    p = fixture(tmp_path, [{"image": "img.jpg", "problem": "the man", "solution": [0.05, 0.2, 0.25, 0.8]},
+                           {"image": "img.jpg", "problem": "the car", "solution": [0.5, 0.1, 0.95, 0.6]}])
+    task = TASKS.get("grounding")(train_path=str(p))
+    with pytest.raises(ValueError) as err:
+        task.examples("train")
+    message = str(err.value)
+    assert message.startswith(f"{p}: every box lies within [0, 1] (2 boxes, e.g. {p}:1: [0.05, 0.2, 0.25, 0.8])")
+    assert "200x100 images" in message and message.endswith("set task.options.box_space=norm (it is 'pixel')")
+    assert "\n" not in message
+    ok = TASKS.get("grounding")(train_path=str(p), box_space="norm")
+    assert ok.examples("train")[0]["box"] == pytest.approx((10, 20, 50, 80))
+    # one box beyond 1 in the file: pixels as said (a 1-px box among real ones may be meant)
+    mixed = fixture(tmp_path, [{"image": "img.jpg", "problem": "dot", "solution": [0, 0, 1, 1]},
+                               {"image": "img.jpg", "problem": "car", "solution": [100, 10, 190, 60]}])
+    assert len(TASKS.get("grounding")(train_path=str(mixed)).examples("train")) == 2
+    # on images of a few pixels a 0-1 box may be meant in pixels
+    Image.new("RGB", (4, 4), "white").save(tmp_path / "tiny.png")
+    tiny = tmp_path / "tiny.jsonl"
+    tiny.write_text(json.dumps({"image": "tiny.png", "problem": "x", "solution": [0, 0, 1, 1]}) + "\n")
+    assert TASKS.get("grounding")(train_path=str(tiny)).examples("train")[0]["box"] == (0, 0, 1, 1)
+
+
+def test_detection_file_of_0_1_boxes_stops_too(tmp_path):
+    Image.new("RGB", (64, 48), "white").save(tmp_path / "img.png")
+    p = tmp_path / "det.jsonl"
+    p.write_text(json.dumps({"image": "img.png", "problem": "Find every cup.", "boxes": []}) + "\n"
+                 + json.dumps({"image": "img.png", "problem": "Find every cup.",
+                               "boxes": [[0.1, 0.1, 0.5, 0.5], [0.6, 0.2, 0.9, 1.0]]}) + "\n")
+    with pytest.raises(ValueError, match=r"det\.jsonl: every box lies within \[0, 1\] \(2 boxes, e\.g\. .*det\.jsonl:2: "
+                                         r"\[0\.1, 0\.1, 0\.5, 0\.5\]\).*64x48 images.*box_space=norm"):
+        TASKS.get("detection")(train_path=str(p)).examples("train")
+    boxes = TASKS.get("detection")(train_path=str(p), box_space="norm").examples("train")[1]["boxes"]
+    assert boxes == [pytest.approx((6.4, 4.8, 32, 24)), pytest.approx((38.4, 9.6, 57.6, 48))]

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from .box_range import BoxRange
 from .fields import FieldError, check_fields, normalize_record
 from .images import image_problem, open_image
 from .messages import shorten
@@ -94,12 +95,18 @@ class FileExamples(SkippingSequence):
 
     ``image_template`` (``task.options.image_template``) names the image file of records whose
     ``image`` is a bare name or id: ``"{}.jpg"`` for GQA's ``imageId`` (with ``fields: {image:
-    imageId}``), ``"train/{}.png"``; its ``{}`` is replaced by the record's value."""
+    imageId}``), ``"train/{}.png"``; its ``{}`` is replaced by the record's value.
+
+    ``box_key`` names the key of a parsed example holding its box (4 numbers) or boxes as the file
+    writes them, in ``box_space`` (``task.options.box_space``): a file whose every box lies within
+    [0, 1] while ``box_space`` is not "norm" is refused, naming the option and the value to set,
+    once its first image shows a size of more than a few pixels (:mod:`mmrl.data.box_range`)."""
 
     def __init__(self, path: str | Path, parse: Parse, image_root: str | Path | None = None,
                  max_skip_warnings: int = 10, finish: Optional[Callable[[dict], dict]] = None,
                  fields: Optional[Mapping] = None, split: str = "train",
-                 video_options: Optional[Mapping] = None, image_template: Optional[str] = None):
+                 video_options: Optional[Mapping] = None, image_template: Optional[str] = None,
+                 box_key: Optional[str] = None, box_space: str = "pixel"):
         self.source = open_records(path, split)
         self.path = self.source.path
         self.parse = parse
@@ -114,14 +121,17 @@ class FileExamples(SkippingSequence):
         # once the image or clip gives its size (the task's ``finish`` raises BadRecord)
         self.bad_targets: dict[str, str] = {}
         self._index: list[int] = []  # source index of each usable record
+        boxes = BoxRange(box_space)
         first = None
         for i, item in self.source.scan():
             if i is None:
                 number, where, short, reason = item
             else:
-                reason = self._check(item)
+                ex, reason = self._check(item)
                 if reason is None:
                     self._index.append(i)
+                    if box_key is not None and ex.get(box_key) is not None:
+                        boxes.add(ex[box_key], self.source.locate(i)[1])
                     continue
                 number, where, short = self.source.locate(i)
             reason = shorten(reason)
@@ -133,6 +143,21 @@ class FileExamples(SkippingSequence):
             log.warning("%s: %d records skipped in all", self.path, len(self.skipped))
         if not self._index:
             raise ValueError(f"{self.path} has no usable example" + (f"; first problem: {first}" if first else ""))
+        if boxes.suspect():
+            self._check_box_space(boxes)
+
+    def _check_box_space(self, boxes: BoxRange) -> None:
+        """Raise :meth:`BoxRange.problem` by the size of the first of the file's images that opens."""
+        for j in self._index[:5]:
+            ex = self._example(self.source.record(j))
+            try:
+                size = open_image(ex["image"], self.image_root)[0].size
+            except Exception:  # unreadable here: counted when the example is used
+                continue
+            problem = boxes.problem(self.path, size)
+            if problem:
+                raise ValueError(problem)
+            return
 
     def _example(self, raw: Mapping) -> Optional[dict]:
         record = normalize_record(raw, self.fields)
@@ -140,20 +165,20 @@ class FileExamples(SkippingSequence):
             record["image"] = _fill_template(self.image_template, record["image"])
         return self.parse(record)
 
-    def _check(self, raw: Mapping) -> Optional[str]:
-        """None when the record is usable, else why not."""
+    def _check(self, raw: Mapping) -> tuple[Optional[dict], Optional[str]]:
+        """``(example, None)`` when the record is usable, else ``(None or the example, why not)``."""
         try:
             ex = self._example(raw)
         except (BadRecord, FieldError) as exc:
-            return str(exc)
+            return None, str(exc)
         except (KeyError, TypeError, ValueError) as exc:
-            return f"{type(exc).__name__}: {exc}"
+            return None, f"{type(exc).__name__}: {exc}"
         if ex is None:
-            return "rejected by the task's reader"
+            return None, "rejected by the task's reader"
         problem = image_problem(ex["image"]) if ex.get("image") is not None else None
         if problem is None and ex.get("video") is not None:
             problem = self._video_problem(ex["video"])
-        return problem
+        return ex, problem
 
     def _video_source(self, value: Any) -> Path | list[Path]:
         """The video file / frame folder, or the frame files, of a record's ``video``."""
