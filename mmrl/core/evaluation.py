@@ -77,10 +77,11 @@ def run_evaluation(policy, task: Task, rewards, cfg, num_examples: int | None = 
     out.update({f"reward/{k}": float(v.mean()) for k, v in comps.items()})
     out["skipped"] = float(skipped)
     result = Evaluation(out, completions=completions, examples=scored)
-    if intervals and not is_episodic(task):  # an episode's steps are not independent examples
+    if intervals:
         per_row = {"reward": total.tolist(), **{f"reward/{k}": v.tolist() for k, v in comps.items()}}
         group_of = [ex["_index"] for ex in scored] if dist.world_size() > 1 else batch.group_ids.tolist()
-        result.intervals = metric_intervals(task, completions, scored, group_of, out, per_row, solved, cfg.eval.pass_k)
+        result.intervals = metric_intervals(task, completions, scored, group_of, out, per_row, solved, cfg.eval.pass_k,
+                                            episodic=is_episodic(task))
     if not dist.is_main():
         return result
     if gallery_dir is not None or grid_path is not None:
@@ -103,24 +104,33 @@ def run_evaluation(policy, task: Task, rewards, cfg, num_examples: int | None = 
 
 
 def metric_intervals(task: Task, completions, examples, group_of: list, metrics: dict[str, float], per_row: dict[str, list],
-                     solved: list[list[bool]], k: int) -> dict[str, tuple[float, float]]:
+                     solved: list[list[bool]], k: int, episodic: bool = False) -> dict[str, tuple[float, float]]:
     """The 95% bootstrap interval of each metric, the example the unit resampled (its samples
     together). Rewards and pass@k are means over examples: their per-example values are
     bootstrapped. A task metric is too when the mean of its value on each example alone equals its
     value on all of them; otherwise (average precision, a mean over parsed answers only) it is
-    computed again on each resample."""
+    computed again on each resample. ``episodic``: an example's rows are the steps (turns) of its
+    episodes, unequal in number, so every metric but pass@k is computed again on each resample
+    (:func:`_episode_resample`)."""
     from ..measures.intervals import per_example_means, resampled_intervals
 
     rows: dict[object, list[int]] = {}
     for i, g in enumerate(group_of):  # the samples of one example (``group_of[i]``) together
         rows.setdefault(g, []).append(i)
     groups = list(rows.values())
-    per_example = {name: [sum(v[i] for i in g) / len(g) for g in groups] for name, v in per_row.items()}
+    per_example = {} if episodic else {name: [sum(v[i] for i in g) / len(g) for g in groups]
+                                       for name, v in per_row.items()}
     if solved:
         from ..measures.pass_at_k import pass_at_k
 
         per_example["pass@1"] = [pass_at_k(len(s), sum(s), 1) for s in solved]
         per_example[f"pass@{k}"] = [pass_at_k(len(s), sum(s), k) for s in solved]
+    if episodic:
+        keys = [m for m in metrics if m not in per_example and m != "skipped"]
+        out = per_example_means(per_example)
+        out.update(resampled_intervals(lambda picked: _episode_resample(task, completions, examples, groups, per_row,
+                                                                        picked), len(groups), keys))
+        return {m: out[m] for m in metrics if m in out}
     task_keys = [m for m in metrics if m not in per_example and m != "skipped"]
     singles = [task.metrics([completions[i] for i in g], [examples[i] for i in g]) for g in groups]
     recomputed = []
@@ -139,6 +149,20 @@ def metric_intervals(task: Task, completions, examples, group_of: list, metrics:
 
         out.update(resampled_intervals(on, len(groups), recomputed))
     return {m: out[m] for m in metrics if m in out}
+
+
+def _episode_resample(task: Task, completions, examples, groups: list[list[int]], per_row: dict[str, list],
+                      picked) -> dict[str, float]:
+    """An episodic task's metrics (its own, and each reward's mean over rows) on the examples at
+    ``picked`` (with repeats), their rows together. A task counts an episode once by its key
+    (:func:`~mmrl.core.episodes.episode_key`), so an example drawn twice has its episodes relabelled
+    by the draw: it counts twice, as a bootstrap resample means."""
+    idx = [(d, i) for d, g in enumerate(picked) for i in groups[g]]
+    rows = [{**examples[i], "episode_id": (d, examples[i]["episode_id"])} if "episode_id" in examples[i]
+            else examples[i] for d, i in idx]
+    out = dict(task.metrics([completions[i] for _, i in idx], rows))
+    out.update({name: sum(v[i] for _, i in idx) / len(idx) for name, v in per_row.items()})
+    return out
 
 
 def usable_share(examples, n: int) -> tuple[list, list[int], int]:
