@@ -110,10 +110,15 @@ def bench_speed(
     prompts: int = typer.Option(4, help="prompts per step"),
     generations: int = typer.Option(8, help="samples per prompt (group size)"),
     tokens: int = typer.Option(256, help="completion tokens per sample (forced: min = max new tokens)"),
-    steps: int = typer.Option(3, help="measured steps per side"),
-    warmup: int = typer.Option(1, help="warm-up steps per side, left out of the table"),
-    repeats: int = typer.Option(2, help="run both sides this many times, alternating which goes first; the "
-                                "table pools the repeats and the notes give each repeat's ratio and their spread"),
+    steps: int = typer.Option(5, help="measured steps per run"),
+    warmup: int = typer.Option(1, help="warm-up steps per run, left out of the table"),
+    repeats: int = typer.Option(3, help="run every row this many times, the order reversed on odd repeats; the "
+                                "table gives the median over the repeats and their min-max"),
+    towers: str = typer.Option("trained,frozen", help="the pairs: the vision tower trained on both sides, frozen "
+                               "on both (LoRA: one pair, the tower frozen)"),
+    trl: str = typer.Option("defaults,best", help="TRL's rows per pair: defaults (GRPOConfig's: gradient "
+                            "checkpointing on, float32 weights) | best (compute-dtype weights, static cache, no "
+                            "checkpointing)"),
     micro_batch: int = typer.Option(0, help="samples per forward/backward on both sides (0: min(16, samples))"),
     device: str = typer.Option("cpu", help="cpu | cuda"),
     dtype: str = typer.Option("auto", help="compute dtype: auto (bfloat16 on cuda, float32 on cpu) | float32 | bfloat16"),
@@ -121,8 +126,10 @@ def bench_speed(
     seed: int = typer.Option(0),
     out: Path = typer.Option(Path("runs/bench-speed"), help="output directory (speed.json, speed.md)"),
 ):
-    """mmrl against TRL's GRPOTrainer on the same model, prompts, group size and forced completion
-    lengths, in one process: samples/s, tokens/s, rollout vs update time, peak memory, mmrl/TRL."""
+    """mmrl against TRL's GRPOTrainer like for like, in one process: the same model, prompts, group size,
+    forced completion lengths and trained parameters (vision tower trained on both, frozen on both), TRL at
+    its defaults and at its best settings; samples/s and mmrl/TRL as medians over alternating repeats with
+    their spread, time per phase (generate, log-probs, update), peak memory."""
     from .bench.speed import DEFAULT_CONFIG, SpeedOptions, check_trl, run_speed_bench
 
     try:
@@ -131,7 +138,8 @@ def bench_speed(
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2)
     opts = SpeedOptions(shape=shape, lora=lora, prompts=prompts, generations=generations, tokens=tokens, steps=steps,
-                        warmup=warmup, repeats=repeats, micro_batch=micro_batch, device=device, dtype=dtype, engine=engine, seed=seed)
+                        warmup=warmup, repeats=repeats, micro_batch=micro_batch, device=device, dtype=dtype, engine=engine,
+                        seed=seed, towers=_names(towers), trl=_names(trl))
     path, overrides = split_args(list(args or []))
     _run_bench(lambda: run_speed_bench(opts, out_dir=out, config=path or DEFAULT_CONFIG, extra_overrides=overrides))
 
@@ -200,18 +208,24 @@ def bench_gpu(
                                "static (compiled static-cache decode) | static_plain (static, train.shared_prefix=false) | vllm"),
     optims: str = typer.Option("adamw_torch,adamw_kahan,adamw_bf16,adamw_bf16_sr", help="train.optim per row of the "
                                "optimizers group"),
-    steps: int = typer.Option(2, help="measured steps per speed row"),
-    warmup: int = typer.Option(1, help="warm-up steps per speed row (the static cache compiles in them)"),
+    steps: int = typer.Option(5, help="measured steps per run of a speed row"),
+    warmup: int = typer.Option(1, help="warm-up steps per run of a speed row (the static cache compiles in them)"),
+    repeats: int = typer.Option(3, help="runs of each speed row, the order reversed on odd repeats (median, min-max)"),
+    towers: str = typer.Option("trained,frozen", help="the full group's pairs: vision tower trained on both "
+                               "sides, frozen on both"),
+    trl: str = typer.Option("defaults,best", help="TRL's rows per pair: defaults | best"),
     peak_tflops: Optional[float] = typer.Option(None, help="the card's dense bf16 peak for MFU (default: known "
                                                 "H100/H200/A100 figures)"),
     out: Path = typer.Option(Path("runs/bench-gpu"), help="output directory (speed.md, speed.json, rows.jsonl)"),
 ):
-    """The GPU table against TRL in one command: full fine-tuning and LoRA with each rollout cache, peak
+    """The GPU table against TRL in one command: full fine-tuning and LoRA like for like (mmrl with each rollout
+    cache, TRL at its defaults and best settings, the same trained parameters, alternating repeats), peak
     memory per train.optim, the 448-px micro-batch-16 fit, update MFU. Each group runs in its own process (with --tiny, one process runs them all)."""
     from .bench.gpu import GpuBenchOptions, run_gpu_bench
 
     opts = GpuBenchOptions(tiny=tiny, groups=_names(groups), budget_s=budget, caches=_names(caches),
-                           optims=_names(optims), steps=steps, warmup=warmup, peak_tflops=peak_tflops,
+                           optims=_names(optims), steps=steps, warmup=warmup, repeats=repeats,
+                           towers=_names(towers), trl=_names(trl), peak_tflops=peak_tflops,
                            extra=tuple(args or ()))
     _run_bench(lambda: run_gpu_bench(opts, out, echo=lambda s: print(s, flush=True)))
 

@@ -5,8 +5,16 @@ and optimizer step are TRL's (``GRPOTrainer.train()``); the bench supplies a dat
 prompts and images mmrl's data pipeline drew, in mmrl's order (``shuffle_dataset=False``; TRL's
 sampler repeats each prompt ``num_generations`` times), a reward function that is mmrl's reward
 computer for the task (so both sides score with the same code), a transformers processor around the
-same checkpoint and image budget, and timing: a callback around each optimizer step, and a wrapper
-that times ``_generate_and_score_completions`` and counts its samples and tokens.
+same checkpoint and image budget, the model loaded by TRL's own loader (``create_model_from_path``,
+what ``GRPOTrainer`` calls for a path, with ``model_init_kwargs``' ``dtype``) and handed over as an
+instance so that the vision tower can be frozen first (``requires_grad=False``: transformers'
+``Trainer`` builds its optimizer from the parameters that require gradients), and timing: a callback
+around each optimizer step, and wrappers around TRL's methods: ``_generate_and_score_completions``
+(the rollout, counting its samples and tokens), ``_generate`` and, within the rollout,
+``_get_per_token_logps_and_entropies`` (old/reference log-probs).
+
+These are TRL 1.16's private names: :data:`TRL_METHODS` lists them and a test fails when a TRL
+release moves them.
 """
 
 from __future__ import annotations
@@ -17,7 +25,10 @@ from typing import Any, Sequence
 
 import torch
 
-from .speed_common import LOSS_TYPES, SideResult, peak_memory, reset_peak_memory, sync
+from .speed_common import LOSS_TYPES, PhaseClock, SideResult, optimizer_params, peak_memory, reset_peak_memory, sync
+
+# GRPOTrainer's methods the bench times (private in TRL 1.16; tests/test_bench_speed.py checks them)
+TRL_METHODS = ("_generate_and_score_completions", "_generate", "_get_per_token_logps_and_entropies")
 
 
 def trl_dataset(task, drawn: Sequence[Sequence[dict]]):
@@ -65,15 +76,16 @@ def processor_for(path: Path, cfg):
     return processor
 
 
-def grpo_config(cfg, opts, out_dir: Path):
-    """TRL's config with the bench's shared settings and mmrl's recipe values for the rest."""
+def grpo_config(cfg, opts, out_dir: Path, settings):
+    """TRL's config with the bench's shared settings, mmrl's recipe values for the rest, and the
+    row's own ``settings`` (:class:`~mmrl.bench.speed_compare.TrlSettings`): gradient
+    checkpointing and the KV cache."""
     from trl import GRPOConfig
 
     algo, train, rollout = cfg.algo, cfg.train, cfg.rollout
     if algo.loss_agg_mode not in LOSS_TYPES:
         raise ValueError(f"algo.loss_agg_mode={algo.loss_agg_mode!r} has no TRL loss_type here "
                          f"(supported: {', '.join(LOSS_TYPES)})")
-    full_ft_dtype = torch.float32  # mmrl keeps float32 master weights and autocasts
     return GRPOConfig(
         output_dir=str(out_dir),
         max_steps=opts.warmup + opts.steps,
@@ -92,8 +104,8 @@ def grpo_config(cfg, opts, out_dir: Path):
         weight_decay=train.weight_decay, adam_beta1=train.adam_beta1, adam_beta2=train.adam_beta2,
         max_grad_norm=train.max_grad_norm, optim="adamw_torch", seed=opts.seed,
         bf16=opts.dtype == "bfloat16", use_cpu=opts.device == "cpu",
-        gradient_checkpointing=False, shuffle_dataset=False,
-        model_init_kwargs={"dtype": torch.bfloat16 if opts.lora and opts.dtype == "bfloat16" else full_ft_dtype},
+        gradient_checkpointing=settings.gradient_checkpointing, cache_implementation=settings.cache_implementation,
+        shuffle_dataset=False,
         report_to=[], logging_steps=1, save_strategy="no", disable_tqdm=True, log_completions=False,
         dataloader_num_workers=0,
     )
@@ -112,12 +124,31 @@ def peft_config(cfg):
                       target_modules=rf"^(?!.*\bvisual\b).*\.({names})$")
 
 
-def run_trl_side(cfg, opts, path: Path, drawn: Sequence[Sequence[dict]], task, out_dir: Path) -> SideResult:
+def load_model(path: Path, settings, opts, frozen_tower: bool):
+    """The checkpoint as ``GRPOTrainer`` loads a path (TRL's ``create_model_from_path``; weights in
+    float32, its default, or in the compute dtype), the vision tower frozen when asked."""
+    from trl.trainer.utils import create_model_from_path
+
+    from ..vlm.loading import vision_tower
+
+    dtype = torch.float32 if settings.weights == "float32" else getattr(torch, opts.dtype)
+    model = create_model_from_path(str(path), dtype=dtype)
+    if frozen_tower:
+        tower = vision_tower(model)
+        if tower is None:
+            raise ValueError(f"{path}: no vision tower to freeze")
+        tower.requires_grad_(False)
+    return model
+
+
+def run_trl_side(cfg, opts, path: Path, drawn: Sequence[Sequence[dict]], task, out_dir: Path, settings,
+                 frozen_tower: bool) -> SideResult:
     """``GRPOTrainer.train()`` for ``warmup + steps`` steps on ``drawn`` (mmrl's prompts by step)."""
     from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOTrainer
 
     device = torch.device(opts.device)
+    clock = PhaseClock(device)
     examples = [ex for step in drawn for ex in step]
     result = SideResult("trl", opts.warmup)
     state: dict[str, Any] = {}
@@ -129,36 +160,41 @@ def run_trl_side(cfg, opts, path: Path, drawn: Sequence[Sequence[dict]], task, o
             if st.global_step == opts.warmup:
                 reset_peak_memory(device)
             sync(device)
-            state.update(t0=time.perf_counter(), rollout=0.0, samples=0, tokens=0, prompt_tokens=0)
+            clock.take()
+            state.update(t0=time.perf_counter(), samples=0, tokens=0, prompt_tokens=0)
 
         def on_step_end(self, args, st, control, **kw):
             sync(device)
-            result.add(time.perf_counter() - state["t0"], state["rollout"], state["samples"], state["tokens"],
-                       state["prompt_tokens"])
+            phases = clock.take()
+            result.add(time.perf_counter() - state["t0"], phases.get("rollout", 0.0), state["samples"],
+                       state["tokens"], state["prompt_tokens"], phases.get("generate", 0.0),
+                       phases.get("logprobs", 0.0))
 
     trainer = GRPOTrainer(
-        model=str(path), reward_funcs=reward_function(task, cfg, examples), args=grpo_config(cfg, opts, out_dir),
+        model=load_model(path, settings, opts, frozen_tower), reward_funcs=reward_function(task, cfg, examples),
+        args=grpo_config(cfg, opts, out_dir, settings),
         train_dataset=trl_dataset(task, drawn), processing_class=processor_for(path, cfg),
         peft_config=peft_config(cfg) if opts.lora else None, callbacks=[StepTimer()],
     )
-    generate = trainer._generate_and_score_completions
+    rollout_method, generate_method, logps_method = TRL_METHODS
+    generate_and_score = getattr(trainer, rollout_method)
 
-    def timed_generate(inputs):
-        sync(device)
-        t0 = time.perf_counter()
-        out = generate(inputs)
-        sync(device)
-        state["rollout"] += time.perf_counter() - t0
+    def counted(inputs):
+        out = generate_and_score(inputs)
         state["samples"] += int(out["completion_ids"].shape[0])
         state["tokens"] += int(out["completion_mask"].sum())
         state["prompt_tokens"] += int(out["prompt_mask"].sum())
         return out
 
-    trainer._generate_and_score_completions = timed_generate
+    setattr(trainer, rollout_method, counted)
+    clock.wrap(trainer, rollout_method, "rollout")
+    clock.wrap(trainer, generate_method, "generate", within="rollout")
+    clock.wrap(trainer, logps_method, "logprobs", within="rollout")  # in compute_loss it is the update's
     trainer.remove_callback(PrinterCallback)  # TRL's log dicts stay in speed.json, off the terminal
     reset_peak_memory(device)
     trainer.train()
     result.peak_memory_gib, result.memory_kind = peak_memory(device)
     result.logs = [dict(entry) for entry in trainer.state.log_history]
+    result.trained_params = optimizer_params(trainer.optimizer)
     del trainer
     return result
