@@ -8,8 +8,8 @@ rollouts, ``mmrl eval`` galleries), and the config with its differences from the
 self-contained: the curves are SVG images inside the page (written by :mod:`.report_curves`), the
 galleries are the run's own PNGs next to it, there is no script and nothing is fetched.
 
-The trainer writes it at the end of every run (:func:`report_after_run`, which only warns when it
-cannot); ``mmrl report RUN_DIR`` (re)builds it for any run directory, also one still running or
+The trainer and ``mmrl sft`` write it at the end of every run (:func:`report_after_run`, which only
+warns when it cannot); ``mmrl report RUN_DIR`` (re)builds it for any run directory, also one still running or
 killed: a torn last line of metrics.jsonl is skipped, a missing summary.json leaves the table to
 the step-0 evaluation. The config is compared with the recipe the run started from (the first
 line of ``config_history/000-start.yaml``, ``# recipe: NAME``, when it was loaded from one), or

@@ -3,7 +3,8 @@
 Which keys are drawn, grouped as the page shows them: the training reward and each reward
 function's (``reward``, ``reward/<fn>``), every held-out metric (``eval/<metric>``, step 0 being the
 evaluation before training, with the before/after confidence intervals of ``summary.json`` drawn
-on it), the policy's KL, entropy, clip fractions and completion length, and one plot of the step
+on it), the training loss, gradient norm and learning rate (an ``mmrl sft`` run's curves are these
+and ``eval/loss``), the policy's KL, entropy, clip fractions and completion length, and one plot of the step
 time split into rollout (``rollout_time``) and update (``step_time`` minus it). A key that the run
 did not log, or logged without a finite value, gets no plot. Each plot is a small SVG written
 here (a frame with the first and last step and the lowest and highest value marked, the line, the
@@ -43,6 +44,7 @@ def _policy_curve(key: str) -> bool:
 SECTIONS: dict[str, Callable[[str], bool]] = {
     "Reward of the training batches (each reward function)": _reward_curve,
     "Held-out evaluation (step 0: before training)": lambda k: k.startswith("eval/") and k != "eval/skipped",
+    "Training loss, gradient norm, learning rate": lambda k: k in ("loss", "grad_norm", "lr"),
     "KL, entropy, clipping, completion length": _policy_curve,
 }
 TIME_TITLE, TIME_KEYS = "Step time", ("rollout_time", "step_time")  # one plot: the split
