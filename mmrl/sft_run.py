@@ -258,6 +258,9 @@ class SFTRun:
         if main:
             write_summary(self.run_dir, before={"loss": before} if before is not None else {}, after={"loss": after},
                           steps=cfg.train.steps, model=str(model_dir))
+            from .runs.report import report_after_run
+
+            report_after_run(self.run_dir)  # report.html, as an RL run writes: the loss curves; a failure warns
         return SFTResult(self.run_dir, model_dir, before, after, cfg.train.steps)
 
 
