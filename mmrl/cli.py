@@ -121,8 +121,11 @@ def train(
     configure_threads(cfg)
     from .api import make_policy
     from .core.trainer import Trainer, build_task
+    from .runs.disk import check_writable
+    from .runs.resume import resume_command
 
     with user_errors():
+        check_writable(Path(cfg.log.output_dir) / (cfg.log.run_name or ""))  # before minutes of model loading
         task = build_task(cfg)
         if modality is not None and task.modality != family_modality(modality):
             raise ValueError(f"task {task.name!r} is a {task.modality} task; run it with `mmrl train {task.modality}`")
@@ -130,7 +133,7 @@ def train(
         trainer = Trainer(cfg, policy, task)  # checks the config against the policy: its errors are the user's
     if trainer.main:  # one voice for several processes
         console.print(f"run directory: [bold]{trainer.run_dir}[/]")
-    with user_errors(setup=False), interruptions():
+    with user_errors(setup=False, resume=resume_command(trainer.run_dir)), interruptions():
         result = trainer.train()
     if result.before and trainer.main:
         _print_headline(task, result.before, result.after)
@@ -237,6 +240,8 @@ def demo(
                                                "offer (repeatable); nothing outside these, the runs and the "
                                                "assets is read"),
     device: str = typer.Option("cpu", help="where models run: cpu | cuda"),
+    max_runs: int = typer.Option(1, "--max-runs", min=1, help="runs started from the Launch tab that may train "
+                                 "at once; Start refuses another until one ends"),
 ):
     """A Gradio app: try a policy on a task, compare a run before and after RL, watch and launch runs."""
     from .demo.exposure import decide, parse_auth
@@ -251,8 +256,15 @@ def demo(
     except ImportError as exc:
         console.print(f"[red]error:[/] the demo needs gradio ({escape(str(exc))}): pip install {escape('mmrl[demo]')}")
         raise typer.Exit(2)
+    from .demo.paths import RootRefused
+
     console.print(f"mmrl demo (runs: {runs.resolve()})")
-    launch_app(runs, host, port, share, list(models or []), device=device, auth=login, no_auth=no_auth)
+    try:
+        launch_app(runs, host, port, share, list(models or []), device=device, auth=login, no_auth=no_auth,
+                   max_runs=max_runs)
+    except RootRefused as exc:  # a served directory that is a link or another user's: refused before serving
+        console.print(f"[red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(2)
 
 
 @app.command(name="list", epilog=examples(

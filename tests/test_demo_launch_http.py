@@ -7,6 +7,7 @@ explicit ``--no-auth``, and then has no Launch tab). No training here: the fast 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 import urllib.error
@@ -246,3 +247,185 @@ def test_the_banner_points_at_the_command_line_flags(tmp_path, capsys, monkeypat
     out = capsys.readouterr().out
     assert f"mmrl demo: {url}" in out and "mmrl demo --share --auth user:password" in out
     assert "share=True" not in out
+
+
+# -- interpolations (issue 51, item 1) ---------------------------------------------------------------
+
+ENV_SECRET = "ENV-SECRET-5309"
+
+
+def _stream(url: str, api: str, *data) -> str:
+    """The whole answer of an API call as text, whatever event ends it (Gradio's own refusals too)."""
+    request = urllib.request.Request(f"{url}/gradio_api/call/{api}", data=json.dumps({"data": list(data)}).encode(),
+                                     method="POST", headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as r:
+        event = json.load(r)["event_id"]
+    with urllib.request.urlopen(f"{url}/gradio_api/call/{api}/{event}", timeout=60) as r:
+        return r.read().decode()
+
+
+def test_an_interpolation_in_a_request_is_refused_before_anything_resolves_it(server, monkeypatch):
+    """`${oc.env:...}` in a path once made the failed run's message (page and launch.log) show the
+    variable; every spelling that reaches OmegaConf as `${` is refused, and no run starts."""
+    monkeypatch.setenv("DEMO_SECRET", ENV_SECRET)
+    up, runs = server["root"] / "uploads", server["root"] / "runs"
+    (up / "${oc.env:DEMO_SECRET}").mkdir(exist_ok=True)  # a folder of that name, and a link to it
+    if not (up / "plain").is_symlink():
+        (up / "plain").symlink_to(up / "${oc.env:DEMO_SECRET}", target_is_directory=True)
+    for i, overrides in enumerate((
+            f"model.path={up}/${{oc.env:DEMO_SECRET}}",
+            f"task.options.eval_path={up}/${{oc.env:DEMO_SECRET}}.json train.steps=1",
+            f"model.path={up}/$\\{{oc.env:DEMO_SECRET}}",          # the shell's escape: `$\{` reads as `${`
+            f"model.path={up}/'$'{{oc.env:DEMO_SECRET}}",          # quotes split `$` from `{`
+            f"'model.path={up}/\\${{oc.env:DEMO_SECRET}}'",        # OmegaConf's own escape, resolved on a reload
+            f"model.path={up}/${{oc.decode:${{oc.env:DEMO_SECRET}}}}",
+            f"\"model.path={up}/${{oc.env:DEMO_SECRET}}\"",
+            f"model.path={up}/plain",                               # no `${` sent; the link resolves to one
+            "train.steps=${oc.env:DEMO_SECRET}", "algo.advantage=${oc.env:DEMO_SECRET}")):
+        status = _refused(server, overrides, f"interp-{i}", "interpolation", "**error:**")
+        assert ENV_SECRET not in status
+    status = _launch(server["url"], "train.steps=1", "${oc.env:DEMO_SECRET}")
+    assert status.startswith("**error:**") and "interpolation" in status and ENV_SECRET not in status
+    answer = _stream(server["url"], "launch_start", "${oc.env:DEMO_SECRET}", "train.steps=1", "interp-recipe")
+    assert ENV_SECRET not in answer and "interp-recipe" not in {p.name for p in runs.iterdir()}
+    assert server["launcher"].running() == []
+    assert not any(ENV_SECRET in p.read_text(errors="replace") for p in runs.rglob("*") if p.is_file())
+
+
+# -- the runs cap (item 4) ---------------------------------------------------------------------------
+
+def _sleeper(tmp_path: Path) -> str:
+    """A stand-in for python that trains for a minute: what a long run looks like to the launcher."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nexec sleep 60\n")
+    fake.chmod(0o755)
+    return str(fake)
+
+
+def test_the_launch_tab_starts_at_most_max_runs_and_says_so(server, tmp_path):
+    launcher, url = server["launcher"], server["url"]
+    with urllib.request.urlopen(f"{url}/config", timeout=30) as r:
+        assert "At most 1 run started here train at once" in r.read().decode()
+    real, launcher.python = launcher.python, _sleeper(tmp_path)
+    try:
+        assert not _launch(url, "train.steps=1", "cap-a").startswith("**error:**")
+        status = _launch(url, "train.steps=1", "cap-b")
+        assert status.startswith("**error:**") and "cap-a" in status and "at most 1 at once" in status, status
+        assert "--max-runs" in status and launcher.running() == ["cap-a"]
+        assert not (server["root"] / "runs" / "cap-b").exists()
+        _call(url, "launch_stop", "cap-a")
+        assert not _launch(url, "train.steps=1", "cap-b").startswith("**error:**")  # one ended: room again
+        assert launcher.running() == ["cap-b"]
+    finally:
+        launcher.close()
+        launcher.python = real
+
+
+# -- the served directories (items 2 and 3) -----------------------------------------------------------
+
+def _get_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            body = r.read()
+            return 200 if b"root:" not in body else -1  # -1: /etc/passwd itself came back
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_uploads_go_to_a_private_directory_not_a_planted_link(tmp_path, monkeypatch):
+    """`$TMPDIR/mmrl-demo-uploads` was a fixed name another user could create as a link to `/`
+    before the demo started; the demo then served /etc/passwd. Now each demo makes its own."""
+    import tempfile
+
+    from mmrl.demo.app import launch_app
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    (tmp / "mmrl-demo-uploads").symlink_to("/", target_is_directory=True)  # planted by "another user"
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    (tmp_path / "runs").mkdir()
+    port = _free_port()
+    app, play, launcher = launch_app(tmp_path / "runs", port=port, block=False)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        uploads = play.upload_dir
+        assert uploads.parent == tmp and uploads.name.startswith("mmrl-demo-uploads-") and not uploads.is_symlink()
+        assert uploads.stat().st_mode & 0o777 == 0o700 and uploads.stat().st_uid == os.getuid()
+        assert Path(_upload(url, "a.json", b"[]")).is_relative_to(uploads)
+        for path in ("/etc/passwd", f"{tmp}/mmrl-demo-uploads/etc/passwd", f"{uploads}/../mmrl-demo-uploads/etc/passwd"):
+            assert _get_status(f"{url}/gradio_api/file={path}") == 403, path
+        status = _launch(url, f"task.options.eval_path={tmp}/mmrl-demo-uploads/etc/passwd", "planted")
+        assert status.startswith("**error:**") and "outside the directories this demo serves" in status
+        assert "/" not in [str(r) for r in launcher.roots.roots]
+    finally:
+        launcher.close()
+        app.close()
+
+
+def test_a_served_directory_that_is_a_link_or_another_users_is_refused_at_start(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from mmrl.cli import app
+    from mmrl.demo.app import build_app
+    from mmrl.demo.paths import RootRefused
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real", target_is_directory=True)
+    with pytest.raises(RootRefused, match=f"upload directory {tmp_path / 'link'} is a symbolic link .*real"):
+        build_app(tmp_path / "runs", tmp_path / "link")
+    runner = CliRunner()
+    monkeypatch.delenv("MMRL_DEMO_AUTH", raising=False)
+    for args, said in ((["--runs", str(tmp_path / "link")], "runs directory (--runs)"),
+                       (["--runs", str(tmp_path / "runs"), "--models", str(tmp_path / "link")], "symbolic link"),
+                       (["--runs", str(tmp_path / "runs"), "--models", str(tmp_path / "none")], "does not exist"),
+                       (["--runs", str(tmp_path / "runs"), "--max-runs", "0"], "max-runs")):
+        result = runner.invoke(app, ["demo", *args])
+        out = " ".join(result.output.split())
+        assert result.exit_code == 2 and said in out and "Traceback" not in out, result.output
+    if os.getuid() != 0:
+        pytest.skip("making a directory another user owns needs root; the link cases above ran")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    with pytest.raises(RootRefused, match=f"{theirs} is owned by another user \\(uid 65534\\)"):
+        build_app(tmp_path / "runs", tmp_path / "uploads", model_roots=[theirs])
+
+
+def test_a_run_or_a_run_file_that_links_outside_the_runs_directory_is_not_read(tmp_path):
+    """docs/demo.md: a symlink out of the served directories is refused. A run directory linking
+    out is not listed nor shown; a run's file linking out reads as absent; a link to a run inside
+    the runs directory is a run."""
+    runs, outside = tmp_path / "runs", tmp_path / "outside"
+    for d in (runs / "good", outside / "theirs"):
+        d.mkdir(parents=True)
+    (outside / "theirs" / "config.yaml").write_text(f"task:\n  name: {SECRET}\n")
+    (outside / "theirs" / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward": 0.5, SECRET: 1.0}) + "\n")
+    (outside / "theirs" / "launch.log").write_text(f"{SECRET}\n")
+    (outside / "summary.json").write_text(json.dumps({"before": {SECRET: 1.0}}))
+    (runs / "good" / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward": 0.25}) + "\n")
+    (runs / "good" / "config.yaml").symlink_to(outside / "theirs" / "config.yaml")
+    (runs / "good" / "summary.json").symlink_to(outside / "summary.json")
+    (runs / "evil").symlink_to(outside / "theirs", target_is_directory=True)
+    (runs / "alias").symlink_to(runs / "good", target_is_directory=True)
+    (tmp_path / "uploads").mkdir()
+    url, app, launcher = _serve_runs(tmp_path)
+    try:
+        answer = _stream(url, "refresh_all", None)
+        assert SECRET not in answer and "evil" not in answer and "good" in answer and "alias" in answer
+        for name in ("good", "alias"):
+            answer = _stream(url, "show", name)
+            assert "event: complete" in answer and SECRET not in answer and "0.25" in answer
+        answer = _stream(url, "show", "evil")  # not offered: Gradio's dropdown or run_path refuses it
+        assert SECRET not in answer and ("event: complete" not in answer or "**error:**" in answer)
+        _log, status = _call(url, "poll", "evil")  # the Launch tab follows any name typed in
+        assert status.startswith("**error:**") and "outside" in status and SECRET not in status + str(_log)
+    finally:
+        app.close()
+
+
+def _serve_runs(root: Path):
+    from mmrl.demo.app import launch_app
+
+    port = _free_port()
+    app, _play, launcher = launch_app(root / "runs", port=port, upload_dir=root / "uploads", block=False)
+    return f"http://127.0.0.1:{port}", app, launcher

@@ -137,3 +137,22 @@ def test_a_models_directory_checkpoint_loads_natively_without_running_its_code(p
     assert len(out.rows) == 1 and not marker.exists()
     with pytest.raises(DemoError, match="not a checkpoint directory under"):
         play.sample(f"dir: {random_tiny_dir}", "counting", 0, 1, 1.0)
+
+
+def test_a_link_out_of_a_models_directory_is_not_offered_nor_loaded(play, tmp_path):
+    outside, mine = tmp_path / "outside" / "ckpt", tmp_path / "models" / "mine"
+    for d in (outside, mine):
+        d.mkdir(parents=True)
+        (d / "config.json").write_text("{}")
+    away = tmp_path / "models" / "away"
+    away.symlink_to(outside, target_is_directory=True)
+    assert play._model_dirs() == [mine]
+    assert f"dir: {mine}" in play.model_choices("vlm") and f"dir: {away}" not in play.model_choices("vlm")
+    with pytest.raises(DemoError, match="not a checkpoint directory under the demo's --models"):
+        play.load(f"dir: {away}", "counting")
+
+
+def test_a_model_or_task_label_with_an_interpolation_is_refused(play):
+    for label, task in (("tiny", "${oc.env:HOME}"), ("dir: ${oc.env:HOME}", "counting")):
+        with pytest.raises(ValueError, match="OmegaConf interpolation"):
+            play.load(label, task)

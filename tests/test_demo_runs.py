@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 
 import pytest
@@ -198,6 +199,77 @@ def test_config_summary_checkpoint_progress(tmp_path):
     empty.mkdir()
     assert R.read_config_text(empty) == "" and R.read_summary(empty) == {} and R.latest_checkpoint(empty) is None
     assert R.progress(empty) == {"step": 0, "steps": None, "reward": None}
+
+
+def test_links_out_of_a_run_read_as_absent_and_links_inside_as_they_are(tmp_path):
+    """Every file a run shows is read only where it resolves inside the run's directory; a run
+    directory only where it resolves inside the runs directory (issue 51, item 3)."""
+    runs, outside = tmp_path / "runs", tmp_path / "outside"
+    theirs = make_run(outside, "theirs")
+    ours = make_run(runs, "ours")
+    for name in ("config.yaml", "summary.json", "metrics.jsonl", "samples_before.png", "checkpoints", "rollouts"):
+        path = ours / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+        path.symlink_to(theirs / name, target_is_directory=(theirs / name).is_dir())
+    assert R.read_config_text(ours) == "" and R.read_summary(ours) == {} and R.read_metrics(ours) == []
+    assert R.latest_checkpoint(ours) is None and R.rollout_steps(ours) == [] and R.rollout_gallery(ours) == []
+    assert [c for _, c in R.eval_pictures(ours)] == ["held-out samples after training"]
+    assert R.progress(ours) == {"step": 0, "steps": None, "reward": None}
+    assert R.list_runs(runs) == []  # a run only through links is not one
+    (runs / "away").symlink_to(theirs, target_is_directory=True)
+    (runs / "alias").symlink_to(runs / "kept", target_is_directory=True)
+    kept = make_run(runs, "kept")
+    assert sorted(R.list_runs(runs)) == ["alias", "kept"]
+    assert R.read_summary(R.run_path(runs, "alias"))["after"] == {"accuracy": 0.5}  # inside: read as it is
+    with pytest.raises(ValueError, match=f"run 'away' is a link to {theirs}, outside {runs}"):
+        R.run_path(runs, "away")
+    with pytest.raises(ValueError, match="outside"):
+        L.Launcher(runs, AllowedRoots([runs])).status("away")
+    assert R.latest_checkpoint(kept) == kept / "checkpoints" / "step_00000002"
+
+
+def test_interpolations_are_refused_in_every_spelling_and_only_there(tmp_path):
+    roots = _roots(tmp_path)
+    served = tmp_path / "served"
+    for text in (f"model.path={served}/${{oc.env:HOME}}", f"task.options.eval_path={served}/$\\{{x}}",
+                 f"task.options.image_root={served}/'$'{{x}}", "train.steps=${train.seed}"):
+        with pytest.raises(ValueError, match="OmegaConf interpolation"):
+            O.check_overrides(text, roots, "vlm")
+    (served / "${oc.env:HOME}").mkdir()
+    (served / "link").symlink_to(served / "${oc.env:HOME}")
+    with pytest.raises(ValueError, match="the path it resolves to.*OmegaConf interpolation"):
+        O.check_overrides(f"model.path={served}/link", roots, "vlm")
+    # `$` and `{` apart are no interpolation: such a path is served like any other
+    assert O.check_overrides(f"task.options.eval_path={served}/a$b{{c}}", roots, "vlm") == [
+        f"task.options.eval_path='{served}/a$b{{c}}'"]
+    launcher = L.Launcher(tmp_path, roots)
+    for recipe, name in (("${oc.env:HOME}", "x"), ("vlm/counting_tiny", "${x}")):
+        with pytest.raises(ValueError, match="OmegaConf interpolation"):
+            launcher.start(recipe, "train.steps=1", name)
+
+
+def test_the_launcher_starts_at_most_max_runs(tmp_path):
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nexec sleep 60\n")
+    fake.chmod(0o755)
+    with pytest.raises(ValueError, match="at least 1"):
+        L.Launcher(tmp_path / "runs", AllowedRoots([tmp_path]), max_runs=0)
+    launcher = L.Launcher(tmp_path / "runs", AllowedRoots([tmp_path]), python=str(fake), max_runs=2)
+    try:
+        launcher.start("vlm/counting_tiny", "train.steps=1", "a")
+        launcher.start("vlm/counting_tiny", "train.steps=1", "b")
+        with pytest.raises(ValueError, match=r"2 run\(s\) started here are training \(a, b\).*at most 2 at once"):
+            launcher.start("vlm/counting_tiny", "train.steps=1", "c")
+        assert not (tmp_path / "runs" / "c").exists()
+        launcher.stop("a")
+        launcher.start("vlm/counting_tiny", "train.steps=1", "c")
+        assert sorted(launcher.running()) == ["b", "c"]
+        started = time.monotonic()
+        launcher.close()  # both stopped at once: one grace period at most, not one per run
+        assert launcher.running() == [] and time.monotonic() - started < L.STOP_GRACE_S
+        assert {launcher.status(n)["state"] for n in "abc"} == {"stopped"}
+    finally:
+        launcher.close()
 
 
 # -- launcher ----------------------------------------------------------------------------------------

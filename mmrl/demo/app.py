@@ -9,17 +9,21 @@ model cannot run) is shown in the page's status line and the server goes on. Ele
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import signal
 import sys
-import tempfile
+import threading
 import traceback
+from contextlib import contextmanager
 from functools import wraps
 from pathlib import Path
 from typing import Sequence
 
 from .exposure import decide
-from .launcher import Launcher, builtin_recipes
-from .paths import AllowedRoots
+from .launcher import DEFAULT_MAX_RUNS, Launcher, builtin_recipes
+from .paths import AllowedRoots, check_root, private_upload_dir
 from .playground import DemoError, Playground, Samples
 from .runs_index import curve_frames, eval_pictures, list_runs, read_config_text, read_summary, rollout_gallery, \
     rollout_steps, run_path
@@ -68,19 +72,39 @@ def _table(samples: Samples, numbers_first: bool = False):
     return frame
 
 
+def served_roots(runs_dir: str | Path, upload_dir: str | Path | None,
+                 model_roots: Sequence[str | Path]) -> tuple[Path, Path, list[Path]]:
+    """The runs, upload and model directories, checked and resolved before anything is served
+    (:func:`~mmrl.demo.paths.check_root`; :class:`~mmrl.demo.paths.RootRefused` names the one
+    refused). The runs directory and a named upload directory are created when missing (the
+    upload one private, mode 0700); without ``upload_dir`` the uploads go to a new private
+    directory, removed when the process exits."""
+    runs_dir = Path(runs_dir).expanduser()
+    if not runs_dir.is_symlink():
+        runs_dir.mkdir(parents=True, exist_ok=True)
+    if upload_dir is None:
+        upload_dir = private_upload_dir()
+        atexit.register(shutil.rmtree, upload_dir, ignore_errors=True)
+    elif not Path(upload_dir).is_symlink():
+        Path(upload_dir).expanduser().mkdir(mode=0o700, parents=True, exist_ok=True)
+    return (check_root(runs_dir, "the runs directory (--runs)"), check_root(upload_dir, "the upload directory"),
+            [check_root(r, "the models directory (--models)") for r in model_roots])
+
+
 def build_app(runs_dir: str | Path = "runs", upload_dir: str | Path | None = None,
-              model_roots: Sequence[str | Path] = (), device: str = "cpu", launch: bool = True):
+              model_roots: Sequence[str | Path] = (), device: str = "cpu", launch: bool = True,
+              max_runs: int = DEFAULT_MAX_RUNS):
     """The app (a ``gr.Blocks``), its playground and its launcher. ``launch=False`` leaves the
-    Launch tab's handlers out (a demo served beyond loopback without a password)."""
+    Launch tab's handlers out (a demo served beyond loopback without a password); at most
+    ``max_runs`` runs started from the page train at once."""
     import gradio as gr
     from mmrl.assets import ASSETS_DIR
 
-    runs_dir = Path(runs_dir).resolve()
-    upload_dir = Path(upload_dir or Path(tempfile.gettempdir()) / "mmrl-demo-uploads").resolve()
-    upload_dir.mkdir(parents=True, exist_ok=True)
+    runs_dir, upload_dir, model_roots = served_roots(runs_dir, upload_dir, model_roots)
+    assets = check_root(ASSETS_DIR, "the shipped assets directory")
     os.environ["GRADIO_TEMP_DIR"] = str(upload_dir)  # uploads land where the playground may read them
     play = Playground(runs_dir, upload_dir, model_roots, device)
-    launcher = Launcher(runs_dir, AllowedRoots([runs_dir, ASSETS_DIR, upload_dir, *model_roots]))
+    launcher = Launcher(runs_dir, AllowedRoots([runs_dir, assets, upload_dir, *model_roots]), max_runs=max_runs)
 
     with gr.Blocks(title="mmrl demo", analytics_enabled=False) as app:
         gr.Markdown("# mmrl demo\nTry a policy, compare it before and after RL, watch and launch runs.")
@@ -327,6 +351,9 @@ def _launch_tab(gr, launcher: Launcher):
         name = gr.Textbox(label="run name", value="demo-run", elem_id="launch-name")
     overrides = gr.Textbox(label="overrides (key=value ...: allow-listed keys, paths inside the served directories; "
                                  "see docs/demo.md)", value="train.steps=2", elem_id="launch-overrides")
+    runs = "1 run" if launcher.max_runs == 1 else f"{launcher.max_runs} runs"
+    gr.Markdown(f"At most {runs} started here train at once (`mmrl demo --max-runs N`); stop one to start "
+                "another.", elem_id="launch-cap")
     with gr.Row():
         start = gr.Button("Start", variant="primary", elem_id="launch-start")
         stop = gr.Button("Stop", variant="stop", elem_id="launch-stop")
@@ -364,25 +391,62 @@ def _launch_tab(gr, launcher: Launcher):
 def launch_app(runs_dir: str | Path = "runs", host: str = "127.0.0.1", port: int = 7860, share: bool = False,
                model_roots: Sequence[str | Path] = (), upload_dir: str | Path | None = None, device: str = "cpu",
                block: bool = True, max_upload: str = MAX_UPLOAD, auth: tuple[str, str] | None = None,
-               no_auth: bool = False):
+               no_auth: bool = False, max_runs: int = DEFAULT_MAX_RUNS):
     """Build and serve the app; files are served only from the runs, assets, upload and model
-    directories. Beyond loopback (a non-loopback ``host``, or ``share``) it needs ``auth`` (Gradio's
-    login), or ``no_auth`` and then has no Launch tab (:func:`~mmrl.demo.exposure.decide`, which
-    raises ExposureRefused before anything starts). ``block=False`` returns ``(app, playground,
-    launcher)`` with the server running (the tests)."""
+    directories (a root that is a link or another user's is refused first: RootRefused). Beyond
+    loopback (a non-loopback ``host``, or ``share``) it needs ``auth`` (Gradio's login), or
+    ``no_auth`` and then has no Launch tab (:func:`~mmrl.demo.exposure.decide`, which raises
+    ExposureRefused before anything starts). ``block=True`` serves until Ctrl-C, SIGTERM or SIGHUP,
+    then stops the runs it launched; ``block=False`` returns ``(app, playground, launcher)`` with
+    the server running (the tests)."""
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     exposure = decide(host, share, auth, no_auth)
     if exposure.warning:
         print(f"mmrl demo: warning: {exposure.warning}", file=sys.stderr, flush=True)
-    app, play, launcher = build_app(runs_dir, upload_dir, model_roots, device, launch=exposure.launch)
+    app, play, launcher = build_app(runs_dir, upload_dir, model_roots, device, launch=exposure.launch,
+                                    max_runs=max_runs)
     app.launch(server_name=host, server_port=port, share=share, auth=exposure.auth,
                allowed_paths=[str(r) for r in launcher.roots.roots], max_file_size=max_upload, ssr_mode=False,
                prevent_thread_lock=True, quiet=True, show_error=True, css=CSS)
     if block:  # Gradio's own banner would suggest `share=True in launch()`; this is the command line's
         print(f"mmrl demo: {app.local_url}" + (f" and {app.share_url}" if app.share_url else
               " (for a public gradio.live link: mmrl demo --share --auth user:password)"), flush=True)
+        serve_until_stopped(app, launcher)
+    return app, play, launcher
+
+
+class Terminated(SystemExit):
+    """SIGTERM or SIGHUP reached the demo: it ends like Ctrl-C, its runs stopped first."""
+
+
+@contextmanager
+def _signals_end_the_demo(*signals_: int):
+    """While inside, each of ``signals_`` raises :class:`Terminated` in the main thread (once: a
+    second one while the runs are being stopped does not cut that short). The default action
+    of SIGTERM would end the process at once, leaving the runs it launched training on."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+
+    def handler(signum, _frame):
+        if not received:
+            received.append(signum)
+            raise Terminated(128 + signum)
+    previous = {s: signal.signal(s, handler) for s in signals_}
+    try:
+        yield
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
+
+
+def serve_until_stopped(app, launcher: Launcher) -> None:
+    """Block until Ctrl-C (Gradio's own handling), SIGTERM or SIGHUP, then stop every run this demo
+    launched, each with everything it started, and close the server."""
+    with _signals_end_the_demo(signal.SIGTERM, signal.SIGHUP):
         try:
             app.block_thread()
         finally:
             launcher.close()
-    return app, play, launcher
+            app.close()

@@ -21,16 +21,17 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Optional, Union
 
 from ..config import builtin_config_names
-from .overrides import check_config, check_overrides, yaml_quoted
+from .overrides import check_config, check_overrides, refuse_interpolation, yaml_quoted
 from .paths import AllowedRoots
-from .runs_index import check_run_name, progress
+from .runs_index import check_run_name, progress, run_directory
 from .status import run_state
 
-__all__ = ["Launcher", "builtin_recipes", "modality_of", "recipe_path"]
+__all__ = ["DEFAULT_MAX_RUNS", "Launcher", "builtin_recipes", "modality_of", "recipe_path"]
 
 # A new run's name also passes through the config's YAML override parser and names a directory:
 # letters, digits, '.', '_' and '-' keep both unsurprising.
@@ -38,6 +39,8 @@ _LAUNCH_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 LOG = "launch.log"
 LOG_TAIL_LINES = 30
 STOP_GRACE_S = 10.0
+# Runs started from the page that may train at once: each may be as large as the allow-list permits.
+DEFAULT_MAX_RUNS = 1
 
 
 def builtin_recipes() -> list[str]:
@@ -83,13 +86,18 @@ class Launcher:
     """Training runs started from the app, one subprocess each, by run name.
 
     ``roots`` are the directories the demo serves: a path an override names must lie inside them.
+    At most ``max_runs`` of its runs train at once (runs started elsewhere do not count).
     Thread-safe: Gradio calls the tab's handlers from worker threads.
     """
 
-    def __init__(self, runs_dir: Union[str, Path], roots: AllowedRoots, python: str = sys.executable):
+    def __init__(self, runs_dir: Union[str, Path], roots: AllowedRoots, python: str = sys.executable,
+                 max_runs: int = DEFAULT_MAX_RUNS):
+        if max_runs < 1:
+            raise ValueError(f"max_runs must be at least 1 (got {max_runs})")
         self.runs_dir = Path(runs_dir).resolve()
         self.roots = roots
         self.python = python
+        self.max_runs = max_runs
         self._procs: dict[str, subprocess.Popen] = {}
         self._stopped: set[str] = set()
         self._lock = threading.RLock()
@@ -102,9 +110,11 @@ class Launcher:
                 "log.progress=false"]
 
     def check(self, recipe: str, overrides_text: str) -> list[str]:
-        """The canonical overrides of a request, after every check that needs no process: the
-        recipe is shipped, each override allow-listed and of its kind, the config loads and reads
-        no path outside the roots. ValueError / PermissionError saying what was refused."""
+        """The canonical overrides of a request, after every check that needs no process: no
+        value carries an interpolation, the recipe is shipped, each override allow-listed and of
+        its kind, the config loads and reads no path outside the roots. ValueError /
+        PermissionError saying what was refused."""
+        refuse_interpolation("the recipe", recipe)
         path, modality = recipe_path(recipe), modality_of(recipe)
         overrides = check_overrides(overrides_text, self.roots, modality)
         check_config(path, overrides, self.roots, modality)
@@ -115,15 +125,21 @@ class Launcher:
         recipe, a refused override or name, or a name already taken (a new run never writes into an
         old one; the directory of a start that failed before training, holding only its launch.log,
         is reused)."""
+        refuse_interpolation("the run name", run_name)
         name = check_run_name(run_name)
         if not _LAUNCH_NAME.match(name):
             raise ValueError(f"run name {name!r}: use letters, digits, '.', '_' and '-' (at most 100 characters)")
         overrides = self.check(recipe, overrides_text)
         with self._lock:
-            if name in self.running():
+            running = self.running()
+            if name in running:
                 raise ValueError(f"run {name!r} is already running")
-            run_dir = self.runs_dir / name
+            if len(running) >= self.max_runs:
+                raise ValueError(f"{len(running)} run(s) started here are training ({', '.join(running)}) and this "
+                                 f"demo trains at most {self.max_runs} at once (mmrl demo --max-runs): stop one, or "
+                                 "wait until it ends")
             self.runs_dir.mkdir(parents=True, exist_ok=True)
+            run_dir = run_directory(self.runs_dir, name)
             if _failed_start(run_dir):
                 shutil.rmtree(run_dir)
             try:
@@ -160,10 +176,9 @@ class Launcher:
         """{"state", "returncode", "step", "steps", "reward", "log_tail"} of a run. The state is the
         process's when this launcher started it, else read from the run's files
         (:func:`~mmrl.demo.status.run_state`: "not started", "running", "finished", "stopped")."""
-        check_run_name(name)
+        run_dir = run_directory(self.runs_dir, name)
         with self._lock:
             state, rc = self._state(name)
-        run_dir = self.runs_dir / name
         info = progress(run_dir)
         return {"state": state or run_state(run_dir), "returncode": rc, **info, "log_tail": _tail(run_dir / LOG)}
 
@@ -175,26 +190,34 @@ class Launcher:
     def stop(self, name: str) -> str:
         """End run ``name`` and everything it started: SIGTERM to its process group, SIGKILL after
         ``STOP_GRACE_S`` seconds. Returns the run's state ("stopped", or what it already was)."""
-        with self._lock:
-            proc = self._procs.get(name)
-            if proc is None or proc.poll() is not None:
-                return self.status(name)["state"]
-            self._stopped.add(name)
-        _signal_group(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            _signal_group(proc.pid, signal.SIGKILL)
-            proc.wait()
-        # The leader is gone; a child that ignored SIGTERM would still hold the group.
-        if _group_alive(proc.pid):
-            _signal_group(proc.pid, signal.SIGKILL)
+        if not self._end([name]):
+            return self.status(name)["state"]
         return "stopped"
 
     def close(self) -> None:
-        """Stop every run still going (the app calls this when it exits)."""
-        for name in self.running():
-            self.stop(name)
+        """Stop every run still going, all at once (the app calls this when it exits: Ctrl-C,
+        SIGTERM, SIGHUP)."""
+        self._end(self.running())
+
+    def _end(self, names: list[str]) -> list[str]:
+        """SIGTERM to the process group of each run of ``names`` still going, then wait for them
+        together, SIGKILL to what is left after ``STOP_GRACE_S``; the names it stopped."""
+        with self._lock:
+            procs = {n: self._procs[n] for n in names if n in self._procs and self._procs[n].poll() is None}
+            self._stopped.update(procs)
+        for proc in procs.values():
+            _signal_group(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(proc.pid, signal.SIGKILL)
+                proc.wait()
+            # The leader is gone; a child that ignored SIGTERM would still hold the group.
+            if _group_alive(proc.pid):
+                _signal_group(proc.pid, signal.SIGKILL)
+        return list(procs)
 
 
 def _failed_start(run_dir: Path) -> bool:

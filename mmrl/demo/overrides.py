@@ -8,6 +8,9 @@ read as its kind (an integer in a range, a float, true/false, a name from a regi
 few choices, or a path) and written back in a canonical, YAML-quoted form, so no value can carry
 YAML syntax into another key. A path is accepted only when it resolves (``..`` and symlinks
 followed) inside the directories the demo serves (:class:`~mmrl.demo.paths.AllowedRoots`).
+No value may hold ``${``, which OmegaConf would resolve as an interpolation when the config
+loads (``${oc.env:TOKEN}`` reads the demo's environment into a path that error messages then
+show): :func:`refuse_interpolation` refuses it in the text as sent and as canonicalised.
 :func:`check_config` then loads the recipe with those overrides and checks the paths the recipe
 itself names (a shipped recipe's ``model.path: /models/...``) the same way. Everything here runs
 before any process starts, and nothing named by a value is read.
@@ -24,7 +27,8 @@ from typing import Any, Callable, Optional
 from .. import registry
 from .paths import AllowedRoots, PathRefused
 
-__all__ = ["ALLOWED", "RESERVED_KEYS", "check_config", "check_overrides", "parse_overrides", "yaml_quoted"]
+__all__ = ["ALLOWED", "RESERVED_KEYS", "check_config", "check_overrides", "parse_overrides", "refuse_interpolation",
+           "yaml_quoted"]
 
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 _INT = re.compile(r"^[+-]?[0-9]{1,12}$")
@@ -45,6 +49,18 @@ class Kind:
     override's canonical YAML value (ValueError when it is not one)."""
     what: str
     read: Callable[[str, AllowedRoots, str], str]
+
+
+INTERPOLATION = "${"
+
+
+def refuse_interpolation(what: str, value: object) -> None:
+    """ValueError when ``value`` (``what``, from a request) holds ``${``: OmegaConf resolves
+    ``${...}`` wherever it appears in a string (``${oc.env:NAME}``: the demo's environment), and
+    the substring is the only way in (``\\${`` is only an escape that writes ``${`` back)."""
+    if INTERPOLATION in str(value):
+        raise ValueError(f"{what}: {str(value)!r} holds '${{': an OmegaConf interpolation, which the demo never "
+                         "resolves from a request (it could read the demo's environment); write the value itself")
 
 
 def yaml_quoted(text: str) -> str:
@@ -209,15 +225,18 @@ def check_overrides(text: Optional[str], roots: AllowedRoots, modality: str) -> 
     refused and why."""
     out = []
     for key, value in parse_overrides(text):
+        refuse_interpolation(f"override {key}", value)  # as sent (after shell unquoting) ...
         kind = ALLOWED.get(key)
         if kind is None:
             raise ValueError(f"override {key}={value}: {_refusal(key)}")
         try:
-            out.append(f"{key}={kind.read(value, roots, modality)}")
+            canonical = kind.read(value, roots, modality)
         except PermissionError as exc:
             raise PathRefused(f"override {key}={value}: {exc}; {key} takes {kind.what}") from None
         except ValueError:
             raise ValueError(f"override {key}={value!r}: {key} takes {kind.what}") from None
+        refuse_interpolation(f"override {key} (the path it resolves to)", canonical)  # ... and as a link resolves it
+        out.append(f"{key}={canonical}")
     return out
 
 

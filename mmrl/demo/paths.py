@@ -4,16 +4,57 @@ A page can send any string as a path; :class:`AllowedRoots` resolves it (symlink
 followed) and accepts it only inside one of the roots the server was started with (the runs
 directory, the shipped assets, the upload directory, and ``--models`` directories), whatever the
 request says. Gradio's own file route is given the same roots (``allowed_paths``).
+
+The roots themselves are resolved once, at start, so a root that is a link, or one another local
+user owns (and so may replace by a link to ``/`` before the demo starts), would move the boundary
+to wherever it points: :func:`check_root` refuses both (:class:`RootRefused`) before anything is
+served. The upload directory is the process's own (:func:`private_upload_dir`), never a fixed
+name in the shared temp directory.
 """
 
 from __future__ import annotations
 
+import os
+import stat
+import tempfile
 from pathlib import Path
 from typing import Iterable
+
+__all__ = ["AllowedRoots", "PathRefused", "RootRefused", "check_root", "private_upload_dir"]
 
 
 class PathRefused(PermissionError):
     """A path outside every allowed root."""
+
+
+class RootRefused(ValueError):
+    """A directory the demo would serve that it must not trust: a link, or another user's."""
+
+
+def check_root(path: str | Path, what: str) -> Path:
+    """``path`` (a directory the demo serves, named ``what`` in the message) resolved, after
+    refusing a symlink, a non-directory, and a directory owned by a user other than this one or
+    root (root owns system-wide installs and can read everything anyway)."""
+    path = Path(path).expanduser().absolute()
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        raise RootRefused(f"{what} {path} does not exist; create it or name an existing directory") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise RootRefused(f"{what} {path} is a symbolic link (to {os.readlink(path)}): the demo serves only a "
+                          f"directory itself; name the directory it points to, if you trust it")
+    if not stat.S_ISDIR(info.st_mode):
+        raise RootRefused(f"{what} {path} is not a directory")
+    if info.st_uid not in (os.getuid(), 0):
+        raise RootRefused(f"{what} {path} is owned by another user (uid {info.st_uid}), who could replace what "
+                          "it holds; use a directory of your own")
+    return path.resolve()
+
+
+def private_upload_dir() -> Path:
+    """A new directory for this process's uploads (``mkdtemp``: a random name, mode 0700), not a
+    fixed name another user could create first."""
+    return Path(tempfile.mkdtemp(prefix="mmrl-demo-uploads-"))
 
 
 class AllowedRoots:

@@ -32,6 +32,7 @@ from PIL import Image
 
 from ..config import builtin_config_names, builtin_config_path, load_config
 from ..registry import TASKS
+from .overrides import refuse_interpolation
 from .paths import AllowedRoots
 from .runs_index import latest_checkpoint, list_runs, run_path
 
@@ -144,7 +145,10 @@ class Playground:
         return loaded
 
     def _config(self, label: str, task_name: str):
-        """The config a model label runs ``task_name`` with, and the checkpoint to load (or None)."""
+        """The config a model label runs ``task_name`` with, and the checkpoint to load (or None).
+        Both come from the page and may reach an override: never an interpolation."""
+        refuse_interpolation("the model", label)
+        refuse_interpolation("the task", task_name)
         overrides = [f"train.device={self.device}", "resume=false", "log.progress=false"]
         if label.startswith("run: "):
             name = label[5:]
@@ -183,11 +187,12 @@ class Playground:
 
     def _model_dirs(self) -> list[Path]:
         """Checkpoint directories (a ``config.json``, or a diffusers ``model_index.json``) at most
-        two levels under the ``--models`` roots."""
+        two levels under the ``--models`` roots, and inside them once links are followed."""
         found = []
         for root in self.model_roots:
+            inside = AllowedRoots([root])
             for marker in ("config.json", "model_index.json", "*/config.json", "*/model_index.json"):
-                found += [p.parent for p in root.glob(marker)]
+                found += [p.parent for p in root.glob(marker) if inside.contains(p)]
         return sorted(set(found))
 
     def _reads_synthetic(self, task_name: str) -> bool:
