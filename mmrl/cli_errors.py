@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -18,12 +19,14 @@ def fail(message: str, code: int = 2, prefix: str = "error") -> None:
 
 
 @contextmanager
-def user_errors(setup: bool = True):
+def user_errors(setup: bool = True, resume: Optional[str] = None):
     """What a user can fix is one line and exit code 2, for every command alike: config errors,
-    a missing optional dependency (with its install line), and while setting up also a bad path,
-    value or key. A traceback is left for what is a bug."""
+    a missing optional dependency (with its install line), a full disk or a directory that cannot
+    be written (with ``resume``, the command that continues the run), and while setting up also a
+    bad path, value or key. A traceback is left for what is a bug."""
     from .config import ConfigError
     from .extras import install_hint
+    from .runs.disk import disk_message
 
     try:
         yield
@@ -34,7 +37,12 @@ def user_errors(setup: bool = True):
         if hint is None and not setup:
             raise
         fail(hint or str(exc))
-    except (FileNotFoundError, FileExistsError, ValueError, KeyError) as exc:
+    except OSError as exc:
+        message = disk_message(exc, resume)
+        if message is None and not (setup and isinstance(exc, (FileNotFoundError, FileExistsError))):
+            raise
+        fail(message or str(exc).strip("'\""))
+    except (ValueError, KeyError) as exc:
         if not setup:
             raise
         fail(str(exc).strip("'\""))

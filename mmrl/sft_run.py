@@ -45,7 +45,7 @@ from .core import distributed as dist
 from .core.losses import ObjectiveConfig
 from .core.policy_checkpoint import save_run_checkpoint
 from .core.seeding import stream_seed
-from .runs.checkpoint import CheckpointManager, set_rng_state
+from .runs.checkpoint import set_rng_state
 
 
 @dataclass
@@ -93,7 +93,7 @@ class SFTRun:
     def __init__(self, cfg, task=None, policy=None):
         from .api import make_policy
         from .core.trainer import build_task, run_name
-        from .runs.config_history import check_resume_config
+        from .runs.resume import open_run
         from .vlm.sft import sft_split
 
         dist.init(cfg.train.device, cfg.train.distributed_timeout)
@@ -110,11 +110,7 @@ class SFTRun:
         self.sampler = sft_sampler(cfg, self.task.source_sizes(self.train_examples))
         self.run_dir = Path(dist.broadcast(str(Path(cfg.log.output_dir) / run_name(cfg))))
         self.main = dist.is_main()
-        if self.main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.ckpt = CheckpointManager(self.run_dir / "checkpoints", keep=cfg.log.save_total_limit)
-        if cfg.resume:
-            check_resume_config(self.run_dir, cfg)
+        self.ckpt = open_run(self.run_dir, cfg, self.main)  # as RL's: a resume checked, stale .tmp removed
 
     # -- batches and losses -------------------------------------------------------------------------
     def batch(self, examples: Sequence[dict], drop: Sequence[bool] | None = None):
@@ -181,8 +177,6 @@ class SFTRun:
         state = torch.load(latest / "trainer.pt", map_location="cpu", weights_only=False)
         if not state.get("sft"):
             raise ValueError(f"{latest} is a checkpoint of an RL run, not of mmrl sft: resume it with mmrl train")
-        if int(state["step"]) > self.cfg.train.steps:
-            raise ValueError(f"{latest} is at step {state['step']}, past train.steps={self.cfg.train.steps}")
         self.policy.load(latest / "policy")
         self.sampler.load_state_dict(state.get("sampler_state") or {})
         if dist.rank() < len(state["rank_rngs"]):
@@ -211,6 +205,7 @@ class SFTRun:
         from .core.interrupt import StopOnInterrupt, TrainingInterrupted
         from .runs.config_history import record_start
         from .runs.logging import RunLogger, TrainingProgress, write_summary
+        from .runs.resume import resuming_line
 
         cfg, main = self.cfg, self.main
         self.policy.configure_optimizer(cfg.train, cfg.train.steps)
@@ -220,6 +215,7 @@ class SFTRun:
         if main:
             record_start(self.run_dir, cfg, resumed_from=start)
             if cfg.resume:
+                print(resuming_line(self.run_dir, start, cfg.train.steps), flush=True)
                 logger.truncate_after(start if start else -1)
         stopped, done = False, start
         try:
@@ -274,24 +270,30 @@ def command(args: Sequence[str]) -> None:
     from .cli_errors import console, user_errors
     from .core.interrupt import TrainingInterrupted
     from .recipes import split_args
+    from .runs.disk import check_writable
     from .threads import configure_threads
 
     args = list(args)
+
+    def again(run_dir: Path) -> str:  # the command that continues the run
+        return shlex.join(["mmrl", "sft", *[a for a in args if not a.startswith(("resume=", "log.run_name="))],
+                           "resume=true", f"log.run_name={run_dir.name}"])
+
     with user_errors():
         recipe, overrides = split_args(args)
         cfg = sft_config(recipe, overrides)
         configure_threads(cfg, echo=lambda line: console.print(line, highlight=False))
+        check_writable(Path(cfg.log.output_dir) / (cfg.log.run_name or ""))  # before the model loads
         run = SFTRun(cfg)
     if run.main:
         console.print(f"run directory: [bold]{run.run_dir}[/]")
     try:
-        with user_errors(setup=False):
+        with user_errors(setup=False, resume=again(run.run_dir)):
             result = run.run()
     except TrainingInterrupted as exc:
-        again = shlex.join(["mmrl", "sft", *[a for a in args if not a.startswith(("resume=", "log.run_name="))],
-                            "resume=true", f"log.run_name={exc.run_dir.name}"])
         state = "checkpoint saved" if exc.saved else f"last checkpoint: step {exc.checkpoint_step or 'none'}"
-        console.print(f"[yellow]stopped after step {exc.step} ({state}); continue with: {again}[/]", highlight=False)
+        console.print(f"[yellow]stopped after step {exc.step} ({state}); continue with: {again(exc.run_dir)}[/]",
+                      highlight=False)
         raise typer.Exit(130)
     if run.main:
         before = "-" if result.before is None else f"{result.before:.4f}"

@@ -140,3 +140,35 @@ def test_eval_with_no_usable_eval_example_is_one_line_before_the_model_loads(tmp
         assert errors[0].startswith("error: the eval split of task"), (name, err)
         assert "no example could be used" in err and named in err and "/nonexistent/model" not in err, (name, err)
         assert not (tmp_path / "eval_gallery").exists()
+
+
+@pytest.mark.parametrize("command", ["train", "sft"])
+def test_an_output_directory_that_cannot_be_written_stops_before_the_model_loads(tmp_path, monkeypatch, command):
+    """`log.output_dir` under a file, and one the system refuses to write (the tests run as root,
+    which passes permission bits, so the refusal is the probe's own OSError(EACCES), as a chmod
+    would give a user): one line naming the path, exit code 2, before the model loads (model.path
+    names no model: that error never comes) and nothing created."""
+    import errno
+    import tempfile
+
+    args = (command, "vlm") if command == "train" else (command, "vlm/counting_tiny")
+    (tmp_path / "afile").write_text("")
+    r = mmrl_in_process(*args, f"log.output_dir={tmp_path / 'afile' / 'runs'}", "model.path=/nonexistent/model",
+                        cwd=tmp_path)
+    err = " ".join(r.stderr.split())
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"error: cannot write {tmp_path / 'afile' / 'runs'} ({tmp_path / 'afile'} is a file, not a directory): " \
+           "set log.output_dir to a directory you can write" in err
+    assert "/nonexistent/model" not in err and "Traceback" not in r.stderr
+
+    def refused(*a, **k):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refused)
+    r = mmrl_in_process(*args, f"log.output_dir={tmp_path / 'locked'}", "log.run_name=x",
+                        "model.path=/nonexistent/model", cwd=tmp_path)
+    monkeypatch.undo()
+    err = " ".join(r.stderr.split())
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"error: cannot write {tmp_path / 'locked' / 'x'} (Permission denied): set log.output_dir" in err
+    assert "/nonexistent/model" not in err and not (tmp_path / "locked").exists()

@@ -319,3 +319,89 @@ def test_skips_go_to_the_run_record_per_split(tmp_path):
         "train": {"examples": 5, "skipped_lines": 2, "bad_images": 0, "bad_targets": 1, "sources": {"a": {}},
                   "rollout_timeouts": 3.0},
         "eval": {"examples": 3}}
+
+
+def test_a_full_disk_is_an_oserror_naming_the_path_whichever_library_wrote(tmp_path, monkeypatch):
+    """A full disk as each library reports it (the messages recorded on a full tmpfs, torch 2.14.1,
+    safetensors 0.8.0, 2026-12-06): Python's OSError (whose write error names no file), safetensors'
+    SafetensorError and torch's zip writer's RuntimeError each come out as OSError(ENOSPC) naming
+    the path given; torch's, which names no cause, only when the disk has (nearly) no room left.
+    The message says what to do and how to continue."""
+    import errno
+
+    from safetensors import SafetensorError
+
+    import mmrl.runs.disk as disk
+    from mmrl.runs.disk import disk_message, naming_disk_errors
+    from mmrl.runs.logging import RunLogger
+
+    path = str(tmp_path / "checkpoints" / "step_00000002")
+    torch_error = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
+    for error in (OSError(errno.ENOSPC, "No space left on device"),
+                  SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")):
+        with pytest.raises(OSError) as info, naming_disk_errors(path):
+            raise error
+        assert info.value.errno == errno.ENOSPC and info.value.filename == path and info.value.__cause__ is error
+    with pytest.raises(RuntimeError), naming_disk_errors(path):  # tmp_path's disk has room: not said to be full
+        raise torch_error
+    monkeypatch.setattr(disk.shutil, "disk_usage", lambda p: type("Usage", (), {"free": 4096})())
+    with pytest.raises(OSError) as info, naming_disk_errors(path):
+        raise torch_error
+    assert info.value.errno == errno.ENOSPC and info.value.filename == path
+    assert disk_message(info.value, "mmrl train --resume runs/x") == (
+        f"the disk is full: cannot write {path} (No space left on device); free space on it, or set "
+        "log.output_dir to a disk with room (every checkpoint written is complete, nothing saved is lost); then "
+        "continue with: mmrl train --resume runs/x")
+    for other in (ValueError("not a disk"), OSError(errno.ENOENT, "No such file or directory", "elsewhere")):
+        with pytest.raises(type(other)) as info, naming_disk_errors(path):  # anything else passes unchanged
+            raise other
+        assert info.value is other
+
+    class FullFile:  # what open(..., "a") gives on a full disk: writes and flushes fail, naming no file
+        def write(self, *text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        flush = close = write
+
+    logger = RunLogger(tmp_path, tensorboard=False)
+    logger._file = FullFile()
+    for call in (lambda: logger.log(1, {"reward": 1.0}), logger.close):
+        with pytest.raises(OSError) as info:  # the line, then the flush of what stayed in the buffer
+            call()
+        assert info.value.errno == errno.ENOSPC and info.value.filename == str(tmp_path / "metrics.jsonl")
+
+
+@pytest.mark.slow
+def test_a_full_disk_mid_run_is_one_line_and_the_run_resumes(random_tiny_dir, tmp_path, monkeypatch):
+    """The disk fills while step 2's checkpoint is written (torch.save raises OSError(ENOSPC), as
+    Python's writes do): one line naming the checkpoint, what to do and the resume command, exit
+    code 2; step 1's checkpoint is intact, no half-written one is left, and the run resumes."""
+    import errno
+
+    from conftest import CLI_RUN, mmrl_in_process
+
+    real_save = torch.save
+
+    def save(obj, path, *args, **kwargs):
+        if "step_00000002" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    common = ("train", "vlm", f"model.path={random_tiny_dir}", *CLI_RUN, "train.steps=3", "log.save_every=1",
+              "eval.before=false", "log.run_name=full")
+    r = mmrl_in_process(*common, cwd=tmp_path)
+    monkeypatch.undo()
+    err = " ".join(r.stderr.split())
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    assert ("error: the disk is full: cannot write runs/full/checkpoints/step_00000002 (No space left on device); "
+            "free space on it, or set log.output_dir to a disk with room (every checkpoint written is complete, "
+            "nothing saved is lost); then continue with: mmrl train --resume runs/full") in err
+    checkpoints = tmp_path / "runs" / "full" / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", "step_00000001"]
+    r = mmrl_in_process("train", "--resume", "runs/full", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "resuming runs/full from step 1 of 3" in r.stdout
+    rows = [json.loads(line) for line in (tmp_path / "runs" / "full" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows if "reward" in row] == [1, 2, 3]

@@ -126,6 +126,41 @@ def test_resume_takes_the_runs_config_and_overrides_are_changes(finished_run, tm
     assert history == ["000-start.yaml", "001-resume-step-2.yaml"]
 
 
+@pytest.mark.slow
+def test_a_resume_after_the_last_checkpoint_says_where_and_logs_the_final_eval_once(finished_run, tmp_path):
+    """Killed in its final evaluation after logging it (summary.json not yet written) and after a
+    save was killed half-way (a .tmp directory of a dead process): the resume says where it
+    continues, removes the half-written checkpoint, evaluates again and logs that evaluation once."""
+    run = _copy(finished_run, tmp_path)
+    (run / "summary.json").unlink()
+    eval_rows = [line for line in (run / "metrics.jsonl").read_text().splitlines()
+                 if '"eval/accuracy"' in line and json.loads(line)["step"] == 2]
+    assert len(eval_rows) == 1
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    stale = run / "checkpoints" / f".tmp-step_00000003-{proc.pid}"
+    (stale / "policy").mkdir(parents=True)
+    r = mmrl_in_process("train", "--resume", "runs/exp", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "resuming runs/exp from step 2 of 2" in r.stdout
+    assert not stale.exists()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows if "eval/accuracy" in row] == [0, 2]  # before, after: once each
+    assert _train_rows(run) == [1, 2]
+
+
+@pytest.mark.slow
+def test_resuming_with_fewer_steps_than_the_checkpoint_is_one_line(finished_run, tmp_path):
+    run = _copy(finished_run, tmp_path)
+    before = (run / "metrics.jsonl").read_text()
+    r = mmrl_in_process("train", "--resume", "runs/exp", "train.steps=1", "--allow-config-change", cwd=tmp_path)
+    err = " ".join(r.stderr.split())
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert ("error: runs/exp/checkpoints/step_00000002 is at step 2, past train.steps=1: to continue the run, "
+            "resume with train.steps=2 or more; to train 1 steps, start a new run (another log.run_name)") in err
+    assert (run / "metrics.jsonl").read_text() == before
+
+
 def _start(random_tiny_dir, cwd: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "mmrl.cli", "train", "vlm", f"model.path={random_tiny_dir}",
                              *COMMON, "train.steps=500", "log.run_name=ctrlc", *extra],

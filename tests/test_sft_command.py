@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import mmrl_here
+from conftest import mmrl_here, mmrl_in_process
 from mmrl.task import Task, image_prompt
 from mmrl.vlm.sft import record_completion, sft_batch, sft_target
 
@@ -169,6 +169,32 @@ def test_a_resumed_sft_run_ends_with_the_weights_of_an_uninterrupted_one(random_
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4, 4]  # steps 3-4 logged once: the killed attempt's lines were dropped
+
+
+def test_an_sft_resume_says_where_cleans_a_killed_save_and_refuses_fewer_steps(random_tiny_dir, tmp_path):
+    """As RL's: killed after logging its final evaluation (no summary.json) and with a killed save's
+    .tmp directory (its writer's process gone), `mmrl sft ... resume=true` says where it continues,
+    removes the half-written checkpoint and logs the evaluation once; train.steps below the
+    checkpoint's step is one line, exit code 2."""
+    args = ["sft", "vlm/counting_tiny", f"model.path={random_tiny_dir}", "train.device=cpu", "train.steps=2",
+            "train.prompts_per_step=4", "train.micro_batch_size=4", "eval.num_examples=4", "eval.before=false",
+            "log.output_dir=runs", "log.run_name=warm", "log.progress=false", "log.tensorboard=false"]
+    mmrl_here(*args, cwd=tmp_path)
+    run = tmp_path / "runs" / "warm"
+    (run / "summary.json").unlink()
+    writer = subprocess.Popen([sys.executable, "-c", "pass"])
+    writer.wait()
+    stale = run / "checkpoints" / f".tmp-step_00000003-{writer.pid}"
+    (stale / "policy").mkdir(parents=True)
+    r = mmrl_here(*args, "resume=true", cwd=tmp_path)
+    assert "resuming runs/warm from step 2 of 2" in r.stdout and not stale.exists()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows if "eval/loss" in row] == [2] and [row["step"] for row in rows] == [1, 2, 2]
+    r = mmrl_in_process(*args, "train.steps=1", "resume=true", "allow_config_change=true", cwd=tmp_path)
+    err = " ".join(r.stderr.split())
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "error: runs/warm/checkpoints/step_00000002 is at step 2, past train.steps=1: to continue the run, " \
+           "resume with train.steps=2 or more" in err
 
 
 @pytest.mark.slow

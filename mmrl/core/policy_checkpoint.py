@@ -75,14 +75,18 @@ def save_run_checkpoint(ckpt, step: int, policy, state: Callable[[list], dict]) 
     ``state(rank_rngs)`` (``trainer.pt``) into ``ckpt``'s temp directory and commits it.
     ``ckpt``: a :class:`~mmrl.runs.checkpoint.CheckpointManager`."""
     from ..runs.checkpoint import rng_state
+    from ..runs.disk import naming_disk_errors
 
     main = dist.is_main()
     tmp = Path(dist.broadcast(str(ckpt.begin(step)) if main else None))
     try:
-        policy.save(tmp / "policy")
-        rngs = dist.gather(rng_state())
-        if main:
-            torch.save(state(rngs), tmp / "trainer.pt")
+        # a full disk becomes an OSError naming the checkpoint, inside the abort: the space it frees
+        # is what tells torch's writer error apart
+        with naming_disk_errors(ckpt.step_dir(step)):
+            policy.save(tmp / "policy")
+            rngs = dist.gather(rng_state())
+            if main:
+                torch.save(state(rngs), tmp / "trainer.pt")
     except BaseException:
         if main:
             ckpt.abort(tmp)

@@ -27,9 +27,9 @@ import torch
 from ..config import check_unused_keys
 from ..measures.intervals import describe
 from ..registry import TASKS, load_plugins
-from ..runs.checkpoint import CheckpointManager, set_rng_state
-from ..runs.config_history import check_resume_config, record_start
-from ..runs.resume import finished_steps
+from ..runs.checkpoint import set_rng_state
+from ..runs.config_history import record_start
+from ..runs.resume import finished_steps, open_run, resuming_line
 from ..runs.logging import RunLogger, TrainingProgress, print_before_after, write_summary
 from ..runs.trackers import tracker_names
 from ..runs.report import report_after_run
@@ -91,13 +91,7 @@ class Trainer:
         # Rank 0 names the run (a timestamp): every rank must agree on it.
         self.run_dir = Path(dist.broadcast(str(run_dir or Path(cfg.log.output_dir) / run_name(cfg))))
         self.main = dist.is_main()
-        if self.main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.ckpt = CheckpointManager(self.run_dir / "checkpoints", keep=cfg.log.save_total_limit)
-        if cfg.resume:  # every rank: they all stop on a refused change
-            check_resume_config(self.run_dir, cfg)
-        if self.main and self.ckpt.root.exists():
-            self.ckpt.clean_stale_tmp()  # half-written checkpoints of a killed save
+        self.ckpt = open_run(self.run_dir, cfg, self.main)  # a resume's changes checked, stale .tmp removed
 
     # -- one RL step ------------------------------------------------------------------------------
     def rollout_step(self, step: int) -> tuple[Rollouts, dict[str, float]]:
@@ -135,9 +129,6 @@ class Trainer:
             set_rng_state(rngs[dist.rank()])
         self.batches.load_state_dict(state)
         self.before_intervals = dict(state.get("before_intervals") or {})
-        if int(state["step"]) > self.cfg.train.steps:
-            raise ValueError(f"{latest} is at step {state['step']}, past train.steps={self.cfg.train.steps}: "
-                             "raise train.steps to continue the run")
         return int(state["step"]), dict(state.get("before") or {})
 
     def evaluate(self, **outputs: Any) -> dict[str, float]:
@@ -164,6 +155,7 @@ class Trainer:
         if main:
             record_start(self.run_dir, cfg, resumed_from=start)
         if cfg.resume and main:  # what a killed attempt logged after its checkpoint is re-run: drop it
+            print(resuming_line(self.run_dir, start, cfg.train.steps), flush=True)
             logger.truncate_after(start if start else -1)
         self.step_done, stopped = start, False
         try:

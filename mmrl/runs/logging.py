@@ -32,6 +32,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from .disk import naming_disk_errors
 from .trackers import Trackers, tracker_names
 
 __all__ = ["RunLogger", "TrainingProgress", "print_before_after", "read_jsonl", "to_jsonable", "write_summary"]
@@ -128,10 +129,11 @@ class RunLogger:
         """One JSON line per call (flushed at once, so a killed run keeps what it logged)."""
         clean = {k: to_jsonable(v) for k, v in metrics.items()}
         record = {"step": int(step), "time": time.time(), **clean}
-        if self._file is None:
-            self._file = open(self.metrics_path, "a", encoding="utf-8")
-        self._file.write(json.dumps(record, allow_nan=False) + "\n")
-        self._file.flush()
+        with naming_disk_errors(self.metrics_path):  # a full disk's write error names no file
+            if self._file is None:
+                self._file = open(self.metrics_path, "a", encoding="utf-8")
+            self._file.write(json.dumps(record, allow_nan=False) + "\n")
+            self._file.flush()
         scalars = {k: float(v) for k, v in clean.items() if isinstance(v, numbers.Real)}  # not str, list, None
         self.trackers.log(step, scalars, images=self._new_galleries())
 
@@ -157,22 +159,30 @@ class RunLogger:
     def truncate_after(self, step: int) -> None:
         """Keep only metric lines with ``step <= step`` (and drop a torn last line from a kill),
         and only the saved rollouts of those steps (and the skipped-step records): a resumed run
-        re-runs the later steps, and every step must appear once."""
+        re-runs the later steps, and every step must appear once. An evaluation logged on its own
+        at ``step`` (the final one, when the run resumes from its last checkpoint) is dropped too:
+        the resumed run evaluates again."""
         self._drop_rollouts_after(step)
         self._truncate_jsonl(self.run_dir / "skipped_steps.jsonl", step)
         if self._file is not None:
             self._file.close()
             self._file = None
         self.trackers.purge_after(step)  # TensorBoard drops the events of the steps re-run
-        self._truncate_jsonl(self.metrics_path, step)
+        self._truncate_jsonl(self.metrics_path, step, drop_evaluation_at=step)
 
     @staticmethod
-    def _truncate_jsonl(path: Path, step: int) -> None:
-        """Rewrite ``path`` (atomically) with its records of ``step <= step`` only."""
+    def _truncate_jsonl(path: Path, step: int, drop_evaluation_at: Optional[int] = None) -> None:
+        """Rewrite ``path`` (atomically) with its records of ``step <= step`` only, less the
+        evaluation-only records (``eval/`` and ``data/`` keys alone) of ``drop_evaluation_at``."""
         if not path.exists():
             return
+
+        def evaluation_only(rec: dict) -> bool:
+            return all(k in ("step", "time") or k.startswith(("eval/", "data/")) for k in rec)
+
         kept = [json.dumps(rec) + "\n" for rec in read_jsonl(path)
-                if isinstance(rec.get("step"), (int, float)) and rec["step"] <= step]
+                if isinstance(rec.get("step"), (int, float)) and rec["step"] <= step
+                and not (rec["step"] == drop_evaluation_at and evaluation_only(rec))]
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         with open(tmp, "w", encoding="utf-8") as f:
             f.writelines(kept)
@@ -220,8 +230,9 @@ class RunLogger:
 
     def close(self) -> None:
         if self._file is not None:
-            self._file.close()
-            self._file = None
+            file, self._file = self._file, None
+            with naming_disk_errors(self.metrics_path):  # the flush of a full disk's unwritten line
+                file.close()
         self.trackers.finish()
 
     def __enter__(self) -> "RunLogger":

@@ -18,7 +18,8 @@ from typing import Optional, Sequence
 from ..config import load_config
 from .checkpoint import CheckpointManager
 
-__all__ = ["NothingToResume", "run_names", "find_run", "resume_overrides", "finished_steps", "resume_command"]
+__all__ = ["NothingToResume", "run_names", "find_run", "resume_overrides", "finished_steps", "resume_command",
+           "check_resume_steps", "open_run", "resuming_line"]
 
 
 class NothingToResume(ValueError):
@@ -99,3 +100,38 @@ def finished_steps(run_dir: Path, steps: int) -> Optional[int]:
 def resume_command(run_dir: Path) -> str:
     """The command that continues the run at ``run_dir``."""
     return f"mmrl train --resume {run_dir}"
+
+
+def check_resume_steps(run_dir: Path, steps: int) -> None:
+    """Refuse a resume whose ``train.steps`` is below its latest checkpoint's step (a run does not
+    train backwards): a ``ValueError`` naming the checkpoint and the ``train.steps`` to give."""
+    ckpt = CheckpointManager(Path(run_dir) / "checkpoints")
+    latest = ckpt.latest_step()
+    if latest is not None and latest > steps:
+        raise ValueError(f"{ckpt.latest()} is at step {latest}, past train.steps={steps}: to continue the run, "
+                         f"resume with train.steps={latest} or more; to train {steps} steps, start a new run "
+                         "(another log.run_name)")
+
+
+def open_run(run_dir: Path, cfg, main: bool) -> CheckpointManager:
+    """The run directory's checkpoints as a run (RL's trainer, ``mmrl sft``) starts, every process
+    calling: rank 0 makes the directory; on resume, the config's changes
+    (:func:`~mmrl.runs.config_history.check_resume_config`) and ``train.steps`` are checked on every
+    rank, so they all stop alike; rank 0 removes the half-written checkpoints of a killed save."""
+    from .config_history import check_resume_config
+
+    run_dir = Path(run_dir)
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt = CheckpointManager(run_dir / "checkpoints", keep=cfg.log.save_total_limit)
+    if cfg.resume:
+        check_resume_config(run_dir, cfg)
+        check_resume_steps(run_dir, cfg.train.steps)
+    if main and ckpt.root.exists():
+        ckpt.clean_stale_tmp()
+    return ckpt
+
+
+def resuming_line(run_dir: Path, start: int, steps: int) -> str:
+    """What a resumed run says first: where it continues."""
+    return f"resuming {run_dir} from step {start} of {steps}"
