@@ -64,6 +64,7 @@ def test_a_full_fine_tuning_run_loads_in_transformers_and_reproduces_its_numbers
     card = (out / "README.md").read_text()
     assert "library_name: transformers" in card and "| held-out metric | before | after |" in card
     assert "## Recipe" in card and "name: counting" in card and "| accuracy | " in card and "full weights" in card
+    assert "`mmrl train vlm config.yaml` repeats the run" in card  # the modality the command needs
 
 
 def test_lora_merged_and_adapters_alone(lora_run, random_tiny_dir, tmp_path):
@@ -106,6 +107,7 @@ def test_a_generator_run_exports_its_pipeline_with_the_adapters_fused(tmp_path):
     assert not any("lora" in k for k in pipe.transformer.state_dict())
     assert _held_out(result.run_dir, f"model.path={out}", "model.lora.enabled=false") == _after(result.run_dir)
     assert "library_name: diffusers" in (out / "README.md").read_text()
+    assert "`mmrl train diffusion config.yaml` repeats the run" in (out / "README.md").read_text()
     res = CliRunner().invoke(app, ["export", str(result.run_dir), str(tmp_path / "a"), "--adapters"])
     assert res.exit_code != 0 and "--adapters" in res.output
 

@@ -48,12 +48,13 @@ def export_run(run_dir: Path, out: Path, step: int | None = None, adapters: bool
     policy.load(ckpt / "policy")
     out.mkdir(parents=True, exist_ok=True)
     policy.export_pretrained(out, adapters=adapters)
-    (out / "README.md").write_text(model_card(run_dir, cfg, ckpt, adapters, policy.export_library))
+    (out / "README.md").write_text(model_card(run_dir, cfg, ckpt, adapters, policy.export_library, task.modality))
     return out
 
 
-def model_card(run_dir: Path, cfg, ckpt: Path, adapters: bool, library: str) -> str:
-    """The export's README: what it is, the held-out table of the run, its recipe and data."""
+def model_card(run_dir: Path, cfg, ckpt: Path, adapters: bool, library: str, modality: str) -> str:
+    """The export's README: what it is, the held-out table of the run, its recipe (with the command
+    that repeats it: ``mmrl train`` needs the task's ``modality``, vlm or diffusion) and data."""
     summary = _read_json(run_dir / "summary.json")
     before, after = summary.get("before") or {}, summary.get("after") or {}
     rows = [f"| {k} | {_num(before.get(k))} | {_num(v)} |" for k, v in after.items()]
@@ -71,7 +72,8 @@ def model_card(run_dir: Path, cfg, ckpt: Path, adapters: bool, library: str) -> 
         f"`{cfg.algo.advantage}`, loss `{cfg.algo.loss_type}`, checkpoint `{ckpt.name}` "
         f"({summary.get('steps', '?')} steps run). This directory holds the {what}.", "",
         "## Held-out evaluation", "", table, "",
-        "## Recipe", "", "The run's whole config (`mmrl train <this file>` repeats it):", "",
+        "## Recipe", "", f"The run's whole config (saved as `config.yaml`, `mmrl train {modality} config.yaml` repeats "
+        "the run):", "",
         "```yaml", (run_dir / "config.yaml").read_text().strip(), "```", "",
         "## Data", "", "```json", json.dumps(data, indent=2, default=str), "```", "",
     ])
