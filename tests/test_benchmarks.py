@@ -201,6 +201,27 @@ def test_an_unknown_benchmark_or_missing_data_is_a_clear_error(tmp_path):
     assert [f[1].task.name for f in files] == ["grounding", "grounding"] and files[0][1].task.options.get("answer") is None
 
 
+def test_entries_left_out_count_screenspot_entries_without_their_screenshot(tmp_path):
+    """The benchmark's "N entries skipped" adds the entries read as malformed and those whose
+    screenshot is absent (ScreenSpot's reader looks for each file as it reads)."""
+    from PIL import Image
+
+    import mmrl
+    from mmrl.data.sequence import left_out_when_read
+    from mmrl.registry import load_plugins
+
+    Image.new("RGB", (320, 200), "white").save(tmp_path / "pc_1.png")
+    rows = [{"img_filename": "pc_1.png", "bbox": [20, 30, 60, 20], "instruction": "close", "data_type": "icon"},
+            {"img_filename": "gone.png", "bbox": [20, 30, 60, 20], "instruction": "open", "data_type": "icon"},
+            {"img_filename": "pc_1.png", "bbox": [20, 30, -5, 20], "instruction": "save", "data_type": "text"}]
+    (tmp_path / "screenspot_desktop_v2.json").write_text(json.dumps(rows), encoding="utf-8")
+    load_plugins()
+    task = mmrl.make_task("screen_grounding", eval_path=str(tmp_path / "screenspot_desktop_v2.json"))
+    examples = task.examples("eval")
+    assert len(examples) == 1 and examples.stats()["missing_images"] == 1 and examples.stats()["skipped_lines"] == 1
+    assert left_out_when_read(examples) == 2
+
+
 @pytest.mark.slow
 def test_mmrl_eval_benchmark_prints_the_table_of_screenspot_v2_files(tmp_path):
     from typer.testing import CliRunner
@@ -219,7 +240,9 @@ def test_mmrl_eval_benchmark_prints_the_table_of_screenspot_v2_files(tmp_path):
                {"img_filename": "pc_1.png", "bbox": [100, 100, 80, 30], "instruction": "open the file menu",
                 "data_type": "text", "data_source": "windows"}]
     mobile = [{"img_filename": "mobile_1.png", "bbox": [10, 40, 150, 50], "instruction": "turn on Wi-Fi",
-               "data_type": "text", "data_source": "ios"}]
+               "data_type": "text", "data_source": "ios"},
+              {"img_filename": "mobile_gone.png", "bbox": [10, 40, 150, 50], "instruction": "turn off Wi-Fi",
+               "data_type": "text", "data_source": "ios"}]  # its screenshot is missing: skipped and counted
     for name, rows in (("desktop", desktop), ("mobile", mobile), ("web", [])):
         (tmp_path / f"screenspot_{name}_v2.json").write_text(json.dumps(rows), encoding="utf-8")
     folder = tmp_path
@@ -231,6 +254,7 @@ def test_mmrl_eval_benchmark_prints_the_table_of_screenspot_v2_files(tmp_path):
     rows = {r["cell"]: r for r in report["rows"]}
     # the fixture: two desktop entries (icon, text) and one mobile (text), as the v2 files hold them
     assert {c: r["n"] for c, r in rows.items()} == {"mobile text": 1, "desktop text": 1, "desktop icon": 1, "average": 3}
+    assert report["skipped"] == 1 and "1 entries skipped" in res.output
     cells = [rows[c]["accuracy"] for c in ("mobile text", "desktop text", "desktop icon")]
     assert rows["average"]["accuracy"] == pytest.approx(sum(cells) / 3)
     assert all(r["accuracy_ci"][0] <= r["accuracy"] <= r["accuracy_ci"][1] for r in rows.values())

@@ -36,13 +36,14 @@ def run_benchmark(name: str, cfg, data: Optional[str], image_root: Optional[str]
                   settings: Optional[Mapping[str, str]] = None) -> dict:
     """The table of benchmark ``name`` for the policy ``load_policy(cfg, task)`` returns (made
     once, for the first split): ``{"benchmark", "title", "rows", "skipped", "settings"}`` (skipped:
-    the entries left out as the files were read and the examples unusable when scored); each
+    the entries left out as the files were read, malformed or without their image, and the examples
+    unusable when scored); each
     split's examples all scored unless ``num_examples`` caps them; ``settings`` are the
     benchmark's command-line settings (:func:`~mmrl.benchmarks.configured`)."""
     from ..core.evaluation import run_evaluation
     from ..core.reward_computer import make_reward_computer
     from ..core.trainer import build_task
-    from ..data.sequence import split_stats
+    from ..data.sequence import left_out_when_read
     from ..tools.task import one_per_trajectory
 
     bench = configured(BENCHMARKS.get(name, "--benchmark"), settings or {})
@@ -52,7 +53,7 @@ def run_benchmark(name: str, cfg, data: Optional[str], image_root: Optional[str]
         if policy is None:
             policy = load_policy(one, task)
         n = num_examples or len(task.examples("eval"))
-        skipped += int(split_stats(task.examples("eval")).get("skipped_lines", 0))  # left out as the files were read
+        skipped += left_out_when_read(task.examples("eval"))  # malformed, or their image absent
         where = None if gallery is None else gallery / (split or bench.name)
         ev = run_evaluation(policy, task, make_reward_computer(task, one.task), one, n, gallery_dir=where)
         skipped += int(ev.metrics.get("skipped", 0))

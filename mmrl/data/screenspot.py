@@ -52,8 +52,10 @@ class ScreenSpotRecords(list):
         self.where = list(where) if where is not None else [f"{path} (entry {i})" for i in range(len(records))]
 
     def stats(self) -> dict[str, Any]:
-        """The counts :meth:`mmrl.data.records.FileExamples.stats` reports, under the same keys."""
-        return {"examples": len(self), "skipped_lines": len(self.skipped), "bad_images": len(self.missing_images)}
+        """The counts :meth:`mmrl.data.records.FileExamples.stats` reports, under the same keys, and
+        ``missing_images``: the entries left out because their screenshot is absent (in ``bad_images`` too)."""
+        return {"examples": len(self), "skipped_lines": len(self.skipped), "bad_images": len(self.missing_images),
+                "missing_images": len(self.missing_images)}
 
 
 def read_screenspot(path, image_root=None, *, strict: bool = False) -> ScreenSpotRecords:

@@ -26,7 +26,9 @@ class LazySequence(Sequence):
         """What the sequence holds and what it left out, by kind. Here ``examples``; a reader of
         files adds ``skipped_lines`` (records left out when the file was read), ``bad_images``
         (images or clips that would not open) and ``bad_targets`` (boxes, clicks, segments that
-        cannot be trained on), counted as they are met."""
+        cannot be trained on), counted as they are met; a reader that looks for each image file as
+        it reads (ScreenSpot, GUI episodes) adds ``missing_images``, the entries it left out because
+        their image is absent (also in ``bad_images``)."""
         return {"examples": len(self)}
 
     def __getitem__(self, i):
@@ -72,3 +74,10 @@ def usable_item(examples: Sequence, i: int) -> Optional[Any]:
 def split_stats(examples: Sequence) -> dict[str, Any]:
     """``examples.stats()`` (:meth:`LazySequence.stats`), or the size of a plain sequence."""
     return examples.stats() if isinstance(examples, LazySequence) else {"examples": len(examples)}
+
+
+def left_out_when_read(examples: Sequence) -> int:
+    """How many entries of a split's files were left out as they were read (:meth:`LazySequence.stats`):
+    malformed records (``skipped_lines``) and entries whose image file is absent (``missing_images``)."""
+    stats = split_stats(examples)
+    return int(stats.get("skipped_lines", 0)) + int(stats.get("missing_images", 0))
