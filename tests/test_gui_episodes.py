@@ -160,7 +160,8 @@ def test_android_control_steps_layout(tmp_path):
     line = _object_line(path, '"step_id": 1,')
     ((where, reason),) = episodes.skipped
     assert where == f"{path}:{line} (episode 0, step 1)" and "'direction'" in reason and "'sideways'" in reason
-    assert episodes.stats() == {"examples": 2, "episodes": 1, "skipped_lines": 1, "bad_images": 0, "unmapped_steps": 0}
+    assert episodes.stats() == {"examples": 2, "episodes": 1, "skipped_lines": 1, "bad_images": 0, "missing_images": 0,
+                                "bad_targets": 0, "unmapped_steps": 0}
 
 
 def test_bad_entries_skipped_with_file_line_and_counted(tmp_path, caplog):
@@ -176,7 +177,7 @@ def test_bad_entries_skipped_with_file_line_and_counted(tmp_path, caplog):
     assert missing_at == f"{path}:4 (episode 3, step 1)" and missing_path == str(tmp_path / "screenshots/102/b.png")
     assert f"{path}:4 (episode 3, step 1) skipped: screenshot" in caplog.text and "image_root" in caplog.text
     assert episodes.stats() == {"examples": 11 + 1, "episodes": 2, "skipped_lines": 3, "bad_images": 1,
-                                "unmapped_steps": 1}
+                                "missing_images": 1, "bad_targets": 0, "unmapped_steps": 1}
     # image_root: where relative screenshot paths start
     moved = tmp_path / "moved"
     moved.mkdir()
@@ -184,6 +185,28 @@ def test_bad_entries_skipped_with_file_line_and_counted(tmp_path, caplog):
     with pytest.raises(ValueError, match="no usable step"):
         read_android_control(path)
     assert read_android_control(path, image_root=moved).stats()["examples"] == 12
+
+
+def test_an_off_screen_click_is_a_bad_target_not_a_skipped_line(tmp_path):
+    """docs/reliability.md: clicks off the screenshot are counted in bad_targets. x = 500 on the
+    108-px-wide screen lies beyond the 2-px slack; the step keeps its place in the history."""
+    for i in range(3):
+        _png(tmp_path / f"s{i}.png")
+    episode = {"episode_id": 9, "goal": "Open mail", "screenshots": [f"s{i}.png" for i in range(3)],
+               "screenshot_widths": [PHONE[0]] * 3, "screenshot_heights": [PHONE[1]] * 3,
+               "actions": [{"action_type": "click", "x": 500, "y": 10}, {"action_type": "click", "x": 50, "y": 10}]}
+    path = tmp_path / "episodes.jsonl"
+    path.write_text(json.dumps(episode) + "\n")
+    episodes = read_android_control(path)
+    ((where, reason),) = episodes.bad_targets
+    assert where == f"{path}:1 (episode 0, step 0)" and reason == "the click point [500.0, 10.0] lies off the 108x240 screenshot"
+    assert episodes.skipped == [] and episodes[0]["steps"][0]["action"] is None
+    assert episodes.stats() == {"examples": 1, "episodes": 1, "skipped_lines": 0, "bad_images": 0, "missing_images": 0,
+                                "bad_targets": 1, "unmapped_steps": 0}
+    steps = _task(path).examples("train")  # the step examples add what they find on access to the file's count
+    assert steps[0]["history"] == ['{"action": "click", "x": 500, "y": 10}'] and steps.stats()["bad_targets"] == 1
+    with pytest.raises(ValueError, match=r"step 0\): the click point \[500\.0, 10\.0\] lies off"):
+        read_android_control(path, strict=True)
 
 
 def test_strict_mode_raises_on_the_first_problem(tmp_path):
@@ -289,7 +312,7 @@ def test_gui_odyssey_actions_and_0_1000_points_to_pixels(tmp_path):
     line = _object_line(annotations / "bad_ep.json", '"step": 2,')
     assert where.endswith(f"bad_ep.json:{line} (episode 0, step 2)") and "'somewhere'" in reason
     assert episodes.stats() == {"examples": 9 + 3, "episodes": 2, "skipped_lines": 1, "bad_images": 0,
-                                "unmapped_steps": 1}
+                                "missing_images": 0, "bad_targets": 0, "unmapped_steps": 1}
     assert len(read_gui_odyssey(annotations / "ep1.json", image_root=shots)) == 1
     # the whole data folder: its splits file is no episode, skipped and named
     splits = tmp_path / "splits" / "random_split.json"

@@ -14,8 +14,9 @@ A click's action may carry ``"bbox"``, the target element's box ``[x1, y1, x2, y
 of the screen of the labelled point).
 
 **An episode keeps every step**, so the history of later steps is complete: a step whose action is
-malformed (skipped, counted), has no equivalent in mmrl's action space (``unmapped``, counted) or
-whose screenshot is absent (``missing_images``, counted) stays in the episode with ``action`` or
+malformed (skipped, counted), has no equivalent in mmrl's action space (``unmapped``, counted), points
+off its screenshot (``bad_targets``, counted) or whose screenshot is absent (``missing_images``,
+counted) stays in the episode with ``action`` or
 ``image`` None, and :func:`mmrl.data.gui_steps.episode_steps` makes an example only of the steps
 that have both. A
 step without an action carries ``history_text``, how later prompts show it.
@@ -27,7 +28,7 @@ converted to pixels); scroll directions are the content's ("down" shows what is 
 
 Bad records are treated as :mod:`mmrl.data.screenspot` treats them: skipped with a warning naming
 ``file:line`` (episode and step), counted (``skipped``, ``missing_images``, ``unmapped``,
-``stats()``); a source with no usable step is an error naming its first problem; ``strict=True``
+``bad_targets``, ``stats()``); a source with no usable step is an error naming its first problem; ``strict=True``
 makes the first malformed entry or missing screenshot an error (unmapped actions are the dataset's
 own and never raise).
 """
@@ -57,11 +58,14 @@ _SUFFIXES = (".json", ".jsonl")
 class GuiEpisodes(list):
     """The episodes read (a plain list) and what was left out, each a ``(where, reason)`` list:
     ``skipped`` (malformed episodes and steps), ``missing_images`` (where, path) of steps whose
-    screenshot is absent, ``unmapped`` (steps whose action mmrl's space cannot express)."""
+    screenshot is absent, ``unmapped`` (steps whose action mmrl's space cannot express),
+    ``bad_targets`` (steps whose click or bbox lies off the screenshot the file records)."""
 
-    def __init__(self, episodes, path: Path, skipped: list, missing_images: list, unmapped: list):
+    def __init__(self, episodes, path: Path, skipped: list, missing_images: list, unmapped: list,
+                 bad_targets: Optional[list] = None):
         super().__init__(episodes)
         self.path, self.skipped, self.missing_images, self.unmapped = path, skipped, missing_images, unmapped
+        self.bad_targets = list(bad_targets or [])
 
     def num_steps(self) -> int:
         """The steps that make examples (an image and an action)."""
@@ -69,9 +73,11 @@ class GuiEpisodes(list):
 
     def stats(self) -> dict[str, Any]:
         """``examples`` (usable steps), ``episodes``, and the counts under
-        :meth:`mmrl.data.records.FileExamples.stats`'s keys, plus ``unmapped_steps``."""
+        :meth:`mmrl.data.records.FileExamples.stats`'s keys (``missing_images`` too, in ``bad_images``),
+        plus ``unmapped_steps``."""
         return {"examples": self.num_steps(), "episodes": len(self), "skipped_lines": len(self.skipped),
-                "bad_images": len(self.missing_images), "unmapped_steps": len(self.unmapped)}
+                "bad_images": len(self.missing_images), "missing_images": len(self.missing_images),
+                "bad_targets": len(self.bad_targets), "unmapped_steps": len(self.unmapped)}
 
 
 def read_android_control(path, image_root=None, *, strict: bool = False,
@@ -173,6 +179,7 @@ def _read(path, image_root, fmt: str, strict: bool, trees: bool) -> GuiEpisodes:
     skipped: list[tuple[str, str]] = []
     missing: list[tuple[str, str]] = []
     unmapped: list[tuple[str, str]] = []
+    bad_targets: list[tuple[str, str]] = []
     first = None
     warned = 0
     for file in _files(path):
@@ -227,6 +234,8 @@ def _read(path, image_root, fmt: str, strict: bool, trees: bool) -> GuiEpisodes:
             for kind, at, why in problems:
                 if kind == "skipped":
                     skipped.append((at, why))
+                elif kind == "bad_target":
+                    bad_targets.append((at, why))
                 elif kind == "unmapped":
                     unmapped.append((at, why))
                     continue  # the dataset's own action: counted, never an error
@@ -237,10 +246,10 @@ def _read(path, image_root, fmt: str, strict: bool, trees: bool) -> GuiEpisodes:
                 warned += 1
                 if warned <= _MAX_WARNINGS:
                     log.warning("%s skipped: %s", at, why)
-    result = GuiEpisodes(episodes, Path(str(path)), skipped, missing, unmapped)
+    result = GuiEpisodes(episodes, Path(str(path)), skipped, missing, unmapped, bad_targets)
     if warned > _MAX_WARNINGS:
-        log.warning("%s: %d problems in all (%d malformed, %d without their screenshot)",
-                    path, warned, len(skipped), len(missing))
+        log.warning("%s: %d problems in all (%d malformed, %d without their screenshot, %d off it)",
+                    path, warned, len(skipped), len(missing), len(bad_targets))
     if not result.num_steps():
         raise ValueError(f"{path} has no usable step (a screenshot and an action in mmrl's space)"
                          + (f"; first problem: {first}" if first else ""))

@@ -35,8 +35,10 @@ word (android_world's actuation: "swipe" is the inverse of "scroll"). ``double_t
 below): "down" = see what is below = the finger moves up. :mod:`mmrl.measures.gui` reads a label
 ``scroll`` word as is, so every reader here converts finger movements to this convention.
 
-A step that cannot be read carries ``problem`` = ("skipped" | "unmapped", reason) and
-``history_text`` (how later prompts show it) instead of an action; the readers count and report it.
+A step that cannot be read carries ``problem`` = ("skipped" | "unmapped" | "bad_target", reason)
+and ``history_text`` (how later prompts show it) instead of an action; the readers count and report
+it: a click or bbox off its screenshot (``bad_target``) under ``bad_targets``, as the step examples
+count the clicks found off the opened screenshot.
 """
 
 
@@ -50,6 +52,11 @@ from ..measures.gui import DIRECTIONS, finite_number
 from .records import BadRecord
 
 OPPOSITE = {"up": "down", "down": "up", "left": "right", "right": "left"}
+
+
+class OffScreen(BadRecord):
+    """A readable action whose point or bbox lies off its screenshot: a target that cannot be
+    trained on (counted in ``bad_targets``), not a malformed record."""
 
 # AndroidControl / android_world action types with no equivalent in mmrl's action space.
 ANDROID_CONTROL_UNMAPPED = ("double_tap", "keyboard_enter", "answer")
@@ -88,7 +95,7 @@ def _on_screen(point: Sequence[float], size: Optional[Sequence[float]], what: st
     w, h = size
     sx, sy = max(2.0, 0.01 * w), max(2.0, 0.01 * h)
     if not (-sx <= point[0] <= w + sx and -sy <= point[1] <= h + sy):
-        raise BadRecord(f"{what} {list(point)} lies off the {w}x{h} screenshot")
+        raise OffScreen(f"{what} {list(point)} lies off the {w}x{h} screenshot")
 
 
 def first_text(value: Any) -> Optional[str]:
@@ -258,7 +265,7 @@ def parse_android_control(raw: Mapping, accessibility_trees: bool = False) -> di
                 step["action"] = action
         except BadRecord as exc:
             step.setdefault("image", None)
-            step.update(action=None, problem=("skipped", str(exc)),
+            step.update(action=None, problem=("bad_target" if isinstance(exc, OffScreen) else "skipped", str(exc)),
                         history_text=_raw_history(step.get("raw_action")) if step.get("raw_action") is not None
                         else '{"action": "unknown"}')
         steps.append(step)

@@ -158,7 +158,7 @@ class StepExamples(SkippingSequence):
     def stats(self) -> dict[str, Any]:
         out = dict(self.episodes.stats()) if self.episodes is not None else {}
         out.update(examples=len(self), bad_images=out.get("bad_images", 0) + len(self.bad_images),
-                   bad_targets=len(self.bad_targets))
+                   bad_targets=out.get("bad_targets", 0) + len(self.bad_targets))
         return out
 
 
