@@ -289,7 +289,7 @@ def test_vlm_r1_conversations_read_by_grounding_and_scored_in_each_family_space(
             assert score >= 0.98, (name, example["pred_space"], answer, score)
 
 
-def test_grounding_trains_a_step_on_vlm_r1_conversations(random_tiny_dir, tmp_path):
+def test_grounding_trains_a_step_on_vlm_r1_conversations(random_tiny_dir, tmp_path, capsys):
     """... and what it skipped is on the record, per split: the train file's unreadable box
     (``skipped_lines``), the eval file's too, and its first record's image that does not open,
     which the evaluation skips (``eval/skipped``) rather than scoring another example twice."""
@@ -301,7 +301,7 @@ def test_grounding_trains_a_step_on_vlm_r1_conversations(random_tiny_dir, tmp_pa
     eval_path.write_text(json.dumps(broken) + "\n" + path.read_text())
     cfg = tiny_run_config(random_tiny_dir, tmp_path / "runs", 1, "task.name=grounding",
                           f"task.options.train_path={path}", f"task.options.eval_path={eval_path}",
-                          "vlm.max_pixels=50176")
+                          "vlm.max_pixels=50176", "eval.num_examples=5", "eval.before=true")
     result = mmrl.train(cfg)
     assert result.steps == 1
     lines = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
@@ -311,5 +311,8 @@ def test_grounding_trains_a_step_on_vlm_r1_conversations(random_tiny_dir, tmp_pa
     assert final["eval/skipped"] == 1 and final["data/eval/bad_images"] == 1 and final["data/eval/examples"] == 3
     summary = json.loads((result.run_dir / "summary.json").read_text())
     assert summary["after"]["skipped"] == 1
+    # the table's title states the examples scored, not eval.num_examples
+    title = " ".join(capsys.readouterr().out.split())
+    assert "held-out eval (grounding, 2 examples;" in title  # eval.num_examples=5
     assert summary["data"]["train"] == {"examples": 2, "skipped_lines": 1, "bad_images": 0, "bad_targets": 0}
     assert summary["data"]["eval"] == {"examples": 3, "skipped_lines": 1, "bad_images": 1, "bad_targets": 0}

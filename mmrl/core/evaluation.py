@@ -23,12 +23,14 @@ class Evaluation:
     """One evaluation: ``metrics`` (what :func:`evaluate` returns), their confidence ``intervals``
     (``{metric: (low, high)}``, :mod:`mmrl.measures.intervals`; empty unless asked for), and the
     scored ``completions`` with their ``examples`` (one per sample, in example order), which a
-    benchmark protocol (:mod:`mmrl.benchmarks`) breaks down."""
+    benchmark protocol (:mod:`mmrl.benchmarks`) breaks down, and ``num_scored``: how many examples
+    were scored (over all processes), what a table says it shows."""
 
     metrics: dict[str, float]
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
     completions: list = field(default_factory=list)
     examples: list = field(default_factory=list)
+    num_scored: int = 0
 
 
 def evaluate(policy, task: Task, rewards, cfg, num_examples: int | None = None,
@@ -53,6 +55,7 @@ def run_evaluation(policy, task: Task, rewards, cfg, num_examples: int | None = 
     with ``intervals``, each metric's 95% bootstrap interval over the examples
     (:func:`metric_intervals`)."""
     examples, positions, skipped = usable_share(task.examples("eval"), num_examples or cfg.eval.num_examples)
+    num_scored = len(examples) if dist.world_size() == 1 else sum(dist.gather(len(examples)))
     if dist.world_size() > 1:  # seeds keyed by example index: those of one process, not of the share
         examples = [{"_index": i, **ex} if isinstance(ex, dict) else ex for i, ex in zip(positions, examples)]
     if not is_episodic(task):  # an environment task's step examples are prepared as they happen
@@ -76,7 +79,7 @@ def run_evaluation(policy, task: Task, rewards, cfg, num_examples: int | None = 
     out["reward"] = float(total.mean())
     out.update({f"reward/{k}": float(v.mean()) for k, v in comps.items()})
     out["skipped"] = float(skipped)
-    result = Evaluation(out, completions=completions, examples=scored)
+    result = Evaluation(out, completions=completions, examples=scored, num_scored=num_scored)
     if intervals:
         per_row = {"reward": total.tolist(), **{f"reward/{k}": v.tolist() for k, v in comps.items()}}
         group_of = [ex["_index"] for ex in scored] if dist.world_size() > 1 else batch.group_ids.tolist()

@@ -211,7 +211,7 @@ class Trainer:
             write_summary(self.run_dir, before=before, after=after, steps=cfg.train.steps,
                           data=skips.summary(self.run_dir / "metrics.jsonl"), intervals=intervals)
             if before:
-                print_before_after(before, after, title=f"held-out eval ({self.task.name}, {cfg.eval.num_examples} "
+                print_before_after(before, after, title=f"held-out eval ({self.task.name}, {last.num_scored} "
                                    "examples; 95% bootstrap intervals)", intervals=intervals)
             report_after_run(self.run_dir)  # report.html; a failure is a warning
         return result
