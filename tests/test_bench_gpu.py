@@ -25,59 +25,76 @@ def test_update_flops_by_hand():
     assert update_flops(config, 3, 2, lora=True) == 2 * 3040
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # ~60 s on a 2-core CPU: 9 speed runs, each loading the tiny model, and the other groups
 def test_bench_gpu_tiny_runs_every_group_on_a_cpu(tmp_path):
     from mmrl.cli import app
 
-    res = CliRunner().invoke(app, ["bench", "gpu", "--tiny", "--optims", "adamw_torch,adamw_kahan",
-                                   "--out", str(tmp_path)])
+    res = CliRunner().invoke(app, ["bench", "gpu", "--tiny", "--optims", "adamw_torch,adamw_kahan", "--caches",
+                                   "static", "--repeats", "1", "--steps", "1", "--warmup", "0", "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output
     report = json.loads((tmp_path / "speed.json").read_text())
     assert all(g["status"] == "done" for g in report["groups"].values()), report["groups"]
+    # the speed groups: like-for-like pairs, TRL at its defaults and its best settings
+    full, lora = report["speed"]["full"], report["speed"]["lora"]
+    assert [(r["pair"], r["name"]) for r in full["rows"]] == [
+        ("tower trained", "mmrl static"), ("tower trained", "TRL defaults"), ("tower trained", "TRL best"),
+        ("tower frozen", "mmrl static"), ("tower frozen", "TRL defaults"), ("tower frozen", "TRL best")]
+    assert [(r["pair"], r["name"]) for r in lora["rows"]] == [
+        ("LoRA, tower frozen", "mmrl static LoRA"), ("LoRA, tower frozen", "TRL defaults LoRA"),
+        ("LoRA, tower frozen", "TRL best LoRA")]
+    for table in (full, lora):  # both sides train the same parameters in each pair
+        assert all(p["same_trained_params"] for p in table["pairs"].values()), table["pairs"]
+    assert full["pairs"]["tower trained"]["trained_params"] > full["pairs"]["tower frozen"]["trained_params"]
+    assert lora["pairs"]["LoRA, tower frozen"]["trained_params"] < full["pairs"]["tower frozen"]["trained_params"]
+    for run in report["runs"]:
+        m = run["summary"]
+        assert m["samples_per_step"] == 4 and m["completion_tokens_per_step"] == 16
+        assert run["update_mfu"] is None  # no known peak on a CPU
+        assert m["prompt_tokens_per_step"] == report["runs"][0]["summary"]["prompt_tokens_per_step"]
+    for table in (full, lora):
+        mmrl_row = table["rows"][0]
+        assert set(mmrl_row["vs_trl"]) == {"defaults", "best"} and mmrl_row["vs_trl"]["best"]["n"] == 1
     rows = {(r["group"], r["name"]): r for r in report["rows"]}
-    assert set(rows) == {("full", "mmrl dynamic"), ("full", "mmrl static"), ("full", "TRL"),
-                         ("optimizers", "mmrl train.optim=adamw_torch"), ("optimizers", "mmrl train.optim=adamw_kahan"),
-                         ("fit448", "mmrl 56-px scenes"), ("lora", "mmrl dynamic LoRA"), ("lora", "mmrl static LoRA"),
-                         ("lora", "TRL LoRA"), ("generator", "mmrl generator, full SDE"),
+    assert set(rows) == {("optimizers", "mmrl train.optim=adamw_torch"), ("optimizers", "mmrl train.optim=adamw_kahan"),
+                         ("fit448", "mmrl 56-px scenes"), ("generator", "mmrl generator, full SDE"),
                          ("generator", "mmrl generator, SDE window 2")}
     for (group, name), r in rows.items():
         m = r["summary"]
         assert m["samples_per_step"] == 4 and m["completion_tokens_per_step"] == (0 if group == "generator" else 16)
-        assert r["update_mfu"] is None  # no known peak on a CPU
-        if group in ("full", "lora") and r["side"] == "mmrl":
-            trl_row = rows[(group, "TRL" + (" LoRA" if group == "lora" else ""))]["summary"]
-            assert r["vs_trl"]["samples_per_s"] == pytest.approx(m["samples_per_s"] / trl_row["samples_per_s"])
-            assert m["prompt_tokens_per_step"] == trl_row["prompt_tokens_per_step"]
     assert rows[("fit448", "mmrl 56-px scenes")]["fits"] is True
     # the SDE window trains 2 of the 4 denoising steps: a shorter update than every step's
-    full, window = (rows[("generator", f"mmrl generator, {v}")]["summary"] for v in ("full SDE", "SDE window 2"))
-    assert window["update_s"] < full["update_s"]
-    assert rows[("full", "mmrl static")]["settings"]["shape"] == "tiny"
+    full_sde, window = (rows[("generator", f"mmrl generator, {v}")]["summary"] for v in ("full SDE", "SDE window 2"))
+    assert window["update_s"] < full_sde["update_s"]
     md = (tmp_path / "speed.md").read_text()
-    assert "| full | mmrl static |" in md and "| lora | TRL LoRA |" in md
-    assert "| update MFU, full fine-tuning | 0.3 | - | not measured |" in md  # no peak FLOP/s on a CPU
+    assert "### full: like for like against TRL's GRPOTrainer" in md and "| tower frozen | TRL best |" in md
+    assert "| LoRA, tower frozen | TRL defaults LoRA |" in md and "| fit448 | mmrl 56-px scenes |" in md
+    assert "| update MFU, full fine-tuning (median of the runs) | 0.3 | - | not measured |" in md
 
 
-def test_goals_are_read_from_the_rows():
-    """The best row per goal, compared the goal's way; goals without rows are not measured."""
+def test_goals_are_read_from_the_like_for_like_tables():
+    """The best row per goal against TRL at its best settings, compared the goal's way; goals
+    without rows are not measured."""
     from mmrl.bench.gpu import goals
 
-    def row(group, name, ratio, mem, mfu, side="mmrl", **extra):
-        return {"group": group, "name": name, "side": side, "vs_trl": {"samples_per_s": ratio, "peak_memory": mem},
-                "update_mfu": mfu, "summary": {"peak_memory_gib": 60.0}, **extra}
+    def row(name, variant, best, mem, mfu=None, side="mmrl"):
+        return {"pair": "tower frozen", "name": name, "side": side, "variant": variant, "update_mfu": mfu,
+                "vs_trl": {"best": {"median": best, "min": best, "max": best, "n": 3}, "defaults": None},
+                "memory_vs_trl": {"best": mem}}
 
-    rows = [row("full", "mmrl dynamic", 1.8, 0.88, 0.27), row("full", "mmrl static", 3.7, 0.9, 0.23),
-            {"group": "full", "name": "TRL", "side": "trl", "update_mfu": 0.17},
-            row("lora", "mmrl static LoRA", 1.2, 1.03, 0.13), row("fit448", "mmrl 448-px scenes", None, None, 0.2,
-                                                                    fits=True)]
-    by_goal = {g["goal"]: g for g in goals(rows)}
-    full = by_goal["samples/s x TRL, full fine-tuning, HF engine"]
+    speed = {"full": {"rows": [row("mmrl dynamic", "dynamic", 1.8, 0.88, 0.27), row("mmrl static", "static", 3.7, 0.9, 0.23),
+                               {"pair": "tower frozen", "name": "TRL best", "side": "trl", "variant": "best",
+                                "update_mfu": 0.17, "vs_trl": {}, "memory_vs_trl": {}}]},
+             "lora": {"rows": [row("mmrl static LoRA", "static", 1.2, 1.03, 0.13)]}}
+    others = [{"group": "fit448", "name": "mmrl 448-px scenes", "side": "mmrl", "fits": True,
+               "summary": {"peak_memory_gib": 60.0}}]
+    by_goal = {g["goal"]: g for g in goals(speed, others)}
+    full = by_goal["samples/s x TRL best (median), full fine-tuning, HF engine"]
     assert (full["best"], full["met"]) == (3.7, True)
-    assert by_goal["samples/s x TRL, LoRA, HF engine"]["met"] is False
-    assert by_goal["samples/s x TRL, full fine-tuning, vLLM"]["met"] is None  # no vLLM row
-    assert by_goal["peak memory x TRL, full fine-tuning (at most)"]["best"] == 0.88
+    assert by_goal["samples/s x TRL best (median), LoRA, HF engine"]["met"] is False
+    assert by_goal["samples/s x TRL best (median), full fine-tuning, vLLM"]["met"] is None  # no vLLM row
+    assert by_goal["peak memory x TRL best, full fine-tuning (at most)"]["best"] == 0.88
     assert by_goal["448-px micro-batch 16 peak GiB (at most 80 GB)"]["met"] is True
-    mfu = by_goal["update MFU, full fine-tuning"]
+    mfu = by_goal["update MFU, full fine-tuning (median of the runs)"]
     assert (mfu["best"], mfu["met"]) == (0.27, False)
 
 
@@ -105,6 +122,10 @@ def test_unknown_groups_and_caches_are_refused(tmp_path):
         run_gpu_bench(GpuBenchOptions(tiny=True, groups=("speedy",)), tmp_path)
     with pytest.raises(ValueError, match="--caches: unknown sliding"):
         run_gpu_bench(GpuBenchOptions(tiny=True, caches=("sliding",)), tmp_path)
+    with pytest.raises(ValueError, match="--towers: unknown half"):
+        run_gpu_bench(GpuBenchOptions(tiny=True, towers=("half",)), tmp_path)
+    with pytest.raises(ValueError, match="--repeats and --steps must be at least 1"):
+        run_gpu_bench(GpuBenchOptions(tiny=True, repeats=0), tmp_path)
 
 
 def test_static_plain_is_the_static_cache_with_the_per_sample_forward():

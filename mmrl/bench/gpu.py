@@ -20,6 +20,7 @@ of its own group (same model, prompts, lengths and micro-batch).
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import threading
@@ -27,6 +28,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from .speed_compare import LEGEND, TOWERS, TRL_VARIANTS, compare, markdown_table, rows_for
 
 GROUPS = ("full", "optimizers", "fit448", "lora", "generator")  # run order: the table's most wanted rows first
 # A group is started only with at least this many seconds of the budget left (a 3B model load,
@@ -46,8 +49,11 @@ class GpuBenchOptions:
     prompts: int = 4
     generations: int = 8
     tokens: int = 256
-    steps: int = 2
+    steps: int = 5  # measured steps per run of the speed rows
     warmup: int = 1
+    repeats: int = 3  # runs of each speed row, the order reversed on odd repeats
+    towers: tuple[str, ...] = TOWERS
+    trl: tuple[str, ...] = TRL_VARIANTS
     micro_batch: int = 16
     caches: tuple[str, ...] = ("dynamic", "static")
     optims: tuple[str, ...] = ("adamw_torch", "adamw_kahan", "adamw_bf16", "adamw_bf16_sr")
@@ -65,11 +71,15 @@ class GpuBenchOptions:
         known = ("dynamic", "static", "static_plain", "vllm")
         if bad := [c for c in self.caches if c not in known]:
             raise ValueError(f"--caches: unknown {', '.join(bad)} (known: {', '.join(known)})")
+        rows_for(self.towers, ["check"], self.trl)  # unknown tower / TRL settings names
+        if self.repeats < 1 or self.steps < 1 or self.warmup < 0:
+            raise ValueError(f"--repeats and --steps must be at least 1 and --warmup 0 or more, got "
+                             f"{self.repeats}, {self.steps}, {self.warmup}")
         if not self.tiny:
             return self
-        return GpuBenchOptions(**{**asdict(self), "prompts": 2, "generations": 2, "tokens": 4, "steps": 1,
-                                  "warmup": 0, "micro_batch": 2, "optim_tokens": 4, "fit_image_size": 56,
-                                  "lora_rank": 4})
+        # tiny sizes; the repeats and measured steps stay as asked (a tiny step takes ~0.1 s)
+        return GpuBenchOptions(**{**asdict(self), "prompts": 2, "generations": 2, "tokens": 4, "micro_batch": 2,
+                                  "optim_tokens": 4, "fit_image_size": 56, "lora_rank": 4})
 
     @property
     def device(self) -> str:
@@ -161,48 +171,61 @@ def run_groups_together(names: tuple[str, ...], out_dir: Path, timeout: float,
     return {name: groups.get(name, {"status": ended}) for name in names}
 
 
+SPEED_GROUPS = ("full", "lora")
+
+
 def build_report(opts: GpuBenchOptions, rows: list[dict], groups: dict[str, dict]) -> dict[str, Any]:
-    """Rows with their ratios to the TRL row of the same group."""
-    trl = {r["group"]: r for r in rows if r.get("side") == "trl" and r.get("summary")}
-    for r in rows:
-        base, mine = trl.get(r["group"]), r.get("summary")
-        if base and mine and r.get("side") == "mmrl":
-            b = base["summary"]
-            r["vs_trl"] = {"samples_per_s": mine["samples_per_s"] / b["samples_per_s"],
-                           "peak_memory": (mine["peak_memory_gib"] / b["peak_memory_gib"]
-                                           if mine.get("peak_memory_gib") and b.get("peak_memory_gib") else None)}
+    """The like-for-like table of each speed group (:func:`~mmrl.bench.speed_compare.compare`)
+    and the other groups' rows."""
+    speed = {g: compare([r for r in rows if r["group"] == g]) for g in SPEED_GROUPS if any(r["group"] == g for r in rows)}
+    for g, table in speed.items():  # the update's MFU: the median over a row's runs
+        for row in table["rows"]:
+            mfus = [r["update_mfu"] for r in rows if r["group"] == g and r["name"] == row["name"]
+                    and r["pair"] == row["pair"] and r.get("update_mfu") is not None]
+            row["update_mfu"] = statistics.median(mfus) if mfus else None
+    others = [r for r in rows if r["group"] not in SPEED_GROUPS]
     settings = rows[0]["settings"] if rows else {}
-    return {"options": asdict(opts), "settings": settings, "groups": groups, "rows": rows,
-            "goals": goals(rows), "date": time.strftime("%Y-%m-%d %H:%M")}
+    return {"options": asdict(opts), "settings": settings, "groups": groups, "speed": speed, "rows": others,
+            "runs": [r for r in rows if r["group"] in SPEED_GROUPS], "goals": goals(speed, others),
+            "date": time.strftime("%Y-%m-%d %H:%M")}
 
 
-# The issue's goals for the 3B shape: (what, target, rows, value of a row, met when best >= target
-# (or <= for the "at most" ones)). A goal no row measured is reported as not measured.
-_HF = ("mmrl dynamic", "mmrl static")
+# The issue's goals for the 3B shape: (what, target, value of a row or None, met when best >= target
+# (or <= for the "at most" ones)). A speed goal reads the like-for-like table of its group: the
+# median ratio of an mmrl row to TRL at its best settings. A goal no row measured is not measured.
+_HF = ("dynamic", "static")
+
+
+def _vs_best(group: str, variants: tuple[str, ...] | None, key: str = "vs_trl"):
+    def value(speed: dict, row: dict) -> float | None:
+        if row.get("_group") != group or row["side"] != "mmrl" or (variants and row["variant"] not in variants):
+            return None
+        v = row[key].get("best")
+        return v["median"] if isinstance(v, dict) else v
+    return value
+
+
 GOALS = (
-    ("samples/s x TRL, full fine-tuning, HF engine", 2.5, lambda r: r["group"] == "full" and r["name"] in _HF,
-     lambda r: r["vs_trl"]["samples_per_s"], max),
-    ("samples/s x TRL, LoRA, HF engine", 1.5, lambda r: r["group"] == "lora" and r["name"].split(" LoRA")[0] in _HF,
-     lambda r: r["vs_trl"]["samples_per_s"], max),
-    ("samples/s x TRL, full fine-tuning, vLLM", 4.0, lambda r: r["group"] == "full" and r["name"] == "mmrl vllm",
-     lambda r: r["vs_trl"]["samples_per_s"], max),
-    ("peak memory x TRL, full fine-tuning (at most)", 1.0, lambda r: r["group"] == "full" and r["side"] == "mmrl",
-     lambda r: r["vs_trl"]["peak_memory"], min),
+    ("samples/s x TRL best (median), full fine-tuning, HF engine", 2.5, _vs_best("full", _HF), max),
+    ("samples/s x TRL best (median), LoRA, HF engine", 1.5, _vs_best("lora", _HF), max),
+    ("samples/s x TRL best (median), full fine-tuning, vLLM", 4.0, _vs_best("full", ("vllm",)), max),
+    ("peak memory x TRL best, full fine-tuning (at most)", 1.0, _vs_best("full", None, "memory_vs_trl"), min),
     ("448-px micro-batch 16 peak GiB (at most 80 GB)", 80e9 / 2**30,
-     lambda r: r["group"] == "fit448" and r.get("fits"), lambda r: r["summary"]["peak_memory_gib"], min),
-    ("update MFU, full fine-tuning", 0.30, lambda r: r["group"] == "full" and r["side"] == "mmrl",
-     lambda r: r["update_mfu"], max),
+     lambda speed, r: r["summary"]["peak_memory_gib"] if r.get("group") == "fit448" and r.get("fits") else None, min),
+    ("update MFU, full fine-tuning (median of the runs)", 0.30,
+     lambda speed, r: r.get("update_mfu") if r.get("_group") == "full" and r["side"] == "mmrl" else None, max),
 )
 
 
-def goals(rows: list[dict]) -> list[dict]:
+def goals(speed: dict[str, dict], others: list[dict]) -> list[dict]:
     """Each goal with the best value the measured rows reached and whether it is met."""
+    rows = [{**r, "_group": g} for g, table in speed.items() for r in table["rows"]] + list(others)
     out = []
-    for what, target, picks, value, best in GOALS:
+    for what, target, value, best in GOALS:
         values = []
         for r in rows:
             try:
-                v = value(r) if picks(r) else None
+                v = value(speed, r)
             except (KeyError, TypeError):  # an error row, or no TRL row to compare with
                 v = None
             if v is not None:
@@ -218,23 +241,29 @@ def _f(v: Any, fmt: str) -> str:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    """The table: one line per measured side, then the groups that did not finish."""
+    """The like-for-like table of each speed group, then one line per other measured row, the
+    groups that did not finish, and the goals."""
     s = report["settings"]
     o = report["options"]
     lines = [f"## mmrl bench gpu: {s.get('device_name', '?')}, torch {s.get('torch', '?')}, transformers "
-             f"{s.get('transformers', '?')}, TRL {s.get('trl', '?')}, {report['date']}", "",
+             f"{s.get('transformers', '?')}, TRL {s.get('trl', '?')}, {s.get('threads', '?')} CPU thread(s), "
+             f"{report['date']}", "",
              f"{s.get('shape', '?')} model, {o['prompts']} prompts x {o['generations']} samples x {o['tokens']} "
-             f"tokens, micro-batch {o['micro_batch']}, {s.get('dtype', '?')}; optimizer rows: {o['optim_tokens']} "
-             f"tokens, one step", "",
-             "| group | run | samples/s | x TRL | s/step | rollout s | update s | update MFU | peak GiB | x TRL mem | note |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"tokens, micro-batch {o['micro_batch']}, {s.get('dtype', '?')}; speed rows: {o['repeats']} repeats x "
+             f"{o['steps']} measured steps after {o['warmup']} warm-up step(s); optimizer rows: {o['optim_tokens']} "
+             f"tokens, one step after a warm-up step", ""]
+    for group, table in report.get("speed", {}).items():
+        lines += [f"### {group}: like for like against TRL's GRPOTrainer", "", markdown_table(table)]
+    if report["rows"]:
+        lines += ["### other groups", "",
+                  "| group | run | samples/s | s/step | rollout s | update s | update MFU | peak GiB | note |",
+                  "|---|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
-        m, v = r.get("summary") or {}, r.get("vs_trl") or {}
+        m = r.get("summary") or {}
         lines.append(f"| {r['group']} | {r['name']} | {_f(m.get('samples_per_s'), '{:.3g}')} | "
-                     f"{_f(v.get('samples_per_s'), '{:.2f}')} | {_f(m.get('step_s'), '{:.3g}')} | "
-                     f"{_f(m.get('rollout_s'), '{:.3g}')} | {_f(m.get('update_s'), '{:.3g}')} | "
-                     f"{_f(r.get('update_mfu'), '{:.1%}')} | {_f(m.get('peak_memory_gib'), '{:.3g}')} | "
-                     f"{_f(v.get('peak_memory'), '{:.2f}')} | {r.get('note', '')} |")
+                     f"{_f(m.get('step_s'), '{:.3g}')} | {_f(m.get('rollout_s'), '{:.3g}')} | "
+                     f"{_f(m.get('update_s'), '{:.3g}')} | {_f(r.get('update_mfu'), '{:.1%}')} | "
+                     f"{_f(m.get('peak_memory_gib'), '{:.3g}')} | {r.get('note', '')} |")
     for name, g in report["groups"].items():
         if g["status"] != "done":
             lines.append(f"\n- group {name}: {g['status']}")
@@ -242,10 +271,10 @@ def markdown(report: dict[str, Any]) -> str:
     for g in report.get("goals", []):
         lines.append(f"| {g['goal']} | {g['target']:.3g} | {_f(g['best'], '{:.3g}')} | "
                      f"{'not measured' if g['met'] is None else 'yes' if g['met'] else 'no'} |")
-    lines += ["", "- x TRL: mmrl / TRL's GRPOTrainer in the same group (same model, prompts, lengths, micro-batch), "
-              "measured one after the other in one process; peak GiB: the CUDA allocator's peak after the warm-up "
-              "step (on a CPU the process's resident set)",
+    lines += ["", *(f"- {line}" for line in LEGEND),
+              "- peak GiB: the CUDA allocator's peak after the warm-up step (on a CPU the process's resident set, "
+              "shared by every run of the process)",
               "- update MFU: model FLOPs of the update (6 N per token for full fine-tuning, 4 N with LoRA, N the "
               "language model's matmul weights; the LM head on completion tokens only; attention and the vision "
-              "tower left out) over the update's seconds and the card's dense bf16 peak"]
+              "tower left out) over the update's mean seconds and the card's dense bf16 peak"]
     return "\n".join(lines) + "\n"

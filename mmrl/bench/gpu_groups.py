@@ -3,10 +3,12 @@
 JSON line per measured side to ``OUT_DIR/rows.jsonl``. ``GROUP,GROUP,...`` (``--tiny``) runs
 several in turn in one process, appending each one's status to ``OUT_DIR/groups.jsonl``.
 
-- ``full`` / ``lora``: mmrl with each rollout cache of ``caches`` (dynamic, static: transformers'
-  compiled static-cache decode, static_plain: the same without shared prefixes in training, vllm:
-  ``rollout.engine=vllm`` where installed), then TRL's
-  ``GRPOTrainer`` on the prompts the first mmrl run drew: the rows of ``mmrl bench speed``.
+- ``full`` / ``lora``: the like-for-like rows of ``mmrl bench speed`` (:mod:`mmrl.bench.speed_compare`):
+  per pair (vision tower trained on both sides, frozen on both; LoRA: one pair) mmrl with each
+  rollout cache of ``caches`` (dynamic, static: transformers' compiled static-cache decode,
+  static_plain: the same without shared prefixes in training, vllm: ``rollout.engine=vllm`` where
+  installed) and TRL's ``GRPOTrainer`` at its defaults and its best settings on the prompts the
+  first mmrl run drew, every row ``repeats`` times in alternating order, one line per run.
 - ``optimizers``: one step per ``train.optim`` (bf16 compute), peak memory and step time.
 - ``fit448``: one full fine-tuning step with 448-px scenes at the micro-batch asked: whether it fits
   without the out-of-memory back-off lowering the micro-batch.
@@ -93,6 +95,17 @@ class Group:
 
     def emit(self, run: str, side: str, sopts: SpeedOptions, result: SideResult | None = None, note: str = "",
              **extra: Any) -> None:
+        row: dict[str, Any] = {"group": self.name, "name": run, "side": side, "note": note, **extra,
+                               "settings": self.settings(sopts)}
+        if result is not None:
+            row["summary"] = result.summary()
+            row["micro_batch_used"] = result.micro_batch_used
+            row["update_mfu"] = self.mfu(row["summary"], sopts)
+        with (self.out_dir / "rows.jsonl").open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(f"[{self.name}] {run}: " + (json.dumps(row.get("summary")) if result else note), flush=True)
+
+    def settings(self, sopts: SpeedOptions) -> dict[str, Any]:
         import transformers
 
         try:
@@ -100,22 +113,15 @@ class Group:
             trl_version = trl.__version__
         except ImportError:
             trl_version = None
-        row: dict[str, Any] = {"group": self.name, "name": run, "side": side, "note": note, **extra,
-                               "settings": {"device_name": self.device_name, "torch": torch.__version__,
-                                            "transformers": transformers.__version__, "trl": trl_version,
-                                            "shape": sopts.shape, "dtype": sopts.dtype, "lora": sopts.lora,
-                                            "tokens": sopts.tokens, "micro_batch": sopts.micro_batch}}
-        if result is not None:
-            m = result.summary()
-            row["summary"] = m
-            row["micro_batch_used"] = result.micro_batch_used
-            peak = peak_flops(self.device_name, self.opts.peak_tflops) if self.name != "generator" else None
-            flops = update_flops(self.model_config, m["prompt_tokens_per_step"], m["completion_tokens_per_step"],
-                                 sopts.lora)
-            row["update_mfu"] = flops / m["update_s"] / peak if peak and m["update_s"] > 0 else None
-        with (self.out_dir / "rows.jsonl").open("a") as f:
-            f.write(json.dumps(row) + "\n")
-        print(f"[{self.name}] {run}: " + (json.dumps(row.get("summary")) if result else note), flush=True)
+        return {"device_name": self.device_name, "torch": torch.__version__, "transformers": transformers.__version__,
+                "trl": trl_version, "shape": sopts.shape, "dtype": sopts.dtype, "lora": sopts.lora,
+                "tokens": sopts.tokens, "micro_batch": sopts.micro_batch, "threads": torch.get_num_threads()}
+
+    def mfu(self, m: dict, sopts: SpeedOptions) -> float | None:
+        """The update's model FLOPs over its seconds and the card's peak (None without a known peak)."""
+        peak = peak_flops(self.device_name, self.opts.peak_tflops) if self.name != "generator" else None
+        flops = update_flops(self.model_config, m["prompt_tokens_per_step"], m["completion_tokens_per_step"], sopts.lora)
+        return flops / m["update_s"] / peak if peak and m["update_s"] > 0 else None
 
     def guarded(self, run: str, sopts: SpeedOptions, fn) -> Any:
         """``fn()``, or an error row (the exception's last line) if it raises; None then."""
@@ -135,34 +141,51 @@ class Group:
 
     # -- the groups -----------------------------------------------------------------------------
     def speed(self, lora: bool) -> None:
-        """mmrl with each cache, then TRL on the prompts the first successful mmrl run drew."""
-        from .speed_trl import run_trl_side
+        """The like-for-like rows of ``mmrl bench speed`` (:mod:`mmrl.bench.speed_compare`): each
+        pair (tower trained on both sides, frozen on both; LoRA: one pair) with mmrl per cache and
+        TRL per settings, every row ``repeats`` times in alternating order; one line per run."""
+        from .speed import run_comparison
+        from .speed_compare import rows_for
 
-        sopts = self.speed_options(lora=lora)
-        first: tuple | None = None
-        for cache in self.opts.caches:
-            run = f"mmrl {cache}" + (" LoRA" if lora else "")
-            if cache == "vllm" and not _has("vllm"):
-                self.emit(run, "mmrl", sopts, note="not run: vLLM is not installed here")
-                continue
-            engine, overrides = CACHES[cache]
-            side = replace(sopts, engine=engine)
-            cfg = self.config(side, overrides, run.replace(" ", "-"))
-            out = self.guarded(run, side, lambda: run_mmrl_side(cfg, side))
-            if out is None:
-                continue
-            result, drawn, task = out
-            self.emit(run, "mmrl", sopts, result)
-            first = first or (cfg, drawn, task)
-        if first is None:
+        sopts = self.speed_options(lora=lora, repeats=self.opts.repeats, towers=self.opts.towers, trl=self.opts.trl)
+        caches = [c for c in self.opts.caches if c != "vllm" or _has("vllm")]
+        if missing := [c for c in self.opts.caches if c not in caches]:
+            for row in rows_for(sopts.towers, missing, (), lora):
+                self.emit_run({"pair": row.pair, "name": row.name, "side": "mmrl", "tower": row.tower,
+                               "variant": row.variant, "repeat": 0, "note": "not run: vLLM is not installed here"},
+                              sopts)
+        if not caches:
             return
-        cfg, drawn, task = first
-        run = "TRL" + (" LoRA" if lora else "")
-        result = self.guarded(run, sopts, lambda: run_trl_side(cfg, sopts, self.path, drawn, task,
-                                                               self.out_dir / run.replace(" ", "-")))
-        if result is not None:
-            self.emit(run, "trl", sopts, result, note="TRL GRPOTrainer: float32 weights, bf16 autocast"
-                      if sopts.dtype == "bfloat16" and not lora else "TRL GRPOTrainer")
+        rows = rows_for(sopts.towers, caches, sopts.trl, lora)
+
+        def config_for(row):
+            engine, overrides = CACHES[row.variant]
+            side = replace(sopts, engine=engine)
+            lora_size = [f"model.lora.r={self.opts.lora_rank}", f"model.lora.alpha={2 * self.opts.lora_rank}"] if lora else []
+            from ..config import builtin_config_path, load_config
+
+            return load_config(builtin_config_path(DEFAULT_CONFIG), [
+                *self.opts.extra, *lora_size, *overrides,
+                *mmrl_overrides(side, self.path, self.out_dir / row.name.replace(" ", "-"), tower=row.tower)])
+
+        def failed(row, exc: Exception) -> str:
+            traceback.print_exc()
+            return f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+
+        if sopts.device == "cpu":
+            from ..threads import configure_threads
+
+            configure_threads(config_for(rows[0]))
+        run_comparison(rows, sopts, config_for, self.path, self.out_dir, on_record=lambda rec: self.emit_run(rec, sopts),
+                       on_error=failed, echo=lambda line: print(f"[{self.name}] {line}", flush=True))
+
+    def emit_run(self, record: dict, sopts: SpeedOptions) -> None:
+        """One run of the comparison as a line of ``rows.jsonl`` (its update MFU added)."""
+        row = {"group": self.name, **{k: v for k, v in record.items() if k != "logs"}, "settings": self.settings(sopts)}
+        if record.get("summary"):
+            row["update_mfu"] = self.mfu(record["summary"], sopts)
+        with (self.out_dir / "rows.jsonl").open("a") as f:
+            f.write(json.dumps(row) + "\n")
 
     def optimizers(self) -> None:
         # a warm-up step first: the measured step's peak holds the optimizer state and gradients
@@ -183,16 +206,17 @@ class Group:
         path = build_sd3_shaped(self.out_dir / ("sd3-tiny" if o.tiny else "sd3.5-medium-shape"), tiny=o.tiny)
         prompts = self.out_dir / "generator-prompts.txt"
         prompts.write_text("a red circle\na blue square on the left\ntwo green circles\n")
-        sopts = self.speed_options(dtype="bfloat16" if not o.tiny else "float32")
+        sopts = self.speed_options(dtype="bfloat16" if not o.tiny else "float32", steps=min(o.steps, 2),
+                                   warmup=min(o.warmup, 1))
         for name, variant in GENERATOR_VARIANTS.items():
             run = f"mmrl generator, {name}"
             cfg = load_config(builtin_config_path("diffusion/sd3_5_medium"), [
                 f"model.path={path}", f"task.options.train_path={prompts}", f"train.device={o.device}",
-                f"train.steps={o.warmup + o.steps}", "train.prompts_per_step=1", f"train.seed={o.seed}",
+                f"train.steps={sopts.warmup + sopts.steps}", "train.prompts_per_step=1", f"train.seed={o.seed}",
                 "eval.before=false", "log.tensorboard=false", "log.progress=false", "log.save_rollouts_every=0",
                 f"log.output_dir={self.out_dir}", f"log.run_name=generator-{name.replace(' ', '-')}",
                 *(GENERATOR_TINY if o.tiny else ()), *variant])
-            result = self.guarded(run, sopts, lambda: run_generator_side(cfg, o.steps, o.warmup))
+            result = self.guarded(run, sopts, lambda: run_generator_side(cfg, sopts.steps, sopts.warmup))
             if result is not None:
                 self.emit(run, "mmrl", sopts, result, note=f"{cfg.rollout.num_generations} images of "
                           f"{cfg.diffusion.height} px, {cfg.diffusion.num_steps} steps, CFG {cfg.diffusion.guidance_scale}")
