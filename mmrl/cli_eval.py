@@ -47,7 +47,7 @@ def eval_(
     the benchmark's official script does, and print the paper's table with intervals."""
     import json
 
-    from .config import builtin_config_path, load_config
+    from .config import load_config
     from .api import make_policy
     from .core.evaluation import run_evaluation
     from .core.reward_computer import make_reward_computer
@@ -64,7 +64,7 @@ def eval_(
         elif path.is_dir() and (path / "policy").exists():  # one checkpoint of a run
             cfg_path, ckpt = path.parent.parent / "config.yaml", path
         else:
-            cfg_path = builtin_config_path(target)
+            cfg_path = _recipe_or_run(target)
         cfg = load_config(cfg_path, list(args or []) + ["resume=false"])
         configure_threads(cfg)
         settings = {"clip": clip} if clip is not None else {}
@@ -90,6 +90,31 @@ def eval_(
               "intervals": {**result.intervals, **describe()}}
     print(json.dumps(to_jsonable(report), indent=2, allow_nan=False))  # a NaN metric (nothing parsed) is null
     typer.echo(f"gallery: {gallery / 'index.html'} and {gallery / 'gallery.png'}", err=True)
+
+
+def _recipe_or_run(target: str) -> Path:
+    """The recipe ``target`` names; when there is none and ``target`` names a folder of runs (its
+    parent, or the default ``runs/`` for a bare name close to a run's), the error lists those runs
+    first: a mistyped run directory is the likelier slip (the recipes are for ``mmrl list``)."""
+    import difflib
+
+    from .config import ConfigError, builtin_config_path
+    from .config_schema import Config
+    from .runs.resume import run_names
+
+    try:
+        return builtin_config_path(target)
+    except ConfigError:
+        where = Path(target).expanduser()
+        base = where.parent if where.parent != Path(".") else Path(Config().log.output_dir)
+        names = run_names(base)
+        close = difflib.get_close_matches(where.name, names, n=1)
+        if not names or (where.parent == Path(".") and not close):
+            raise
+        hint = f"; did you mean {base / close[0]}?" if close else ""
+        shown = ", ".join(names[:20]) + (f" (and {len(names) - 20} more)" if len(names) > 20 else "")
+        raise ConfigError(f"no run directory {target!r}{hint} (runs in {base}/: {shown}); "
+                          "a recipe is also accepted (`mmrl list` shows them)") from None
 
 
 def _eval_benchmark(cfg, ckpt, name, data, image_root, num_examples, gallery, path, settings) -> None:
