@@ -60,6 +60,10 @@ _Loader.add_implicit_resolver(
 )
 
 _NULL_TAG = "tag:yaml.org,2002:null"
+# A value starting with "{}" and more text (task.options.image_template={}.jpg) is a path template,
+# which YAML cannot parse (a flow mapping followed by text): the shell strips quotes, so it is taken
+# as the string it is rather than asking for '"{}.jpg"' inside shell quotes.
+_TEMPLATE = re.compile(r"\{\}\S")
 
 
 def _compose(text: str, name: str) -> tuple[_Loader, Optional[yaml.Node]]:
@@ -222,6 +226,10 @@ def override_items(override: str, items: list[Item], locations: dict[str, str]) 
     field = classify(key)
     if field is None:
         raise _unknown(key, where_str)
+    if _TEMPLATE.match(text.strip()):
+        locations[key] = where_str
+        items.append(Item(key, text.strip(), where_str))
+        return
     loader, node = _compose(text, f"the value of override {override!r}")
     try:
         locations[key] = where_str

@@ -211,8 +211,31 @@ def test_gqa_questions_keyed_by_id_with_images_named_by_id(tmp_path, caplog):
                           image_root=str(tmp_path / "images")).examples("train")
     with pytest.raises(ValueError, match=r"no example could be used.*:1 \(entry 0, 02930152\): FileNotFoundError"):
         bare[0]
+    # ... and says which options say where images are
+    images = tmp_path / "images"
+    assert bare.bad_images[f"{path}:1 (entry 0, 02930152)"] == (
+        f"FileNotFoundError: image {images / '2354786'} does not exist (relative paths start at {images}): set "
+        "task.options.image_root to the folder the records' image paths start from, or task.options.image_template "
+        "(e.g. '{}.jpg') when records name images by a bare id")
+    wrong = mmrl.make_task("vqa", train_path=str(path), fields={"image": "imageId"}, image_template="{}.png",
+                           image_root=str(images)).examples("train")
+    with pytest.raises(ValueError, match=r"2354786\.png does not exist .*image_template '\{\}\.png' made this name"):
+        wrong[0]
     with pytest.raises(ValueError, match=r"image_template must be a path with \{\} .*got 'images/%s.jpg'"):
         mmrl.make_task("vqa", train_path=str(path), image_template="images/%s.jpg").examples("train")
+
+
+def test_image_template_is_accepted_unquoted_on_the_command_line():
+    """`task.options.image_template={}.jpg` as docs/tasks.md writes it: YAML cannot parse "{}.jpg"
+    (a flow mapping, then text) and the shell has stripped any quotes, so it is read as the text."""
+    from mmrl.config import ConfigError, load_config
+
+    for given, read in (("{}.jpg", "{}.jpg"), ('"{}.jpg"', "{}.jpg"), ("images/{}.png", "images/{}.png"),
+                        ("{}_0.png", "{}_0.png")):
+        cfg = load_config("vlm/counting_tiny", [f"task.options.image_template={given}"])
+        assert cfg.task.options["image_template"] == read
+    with pytest.raises(ConfigError, match="cannot parse the value"):  # other YAML errors still say so
+        load_config("vlm/counting_tiny", ["task.options.image_root=[a"])
 
 
 def test_errors_about_huge_files_stay_short(tmp_path):

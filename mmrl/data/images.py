@@ -90,6 +90,8 @@ def open_image(value: Any, root: Path) -> tuple[Any, Optional[Path]]:
             return to_rgb(im), None
     path = Path(str(value).strip()).expanduser()
     path = path if path.is_absolute() else root / path
+    if not path.is_file():
+        raise FileNotFoundError(f"image {path} does not exist (relative paths start at {root})")
     return load_image(path), path
 
 

@@ -233,7 +233,16 @@ class FileExamples(SkippingSequence):
                 f"target is invalid (e.g. {example[0]}: {example[1]})")
 
     def _open_image(self, ex: dict) -> None:
-        ex["image"], path = open_image(ex["image"], self.image_root)
+        try:
+            ex["image"], path = open_image(ex["image"], self.image_root)
+        except FileNotFoundError as exc:  # the options that say where images are
+            if self.image_template is not None:
+                hint = (f"task.options.image_template {self.image_template!r} made this name from the record's; "
+                        "check it and task.options.image_root")
+            else:
+                hint = ("set task.options.image_root to the folder the records' image paths start from, or "
+                        "task.options.image_template (e.g. '{}.jpg') when records name images by a bare id")
+            raise FileNotFoundError(f"{exc}: {hint}") from None
         if path is not None:
             ex["image_path"] = str(path)
         if "image_size" not in ex:
