@@ -70,6 +70,21 @@ def test_counting_reads_clevr_style_jsonl(tmp_path):
     assert task.hints(ex)[-1] == "The answer is 3." and task.visualize(ex, target) is not None
 
 
+def test_counting_reads_r1_v_superclevr_file_as_it_ships(tmp_path):
+    """R1-V's src/eval/prompts/superclevr_test200_counting_problems.jsonl: ``image_path`` (relative
+    to the SuperCLEVR images folder), ``question``, ``ground_truth`` an integer."""
+    (tmp_path / "images").mkdir()
+    Image.new("RGB", (64, 48)).save(tmp_path / "images" / "superCLEVR_new_025000.png")
+    p = tmp_path / "superclevr_test200_counting_problems.jsonl"
+    p.write_text(json.dumps({"image_path": "./images/superCLEVR_new_025000.png",
+                             "question": "How many different items are there in the image?", "ground_truth": 7}) + "\n")
+    task = TASKS.get("counting")(eval_path=str(p))
+    (ex,) = task.examples("eval")
+    assert ex["answer"] == "7" and ex["question"] == "How many different items are there in the image?"
+    assert ex["image_path"] == str(tmp_path / "images" / "superCLEVR_new_025000.png") and ex["image_size"] == (64, 48)
+    assert REWARDS.get("accuracy")(["<think>.</think><answer>7</answer>"], [ex]) == [1.0]
+
+
 def test_an_inverted_box_written_as_text_in_a_conversation_is_refused(tmp_path):
     """VLM-R1's ``conversations`` carry the box as text in the gpt turn. An inverted one, as text
     or as a list, is refused and counted, not reordered into a box the file may not mean (it may

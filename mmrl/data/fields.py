@@ -18,7 +18,10 @@ The mapping is applied first; then these layouts fill the keys that are still mi
   (the first user turn) and ``answer`` (the assistant turn after it);
 - verl / EasyR1: ``prompt`` as text or as a chat list gives ``question`` (its last user turn),
   ``reward_model.ground_truth`` gives ``answer``, ``images`` gives ``image`` (a list: single-image
-  tasks use its first image).
+  tasks use its first image);
+- R1-V's counting test file as it ships (``superclevr_test200_counting_problems.jsonl``:
+  ``{"image_path", "question", "ground_truth"}``): ``image_path`` gives ``image``, ``ground_truth``
+  gives ``answer`` (when the record has neither ``answer`` nor ``solution``).
 
 ``<image>`` markers are removed from question texts (``question``, ``problem``, ``query``): mmrl
 places the image itself, and a literal marker would reach the model as text.
@@ -82,6 +85,10 @@ def normalize_record(raw: Mapping, fields: Mapping[str, str]) -> dict:
         _fill(record, "answer", record["reward_model"].get("ground_truth"))
     if "image" not in record and record.get("images") is not None:
         record["image"] = record["images"]
+    if "image" not in record and record.get("image_path") is not None:  # R1-V's SuperCLEVR file
+        record["image"] = record["image_path"]
+    if "answer" not in record and "solution" not in record:
+        _fill(record, "answer", record.get("ground_truth"))
     for key in QUESTION_KEYS:
         if isinstance(record.get(key), str):
             record[key] = _IMAGE_MARKER.sub(" ", record[key]).strip()
