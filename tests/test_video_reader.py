@@ -219,15 +219,30 @@ def test_read_video_literal(clip_path, backend):
     assert len(images) == 4 and images[0].size == (392, 280) and images[0].mode == "RGB"
 
 
-def test_decord_failure_falls_back_to_pyav(clip_path, monkeypatch):
+def test_decord_failure_falls_back_to_pyav(clip_path, monkeypatch, caplog):
+    """... warned once per file: a clip read every epoch goes straight to PyAV after the first time."""
     decord = pytest.importorskip("decord")
+    monkeypatch.setattr(V, "_FAILED", {})
+    calls = []
 
     def broken(*args, **kwargs):
+        calls.append(args)
         raise RuntimeError("decord cannot read this one")
 
     monkeypatch.setattr(decord, "VideoReader", broken)
-    clip = read_video(clip_path, backend="auto")
-    assert clip.backend == "pyav" and clip.indices == [0, 6, 12, 17, 23, 29]
+    with caplog.at_level("WARNING", logger="mmrl.media.video"):
+        for _ in range(3):
+            clip = read_video(clip_path, backend="auto")
+            assert clip.backend == "pyav" and clip.indices == [0, 6, 12, 17, 23, 29]
+    warnings = [r.getMessage() for r in caplog.records if "cannot decode it" in r.getMessage()]
+    assert len(warnings) == 1 and str(clip_path) in warnings[0] and len(calls) == 1
+    # a file neither decoder reads: the error still names both decoders' reasons, every time
+    bad = clip_path.parent / "bad.mp4"
+    bad.write_bytes(b"not a video at all" * 10)
+    for _ in range(2):
+        with pytest.raises(VideoReadError, match=r"decord: RuntimeError: decord cannot read this one; pyav: "):
+            read_video(bad, backend="auto")
+    assert len([r for r in caplog.records if "cannot decode it" in r.getMessage()]) == 2  # one per file
 
 
 # -- frame folders and lists ----------------------------------------------------------------------

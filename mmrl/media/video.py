@@ -260,9 +260,18 @@ def _decoders(backend: str) -> list[str]:
     return order
 
 
+# (decoder, path) -> its error, for files a decoder could not read: a clip read again (every epoch,
+# every eval) goes straight to the next decoder, and the fallback is warned once per file.
+_FAILED: dict[tuple[str, str], str] = {}
+
+
 def _decode(path: Path, backend: str, sample: Callable) -> tuple[str, tuple]:
     errors, names = [], _decoders(backend)
     for k, name in enumerate(names):
+        known = _FAILED.get((name, str(path)))
+        if known is not None and k + 1 < len(names):
+            errors.append(known)
+            continue
         try:
             return name, _DECODERS[name](path, sample)
         except VideoReadError:
@@ -270,7 +279,9 @@ def _decode(path: Path, backend: str, sample: Callable) -> tuple[str, tuple]:
         except Exception as exc:  # decoders raise many types for bad files
             errors.append(f"{name}: {type(exc).__name__}: {str(exc).strip()[:200]}")
             if k + 1 < len(names):
-                log.warning("%s: %s cannot decode it (%s); trying %s", path, name, exc, names[k + 1])
+                _FAILED[(name, str(path))] = errors[-1]
+                log.warning("%s: %s cannot decode it (%s); trying %s (for this file from now on)",
+                            path, name, exc, names[k + 1])
     raise VideoReadError(f"cannot decode video {path} ({'; '.join(errors)}); check that it plays "
                          f"(ffprobe {path}), re-encode it (ffmpeg -i IN -c:v libx264 OUT.mp4) or drop it")
 
