@@ -1,4 +1,4 @@
-"""The demo's run reading (mmrl.demo.runs_index) and launching (mmrl.demo.launcher), without Gradio.
+"""The demo's run reading (mmrl.demo.run_dirs, mmrl.demo.runs_index) and launching (mmrl.demo.launcher),
 
 Run directories are built by hand in the trainer's format (RunLogger's metrics.jsonl and
 rollouts/, the trainer's summary.json and sample sheets); two launcher tests start real tiny runs.
@@ -16,6 +16,7 @@ from PIL import Image
 
 from mmrl.demo import launcher as L
 from mmrl.demo import overrides as O
+from mmrl.demo import run_dirs as D
 from mmrl.demo import runs_index as R
 from mmrl.demo import status as S
 from mmrl.demo.paths import AllowedRoots, PathRefused
@@ -78,29 +79,29 @@ def make_run(root, name="r1", steps=3):
 # -- runs_index --------------------------------------------------------------------------------------
 
 def test_list_runs_newest_first_and_missing_dir(tmp_path):
-    assert R.list_runs(tmp_path / "nope") == []
+    assert D.list_runs(tmp_path / "nope") == []
     old, _ = make_run(tmp_path, "old"), make_run(tmp_path, "new")
     (tmp_path / "not_a_run").mkdir()
     (tmp_path / "stray.txt").write_text("x")
     os.utime(old / "metrics.jsonl", (1_000_000, 1_000_000))
     os.utime(old / "config.yaml", (1_000_000, 1_000_000))
-    assert R.list_runs(tmp_path) == ["new", "old"]
-    assert R.run_path(tmp_path, "old") == tmp_path / "old"
+    assert D.list_runs(tmp_path) == ["new", "old"]
+    assert D.run_path(tmp_path, "old") == tmp_path / "old"
 
 
 @pytest.mark.parametrize("name", ["../x", "/etc", "a/b", "..", ".", "", "a\\b", "x\x00y", "  "])
 def test_run_path_refuses_unsafe_names(tmp_path, name):
     make_run(tmp_path, "r1")
     with pytest.raises(ValueError):
-        R.run_path(tmp_path, name)
+        D.run_path(tmp_path, name)
 
 
 def test_run_path_refuses_a_directory_that_is_not_a_run(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="no run named"):
-        R.run_path(tmp_path, "empty")
+        D.run_path(tmp_path, "empty")
     with pytest.raises(ValueError, match="no run named"):
-        R.run_path(tmp_path, "missing")
+        D.run_path(tmp_path, "missing")
 
 
 def test_read_metrics_dedups_resumed_steps_and_skips_torn_lines(tmp_path):
@@ -215,14 +216,14 @@ def test_links_out_of_a_run_read_as_absent_and_links_inside_as_they_are(tmp_path
     assert R.latest_checkpoint(ours) is None and R.rollout_steps(ours) == [] and R.rollout_gallery(ours) == []
     assert [c for _, c in R.eval_pictures(ours)] == ["held-out samples after training"]
     assert R.progress(ours) == {"step": 0, "steps": None, "reward": None}
-    assert R.list_runs(runs) == []  # a run only through links is not one
+    assert D.list_runs(runs) == []  # a run only through links is not one
     (runs / "away").symlink_to(theirs, target_is_directory=True)
     (runs / "alias").symlink_to(runs / "kept", target_is_directory=True)
     kept = make_run(runs, "kept")
-    assert sorted(R.list_runs(runs)) == ["alias", "kept"]
-    assert R.read_summary(R.run_path(runs, "alias"))["after"] == {"accuracy": 0.5}  # inside: read as it is
+    assert sorted(D.list_runs(runs)) == ["alias", "kept"]
+    assert R.read_summary(D.run_path(runs, "alias"))["after"] == {"accuracy": 0.5}  # inside: read as it is
     with pytest.raises(ValueError, match=f"run 'away' is a link to {theirs}, outside {runs}"):
-        R.run_path(runs, "away")
+        D.run_path(runs, "away")
     with pytest.raises(ValueError, match="outside"):
         L.Launcher(runs, AllowedRoots([runs])).status("away")
     assert R.latest_checkpoint(kept) == kept / "checkpoints" / "step_00000002"
@@ -414,7 +415,7 @@ def test_launch_a_real_tiny_run(tmp_path):
     assert status["state"] == "finished", status["log_tail"]
     assert status["returncode"] == 0 and status["step"] == 2 and status["steps"] == 2
     assert (tmp_path / "t1" / "metrics.jsonl").is_file() and (tmp_path / "t1" / "launch.log").is_file()
-    assert R.list_runs(tmp_path) == ["t1"] and R.read_summary(R.run_path(tmp_path, "t1"))["steps"] == 2
+    assert D.list_runs(tmp_path) == ["t1"] and R.read_summary(D.run_path(tmp_path, "t1"))["steps"] == 2
     assert launcher.stop("t1") == "finished"  # nothing to stop
 
 

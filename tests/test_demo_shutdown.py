@@ -88,7 +88,8 @@ def test_serving_ends_on_a_signal_and_stops_the_runs_first(tmp_path, sig):
     waits, as a training run's data workers would) is gone, child included, once serving ends."""
     import threading
 
-    from mmrl.demo.app import launch_app, serve_until_stopped
+    from mmrl.demo.app import launch_app
+    from mmrl.demo.shutdown import serve_until_stopped
 
     fake = tmp_path / "python"
     fake.write_text("#!/bin/sh\nsleep 60 &\nexec sleep 61\n")

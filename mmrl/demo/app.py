@@ -4,29 +4,26 @@
 
 Every handler returns a message instead of raising: a bad input (a corrupt upload, a task the
 model cannot run) is shown in the page's status line and the server goes on. Element ids
-(``elem_id``) name what the browser tests click and read.
+(``elem_id``) name what the browser tests click and read. What it serves is checked first
+(:func:`~mmrl.demo.paths.served_roots`); how it ends, :mod:`mmrl.demo.shutdown`.
 """
 
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
-import signal
 import sys
-import threading
 import traceback
-from contextlib import contextmanager
 from functools import wraps
 from pathlib import Path
 from typing import Sequence
 
 from .exposure import decide
 from .launcher import DEFAULT_MAX_RUNS, Launcher, builtin_recipes
-from .paths import AllowedRoots, check_root, private_upload_dir
+from .paths import AllowedRoots, check_root, served_roots
 from .playground import DemoError, Playground, Samples
-from .runs_index import curve_frames, eval_pictures, list_runs, read_config_text, read_summary, rollout_gallery, \
-    rollout_steps, run_path
+from .run_dirs import list_runs, run_path
+from .runs_index import curve_frames, eval_pictures, read_config_text, read_summary, rollout_gallery, rollout_steps
+from .shutdown import serve_until_stopped
 from .status import describe, rounded
 
 CURVES = ("reward", "KL", "entropy", "clip fraction", "step time", "eval")
@@ -70,25 +67,6 @@ def _table(samples: Samples, numbers_first: bool = False):
         text = [c for c in ("parsed answer", "completion") if c in frame.columns]
         frame = frame[[c for c in frame.columns if c not in text] + text]
     return frame
-
-
-def served_roots(runs_dir: str | Path, upload_dir: str | Path | None,
-                 model_roots: Sequence[str | Path]) -> tuple[Path, Path, list[Path]]:
-    """The runs, upload and model directories, checked and resolved before anything is served
-    (:func:`~mmrl.demo.paths.check_root`; :class:`~mmrl.demo.paths.RootRefused` names the one
-    refused). The runs directory and a named upload directory are created when missing (the
-    upload one private, mode 0700); without ``upload_dir`` the uploads go to a new private
-    directory, removed when the process exits."""
-    runs_dir = Path(runs_dir).expanduser()
-    if not runs_dir.is_symlink():
-        runs_dir.mkdir(parents=True, exist_ok=True)
-    if upload_dir is None:
-        upload_dir = private_upload_dir()
-        atexit.register(shutil.rmtree, upload_dir, ignore_errors=True)
-    elif not Path(upload_dir).is_symlink():
-        Path(upload_dir).expanduser().mkdir(mode=0o700, parents=True, exist_ok=True)
-    return (check_root(runs_dir, "the runs directory (--runs)"), check_root(upload_dir, "the upload directory"),
-            [check_root(r, "the models directory (--models)") for r in model_roots])
 
 
 def build_app(runs_dir: str | Path = "runs", upload_dir: str | Path | None = None,
@@ -413,40 +391,3 @@ def launch_app(runs_dir: str | Path = "runs", host: str = "127.0.0.1", port: int
               " (for a public gradio.live link: mmrl demo --share --auth user:password)"), flush=True)
         serve_until_stopped(app, launcher)
     return app, play, launcher
-
-
-class Terminated(SystemExit):
-    """SIGTERM or SIGHUP reached the demo: it ends like Ctrl-C, its runs stopped first."""
-
-
-@contextmanager
-def _signals_end_the_demo(*signals_: int):
-    """While inside, each of ``signals_`` raises :class:`Terminated` in the main thread (once: a
-    second one while the runs are being stopped does not cut that short). The default action
-    of SIGTERM would end the process at once, leaving the runs it launched training on."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received: list[int] = []
-
-    def handler(signum, _frame):
-        if not received:
-            received.append(signum)
-            raise Terminated(128 + signum)
-    previous = {s: signal.signal(s, handler) for s in signals_}
-    try:
-        yield
-    finally:
-        for s, old in previous.items():
-            signal.signal(s, old)
-
-
-def serve_until_stopped(app, launcher: Launcher) -> None:
-    """Block until Ctrl-C (Gradio's own handling), SIGTERM or SIGHUP, then stop every run this demo
-    launched, each with everything it started, and close the server."""
-    with _signals_end_the_demo(signal.SIGTERM, signal.SIGHUP):
-        try:
-            app.block_thread()
-        finally:
-            launcher.close()
-            app.close()

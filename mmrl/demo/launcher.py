@@ -28,7 +28,8 @@ from typing import Any, Optional, Union
 from ..config import builtin_config_names
 from .overrides import check_config, check_overrides, refuse_interpolation, yaml_quoted
 from .paths import AllowedRoots
-from .runs_index import check_run_name, progress, run_directory
+from .run_dirs import check_run_name, run_directory
+from .runs_index import progress
 from .status import run_state
 
 __all__ = ["DEFAULT_MAX_RUNS", "Launcher", "builtin_recipes", "modality_of", "recipe_path"]

@@ -14,13 +14,15 @@ name in the shared temp directory.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import stat
 import tempfile
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
-__all__ = ["AllowedRoots", "PathRefused", "RootRefused", "check_root", "private_upload_dir"]
+__all__ = ["AllowedRoots", "PathRefused", "RootRefused", "check_root", "private_upload_dir", "served_roots"]
 
 
 class PathRefused(PermissionError):
@@ -55,6 +57,25 @@ def private_upload_dir() -> Path:
     """A new directory for this process's uploads (``mkdtemp``: a random name, mode 0700), not a
     fixed name another user could create first."""
     return Path(tempfile.mkdtemp(prefix="mmrl-demo-uploads-"))
+
+
+def served_roots(runs_dir: str | Path, upload_dir: str | Path | None,
+                 model_roots: Sequence[str | Path]) -> tuple[Path, Path, list[Path]]:
+    """The runs, upload and model directories, checked and resolved before anything is served
+    (:func:`check_root`; :class:`RootRefused` names the one
+    refused). The runs directory and a named upload directory are created when missing (the
+    upload one private, mode 0700); without ``upload_dir`` the uploads go to a new private
+    directory, removed when the process exits."""
+    runs_dir = Path(runs_dir).expanduser()
+    if not runs_dir.is_symlink():
+        runs_dir.mkdir(parents=True, exist_ok=True)
+    if upload_dir is None:
+        upload_dir = private_upload_dir()
+        atexit.register(shutil.rmtree, upload_dir, ignore_errors=True)
+    elif not Path(upload_dir).is_symlink():
+        Path(upload_dir).expanduser().mkdir(mode=0o700, parents=True, exist_ok=True)
+    return (check_root(runs_dir, "the runs directory (--runs)"), check_root(upload_dir, "the upload directory"),
+            [check_root(r, "the models directory (--models)") for r in model_roots])
 
 
 class AllowedRoots:

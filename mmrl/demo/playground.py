@@ -34,7 +34,8 @@ from ..config import builtin_config_names, builtin_config_path, load_config
 from ..registry import TASKS
 from .overrides import refuse_interpolation
 from .paths import AllowedRoots
-from .runs_index import latest_checkpoint, list_runs, run_path
+from .run_dirs import list_runs, run_path
+from .runs_index import latest_checkpoint
 
 # The shipped tiny models by policy modality, and the task each was warm-started for.
 BUILTIN_MODELS = {"vlm": {"tiny": "counting", "tiny-gui": "screen_grounding",

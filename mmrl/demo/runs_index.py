@@ -5,11 +5,8 @@ refreshes while a run goes on), so a partial or corrupt file is never an error: 
 ``metrics.jsonl`` is skipped, a broken ``summary.json`` reads as ``{}``. The layout is the one
 :class:`~mmrl.runs.logging.RunLogger` and the trainer write (README, "The run directory").
 
-Names come from a web page, so :func:`run_path` only accepts a plain directory name (no path
-separators, no ``..``) that is a run under the runs directory: a page cannot make the app read
-anywhere else. A link does not widen that: a run directory that resolves outside the runs
-directory is not a run (:func:`list_runs` leaves it out, :func:`run_path` refuses it), and a file
-or folder of a run that resolves outside the run's directory is read as absent (:func:`_own`).
+Which directories are runs, and which of a run's files may be read (none that links outside
+it), is :mod:`.run_dirs`: every file here is opened through its :func:`~.run_dirs.run_file`.
 """
 
 from __future__ import annotations
@@ -19,21 +16,21 @@ import math
 import numbers
 import re
 from collections import OrderedDict
-from pathlib import Path, PurePosixPath, PureWindowsPath
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from omegaconf import OmegaConf
 
 from ..runs.checkpoint import CheckpointManager
 from ..runs.logging import read_jsonl
+from .run_dirs import run_file
 
 if TYPE_CHECKING:  # pandas comes with gradio (the `demo` extra), not with mmrl itself
     import pandas
 
 __all__ = [
-    "CURVE_PANELS", "check_run_name", "curve_frames", "eval_pictures", "latest_checkpoint", "list_runs",
-    "progress", "read_config_text", "read_metrics", "read_summary", "rollout_gallery", "rollout_steps",
-    "run_directory", "run_path",
+    "CURVE_PANELS", "curve_frames", "eval_pictures", "latest_checkpoint", "progress", "read_config_text",
+    "read_metrics", "read_summary", "rollout_gallery", "rollout_steps",
 ]
 
 PathLike = Union[str, Path]
@@ -44,91 +41,6 @@ _PICTURE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".webp")
 _NOT_A_REWARD = ("/unparsable_frac", "/errors")
 CAPTION_CHARS = 200
 EPISODE_PICTURES = 8
-
-
-# -- run names and directories -------------------------------------------------------------------
-
-def check_run_name(name: Any) -> str:
-    """``name`` when it is one plain directory name, else ValueError saying why.
-
-    Run names reach the app from a web page and become a path under the runs directory; a
-    separator, ``..`` or an absolute path would let the page read or write outside it.
-    """
-    if not isinstance(name, str) or not name.strip():
-        raise ValueError("a run name must be a non-empty directory name")
-    if "/" in name or "\\" in name:
-        raise ValueError(f"run name {name!r} must be a plain directory name, without '/' or '\\'")
-    if ".." in name or name == ".":
-        raise ValueError(f"run name {name!r} must not contain '..' or be '.'")
-    if PurePosixPath(name).is_absolute() or PureWindowsPath(name).anchor:
-        raise ValueError(f"run name {name!r} must not be an absolute path")
-    if any(ord(c) < 32 or ord(c) == 127 for c in name):
-        raise ValueError(f"run name {name!r} must not contain control characters")
-    return name
-
-
-def _own(run_dir: PathLike, relative: str) -> Optional[Path]:
-    """``run_dir / relative`` when it resolves inside ``run_dir`` (a link to elsewhere, a loop: None).
-
-    A run directory is written by the trainer; a file in it that links out (``config.yaml ->
-    /etc/passwd``) would make the page show whatever it points to.
-    """
-    path = Path(run_dir) / relative
-    try:
-        return path if path.resolve().is_relative_to(Path(run_dir).resolve()) else None
-    except (OSError, RuntimeError):
-        return None
-
-
-def _inside(path: Path, root: Path) -> bool:
-    """``path`` resolves to a directory under ``root`` (not ``root`` itself)."""
-    try:
-        resolved, root = path.resolve(), Path(root).resolve()
-    except (OSError, RuntimeError):
-        return False
-    return resolved != root and resolved.is_relative_to(root)
-
-
-def _is_run(path: Path) -> bool:
-    """A run directory is one the trainer has started writing: its config or its metrics."""
-    return path.is_dir() and any((p := _own(path, name)) is not None and p.is_file()
-                                 for name in ("config.yaml", "metrics.jsonl"))
-
-
-def _run_mtime(path: Path) -> float:
-    """When the run last wrote its metrics (or its config, before the first step)."""
-    times = [p.stat().st_mtime for p in (path / "metrics.jsonl", path / "config.yaml") if p.is_file()]
-    return max(times, default=0.0)
-
-
-def list_runs(runs_dir: PathLike) -> list[str]:
-    """Names of the runs under ``runs_dir``, the most recently active first; [] when it is missing."""
-    root = Path(runs_dir)
-    if not root.is_dir():
-        return []
-    runs = [p for p in root.iterdir() if _inside(p, root) and _is_run(p)]
-    runs.sort(key=lambda p: (-_run_mtime(p), p.name))
-    return [p.name for p in runs]
-
-
-def run_directory(runs_dir: PathLike, name: str) -> Path:
-    """Where run ``name`` (a name from the page) is or will be; ValueError for an unsafe name or
-    a directory that links outside ``runs_dir``."""
-    check_run_name(name)
-    path = Path(runs_dir) / name
-    if not _inside(path, Path(runs_dir)):  # a plain name: only a link leads out
-        raise ValueError(f"run {name!r} is a link to {path.resolve()}, outside {runs_dir}: the demo reads runs only "
-                         f"inside the runs directory (pass that directory as --runs to see it)")
-    return path
-
-
-def run_path(runs_dir: PathLike, name: str) -> Path:
-    """The directory of run ``name`` (a name from the page); ValueError for an unsafe name, a link
-    outside the runs directory, or no such run."""
-    path = run_directory(runs_dir, name)
-    if not _is_run(path):
-        raise ValueError(f"no run named {name!r} in {runs_dir} (a run directory holds config.yaml or metrics.jsonl)")
-    return path
 
 
 # -- metrics --------------------------------------------------------------------------------------
@@ -155,7 +67,7 @@ def _read_records(run_dir: PathLike) -> list[dict]:
     wrong moment can leave both); the later line is the one the run went on from. A line that does
     not parse (the torn last line of a run being written) is skipped.
     """
-    path = _own(run_dir, "metrics.jsonl")
+    path = run_file(run_dir, "metrics.jsonl")
     if path is None:
         return []
     try:
@@ -246,13 +158,13 @@ def curve_frames(run_dir: PathLike) -> "dict[str, pandas.DataFrame]":
 # -- rollouts -------------------------------------------------------------------------------------
 
 def _rollout_dirs(run_dir: PathLike) -> dict[int, Path]:
-    root = _own(run_dir, "rollouts")
+    root = run_file(run_dir, "rollouts")
     if root is None or not root.is_dir():
         return {}
     out = {}
     for p in root.iterdir():
         m = _STEP_DIR.match(p.name)
-        if m and _own(run_dir, f"rollouts/{p.name}") is not None and p.is_dir():
+        if m and run_file(run_dir, f"rollouts/{p.name}") is not None and p.is_dir():
             out[int(m.group(1))] = p
     return out
 
@@ -271,7 +183,7 @@ def _shorten(text: str, limit: int = CAPTION_CHARS) -> str:
 def _saved_picture(folder: Path, value: Any) -> Optional[Path]:
     """The file a rollouts.jsonl field names (RunLogger writes PIL values as files, keeps the name)."""
     if isinstance(value, str) and value.lower().endswith(_PICTURE_SUFFIXES) and "/" not in value and "\\" not in value:
-        path = _own(folder, value)
+        path = run_file(folder, value)
         if path is not None and path.is_file():
             return path
     return None
@@ -331,7 +243,7 @@ def rollout_gallery(run_dir: PathLike, step: Optional[int] = None) -> list[tuple
     if out:
         return out
     pictures = sorted(folder.glob("*_vis.png")) or sorted(p for p in folder.iterdir() if p.suffix.lower() in _PICTURE_SUFFIXES)
-    return [(str(p), p.name) for p in pictures if _own(folder, p.name) is not None]
+    return [(str(p), p.name) for p in pictures if run_file(folder, p.name) is not None]
 
 
 # -- pictures, config, summary, checkpoints, progress ---------------------------------------------
@@ -344,12 +256,12 @@ def eval_pictures(run_dir: PathLike) -> list[tuple[str, str]]:
     for rel, caption in (("samples_before.png", "held-out samples before training"),
                          ("samples_after.png", "held-out samples after training"),
                          ("eval_gallery/gallery.png", "eval gallery (mmrl eval: latest checkpoint)")):
-        path = _own(run_dir, rel)
+        path = run_file(run_dir, rel)
         if path is not None and path.is_file():
             out.append((str(path), caption))
     for folder, when in (("episodes_before", "before training"), ("episodes_after", "after training")):
         if (run_dir / folder).is_dir():
-            shown = [p for p in sorted((run_dir / folder).glob("*.png")) if _own(run_dir, f"{folder}/{p.name}")]
+            shown = [p for p in sorted((run_dir / folder).glob("*.png")) if run_file(run_dir, f"{folder}/{p.name}")]
             for p in shown[:EPISODE_PICTURES]:
                 out.append((str(p), f"episode {when}: {p.stem}"))
     return out
@@ -357,7 +269,7 @@ def eval_pictures(run_dir: PathLike) -> list[tuple[str, str]]:
 
 def read_config_text(run_dir: PathLike) -> str:
     """The resolved config the run trained with (config.yaml), or "" before it is written."""
-    path = _own(run_dir, "config.yaml")
+    path = run_file(run_dir, "config.yaml")
     try:
         return path.read_text(encoding="utf-8", errors="replace") if path else ""
     except OSError:
@@ -366,7 +278,7 @@ def read_config_text(run_dir: PathLike) -> str:
 
 def read_summary(run_dir: PathLike) -> dict:
     """summary.json (held-out metrics before and after training), or {} when absent or unreadable."""
-    path = _own(run_dir, "summary.json")
+    path = run_file(run_dir, "summary.json")
     try:
         summary = json.loads(path.read_text(encoding="utf-8")) if path else {}
     except (OSError, ValueError):
@@ -377,14 +289,14 @@ def read_summary(run_dir: PathLike) -> dict:
 def latest_checkpoint(run_dir: PathLike) -> Optional[Path]:
     """The checkpoint a resume (or ``mmrl eval``) would load, or None: the trainer's own rule;
     None as well when it (or the checkpoints folder) links outside the run."""
-    folder = _own(run_dir, "checkpoints")
+    folder = run_file(run_dir, "checkpoints")
     latest = CheckpointManager(folder).latest() if folder else None
-    return latest if latest is not None and _own(run_dir, f"checkpoints/{latest.name}") else None
+    return latest if latest is not None and run_file(run_dir, f"checkpoints/{latest.name}") else None
 
 
 def _configured_steps(run_dir: PathLike) -> Optional[int]:
     """``train.steps`` from config.yaml; None before it is written or when it cannot be read."""
-    path = _own(run_dir, "config.yaml")
+    path = run_file(run_dir, "config.yaml")
     if path is None or not path.is_file():
         return None
     try:
