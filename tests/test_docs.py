@@ -266,6 +266,67 @@ def test_every_video_command_shows_the_video_install_line_with_it():
     assert seen >= 6  # video.md's three, getting-started, models.md, the feature table in README and index
 
 
+_WALL_TIME = re.compile(r"\b\d+(?:\.\d+)? ?(?:min|minutes)\b")
+_TWO_CORES = re.compile(r"2-core|2 cores|2 CPU cores")
+NOT_WALL_TIMES = ("nothing written for 10 minutes",)  # docs/demo.md: a run's idle time, not a measurement
+
+
+def _with_conditions(text: str):
+    """(line number, line, its context) of each line outside code fences: a paragraph is its own
+    context; a table row, or a list item, is its own with the paragraph before its table or list
+    (the "Measured ... (conditions):" that introduces it). A fenced line is its own context."""
+    lines, out, block, before, fence = text.splitlines(), [], [], "", False
+
+    def close():
+        nonlocal block, before
+        if not block:
+            return
+        lead = block[0][1].lstrip()
+        if lead.startswith("|"):  # each row
+            out.extend((i, line, before + "\n" + line) for i, line in block)
+        elif lead.startswith(("- ", "* ")):  # each item, with the lines that continue it
+            items: list[list] = []
+            for i, line in block:
+                if line.lstrip().startswith(("- ", "* ")) or not items:
+                    items.append([])
+                items[-1].append((i, line))
+            for item in items:
+                body = "\n".join(line for _, line in item)
+                out.extend((i, line, before + "\n" + body) for i, line in item)
+        else:
+            before = "\n".join(line for _, line in block)
+            out.extend((i, line, before) for i, line in block)
+        block = []
+
+    for i, line in enumerate(lines, 1):
+        if line.startswith("```"):
+            close()
+            fence = not fence
+        elif fence:
+            out.append((i, line, line))
+        elif line.strip():
+            block.append((i, line))
+        else:
+            close()
+    close()
+    return out
+
+
+def test_every_documented_wall_time_names_the_cpu_and_threads():
+    """Issue 51 item 20: a wall time is a measurement with its conditions (the 2-core CPU and the
+    thread count: the same run took 4 min 50 s at 2 threads and 9 min 6 s at 1). docs/performance.md's
+    speed tables carry their own conditions column by column and are its owner's to keep."""
+    missing = []
+    for page in _docs_pages():
+        if page.name == "performance.md":
+            continue
+        for i, line, context in _with_conditions(page.read_text()):
+            if _WALL_TIME.search(line) and not any(s in line for s in NOT_WALL_TIMES) and \
+                    not ("thread" in context and _TWO_CORES.search(context)):
+                missing.append(f"{page.relative_to(REPO)}:{i}: {line.strip()[:100]}")
+    assert not missing, "wall times without the CPU and thread count:\n" + "\n".join(missing)
+
+
 def test_the_site_shows_the_readme_blocks_unchanged():
     readme = README.read_text()
     assert _block_after(readme, "## Tests") == _block_after((DOCS / "tests.md").read_text(), "# Tests")
