@@ -204,8 +204,9 @@ class SFTRun:
     def run(self) -> SFTResult:
         from .core.interrupt import StopOnInterrupt, TrainingInterrupted
         from .runs.config_history import record_start
-        from .runs.logging import RunLogger, TrainingProgress, write_summary
+        from .runs.logging import RunLogger, write_summary
         from .runs.resume import resuming_line
+        from .runs.terminal import TrainingProgress
 
         cfg, main = self.cfg, self.main
         self.policy.configure_optimizer(cfg.train, cfg.train.steps)

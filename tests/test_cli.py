@@ -172,3 +172,26 @@ def test_an_output_directory_that_cannot_be_written_stops_before_the_model_loads
     assert r.returncode == 2, r.stderr[-2000:]
     assert f"error: cannot write {tmp_path / 'locked' / 'x'} (Permission denied): set log.output_dir" in err
     assert "/nonexistent/model" not in err and not (tmp_path / "locked").exists()
+
+
+@pytest.mark.slow
+def test_stdout_to_a_file_gets_progress_lines_and_whole_tables(random_tiny_dir, tmp_path):
+    """`mmrl train vlm > job.log`, as a cluster job runs: no live bar (it would print nothing
+    until the end) but a plain progress line per due step, and the before/after table at its full
+    width, each row on one line with both intervals (rich would wrap it at $COLUMNS, else 80 columns;
+    the tiny run's table is 77 wide, so the job's COLUMNS is 60)."""
+    from conftest import CLI_RUN
+
+    args = [a for a in CLI_RUN if a != "log.progress=false"]
+    with open(tmp_path / "job.log", "w") as log:
+        done = subprocess.run([sys.executable, "-m", "mmrl.cli", "train", "vlm", f"model.path={random_tiny_dir}",
+                               *args, "train.steps=3", "log.run_name=job"], cwd=tmp_path, stdout=log,
+                              stderr=subprocess.PIPE, text=True, timeout=600, env={**__import__("os").environ,
+                                                                                    "COLUMNS": "60"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = (tmp_path / "job.log").read_text().splitlines()
+    progress = [line.split(" | ")[0] for line in lines if line.startswith("mmrl counting step")]
+    assert progress == ["mmrl counting step 1/3 (33%)", "mmrl counting step 2/3 (67%)", "mmrl counting step 3/3 (100%)"]
+    assert all("reward " in line and "remaining " in line for line in lines if line.startswith("mmrl counting"))
+    row = next(line for line in lines if line.startswith("│ reward "))
+    assert row.count("[") == 2 and row.endswith("│") and len(row) > 60, row  # both intervals, one line

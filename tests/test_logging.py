@@ -1,4 +1,5 @@
-"""mmrl.runs.logging: run-directory outputs and the terminal progress/summary."""
+"""mmrl.runs.logging: run-directory outputs; mmrl.runs.terminal: the progress and the before/after table
+(on a terminal, and on stdout that is a file or a pipe, as a cluster job's log is)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import torch
 from PIL import Image
 from rich.console import Console
 
-from mmrl.runs.logging import RunLogger, TrainingProgress, print_before_after
+from mmrl.runs.logging import RunLogger
+from mmrl.runs.terminal import TrainingProgress, print_before_after
 
 
 def read_jsonl(path):
@@ -74,11 +76,49 @@ def test_progress_disabled_and_enabled_under_capture(capsys):
         for s in range(3, 6):
             p.update(s, reward=torch.tensor(0.25), step_time=0.01, kl=np.float32(0.1))
     out, err = capsys.readouterr()
-    # Not a terminal: no live redraws, the final state printed once, on one line; tensor and NumPy
-    # values formatted like floats.
-    assert err == "" and out.count("\n") == 1 and "step 3/5" not in out and "step 4/5" not in out
-    assert out.startswith("train ") and "step 5/5" in out
-    assert "reward 0.250" in out and "step time 0.01s" in out and "kl 0.100" in out
+    # Not a terminal: no live bar but a plain line per due step (every step of a 5-step run: 5% of
+    # it is under one step); tensor and NumPy values formatted like floats.
+    lines = out.splitlines()
+    assert err == "" and [line.split(" | ")[0] for line in lines] == [
+        "train step 3/5 (60%)", "train step 4/5 (80%)", "train step 5/5 (100%)"]
+    assert "reward 0.250" in lines[-1] and "step time 0.01s" in lines[-1] and lines[-1].endswith("kl 0.100")
+
+
+def test_a_file_gets_plain_progress_lines_as_the_run_goes(tmp_path):
+    """stdout a file (a cluster job's log): a line after the first step, then every 5% of the run
+    (2 of 40 steps), and after the last, each in the file when its step ends (read back before the
+    run is over), with the elapsed and remaining time from the steps done; a slow run gets a line
+    at least every minute however few steps that is."""
+    clock = [0.0]
+    path = tmp_path / "job.log"
+    with open(path, "w") as f:
+        p = TrainingProgress(40, console=Console(file=f), description="mmrl counting")
+        p._clock = lambda: clock[0]
+        with p:
+            for step in range(1, 41):
+                clock[0] += 3.0  # 3 s a step
+                p.update(step, reward=0.5, step_time=3.0)
+                if step == 10:
+                    seen = path.read_text().splitlines()
+    assert [line.split(" | ")[0] for line in seen] == [
+        "mmrl counting step 1/40 (2%)", "mmrl counting step 2/40 (5%)", "mmrl counting step 4/40 (10%)",
+        "mmrl counting step 6/40 (15%)", "mmrl counting step 8/40 (20%)", "mmrl counting step 10/40 (25%)"]
+    assert seen[-1] == ("mmrl counting step 10/40 (25%) | reward 0.500 | step time 3.00s | elapsed 0:00:30 | "
+                        "remaining 0:01:30")  # 30 s for 10 steps: 3 s each for the 30 left
+    lines = path.read_text().splitlines()
+    assert len(lines) == 1 + 20 and lines[-1].startswith("mmrl counting step 40/40 (100%)")
+    assert "remaining 0:00:00" in lines[-1]
+    # 1000 steps of 70 s: 5% is 50 steps, but a minute never passes without a line
+    buf = io.StringIO()
+    p = TrainingProgress(1000, start_step=500, console=Console(file=buf), description="rl", metric="loss")
+    p._clock = lambda: clock[0]
+    with p:
+        for step in range(501, 504):
+            clock[0] += 70.0
+            p.update(step, loss=0.25, step_time=70.0)
+    assert [line.split(" | ")[0] for line in buf.getvalue().splitlines()] == [
+        "rl step 501/1000 (50%)", "rl step 502/1000 (50%)", "rl step 503/1000 (50%)"]
+    assert "loss 0.250" in buf.getvalue() and "remaining 9:39:50" in buf.getvalue()  # 497 steps of 70 s
 
 
 def test_progress_columns_and_resume_start():
@@ -104,6 +144,22 @@ def test_before_after_table(capsys):
     for s in ("eval", "reward", "accuracy", "0.2500", "0.7500", "+0.5000", "+0.2000", "before", "after", "change"):
         assert s in text
     assert "0.7500" in capsys.readouterr().out
+
+
+def test_a_table_on_a_file_or_pipe_is_printed_at_its_full_width(capsys, monkeypatch):
+    """stdout not a terminal (pytest's capture, as a job log): rich would cut and wrap the table at
+    80 columns; it comes out at its own width, each row on one line, every name and interval whole."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    name = "reward/a_reward_component_with_a_long_name"
+    before, after = {"accuracy": 0.1, name: 0.25}, {"accuracy": 0.3, name: 0.75}
+    intervals = {"before": {name: (0.125, 0.375)}, "after": {name: (0.625, 0.875)}}
+    print_before_after(before, after, title="held-out eval (counting, 200 examples; 95% bootstrap intervals)",
+                       intervals=intervals)
+    lines = capsys.readouterr().out.splitlines()
+    row = next(line for line in lines if name in line)
+    assert "0.2500 [0.125, 0.375]" in row and "0.7500 [0.625, 0.875]" in row and "+0.5000" in row
+    assert len(lines) == 7 and len(row) > 80  # title, top, header, rule, 2 rows, bottom: nothing wrapped
+    assert len({len(line) for line in lines[1:]}) == 1
 
 
 def strict_json(text):

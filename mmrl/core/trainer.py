@@ -29,8 +29,9 @@ from ..measures.intervals import describe
 from ..registry import TASKS, load_plugins
 from ..runs.checkpoint import set_rng_state
 from ..runs.config_history import record_start
+from ..runs.logging import RunLogger, write_summary
 from ..runs.resume import finished_steps, open_run, resuming_line
-from ..runs.logging import RunLogger, TrainingProgress, print_before_after, write_summary
+from ..runs.terminal import TrainingProgress, print_before_after
 from ..runs.trackers import tracker_names
 from ..runs.report import report_after_run
 from ..task import Task

@@ -1,4 +1,4 @@
-"""What a run leaves in its run directory, and what it shows on the terminal while it runs.
+"""What a run leaves in its run directory (what it shows on the terminal: :mod:`mmrl.runs.terminal`).
 
 Run directory::
 
@@ -28,17 +28,13 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from rich.table import Table
-
 from .disk import naming_disk_errors
 from .trackers import Trackers, tracker_names
 
-__all__ = ["RunLogger", "TrainingProgress", "print_before_after", "read_jsonl", "to_jsonable", "write_summary"]
+__all__ = ["RunLogger", "read_jsonl", "scalar", "to_jsonable", "write_summary"]
 
 
-def _scalar(value: Any) -> Any:
+def scalar(value: Any) -> Any:
     """Tensors / NumPy values with one element -> Python float (bool stays bool); else unchanged."""
     if hasattr(value, "numel") and hasattr(value, "item"):  # torch.Tensor without importing torch
         if value.numel() != 1:
@@ -57,7 +53,7 @@ def to_jsonable(value: Any) -> Any:
     """Recursively make ``value`` JSON-serialisable (tensors and NumPy to floats/lists, else str).
     NaN and infinity become None (``null``): they are not JSON (a metric with nothing to average,
     such as ``mae`` when no answer parses, is NaN in Python)."""
-    value = _scalar(value)
+    value = scalar(value)
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -240,147 +236,3 @@ class RunLogger:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-# ------------------------------------------------------------------------------------------------
-# Terminal output
-# ------------------------------------------------------------------------------------------------
-
-
-def _fmt(value: Any, spec: str = ".3f") -> str:
-    value = _scalar(value)
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return format(float(value), spec)
-    return str(value)
-
-
-class TrainingProgress:
-    """Progress bar: description, bar, ``step M/N``, the run's ``metric`` (RL's reward, SFT's
-    loss), step time, elapsed and ETA.
-
-    When resuming, the bar starts at ``start_step`` and the ETA is estimated from the steps done
-    since then (rich only samples speed from updates, not from the initial ``completed``).
-    With ``enabled=False`` every call is a no-op; on a non-terminal stdout (CI logs, pytest
-    capture) rich skips the live redraws and prints the final state once.
-    """
-
-    def __init__(
-        self,
-        total_steps: int,
-        start_step: int = 0,
-        enabled: bool = True,
-        description: str = "train",
-        console: Optional[Console] = None,
-        metric: str = "reward",
-    ):
-        self.total_steps = int(total_steps)
-        self.metric = metric
-        self.start_step = int(start_step)
-        self.enabled = enabled
-        self.description = description
-        self._progress = Progress(
-            TextColumn("[progress.description]{task.description}"),
-            BarColumn(),
-            TextColumn("step {task.completed:.0f}/{task.total:.0f}"),
-            TextColumn(metric + " {task.fields[reward]}"),
-            TextColumn("step time {task.fields[step_time]}"),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            TextColumn("{task.fields[extra]}"),
-            console=console,
-            disable=not enabled,
-            transient=False,
-        )
-        self._task = self._progress.add_task(
-            description,
-            total=self.total_steps,
-            completed=self.start_step,
-            reward="-",
-            step_time="-",
-            extra="",
-        )
-        self._started = False
-
-    def __enter__(self) -> "TrainingProgress":
-        self.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-    def start(self) -> None:
-        if not self._started:
-            self._progress.start()
-            self._started = True
-
-    def stop(self) -> None:
-        if self._started:
-            self._progress.stop()
-            self._started = False
-
-    def update(self, step: int, reward: Any = None, step_time: Any = None, **extra: Any) -> None:
-        """Show that ``step`` steps are complete (absolute, not an increment); the ``metric``
-        column shows ``reward`` or the keyword named as the metric."""
-        fields: dict[str, Any] = {}
-        reward = extra.pop(self.metric, reward)
-        if reward is not None:
-            fields["reward"] = _fmt(reward, ".3f")
-        if step_time is not None:
-            fields["step_time"] = _fmt(step_time, ".2f") + "s"
-        if extra:
-            fields["extra"] = " ".join(f"{k} {_fmt(v)}" for k, v in extra.items())
-        self._progress.update(self._task, completed=int(step), **fields)
-
-    def log(self, message: str) -> None:
-        """Print a line above the bar (plain print would garble the live display)."""
-        if self.enabled:
-            self._progress.console.print(message)
-
-
-def print_before_after(
-    before: Mapping[str, Any],
-    after: Mapping[str, Any],
-    title: str = "Evaluation: before vs after training",
-    console: Optional[Console] = None,
-    intervals: Optional[Mapping[str, Mapping[str, Sequence[float]]]] = None,
-) -> str:
-    """Print a table of metrics before and after training and return it as plain text.
-
-    Rows are the metric names (those of ``before`` first, then any only in ``after``); the change
-    column is ``after - before``; ``intervals`` (``{"before": {metric: (low, high)}, "after": ...}``,
-    summary.json's) adds each value's confidence interval. The returned text is what a run also
-    writes to its log.
-    """
-    names = list(before) + [k for k in after if k not in before]
-
-    def table(colour: bool) -> Table:
-        t = Table(title=title)
-        t.add_column("metric")
-        t.add_column("before", justify="right")
-        t.add_column("after", justify="right")
-        t.add_column("change", justify="right")
-        for name in names:
-            b, a = _scalar(before.get(name)), _scalar(after.get(name))
-            change = "-"
-            if isinstance(b, numbers.Real) and isinstance(a, numbers.Real):
-                d = float(a) - float(b)
-                change = "nan" if math.isnan(d) else f"{d:+.4f}"
-                if colour and d != 0 and not math.isnan(d):
-                    change = f"[{'green' if d > 0 else 'red'}]{change}[/]"
-            fmt = lambda v: "-" if v is None else _fmt(v, ".4f")  # noqa: E731
-            t.add_row(name, fmt(b) + _interval(intervals, "before", name), fmt(a) + _interval(intervals, "after", name),
-                      change)
-        return t
-
-    buf = io.StringIO()
-    Console(file=buf, width=100, color_system=None, force_terminal=False).print(table(False))
-    (console or Console()).print(table(True))
-    return buf.getvalue()
-
-
-def _interval(intervals, when: str, name: str) -> str:
-    """`` [low, high]`` of ``name``'s interval at ``when`` (before / after), or nothing."""
-    low_high = ((intervals or {}).get(when) or {}).get(name)
-    if not low_high or any(v is None or not math.isfinite(float(v)) for v in low_high):
-        return ""
-    return f" [{float(low_high[0]):.3f}, {float(low_high[1]):.3f}]"
