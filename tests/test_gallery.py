@@ -219,3 +219,13 @@ def test_the_eval_gallery_sheet_shows_the_first_few_of_its_cards(tmp_path):
             and sheet.getpixel((7, y - 1)) != RIGHT]
     assert len(rows) == SHEET_PICTURES // 4 == 2  # two rows of four on the sheet
     assert sheet_marks(sheet, TITLE + 6) == [True] * 4
+
+
+def test_a_narrow_sheet_is_as_wide_as_its_title():
+    """Two small tiles under a 90-character title: the sheet widens to the title (6 px a character
+    plus the 6-px margins), not cut at the tiles' width."""
+    from mmrl.runs.contact_sheet import contact_sheet
+
+    title = "x" * 90
+    sheet, boxes = contact_sheet([Image.new("RGB", (100, 200))] * 2, [RIGHT, WRONG], title, width=400)
+    assert boxes[-1][2] < 300 and sheet.width == 2 * 6 + 6 * 90 == 552

@@ -105,7 +105,8 @@ def contact_sheet(pictures: Sequence[Image.Image], colours: Sequence[tuple[int, 
         boxes.append((x + border, y + border, x + border + w, y + border + h))
         x += outer_w + gap
         row_bottom = max(row_bottom, y + outer_h)
-    sheet_width = max([b[2] + border + gap for b in boxes] + [width // 2])
+    # as wide as the tiles, half the asked width at least, and the whole title
+    sheet_width = max([b[2] + border + gap for b in boxes] + [width // 2, 2 * gap + CHAR * len(title)])
     sheet = Image.new("RGB", (sheet_width, row_bottom + gap), "white")
     draw = ImageDraw.Draw(sheet)
     draw.text((gap, 4), title, fill=(0, 0, 0), font=bitmap_font())
