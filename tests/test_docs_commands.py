@@ -60,7 +60,7 @@ BUDGET: dict[str, tuple[str, ...]] = {
     "bench algos": ("--steps", "1", "--seeds", "0", *_VLM[1:]),
     "bench diffusion": ("--steps", "1", *_GENERATOR[1:]),
     "bench speed": ("--prompts", "1", "--generations", "2", "--tokens", "2", "--steps", "1", "--warmup", "0",
-                    "--repeats", "1"),
+                    "--repeats", "1", "--towers", "frozen", "--trl", "best"),  # one pair, two runs
     "bench rollout": ("--tiny",),
     "bench optimizers": ("--width", "16", "--layers", "1", "--steps", "1"),
     "bench gpu": ("--steps", "1", "--warmup", "0", "--budget", "120"),
