@@ -129,9 +129,10 @@ def test_without_intervals_the_interval_columns_are_dashes(run_dir):
 
 def test_one_plot_per_logged_quantity_and_none_for_the_absent(run_dir):
     page = _page(run_dir)
-    # eval/mae is never a number, lr and the unparsable fraction are not among the report's curves,
-    # and policy_kl was not logged: none of them is drawn; the two times make one plot (the split)
-    assert page.plots == ["reward", "reward/format", "reward/accuracy", "eval/accuracy", "eval/reward", "kl",
+    # eval/mae is never a number, the unparsable fraction is not among the report's curves, and
+    # policy_kl, loss and grad_norm were not logged: none of them is drawn; lr is (with the loss
+    # curves, an SFT run's); the two times make one plot (the split)
+    assert page.plots == ["reward", "reward/format", "reward/accuracy", "eval/accuracy", "eval/reward", "lr", "kl",
                           "entropy", "clip_frac_high", "completion_length", "rollout_time step_time"]
     assert all(src.startswith("data:image/svg+xml;base64,") for src in page.images[:len(page.plots)])
 
@@ -186,7 +187,7 @@ def test_a_report_is_cheap_no_matplotlib_and_each_recipe_loaded_once(run_dir, mo
     monkeypatch.setattr(mmrl.config, "load_config", lambda *a, **k: loads.append(a))
     page = _page(run_dir)
     assert loads == [] and "could not be drawn" not in (run_dir / "report.html").read_text()
-    assert len(page.plots) == 10 and page.rows["config-diff"][1:] == [["algo.epsilon_high", "0.28", "0.3"],
+    assert len(page.plots) == 11 and page.rows["config-diff"][1:] == [["algo.epsilon_high", "0.28", "0.3"],
                                                                       ["train.steps", "100", "7"]]
 
 
