@@ -78,7 +78,8 @@ def write_pro(tmp_path, rows=PRO):
 def test_screenspot_v2_files_read_as_they_are(tmp_path):
     folder, images = write_v2(tmp_path)
     data = read_screenspot(folder, image_root=images)  # the folder: desktop, mobile and (empty) web
-    assert len(data) == 3 and data.stats() == {"examples": 3, "skipped_lines": 0, "bad_images": 0}
+    assert len(data) == 3 and data.stats() == {"examples": 3, "skipped_lines": 0, "bad_images": 0,
+                                                  "missing_images": 0}
     close = data[0]
     assert close["box"] == (910.0, 78.0, 954.0, 112.0)  # [x, y, w, h] -> corners
     assert close["image"] == str(images / "pc_ede36f9b.png")
@@ -116,7 +117,8 @@ def test_bad_entries_are_skipped_naming_file_entry_and_key(tmp_path, caplog):
     path.write_text(json.dumps(rows, indent=2), encoding="utf-8")
     with caplog.at_level(logging.WARNING):
         data = read_screenspot(path)  # images start at the file's folder by default
-    assert len(data) == 1 and data.stats() == {"examples": 1, "skipped_lines": 5, "bad_images": 1}
+    assert len(data) == 1 and data.stats() == {"examples": 1, "skipped_lines": 5, "bad_images": 1,
+                                                  "missing_images": 1}
     where = dict(data.skipped)
     for index, key in ((1, "'bbox'"), (2, "'instruction'"), (5, "'bbox'"), (6, "'bbox'")):
         (reason,) = [r for w, r in where.items() if w.endswith(f"(entry {index})")]

@@ -129,7 +129,8 @@ def test_a_corrupt_screenshot_is_skipped_and_bad_boxes_are_counted_per_entry(tmp
     examples = task.examples("eval")
     got = [examples[i]["box"] for i in range(len(examples))]  # training's indexing never raises
     assert set(got) == {(10, 10, 30, 30), (30, 40, 40, 50)}
-    assert examples.stats() == {"examples": 5, "skipped_lines": 0, "bad_images": 1, "bad_targets": 2}
+    assert examples.stats() == {"examples": 5, "skipped_lines": 0, "bad_images": 1, "missing_images": 0,
+                                "bad_targets": 2}
     (cut,) = examples.bad_images
     assert cut.startswith(f"{path}:") and cut.endswith("(entry 1)") and "truncated" in examples.bad_images[cut]
     assert sorted(w.rsplit(" ", 1)[-1] for w in examples.bad_targets) == ["2)", "4)"]
