@@ -81,13 +81,17 @@ class Group:
                             steps=o.steps, warmup=o.warmup, micro_batch=o.micro_batch, device=o.device, seed=o.seed)
         return replace(base, **changes).resolved()
 
-    def config(self, sopts: SpeedOptions, overrides: list[str], run: str):
+    def config(self, sopts: SpeedOptions, overrides: list[str], run: str, tower: str = "frozen",
+               threads: bool = True):
+        """mmrl's recipe with the group's settings; ``threads``: apply ``train.threads`` on a CPU
+        (the speed rows apply it once, so every run of the comparison has the same count)."""
         from ..config import builtin_config_path, load_config
 
         lora = [f"model.lora.r={self.opts.lora_rank}", f"model.lora.alpha={2 * self.opts.lora_rank}"] if sopts.lora else []
-        cfg = load_config(builtin_config_path(DEFAULT_CONFIG),
-                          [*self.opts.extra, *lora, *overrides, *mmrl_overrides(sopts, self.path, self.out_dir / run)])
-        if sopts.device == "cpu":
+        cfg = load_config(builtin_config_path(DEFAULT_CONFIG), [*self.opts.extra, *lora, *overrides,
+                                                                *mmrl_overrides(sopts, self.path, self.out_dir / run,
+                                                                                tower=tower)])
+        if threads and sopts.device == "cpu":
             from ..threads import configure_threads
 
             configure_threads(cfg)
@@ -160,13 +164,8 @@ class Group:
 
         def config_for(row):
             engine, overrides = CACHES[row.variant]
-            side = replace(sopts, engine=engine)
-            lora_size = [f"model.lora.r={self.opts.lora_rank}", f"model.lora.alpha={2 * self.opts.lora_rank}"] if lora else []
-            from ..config import builtin_config_path, load_config
-
-            return load_config(builtin_config_path(DEFAULT_CONFIG), [
-                *self.opts.extra, *lora_size, *overrides,
-                *mmrl_overrides(side, self.path, self.out_dir / row.name.replace(" ", "-"), tower=row.tower)])
+            return self.config(replace(sopts, engine=engine), overrides, f"{row.tower}-{row.name.replace(' ', '-')}",
+                               tower=row.tower, threads=False)
 
         def failed(row, exc: Exception) -> str:
             traceback.print_exc()
