@@ -10,6 +10,7 @@ The modules a plugin may import besides these names are listed in :data:`PUBLIC_
 (:mod:`mmrl.public`).
 """
 
+from . import library_noise  # noqa: F401  (silences, once, what a user cannot act on: see the module)
 from . import plugins  # noqa: F401  (installs the registries' plugin loader)
 from .api import train
 from .benchmarks import Benchmark, register_benchmark

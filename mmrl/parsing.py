@@ -9,9 +9,10 @@ run. Scores computed from the parsed values (IoU, AP50, edit similarity, ...) ar
 
 from __future__ import annotations
 
+import ast
 import math
 import re
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 _OPEN, _CLOSE = "<answer>", "</answer>"
 # The content of a think or answer block: text holding no think/answer tag, so that
@@ -60,6 +61,30 @@ _EMPTY_LIST_RE = re.compile(r"\[\s*\]")
 _NONE_WORDS = ("none", "no objects", "nothing")
 
 Box = tuple[float, float, float, float]
+
+# Model text read as Python (only by ``ast``: never run) is parsed under this file name: what Python's
+# tokenizer warns about it ("invalid escape sequence"; 3.12's "invalid decimal literal" for "[1st, 2nd]")
+# is the model's, not the user's, and mmrl.library_noise silences it for this name only, once.
+MODEL_TEXT_FILE = "<model text>"
+
+
+def python_expression(text) -> Optional[ast.Expression]:
+    """``text`` parsed as one Python expression, as ``ast.literal_eval`` parses a string (leading
+    spaces and tabs dropped), under :data:`MODEL_TEXT_FILE`; None if it is not one."""
+    try:
+        return ast.parse(text.lstrip(" \t"), MODEL_TEXT_FILE, "eval")
+    except (SyntaxError, ValueError, TypeError, AttributeError, MemoryError, RecursionError):
+        return None
+
+
+def python_literal(text) -> Any:
+    """``ast.literal_eval(text)``: a Python literal (single quotes, tuples, trailing commas), or None
+    (also for the text ``None``) when ``text`` is not one."""
+    tree = python_expression(text)
+    try:
+        return None if tree is None else ast.literal_eval(tree)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
 
 
 # The R1 layouts a format reward checks (``format``'s modes; GUI-R1's format term).

@@ -185,3 +185,46 @@ def test_video_prompts(family, family_dirs):  # noqa: F811
     assert encoder.images_seen - seen == 2
     assert any("visual" in n for n in shared[2])
     _assert_equal(shared, plain)
+
+
+def test_the_cache_goes_by_the_name_the_model_declares(random_tiny_dir):
+    """transformers renamed ``past_key_values`` to ``cache`` in 5.24 (the old name warns on every forward
+    until 5.40); the vLLM environment pins transformers < 5.20, which knows only the old one. A class
+    that declares neither would drop an unknown keyword into ``**kwargs`` and run without the cache:
+    refused. The shared pass itself prints no warning of either name (transformers' logger included)."""
+    import logging
+    import warnings
+
+    from mmrl.vlm.kv_cache import cache_keyword
+
+    class Current:
+        def forward(self, input_ids=None, cache=None, **kwargs): ...
+
+    class Before524:
+        def forward(self, input_ids=None, past_key_values=None, **kwargs): ...
+
+    class Neither:
+        def forward(self, input_ids=None, **kwargs): ...
+
+    assert cache_keyword(Current()) == "cache" and cache_keyword(Before524()) == "past_key_values"
+    with pytest.raises(TypeError, match="Neither.forward takes neither `cache` nor `past_key_values`"):
+        cache_keyword(Neither())
+
+    policy = VLMPolicy(make_config(f"model.path={random_tiny_dir}", "train.device=cpu"))
+    batch = _groups(policy)
+    logged: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())
+    hf_logger = logging.getLogger("transformers")
+    level = hf_logger.level
+    hf_logger.addHandler(handler)
+    hf_logger.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            _forward(policy, batch, shared=True)
+    finally:
+        hf_logger.removeHandler(handler)
+        hf_logger.setLevel(level)
+    said = [str(w.message) for w in seen] + logged
+    assert not [m for m in said if "past_key_values" in m or "cache" in m], said

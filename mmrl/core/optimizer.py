@@ -25,7 +25,6 @@ them alike.
 from __future__ import annotations
 
 import importlib
-import warnings
 from typing import Any
 
 import torch
@@ -87,11 +86,11 @@ def step_schedule(scheduler, step: int) -> None:
 
     The schedule is set before the step's optimizer steps, by design (and a resumed run sets it
     before its first): torch's warning that ``lr_scheduler.step()`` came before ``optimizer.step()``
-    (which assumes one scheduler step per optimizer step) does not apply and is silenced here."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
-        while scheduler.last_epoch < step - 1:
-            scheduler.step()
+    (which assumes one scheduler step per optimizer step) does not apply: :mod:`mmrl.library_noise`
+    silences it for this caller, once at import (a ``warnings.catch_warnings()`` here, entered every
+    step, made every warning of the run that Python shows once print again each step)."""
+    while scheduler.last_epoch < step - 1:
+        scheduler.step()
 
 
 def _library(optim: str, module: str, package: str):

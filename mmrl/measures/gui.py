@@ -33,11 +33,10 @@ import ast
 import json
 import math
 import re
-import warnings
 from typing import Any, Optional, Sequence
 
 from mmrl.media.coords import prediction_to_pixels
-from mmrl.parsing import extract_answer
+from mmrl.parsing import extract_answer, python_expression, python_literal
 
 ACTION_TYPES = ("click", "long_press", "type", "scroll", "open_app", "navigate_back", "navigate_home",
                 "wait", "terminate")
@@ -194,18 +193,7 @@ def _literal(text: str) -> Any:
             return json.loads(attempt)
         except Exception:
             pass
-    try:
-        return _quietly(ast.literal_eval, text)
-    except Exception:
-        return None
-
-
-def _quietly(fn, *args):
-    """``fn(*args)`` with Python's compile-time warnings off: a model's text such as ``[1st, 2nd]``
-    makes ``ast`` print "SyntaxWarning: invalid decimal literal" to the user's terminal."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SyntaxWarning)
-        return fn(*args)
+    return python_literal(text)
 
 
 def _read_call(text: str) -> Optional[dict]:
@@ -246,7 +234,7 @@ def _closing(text: str, start: int) -> Optional[str]:
 def _call_arguments(inner: str) -> tuple[list, dict]:
     if len(inner) <= _MAX_LITERAL:
         try:
-            call = _quietly(ast.parse, f"f({inner})", "<action>", "eval").body
+            call = python_expression(f"f({inner})").body  # None (not a call): AttributeError, read below
             args = [ast.literal_eval(a) for a in call.args]
             kwargs = {k.arg.lower(): ast.literal_eval(k.value) for k in call.keywords if k.arg is not None}
             return args, kwargs

@@ -33,13 +33,12 @@ Qwen2.5-VL's resized pixels, where the 140 is GUI-R1's; 0-1000 for Qwen2-VL/Qwen
 
 from __future__ import annotations
 
-import ast
 import re
-import warnings
 from typing import Optional
 
 from mmrl.measures.gui import truth_action, truth_bbox
 from mmrl.media.coords import pixels_to_prediction
+from mmrl.parsing import python_literal
 
 ACCURACY_WEIGHT, FORMAT_WEIGHT = 0.8, 0.2
 CLICK_RADIUS = 140
@@ -88,9 +87,7 @@ def format_reward(text) -> float:
     try:
         if not _LAYOUT_RE.fullmatch(text):
             return 0.0
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", SyntaxWarning)
-            actions = ast.literal_eval(_answer(text))
+        actions = python_literal(_answer(text))  # ast.literal_eval, as GUI-R1's check
         if not isinstance(actions, list):
             return 0.0
         for a in actions:

@@ -34,6 +34,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from .kv_cache import cache_keyword, returned_cache
 from .processing import join_videos
 
 
@@ -157,13 +158,13 @@ def shared_prefix_hidden(backbone, inputs: dict[str, Tensor], prompt_len: int, n
     first = prompt.last_hidden_state[index, P - 1:P]  # predicts completion token 0
     if T <= 1:
         return first[:, :T]  # T = 0: no completion tokens, as the plain slice
-    cache = prompt.past_key_values
+    cache = returned_cache(prompt)
     cache.reorder_cache(index)  # the same keys/values for every sample of a prompt (autograd sums)
     rest = backbone(
         input_ids=inputs["input_ids"][:, P:P + T - 1],
         attention_mask=inputs["attention_mask"][:, :P + T - 1],
         position_ids=positions[:, :, P:P + T - 1],
-        past_key_values=cache,
         use_cache=True,
+        **{cache_keyword(backbone): cache},
     ).last_hidden_state
     return torch.cat((first, rest), dim=1)
