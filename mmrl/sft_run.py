@@ -217,7 +217,7 @@ class SFTRun:
             record_start(self.run_dir, cfg, resumed_from=start)
             if cfg.resume:
                 print(resuming_line(self.run_dir, start, cfg.train.steps), flush=True)
-                logger.truncate_after(start if start else -1)
+                logger.truncate_after(start if start else -1, final=start == cfg.train.steps)
         stopped, done = False, start
         try:
             if not start and cfg.eval.before:

@@ -229,3 +229,15 @@ def test_a_narrow_sheet_is_as_wide_as_its_title():
     title = "x" * 90
     sheet, boxes = contact_sheet([Image.new("RGB", (100, 200))] * 2, [RIGHT, WRONG], title, width=400)
     assert boxes[-1][2] < 300 and sheet.width == 2 * 6 + 6 * 90 == 552
+
+
+def test_a_caption_in_any_script_is_drawn_not_raised():
+    """A tiny model's completion may hold any character; the sheet's bitmap font draws Latin-1
+    only (PIL raised UnicodeEncodeError, which ended the run). Others are drawn as '?': the sheet
+    matches one whose caption was written with '?' there."""
+    from mmrl.runs.contact_sheet import contact_sheet
+
+    tiles = [Image.new("RGB", (64, 64))]
+    odd, _ = contact_sheet(tiles, [WRONG], "t\u4e2d", ["000 wrong r=0.00: J\u4e2d 52\x01\u00e9"], width=200)
+    plain, _ = contact_sheet(tiles, [WRONG], "t?", ["000 wrong r=0.00: J? 52\x01\u00e9"], width=200)
+    assert odd.tobytes() == plain.tobytes()

@@ -37,6 +37,23 @@ def test_metrics_jsonl_and_truncate(tmp_path):
     log.close()
 
 
+def test_a_resume_drops_the_final_evaluation_only_when_it_evaluates_again(tmp_path):
+    """Steps 1-2 trained, then step 2's final evaluation logged on its own line. Resumed from the
+    step-2 checkpoint with train.steps=2 (final=True) the run only evaluates again: that line goes.
+    Resumed to train further (train.steps raised), step 2's evaluation stays: it is not re-run."""
+    for final, kept in ((True, [(1, "reward"), (2, "reward")]),
+                        (False, [(1, "reward"), (2, "reward"), (2, "eval/reward")])):
+        run = tmp_path / str(final)
+        log = RunLogger(run, tensorboard=False)
+        log.log(1, {"reward": 0.5})
+        log.log(2, {"reward": 0.75, "eval/reward": 0.25})  # an eval.every evaluation: part of the step's line
+        log.log(2, {"eval/reward": 0.5, "data/eval/bad_images": 0.0})  # the final evaluation
+        log.truncate_after(2, final=final)
+        rows = read_jsonl(run / "metrics.jsonl")
+        assert [(r["step"], "reward" if "reward" in r else "eval/reward") for r in rows] == kept
+        log.close()
+
+
 def pytest_approx(x):
     import pytest
 

@@ -157,7 +157,7 @@ class Trainer:
             record_start(self.run_dir, cfg, resumed_from=start)
         if cfg.resume and main:  # what a killed attempt logged after its checkpoint is re-run: drop it
             print(resuming_line(self.run_dir, start, cfg.train.steps), flush=True)
-            logger.truncate_after(start if start else -1)
+            logger.truncate_after(start if start else -1, final=start == cfg.train.steps)
         self.step_done, stopped = start, False
         try:
             if not start and cfg.eval.before:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from PIL import Image, ImageDraw
 
 from mmrl.data.scenes import BACKGROUND, SceneObject, draw_object
-from mmrl.media.draw import bitmap_font
+from mmrl.media.draw import bitmap_font, bitmap_text
 
 COLS, ROWS = 4, 8
 CONTENT_ROW = 2  # first content row of an app screen (row 0: status bar, row 1: header)
@@ -121,7 +121,7 @@ def _icon(draw, icon, col, row, cell, label=None, font=None) -> None:
 
 
 def _text(draw, text, x, y, width, font, color=INK, center=False) -> None:
-    text = text[: max(1, width // 6)]
+    text = bitmap_text(text[: max(1, width // 6)])
     if center:
         x += max(0, (width - 6 * len(text)) // 2)
     draw.text((x, y), text, fill=color, font=font)

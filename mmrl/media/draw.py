@@ -57,6 +57,13 @@ def bitmap_font():
     return loader() if loader is not None else ImageFont.load_default()
 
 
+def bitmap_text(text: str) -> str:
+    """``text`` as the bitmap font can draw it: that font encodes Latin-1 only (PIL raises
+    UnicodeEncodeError on anything else, and a model's completion may hold any character), so
+    each other character becomes ``?``."""
+    return str(text).encode("latin-1", "replace").decode("latin-1")
+
+
 TIMELINE = 14  # pixels of a timeline bar under a frame strip
 
 

@@ -16,7 +16,7 @@ from typing import Sequence
 
 from PIL import Image, ImageDraw
 
-from ..media.draw import bitmap_font
+from ..media.draw import bitmap_font, bitmap_text
 
 TITLE = 18  # pixels of the title band
 CAPTION = 14  # pixels of the first caption line under a tile (its band: the line and the gaps around it)
@@ -109,7 +109,7 @@ def contact_sheet(pictures: Sequence[Image.Image], colours: Sequence[tuple[int, 
     sheet_width = max([b[2] + border + gap for b in boxes] + [width // 2, 2 * gap + CHAR * len(title)])
     sheet = Image.new("RGB", (sheet_width, row_bottom + gap), "white")
     draw = ImageDraw.Draw(sheet)
-    draw.text((gap, 4), title, fill=(0, 0, 0), font=bitmap_font())
+    draw.text((gap, 4), bitmap_text(title), fill=(0, 0, 0), font=bitmap_font())
     for i, (picture, colour, box) in enumerate(zip(pictures, colours, boxes)):
         left, top, right, bottom = box
         draw.rectangle([left - border, top - border, right + border - 1, bottom + border - 1], fill=colour)
@@ -117,6 +117,6 @@ def contact_sheet(pictures: Sequence[Image.Image], colours: Sequence[tuple[int, 
         sheet.paste(picture.convert("RGB").resize((right - left, bottom - top), Image.NEAREST if up else Image.LANCZOS),
                     (left, top))
         for k, line in enumerate(texts[i]):
-            draw.text((left - border, bottom + border + 2 + LINE * k), line, fill=(0, 0, 0), font=bitmap_font())
+            draw.text((left - border, bottom + border + 2 + LINE * k), bitmap_text(line), fill=(0, 0, 0), font=bitmap_font())
     return sheet, boxes
 

@@ -152,19 +152,19 @@ class RunLogger:
                 new[Path(name).stem] = self.run_dir / name
         return new
 
-    def truncate_after(self, step: int) -> None:
+    def truncate_after(self, step: int, final: bool = False) -> None:
         """Keep only metric lines with ``step <= step`` (and drop a torn last line from a kill),
         and only the saved rollouts of those steps (and the skipped-step records): a resumed run
-        re-runs the later steps, and every step must appear once. An evaluation logged on its own
-        at ``step`` (the final one, when the run resumes from its last checkpoint) is dropped too:
-        the resumed run evaluates again."""
+        re-runs the later steps, and every step must appear once. ``final``: ``step`` is the run's
+        last step (it resumes from its last checkpoint and only evaluates again), so an evaluation
+        logged on its own at ``step`` is dropped too; a run resumed to train further keeps it."""
         self._drop_rollouts_after(step)
         self._truncate_jsonl(self.run_dir / "skipped_steps.jsonl", step)
         if self._file is not None:
             self._file.close()
             self._file = None
         self.trackers.purge_after(step)  # TensorBoard drops the events of the steps re-run
-        self._truncate_jsonl(self.metrics_path, step, drop_evaluation_at=step)
+        self._truncate_jsonl(self.metrics_path, step, drop_evaluation_at=step if final else None)
 
     @staticmethod
     def _truncate_jsonl(path: Path, step: int, drop_evaluation_at: Optional[int] = None) -> None:
