@@ -25,6 +25,9 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from .. import registry
+from ..core.losses.config import KL_ESTIMATORS, LOSS_AGG_MODES
+from ..core.precision import DTYPES
+from ..vlm.engines.hf import CACHE_IMPLEMENTATIONS
 from .paths import AllowedRoots, PathRefused
 
 __all__ = ["ALLOWED", "RESERVED_KEYS", "check_config", "check_overrides", "parse_overrides", "refuse_interpolation",
@@ -165,14 +168,13 @@ ALLOWED: dict[str, Kind] = {
     "rollout.num_generations": _int(1, 256), "rollout.temperature": _float(0.0, 10.0),
     "rollout.top_p": _float(0.0, 1.0), "rollout.top_k": _int(0, 100_000),
     "rollout.max_completion_length": _int(1, 65536), "rollout.batch_size": _int(0, 65536),
-    "rollout.cache_implementation": _choice("dynamic", "static"),
+    "rollout.cache_implementation": _choice(*CACHE_IMPLEMENTATIONS),
     "algo.advantage": _registered("ADVANTAGES"), "algo.loss_type": _registered("LOSSES"),
     "algo.epsilon": _float(0.0, 10.0), "algo.epsilon_high": _float(0.0, 10.0, nullable=True),
-    "algo.beta": _float(0.0, 100.0), "algo.kl_estimator": _choice("k1", "k2", "k3"),
+    "algo.beta": _float(0.0, 100.0), "algo.kl_estimator": _choice(*KL_ESTIMATORS),
     "algo.kl_schedule": _registered("KL_SCHEDULES"), "algo.num_iterations": _int(1, 100),
     "algo.entropy_coef": _float(-10.0, 10.0), "algo.scale_rewards": BOOL,
-    "algo.loss_agg_mode": _choice("token_mean", "seq_mean_token_sum", "seq_mean_token_mean",
-                                  "seq_mean_token_sum_norm"),
+    "algo.loss_agg_mode": _choice(*LOSS_AGG_MODES),
     "algo.selection": _registered("SELECTIONS"), "algo.overlong_filter": BOOL,
     "data.sampler": _registered("PROMPT_SAMPLERS"),
     "data.perturbation": _registered("PERTURBATIONS", nullable=True), "data.perturbation_prob": _float(0.0, 1.0),
@@ -181,7 +183,7 @@ ALLOWED: dict[str, Kind] = {
     "log.log_every": _int(1, 1_000_000), "log.save_every": _int(0, 1_000_000),
     "log.save_rollouts_every": _int(0, 1_000_000), "log.num_rollouts_to_save": _int(0, 256),
     "log.save_total_limit": _int(0, 1000), "log.tensorboard": BOOL,
-    "model.path": MODEL, "model.dtype": _choice("float32", "bfloat16", "float16"),
+    "model.path": MODEL, "model.dtype": _choice(*DTYPES),
     "model.lora.enabled": BOOL, "model.lora.r": _int(1, 1024), "model.lora.alpha": _int(1, 4096),
     "diffusion.num_steps": _int(1, 1000), "diffusion.eval_num_steps": _int(1, 1000),
     "diffusion.noise_level": _float(0.0, 10.0), "diffusion.sampler": _registered("SDE_SAMPLERS"),

@@ -23,6 +23,8 @@ from .base import RolloutEngine, Sampling
 
 log = logging.getLogger(__name__)
 
+CACHE_IMPLEMENTATIONS = ("dynamic", "static")  # rollout.cache_implementation (unset: chosen per device)
+
 
 def cache_options(r, policy) -> dict[str, Any]:
     """``generate``'s KV-cache keywords for ``r.cache_implementation`` (TRL's name) and
@@ -43,7 +45,7 @@ def cache_options(r, policy) -> dict[str, Any]:
     0.93x the dynamic cache's speed; compiled decoding under DDP/FSDP2 has not run on GPUs). ``dynamic`` always keeps the dynamic cache."""
     from mmrl.config import ConfigError
 
-    if r.cache_implementation not in (None, "dynamic", "static"):
+    if r.cache_implementation not in (None, *CACHE_IMPLEMENTATIONS):
         raise ConfigError(f"rollout.cache_implementation={r.cache_implementation!r}: expected dynamic or static "
                           "(unset: static where transformers compiles it, a GPU in one process; dynamic elsewhere)")
     model = policy.module.get_base_model() if policy.lora else policy.module
