@@ -28,7 +28,7 @@ Real data: ``train_path`` / ``eval_path`` name a DeepEyes parquet file
 
 Rollouts: a :class:`~mmrl.tools.ToolUseTask`, so each example is rolled out as multi-turn
 trajectories whose ``zoom_in`` calls run and whose crops come back as the next turn
-(:mod:`mmrl.tools.rollout`; the tool, budget and over-turn options are the ToolUseTask's).
+(the agent loop with :mod:`mmrl.tools.interaction`; the tool, budget and over-turn options are the ToolUseTask's).
 Rewards: DeepEyes' formula with a rule judge (``deepeyes_rule_judge``); ``crop_iou`` and Pixel
 Reasoner's terms can be added in the config. See docs/thinking-with-images.md.
 """

@@ -205,7 +205,7 @@ def test_switching_task_drops_the_base_recipes_task_options(tmp_path):
 def _assert_reference_trajectory_scores_the_best(task, rewards, name):
     from mmrl.registry import REWARDS
     from mmrl.tools import ToolState, run_turn
-    from mmrl.tools.rollout import observation_text
+    from mmrl.tools.interaction import observation_text
 
     ex = next(e for e in (task.examples("train")[i] for i in range(40)) if len(task.reference_turns(e)) > 1)
     turns = task.reference_turns(ex)

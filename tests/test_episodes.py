@@ -1,5 +1,6 @@
-"""The episode runner (mmrl.core.episodes) and the EnvTask base, on a hand-checkable toy environment
-and a scripted policy: rows per step, groups, histories in the prompts, outcomes, metrics."""
+"""GUI episodes through the agent loop (mmrl.core.agent_loop) and the EnvTask base, on a
+hand-checkable toy environment and a scripted policy: rows per step, groups, histories in the
+prompts, outcomes, metrics."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import torch
 from PIL import Image
 
 from mmrl.core.episodes import episode_metrics, is_episodic, rollout_task
-from mmrl.envs.episodes import run_episodes
 from mmrl.core.rollouts import Rollouts
 from mmrl.envs import Env, EnvTask, Observation, make_env, register_env
 from mmrl.registry import ENVS
@@ -109,7 +109,7 @@ def test_episodes_become_one_row_per_step_grouped_by_task():
         return click(goal_of(prompt))
 
     policy = ScriptedPolicy(answer)
-    rows = run_episodes(policy, task, specs, 2, "train")
+    rows = task.run_episodes(policy, specs, 2, "train")
     # goal 0: episode 0 hits at once; episode 1 misses, then hits. goal 2: both miss, then hit.
     assert [ex["episode_id"] for ex in rows.examples] == [0, 1, 2, 3, 1, 2, 3]
     assert [ex["step_index"] for ex in rows.examples] == [0, 0, 0, 0, 1, 1, 1]
@@ -131,7 +131,7 @@ def test_episodes_become_one_row_per_step_grouped_by_task():
 def test_step_limit_unreadable_actions_and_the_metrics():
     task = ToyTask(env_options={"penalty": 0.5}, max_steps=2, history_length=1)
     policy = ScriptedPolicy(lambda prompt, call: "I am not sure")
-    rows = run_episodes(policy, task, [task.examples("eval")[1]], 1, "eval")
+    rows = task.run_episodes(policy, [task.examples("eval")[1]], 1, "eval")
     assert len(rows) == 2  # the step limit ends it
     assert [ex["step_reward"] for ex in rows.examples] == [-0.5, -0.5]
     assert [ex["step_valid"] for ex in rows.examples] == [False, False]
@@ -168,7 +168,7 @@ def test_an_environment_step_past_its_timeout_ends_the_episode_and_is_counted():
     policy = ScriptedPolicy(lambda prompt, call: click(3) if call == 0 and "button 0" in prompt else
                             click(goal_of(prompt)))
     t0 = time.perf_counter()
-    rows = run_episodes(policy, task, [task.examples("train")[0], task.examples("train")[1]], 1, "train")
+    rows = task.run_episodes(policy, [task.examples("train")[0], task.examples("train")[1]], 1, "train")
     assert time.perf_counter() - t0 < 1.5  # the hung step (2 s) was not waited for
     hung = [ex for ex in rows.examples if ex["episode_id"] == 0]
     assert len(hung) == 1 and hung[0]["episode_timed_out"] and not hung[0]["episode_success"]
@@ -183,7 +183,7 @@ def test_an_environment_step_past_its_timeout_ends_the_episode_and_is_counted():
 def test_history_is_bounded_and_numbered_from_the_start():
     task = ToyTask(history_length=1, max_steps=3)
     policy = ScriptedPolicy(lambda prompt, call: click(3) if goal_of(prompt) != 3 else click(0))
-    run_episodes(policy, task, [task.examples("train")[0]], 1, "train")
+    task.run_episodes(policy, [task.examples("train")[0]], 1, "train")
     third = policy.prompts[2][0]
     assert "Step 2:" in third and "Step 1:" not in third
 
@@ -229,7 +229,7 @@ def test_episode_viewer_shows_each_episode_step_by_step(tmp_path):
 
     task = ToyTask(max_steps=2)
     policy = ScriptedPolicy(lambda prompt, call: click(goal_of(prompt)) if goal_of(prompt) != 3 else "no idea")
-    rows = run_episodes(policy, task, [task.examples("eval")[g] for g in (1, 3)], 1, "eval")
+    rows = task.run_episodes(policy, [task.examples("eval")[g] for g in (1, 3)], 1, "eval")
     index = write_episode_viewer(tmp_path / "episodes", task, rows.completions, rows.examples)
     page = index.read_text()
     assert page.count("class='ep") == 2 and "1 / 2" in page

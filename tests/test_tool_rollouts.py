@@ -1,6 +1,6 @@
-"""Multi-turn tool rollouts (mmrl.tools.rollout) with a scripted policy: a row per turn, the
-conversation each turn sees, the trajectory record, the budget, over-turn masking, the metrics and
-trajectory-level advantages, all hand-checked."""
+"""Multi-turn tool rollouts (the agent loop with mmrl.tools.interaction) with a scripted policy: a
+row per turn, the conversation each turn sees, the trajectory record, the budget, over-turn
+masking, the metrics and trajectory-level advantages, all hand-checked."""
 
 from __future__ import annotations
 
@@ -223,7 +223,7 @@ def test_turn_rows_are_the_model_tokens_of_the_interleaved_sequence(random_tiny_
     right after it, so the model's tokens sit exactly there and every other token (the tool's
     response, its image) is context. The rows' log-probs equal that sequence's log-probs at those
     positions (float32), and the action mask counts exactly the model's tokens."""
-    from mmrl.tools.rollout import conversation
+    from mmrl.tools.interaction import conversation
 
     policy = _scripted(_tiny_policy(random_tiny_dir), zoom_then_answer)
     task = _task(tools_in_prompt=False)

@@ -225,7 +225,7 @@ def test_a_later_turn_with_a_tool_image_rolls_out_through_vllm():
     the two-image prompt; with the limit at 1 image the error names rollout.vllm_limit_images."""
     from mmrl import make_task
     from mmrl.tools import ToolBudget, ToolState, run_turn
-    from mmrl.tools.rollout import conversation
+    from mmrl.tools.interaction import conversation
 
     policy = _policy("rollout.vllm_limit_images=3", "rollout.vllm_max_model_length=2048")
     task = make_task("zoom_qa", canvas_size=256, distractors=2, tools_in_prompt=False)

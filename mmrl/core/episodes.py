@@ -1,38 +1,57 @@
-"""Rollouts of a task's examples: single completions, or episodes for an environment task.
+"""Rollouts of a task's examples: single completions, or multi-turn trajectories for an episodic task.
 
 :func:`rollout_task` is what the batch builder and the evaluation call. For an ordinary task it is
-``policy.rollout``. An environment task (one that is an :class:`EpisodicTask`) rolls out ``n``
-episodes of each task spec itself (:meth:`EpisodicTask.run_episodes`; the built-in runner is
-:mod:`mmrl.envs.episodes`): the core declares what it needs of such a task and never imports the
-environments.
+``policy.rollout``. An episodic task (an :class:`EpisodicTask`: GUI episodes, tool use, any
+multi-turn interaction) rolls out ``n`` trajectories of each example through the agent loop
+(:mod:`mmrl.core.agent_loop`), one :class:`~mmrl.core.agent_loop.Interaction` each: the core declares
+what it needs of such a task and never imports the environments or the tools.
 
-Every step becomes one row of the returned :class:`~mmrl.core.rollouts.Rollouts` (its own prompt:
-the current screenshot, the instruction and the earlier actions), so the existing estimators and
-losses apply to the per-step actions unchanged; the rows' examples carry what the episode-aware
+Every turn becomes one row of the returned :class:`~mmrl.core.rollouts.Rollouts` (its own prompt:
+the conversation, or the current screenshot with the earlier actions), so the existing estimators
+and losses apply to the per-turn actions unchanged; the rows' examples carry what the episode-aware
 estimators, rewards and :func:`episode_metrics` read:
 
 - ``episode_id`` (unique in the batch), ``step_index`` (0, 1, ...), ``anchor_key`` (the state
-  acted from: GiGPO's anchor states), ``step_reward``, ``step_valid``, ``step_message``;
-- on every row once the episode is over: ``episode_success``, ``episode_return`` (sum of step
-  rewards), ``episode_length``, ``episode_timed_out``.
+  acted from: GiGPO's anchor states); an environment's rows also ``step_reward``, ``step_valid``,
+  ``step_message``;
+- on every row once the episode is over, an environment's: ``episode_success``, ``episode_return``
+  (sum of step rewards), ``episode_length``, ``episode_timed_out`` (a tool task's: its trajectory
+  record, :mod:`mmrl.tools.interaction`).
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
+from .agent_loop import Interaction, LoopOptions, run_agent_loop
 from .rollouts import Rollouts
 
 
 class EpisodicTask:
-    """What an environment task adds to a :class:`~mmrl.task.Task` (a mixin: ``class
-    EnvTask(Task, EpisodicTask)``): its examples are rolled out as multi-step episodes."""
+    """What a multi-turn task adds to a :class:`~mmrl.task.Task` (a mixin: ``class
+    EnvTask(Task, EpisodicTask)``): its examples are rolled out as trajectories of turns, each
+    against its own :class:`~mmrl.core.agent_loop.Interaction`. A subclass writes
+    :meth:`interaction` (or :meth:`interactions`) and :meth:`loop_options`."""
+
+    def interaction(self, ex: dict) -> Interaction:
+        """The other side of one trajectory of ``ex`` (an example the policy prepared)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement interaction(ex)")
+
+    def interactions(self, policy, examples: Sequence[dict], n: int) -> list[Interaction]:
+        """``n`` interactions per example, in order: each example prepared by the policy once per
+        trajectory (one batched call), then :meth:`interaction`."""
+        return [self.interaction(ex) for ex in policy.prepare_examples([ex for ex in examples for _ in range(n)])]
+
+    def loop_options(self) -> LoopOptions:
+        """The turn limit, stop texts, time limit and masking of this task's trajectories."""
+        raise NotImplementedError(f"{type(self).__name__} must implement loop_options()")
 
     def run_episodes(self, policy, examples: Sequence[dict], n: int, mode: str, need_old_logps: bool = False,
                      need_ref_logps: bool = False) -> Rollouts:
-        """``n`` episodes of each of ``examples`` (task specs), every step a row (module
-        docstring); group i holds the rows of ``examples[i]``'s episodes."""
-        raise NotImplementedError(f"{type(self).__name__} must implement run_episodes")
+        """``n`` trajectories of each of ``examples``, every turn a row (module docstring); group i
+        holds the rows of ``examples[i]``'s trajectories (:func:`~mmrl.core.agent_loop.run_agent_loop`)."""
+        return run_agent_loop(policy, self.interactions(policy, examples, n), n, self.loop_options(), mode,
+                              need_old_logps, need_ref_logps)
 
     def rollout_metrics(self, rows: Rollouts) -> dict[str, float]:
         """What the task reports of a training step's rows besides :func:`episode_metrics`

@@ -67,8 +67,8 @@ class Policy(Protocol):
         """``n`` samples per prompt (no grad); group i holds prompt i's samples. ``mode`` is
         ``"train"`` (the rollout settings), ``"eval"`` (the eval settings) or ``"sample"`` (held-out
         samples for pass@k: the policy's sampling distribution, leaving training state untouched).
-        A tool task's rollouts (:mod:`mmrl.tools.rollout`, not core) also pass ``stop``: texts that
-        end a sample where it writes them (the VLM policy takes it)."""
+        The agent loop (:mod:`mmrl.core.agent_loop`) also passes ``stop`` when a task sets stop
+        texts: texts that end a sample where it writes them (the VLM policy takes it)."""
 
     def rollout_given(self, examples: Sequence[dict], prompts: Sequence[Any], completions: Sequence[str],
                       need_old_logps: bool, need_ref_logps: bool) -> Rollouts:

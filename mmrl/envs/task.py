@@ -2,10 +2,10 @@
 
 An :class:`EnvTask` is a :class:`~mmrl.task.Task` whose ``examples(split)`` are an environment's task
 specs (``{"task": spec, "instruction": ...}``); the trainer rolls each one out as ``n`` episodes
-(:meth:`EnvTask.run_episodes`, declared by :class:`mmrl.core.episodes.EpisodicTask`; the runner is
-:mod:`mmrl.envs.episodes`) instead of ``n`` single completions. Every step of an episode becomes
+through the agent loop (:mod:`mmrl.core.agent_loop`; one :class:`~mmrl.envs.interaction.EnvEpisode`
+per episode) instead of ``n`` single completions. Every step of an episode becomes
 one trained row: its example is :meth:`EnvTask.step_example` (the screenshot, instruction and a
-bounded history of earlier actions), its completion the action the policy wrote, and the runner
+bounded history of earlier actions), its completion the action the policy wrote, and the episode
 adds what the step led to (``step_reward``, ``episode_id``, ``step_index``, ``anchor_key``, and
 ``episode_success`` / ``episode_return`` / ``episode_length`` once the episode is over), which
 rewards (``env_reward``), estimators (``episode_grpo``, ``gigpo``) and metrics read.
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from mmrl.core.agent_loop import LoopOptions
 from mmrl.core.episodes import EpisodicTask, episode_key
-from mmrl.core.rollouts import Rollouts
 from mmrl.measures.gui import format_action, history_text, parse_action, pixel_point
 from mmrl.media.coords import pixels_to_prediction
 from mmrl.media.draw import FOOTER, PRED, canvas, draw_label, draw_point
@@ -27,7 +27,7 @@ from mmrl.data.sequence import LazySequence
 from mmrl.task import Task, image_prompt
 
 from .base import Env, Observation, make_env
-from .episodes import run_episodes
+from .interaction import EnvEpisode
 
 __all__ = ["EnvTask", "episode_key", "expert_episode"]
 
@@ -74,10 +74,13 @@ class EnvTask(Task, EpisodicTask):
         """A fresh environment instance (one per episode)."""
         return make_env(self.options["env"], **self.env_options)
 
-    def run_episodes(self, policy, examples: Sequence[dict], n: int, mode: str, need_old_logps: bool = False,
-                     need_ref_logps: bool = False) -> Rollouts:
-        """``n`` batched episodes of each task spec of ``examples`` (:mod:`mmrl.envs.episodes`)."""
-        return run_episodes(policy, self, examples, n, mode, need_old_logps, need_ref_logps)
+    def interactions(self, policy, examples: Sequence[dict], n: int) -> list[EnvEpisode]:
+        """``n`` episodes of each task spec of ``examples``, each in its own environment; every
+        step's example is prepared by the policy as it happens (:mod:`mmrl.envs.interaction`)."""
+        return [EnvEpisode(self, spec, policy.prepare_examples) for spec in examples for _ in range(n)]
+
+    def loop_options(self) -> LoopOptions:
+        return LoopOptions(max_turns=self.max_steps, step_timeout=self.step_timeout)
 
     def examples(self, split: str) -> Sequence[dict]:
         """The environment's task specs of ``split``, as ``{"task": spec, "instruction": ...}``."""

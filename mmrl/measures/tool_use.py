@@ -6,7 +6,7 @@ read by the rewards here; :func:`mmrl.tools.run_turn` builds the records):
 
 - ``ex["trajectory"]``: the whole trajectory as text: the assistant turns in order, each tool
   turn between them marked ``<tool_response>...</tool_response>`` (an image as ``<image>``, an
-  error observation as its text). The multi-turn rollout (:mod:`mmrl.tools.rollout`) makes every
+  error observation as its text). The agent loop (:mod:`mmrl.tools.interaction`) makes every
   turn a row whose completion is that turn alone, so the scores here read ``ex["trajectory"]``
   when it is there (:func:`trajectory_of`) and the completion otherwise;
 - ``ex["tool_calls"]``: one dict per call, in order, with the keys of

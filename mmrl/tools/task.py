@@ -2,7 +2,8 @@
 
 A :class:`ToolUseTask` is a :class:`~mmrl.task.Task` and an
 :class:`~mmrl.core.episodes.EpisodicTask`: the trainer and the evaluation roll out its examples
-with :func:`mmrl.tools.rollout.run_trajectories` (every turn a row) instead of single completions.
+through the agent loop (:mod:`mmrl.core.agent_loop`; one :class:`~mmrl.tools.interaction.ToolConversation`
+per trajectory, every turn a row) instead of single completions.
 A subclass writes the task as usual (examples, prompt, rewards on the trajectory record) and, for
 its metrics, :meth:`trajectory_metrics` over one completion per trajectory: the whole trajectory's
 text. Its options (``task.options.*``):
@@ -15,7 +16,7 @@ text. Its options (``task.options.*``):
   runs and the next turn continues (default); false: each message is generated to its end of turn
   and up to ``max_calls_per_turn`` of its calls run, as DeepEyes does;
 - ``max_calls_per_turn``: calls run per message (DeepEyes' ``max_action_per_turn``, 3);
-- ``over_turn_masking``: Mini-o3's over-turn masking (:mod:`mmrl.tools.rollout`);
+- ``over_turn_masking``: Mini-o3's over-turn masking (:mod:`mmrl.core.agent_loop`);
 - ``tools_in_prompt``: put the tool list in a system message (Qwen2.5's tool block), for a model
   whose chat template is not given the tools (mmrl renders the conversation without ``tools=``).
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
+from mmrl.core.agent_loop import LoopOptions
 from mmrl.core.episodes import EpisodicTask, episode_key
 from mmrl.core.rollouts import Rollouts
 from mmrl.measures.tool_use import tool_use_metrics
@@ -34,7 +36,7 @@ from mmrl.data.sequence import LazySequence
 
 from .base import ToolBudget, ToolState, make_tool
 from .calls import CLOSE, run_turn
-from .rollout import observation_message, run_trajectories
+from .interaction import ToolConversation, observation_message
 
 __all__ = ["ToolUseTask", "one_per_trajectory", "tools_system_prompt"]
 
@@ -159,9 +161,13 @@ class ToolUseTask(Task, EpisodicTask):
         turns, replayed = self._replayed(ex)
         return turns[len(replayed)]
 
-    def run_episodes(self, policy, examples: Sequence[dict], n: int, mode: str, need_old_logps: bool = False,
-                     need_ref_logps: bool = False) -> Rollouts:
-        return run_trajectories(policy, self, examples, n, mode, need_old_logps, need_ref_logps)
+    def interaction(self, ex: dict) -> ToolConversation:
+        """One trajectory of ``ex`` (:mod:`mmrl.tools.interaction`)."""
+        return ToolConversation(self, ex)
+
+    def loop_options(self) -> LoopOptions:
+        return LoopOptions(max_turns=self.max_generations, stop=self.stop_texts,
+                           mask_over_turn=self.bool_option("over_turn_masking"))
 
     # -- metrics over trajectories -----------------------------------------------------------------
     def metrics(self, completions, examples) -> dict[str, float]:

@@ -1,10 +1,10 @@
-"""Multi-turn rollouts that call tools: the model writes, its calls run, their images come back.
+"""A tool set as the agent loop's interaction: the model writes, its calls run, their images come back.
 
 "Thinking with images" (DeepEyes: "DeepEyes: Incentivizing 'Thinking with Images' via
 Reinforcement Learning"; Mini-o3: "Mini-o3: Scaling Up Reasoning Patterns and Interaction Turns
-for Visual Search"). :func:`run_trajectories` rolls out ``n`` trajectories of each example, all of
-them batched: at every turn the policy writes one assistant message for each trajectory still
-running (one ``policy.rollout`` call, so the HF engine and vLLM alike), the calls in it run
+for Visual Search"). The agent loop (:mod:`mmrl.core.agent_loop`) rolls out ``n`` trajectories of
+each example of a :class:`~mmrl.tools.task.ToolUseTask`, one :class:`ToolConversation` each: at
+every turn the policy writes one assistant message, the calls in it run
 (:func:`mmrl.tools.calls.run_turn`), and their observations (tool images, error text) come back as
 the next user turn inside ``<tool_response>``. With the task's ``stop_at_call`` (the default) a
 message's generation stops where it closes its call (``</tool_call>``: transformers'
@@ -28,26 +28,22 @@ Each row's example carries the episode keys of :mod:`mmrl.core.episodes` (``epis
 :mod:`mmrl.measures.tool_use` (``trajectory``: the whole text; ``tool_calls``; ``tool_budget``)
 plus ``turns`` and ``over_turn``. Every row of a trajectory therefore scores the trajectory's
 reward; ``episode_grpo`` with ``episode_return: final`` makes that one outcome per trajectory
-(trajectory-level GRPO).
-
-**Over-turn masking** (Mini-o3): a trajectory that the turn or token budget cut before it answered
-(its last message still called a tool) is ``over_turn``. With the task's ``over_turn_masking``
-its rows keep their reward in the group's statistics but get an all-zero action mask, so they add
-nothing to the loss: no negative signal for running out of turns.
+(trajectory-level GRPO). A trajectory that the turn or token budget cut before it answered (its
+last message still called a tool) is ``over_turn``; the task's ``over_turn_masking`` masks its rows
+out of the loss (the agent loop's over-turn masking).
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-import torch
-
+from mmrl.core.agent_loop import Interaction, Reply
 from mmrl.core.rollouts import Rollouts
 
 from .base import ToolState
 from .calls import run_turn
 
-__all__ = ["observation_message", "observation_text", "run_trajectories"]
+__all__ = ["ToolConversation", "conversation", "observation_message", "observation_text"]
 
 RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 
@@ -90,58 +86,33 @@ def _conversation_tokens(batch: Rollouts, row: int) -> int | None:
     return int(len(prompts[row]) + len(comps[row]))
 
 
-def run_trajectories(policy, task, examples: Sequence[dict], n: int, mode: str, need_old_logps: bool = False,
-                     need_ref_logps: bool = False) -> Rollouts:
-    """``n`` trajectories of each of ``examples`` for ``task`` (a
-    :class:`~mmrl.tools.task.ToolUseTask`), every turn a row (module docstring); group i holds the
-    rows of ``examples[i]``'s trajectories, ordered by turn, then trajectory."""
-    group_of = [g for g in range(len(examples)) for _ in range(n)]
-    base = policy.prepare_examples([examples[g] for g in group_of])
-    tools = task.make_tools()
-    states = [ToolState(images=[ex["image"]] if ex.get("image") is not None else [], example=ex) for ex in base]
-    budgets = [task.make_budget() for _ in base]
-    turns: list[list[tuple[str, list]]] = [[] for _ in base]
-    records: list[list[dict]] = [[] for _ in base]
-    ended: dict[int, dict] = {}
-    rows_of: dict[int, list[tuple[int, int]]] = {e: [] for e in range(len(base))}
-    parts: list[Rollouts] = []
-    running = list(range(len(base)))
-    stop = {"stop": task.stop_texts} if task.stop_texts else {}  # a turn ends at its call (stop_at_call)
-    for t in range(task.max_generations):
-        if not running:
-            break
-        step_examples = [base[e] for e in running]
-        prompts = [conversation(task, base[e], turns[e]) for e in running]
-        batch = policy.rollout(step_examples, prompts, 1, mode, need_old_logps=need_old_logps,
-                               need_ref_logps=need_ref_logps, **stop)
-        still = []
-        for row, e in enumerate(running):
-            text = batch.completions[row]
-            tokens = _conversation_tokens(batch, row)
-            if tokens is not None:
-                budgets[e].charge_tokens(tokens - budgets[e].tokens)
-            spent = budgets[e].exhausted  # no tool turn left: a call now is refused, and ends it
-            observations, recs = run_turn(text, tools, states[e], budgets[e], task.max_calls_per_turn)
-            records[e].extend(recs)
-            batch.examples[row] = {**batch.examples[row], "episode_id": e, "step_index": t,
-                                   "anchor_key": f"{e}:{t}"}
-            rows_of[e].append((len(parts), row))
-            cut = bool(recs) and (spent or t == task.max_generations - 1)
-            if not recs or cut:
-                ended[e] = {"trajectory": trajectory_text(turns[e], text), "over_turn": cut, "turns": t + 1}
-            else:
-                turns[e].append((text, observations))
-                still.append(e)
-        batch.group_ids = torch.tensor([group_of[e] for e in running], dtype=torch.long)
-        parts.append(batch)
-        running = still
-    for e in running:  # only when max_generations is 0: nothing was generated
-        ended[e] = {"trajectory": "", "over_turn": True, "turns": 0}
-    mask_over_turn = task.bool_option("over_turn_masking")
-    for e, outcome in ended.items():
-        record = {**outcome, "tool_calls": records[e], "tool_budget": budgets[e].summary()}
-        for part, row in rows_of[e]:
-            parts[part].examples[row] = {**parts[part].examples[row], **record}
-            if mask_over_turn and outcome["over_turn"]:
-                parts[part].action_mask[row] = 0.0
-    return Rollouts.concat(parts, renumber_groups=False)
+class ToolConversation(Interaction):
+    """One trajectory of ``ex`` (prepared by the policy) for ``task`` (a
+    :class:`~mmrl.tools.task.ToolUseTask`): its own tools, budget and the example's images."""
+
+    def __init__(self, task, ex: dict):
+        self.task, self.example = task, ex
+        self.tools, self.budget = task.make_tools(), task.make_budget()
+        self.state = ToolState(images=[ex["image"]] if ex.get("image") is not None else [], example=ex)
+        self.turns: list[tuple[str, list]] = []  # (message, its observations) of every turn answered
+        self.records: list[dict] = []  # one per call, in order (mmrl.tools.calls.RECORD_KEYS)
+
+    def ask(self) -> tuple[dict, list[dict]]:
+        return self.example, conversation(self.task, self.example, self.turns)
+
+    def answer(self, batch: Rollouts, row: int) -> Reply:
+        """Run the message's calls; a message without one is the answer. With the budget spent
+        (turns or tokens) a call is refused, and ends the trajectory, cut."""
+        text, tokens = batch.completions[row], _conversation_tokens(batch, row)
+        if tokens is not None:
+            self.budget.charge_tokens(tokens - self.budget.tokens)
+        spent = self.budget.exhausted
+        observations, records = run_turn(text, self.tools, self.state, self.budget, self.task.max_calls_per_turn)
+        self.records.extend(records)
+        self.turns.append((text, observations))
+        return Reply(done=not records, cut=bool(records) and spent)
+
+    def outcome(self, turns: int, over_turn: bool) -> dict:
+        *before, (last, _) = self.turns
+        return {"trajectory": trajectory_text(before, last), "over_turn": over_turn, "turns": turns,
+                "tool_calls": self.records, "tool_budget": self.budget.summary()}
