@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from .config import ConfigError
 
-__all__ = ["keyword_options", "takes_any_keyword", "check_options", "accepted"]
+__all__ = ["keyword_options", "takes_any_keyword", "check_options", "check_names", "accepted"]
 
 _NAMED = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
@@ -37,7 +37,12 @@ def check_options(fn: Callable | Sequence[Callable], given: Iterable[str], key: 
     hands to ``fn``) holds one that ``fn`` does not take, with the options it does take. ``fn`` may
     be several functions, one of which is chosen per call (any option of one of them is valid)."""
     fns = list(fn) if isinstance(fn, (list, tuple)) else [fn]
-    options = list(dict.fromkeys(o for f in fns for o in keyword_options(f, supplied)))
+    check_names(list(dict.fromkeys(o for f in fns for o in keyword_options(f, supplied))), given, key, what)
+
+
+def check_names(options: Sequence[str], given: Iterable[str], key: str, what: str) -> None:
+    """:func:`check_options` against declared option names (a registered reward's
+    ``reward_options``) rather than a signature."""
     unknown = sorted(set(given) - set(options))
     if unknown:
         takes = ", ".join(options) if options else "no options"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 from typing import Any, Callable, Generic, Iterable, TypeVar
 
 T = TypeVar("T")
@@ -82,6 +83,9 @@ REWARDS: Registry[Callable[..., Any]] = Registry("reward")
 ADVANTAGES: Registry[Callable[..., Any]] = Registry("advantage estimator")
 PROMPT_SAMPLERS: Registry[type] = Registry("data sampler")  # data.sampler: which prompts a step draws
 REWARD_MEDIA = ("any", "image", "video")  # register_reward(media=...): what a reward scores
+# What the caller of the reward computer supplies per call (never a config option): ``group_ids``,
+# the group of each sample, for rewards that compare a group's samples (test-time agreement).
+REWARD_CONTEXT = ("group_ids",)
 
 
 def register_task(name: str, override: bool = False):
@@ -96,8 +100,16 @@ def register_task(name: str, override: bool = False):
 
 
 def register_reward(name: str, minimum: float = 0.0, check: Callable[..., None] | None = None,
-                    media: str = "any", override: bool = False, maximum: float = 1.0):
-    """Function decorator for a batched reward ``fn(completions, examples, **ctx) -> list``.
+                    media: str = "any", override: bool = False, maximum: float = 1.0,
+                    options: Iterable[str] | None = None):
+    """Function decorator for a batched reward ``fn(completions, examples, <its options>) -> list``.
+
+    Its options (what ``task.reward_kwargs.<name>`` may set) are the parameters it names after
+    ``completions, examples``, less the per-call context :data:`REWARD_CONTEXT` (``group_ids``),
+    which the reward computer passes to a reward that names it or takes ``**kwargs``. A config key
+    that is not an option stops the run at setup, naming the options, as the estimators do; a
+    ``**kwargs`` therefore receives the context only. A reward that reads options through
+    ``**kwargs`` (it forwards them to a library, say) declares them: ``options=("a", "b")``.
 
     A reward returns one float per completion, or ``None`` where the text cannot be parsed;
     ``None`` scores ``minimum`` and is counted in the run's metrics. Scores lie in ``[minimum,
@@ -118,12 +130,16 @@ def register_reward(name: str, minimum: float = 0.0, check: Callable[..., None] 
         raise ValueError(f"register_reward({name!r}): media must be one of {', '.join(REWARD_MEDIA)}, got {media!r}")
 
     def wrap(fn):
+        declared, context = _reward_parameters(name, fn, options)
         if media == "image":  # imported here: this module imports nothing of mmrl at load time
             from mmrl.media.clips import per_frame
 
             fn, checked = per_frame(fn, name, check)
+            declared += ("frames",)  # per_frame's reduction of a clip's frame scores
         else:
             checked = check
+        fn.reward_options = declared
+        fn.reward_context = context
         fn.reward_name = name
         fn.reward_minimum = minimum
         fn.reward_maximum = maximum
@@ -132,6 +148,26 @@ def register_reward(name: str, minimum: float = 0.0, check: Callable[..., None] 
         return REWARDS.register(name, fn, override)
 
     return wrap
+
+
+def _reward_parameters(name: str, fn: Callable, options: Iterable[str] | None) -> tuple[tuple, tuple]:
+    """``(options, context)`` of the reward ``fn``: the option names it takes (``options`` where
+    declared, else the parameters it names after its two positional ones, less the context) and
+    the per-call context names it receives (those it names; all with ``**kwargs``)."""
+    params = list(inspect.signature(fn).parameters.values())
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][:2]
+    named = [p.name for p in params if p not in positional and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    open_ = any(p.kind is p.VAR_KEYWORD for p in params)
+    context = tuple(c for c in REWARD_CONTEXT if open_ or c in named)
+    if options is None:
+        return tuple(n for n in named if n not in REWARD_CONTEXT), context
+    declared = (options,) if isinstance(options, str) else tuple(options)
+    wrong = [o for o in declared if o in REWARD_CONTEXT or not (open_ or o in named)]
+    if wrong:
+        raise ValueError(f"register_reward({name!r}, options=...): {', '.join(wrong)} cannot be an option (the "
+                         f"context {', '.join(REWARD_CONTEXT)} is passed per call; a declared option is a "
+                         f"parameter of the reward or read through its **kwargs)")
+    return declared, context
 
 
 def register_advantage(name: str, inputs: tuple[str, ...] = (), override: bool = False,

@@ -3,6 +3,12 @@
 A reward may return ``None`` for text it cannot parse, or raise on inputs its author did not
 foresee; both score the reward's declared minimum and are counted, so a run on a 100k-example
 dataset is never killed by one odd completion, and the counts show when a reward is misbehaving.
+
+A configuration error, by contrast, stops the run at setup: each reward is called with its options
+(``task.reward_kwargs.<name>``, checked against the options it declares, see
+:func:`mmrl.registry.register_reward`) and the per-call context it takes (:data:`REWARD_CONTEXT`),
+kept apart, so a misspelt option is an error naming the valid ones rather than a ``**ctx`` entry
+nobody reads.
 """
 
 from __future__ import annotations
@@ -14,32 +20,42 @@ from typing import Any, Sequence
 
 import torch
 
-from ..registry import REWARDS
+from ..options import check_names
+from ..registry import REWARD_CONTEXT, REWARDS
 
 log = logging.getLogger(__name__)
 
 
 class RewardComputer:
-    """``weights``: reward name -> weight; ``reward_kwargs``: name -> extra keyword arguments."""
+    """``weights``: reward name -> weight; ``reward_kwargs``: name -> its options; ``key``: the
+    config key they came from, named by the error a misspelt option raises."""
 
-    def __init__(self, weights: dict[str, float], reward_kwargs: dict[str, dict] | None = None):
+    def __init__(self, weights: dict[str, float], reward_kwargs: dict[str, dict] | None = None,
+                 key: str = "task.reward_kwargs"):
         if not weights:
             raise ValueError("no rewards configured: set task.rewards (name: weight) or give the task defaults")
         self.weights = dict(weights)
         self.kwargs = {k: dict(v) for k, v in (reward_kwargs or {}).items()}
         unknown = set(self.kwargs) - set(self.weights)
         if unknown:
-            raise ValueError(f"task.reward_kwargs names rewards that are not used: {sorted(unknown)}")
+            raise ValueError(f"{key} names rewards that are not used: {sorted(unknown)}")
         self.fns = {name: REWARDS.get(name) for name in self.weights}
         for name, fn in self.fns.items():  # configuration errors now, not as minimum scores later
-            if fn.reward_check is not None:  # register_reward sets reward_check and reward_minimum
+            # register_reward sets reward_options, reward_context, reward_check and reward_minimum
+            check_names(fn.reward_options, self.kwargs.get(name, {}), f"{key}.{name}", f"the {name} reward")
+            if fn.reward_check is not None:
                 fn.reward_check(**self.kwargs.get(name, {}))
 
     def __call__(self, completions: Sequence[str], examples: Sequence[dict], **ctx: Any):
         """Returns ``(total (N,), {name: (N,)}, stats)`` where stats counts unparsable/errors.
 
-        ``ctx`` goes to every reward as keyword arguments; the trainer passes ``group_ids`` (N,),
-        so rewards that compare a group's samples (test-time agreement rewards) can."""
+        ``ctx``: the per-call context (:data:`REWARD_CONTEXT`; the trainer passes ``group_ids``
+        (N,), so rewards that compare a group's samples can), each value given to the rewards that
+        take it, after their options."""
+        stray = sorted(set(ctx) - set(REWARD_CONTEXT))
+        if stray:
+            raise TypeError(f"reward context {', '.join(stray)} is not declared (mmrl.registry.REWARD_CONTEXT: "
+                            f"{', '.join(REWARD_CONTEXT)})")
         n = len(completions)
         components: dict[str, torch.Tensor] = {}
         stats: dict[str, float] = {}
@@ -47,7 +63,8 @@ class RewardComputer:
         for name, fn in self.fns.items():
             minimum = float(fn.reward_minimum)
             try:
-                raw = list(fn(list(completions), list(examples), **{**ctx, **self.kwargs.get(name, {})}))
+                context = {k: ctx[k] for k in fn.reward_context if k in ctx}
+                raw = list(fn(list(completions), list(examples), **self.kwargs.get(name, {}), **context))
                 if len(raw) != n:
                     raise ValueError(f"reward {name!r} returned {len(raw)} scores for {n} completions")
                 errors = 0
@@ -171,5 +188,6 @@ def make_reward_computer(task, task_cfg):
     for source, (weights, kwargs) in sources.items():
         if not weights:
             raise ValueError(f"source {source!r} has no rewards: set task.options.rewards.{source} (name: weight)")
-        computers[source] = RewardComputer(dict(weights), {k: dict(v) for k, v in kwargs.items()})
+        computers[source] = RewardComputer(dict(weights), {k: dict(v) for k, v in kwargs.items()},
+                                           key=f"task.options.reward_kwargs.{source}")
     return PerSourceRewards(computers)
