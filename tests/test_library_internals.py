@@ -1,4 +1,4 @@
-"""The private parts of torch and accelerate that mmrl uses (:mod:`mmrl.core.library_internals`),
+"""The private parts of its model libraries that mmrl uses (:mod:`mmrl.core.library_internals`),
 checked against the installed libraries: a release that renames or reshapes one fails here, by
 name, instead of in the middle of a distributed run."""
 
@@ -85,3 +85,40 @@ def test_torchaos_stochastic_rounding_adamw_takes_what_mmrl_passes():
         warnings.simplefilter("ignore", UserWarning)
         scheduler.step()
     assert optimizer.param_groups[0]["lr"] is lr and float(lr) == pytest.approx(7.5e-4)
+
+
+def test_transformers_reports_the_attention_kernel_a_model_was_loaded_with():
+    """The VLM policy's padding_free warning reads ``PretrainedConfig._attn_implementation`` (a
+    property on every config): what ``attn_implementation=`` asked for at load, sdpa by default,
+    "" on a bare config."""
+    from transformers import AutoModelForCausalLM, PretrainedConfig, Qwen2Config
+
+    from mmrl.core.library_internals import attention_implementation
+
+    assert isinstance(vars(PretrainedConfig)["_attn_implementation"], property)
+    assert attention_implementation(PretrainedConfig()) == ""
+    small = Qwen2Config(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        num_key_value_heads=1, vocab_size=16)
+    for asked, expected in (("eager", "eager"), ("sdpa", "sdpa"), (None, "sdpa")):
+        model = AutoModelForCausalLM.from_config(small, **({"attn_implementation": asked} if asked else {}))
+        assert attention_implementation(model.config) == expected, asked
+
+
+def test_diffusers_flux_latent_layout():
+    """The FLUX adapter's packing, by hand: latents x[0, c, h, w] = 16c + 4h + w of shape (1, 2, 4, 4)
+    pack into 4 tokens of 2 x 2 x 2 = 8 values, the 2x2 patches row by row, each patch channel-major:
+    token 0 is the patch at rows 0-1, columns 0-1: c=0 -> 0, 1, 4, 5; c=1 -> 16, 17, 20, 21; token 1
+    the patch at columns 2-3: 2, 3, 6, 7, 18, 19, 22, 23. Unpacking (a 32 x 32 image, VAE factor 8)
+    gives x back exactly; the ids of a 2 x 2 patch grid are (0, row, column)."""
+    import torch
+
+    from mmrl.core.library_internals import flux_latent_ids, flux_pack_latents, flux_unpack_latents
+
+    x = torch.arange(32, dtype=torch.float32).reshape(1, 2, 4, 4)
+    packed = flux_pack_latents(x)
+    assert packed.shape == (1, 4, 8)
+    assert packed[0, 0].tolist() == [0, 1, 4, 5, 16, 17, 20, 21]
+    assert packed[0, 1].tolist() == [2, 3, 6, 7, 18, 19, 22, 23]
+    assert torch.equal(flux_unpack_latents(packed, 32, 32, 8), x)
+    ids = flux_latent_ids(1, 2, 2, "cpu", torch.float32)
+    assert ids.tolist() == [[0, 0, 0], [0, 0, 1], [0, 1, 0], [0, 1, 1]] and ids.dtype == torch.float32

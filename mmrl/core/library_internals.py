@@ -1,7 +1,11 @@
-"""The only places mmrl reaches into private parts of its libraries (torch, accelerate, transformers),
-each because no public API does the job. ``tests/test_library_internals.py`` checks each against the
-installed library, so a release that changes one fails there, by name, rather than somewhere in a
-distributed run.
+"""The only places mmrl reaches into private parts of its model libraries (torch, accelerate,
+transformers, diffusers, torchao), each because no public API does the job.
+``tests/test_library_internals.py`` checks each against the installed library, so a release that
+changes one fails there, by name, rather than somewhere in a distributed run.
+
+The speed bench's adapters to other tools keep theirs beside the code that needs them, each with
+its own test: TRL's private ``GRPOTrainer`` methods it times (``mmrl/bench/speed_trl.py``) and the
+pandas shim that lets rliable import (``mmrl/bench/rliable_import.py``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,14 @@ def no_split_modules(module) -> list[str] | None:
     return getattr(module, "_no_split_modules", None)
 
 
+def attention_implementation(config) -> str:
+    """The attention kernel a transformers model runs ("eager", "sdpa", "flash_attention_2", ...;
+    "" when unset): ``PretrainedConfig._attn_implementation``, a property transformers fills from
+    ``attn_implementation=`` at load, with no public getter. The VLM policy reads it to warn that
+    ``train.padding_free`` without flash attention costs more than it saves."""
+    return config._attn_implementation or ""
+
+
 def can_compile_fullgraph(model) -> bool:
     """Whether transformers marks ``model``'s class as compilable with a static cache
     (``PreTrainedModel._can_compile_fullgraph``: "Models will auto-compile if this flag is set to
@@ -51,3 +63,32 @@ def stochastic_rounding_adamw():
     from torchao.optim import _AdamW
 
     return _AdamW
+
+
+# -- diffusers: FLUX's latent layout (the FLUX adapter, mmrl/diffusion/adapters/flux.py) ---------------
+# FLUX's transformer reads latents as a sequence of 2x2 patches with a (0, row, column) id per patch;
+# diffusers keeps the conversions as private static methods of FluxPipeline (no public helper), and
+# the adapter must match them exactly to train the pipeline's own transformer.
+
+def flux_pack_latents(latents):
+    """(B, C, H, W) -> (B, H/2 * W/2, 4C): ``FluxPipeline._pack_latents``, patches row by row."""
+    from diffusers import FluxPipeline
+
+    b, c, h, w = latents.shape
+    return FluxPipeline._pack_latents(latents, b, c, h, w)
+
+
+def flux_unpack_latents(packed, height: int, width: int, vae_scale_factor: int):
+    """(B, H/2 * W/2, 4C) -> (B, C, H, W) for an image of ``height`` x ``width`` pixels:
+    ``FluxPipeline._unpack_latents``, the inverse of :func:`flux_pack_latents`."""
+    from diffusers import FluxPipeline
+
+    return FluxPipeline._unpack_latents(packed, height, width, vae_scale_factor)
+
+
+def flux_latent_ids(batch: int, height: int, width: int, device, dtype):
+    """The (height * width, 3) ids ``(0, row, column)`` of the packed patches of a ``height`` x
+    ``width`` patch grid: ``FluxPipeline._prepare_latent_image_ids`` (``batch`` is unused there)."""
+    from diffusers import FluxPipeline
+
+    return FluxPipeline._prepare_latent_image_ids(batch, height, width, device, dtype)

@@ -29,6 +29,7 @@ import torch
 
 from mmrl.registry import ENGINES, register_policy
 
+from ..core.library_internals import attention_implementation
 from ..core.policy import PolicyBase
 from ..core.seeding import seeded
 from ..media.frame_order import shuffle_frames
@@ -105,7 +106,7 @@ class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
         self.shared_prefix = uses_shared_prefix(cfg.train.shared_prefix, cfg.train.padding_free,
                                                 split_head(self.module)[0], family.shared_prefix_off)
         _check_packing(cfg.train, family)
-        attention = getattr(self.module.config, "_attn_implementation", None) or ""
+        attention = attention_implementation(self.module.config)
         if cfg.train.padding_free and not attention.startswith("flash"):
             logging.getLogger("mmrl").warning(
                 "warning: train.padding_free=true with %s attention: the packed row's attention runs on a "

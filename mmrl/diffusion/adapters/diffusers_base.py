@@ -20,15 +20,6 @@ def as_dtype(dtype) -> torch.dtype:
     raise ValueError(f"not a torch dtype: {dtype!r}")
 
 
-def dtype_kwarg(dtype: torch.dtype) -> dict:
-    """diffusers >= 0.37 renamed ``torch_dtype`` to ``dtype`` (the old name warns)."""
-    try:
-        from diffusers.utils.deprecation_utils import _TORCH_DTYPE_DEPRECATION_MESSAGE  # noqa: F401
-    except ImportError:
-        return {"torch_dtype": dtype}
-    return {"dtype": dtype}
-
-
 class DiffusersAdapter(FlowPipeline):
     """Shared plumbing: holds the diffusers pipeline ``pipe`` (its components on ``device``, text encoders
     and VAE frozen in eval mode), a :class:`PromptCache` over ``_encode_prompts`` and the scheduler.
@@ -61,7 +52,7 @@ class DiffusersAdapter(FlowPipeline):
         import diffusers
 
         pipe_cls = getattr(diffusers, cls.pipeline_class_name)
-        pipe = pipe_cls.from_pretrained(path, **dtype_kwarg(as_dtype(dtype)))
+        pipe = pipe_cls.from_pretrained(path, dtype=as_dtype(dtype))  # diffusers >= 0.37 (torch_dtype warns)
         return cls(pipe, device=device, **kwargs)
 
     @property

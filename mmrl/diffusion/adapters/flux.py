@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ...core.library_internals import flux_latent_ids, flux_pack_latents, flux_unpack_latents
 from .diffusers_base import DiffusersAdapter
 
 
@@ -56,29 +57,22 @@ class FluxAdapter(DiffusersAdapter):
         return self._split({"prompt_embeds": embeds, "pooled_prompt_embeds": pooled}, len(prompts))
 
     def pack(self, latents: Tensor) -> Tensor:
-        """(B, C, H, W) -> (B, H/2 * W/2, 4C), as ``FluxPipeline._pack_latents``."""
-        from diffusers import FluxPipeline
-
-        b, c, h, w = latents.shape
-        return FluxPipeline._pack_latents(latents, b, c, h, w)
+        """(B, C, H, W) -> (B, H/2 * W/2, 4C), as the pipeline packs them."""
+        return flux_pack_latents(latents)
 
     def unpack(self, packed: Tensor, height: int, width: int) -> Tensor:
-        """(B, H/2 * W/2, 4C) -> (B, C, H, W) for latent ``height``/``width``, as ``FluxPipeline._unpack_latents``."""
-        from diffusers import FluxPipeline
-
+        """(B, H/2 * W/2, 4C) -> (B, C, H, W) for latent ``height``/``width``, as the pipeline unpacks them."""
         f = self.vae_scale_factor
-        return FluxPipeline._unpack_latents(packed, height * f, width * f, f)
+        return flux_unpack_latents(packed, height * f, width * f, f)
 
     def velocity(self, latents: Tensor, sigma, prompts: Sequence[str], guidance_scale: float = 1.0) -> Tensor:
-        from diffusers import FluxPipeline
-
         batch, _, height, width = latents.shape
         cfg = (not self.guidance_embeds) and guidance_scale > 1.0
         n = 2 * batch if cfg else batch
         timestep = self._sigma(sigma, batch).to(self.dtype)  # the pipeline passes t / 1000 = sigma
         emb = self._embeddings(prompts, batch, cfg)
         x = self.pack(latents.to(self.device, self.dtype))
-        img_ids = FluxPipeline._prepare_latent_image_ids(batch, height // 2, width // 2, self.device, self.dtype)
+        img_ids = flux_latent_ids(batch, height // 2, width // 2, self.device, self.dtype)
         txt_ids = torch.zeros(emb["prompt_embeds"].shape[1], 3, device=self.device, dtype=self.dtype)
         guidance = (
             torch.full([n], guidance_scale, device=self.device, dtype=torch.float32) if self.guidance_embeds else None
