@@ -4,6 +4,7 @@ Public API for plugins and scripts (a new modality: ``register_policy`` on a ``P
 subclass whose rollouts are ``Rollouts``)::
 
     from mmrl import Task, register_task, register_reward, SyntheticExamples, image_prompt
+    from mmrl import EpisodicTask, Interaction, LoopOptions, Reply   # a multi-turn task (the agent loop)
     result = mmrl.train("vlm/counting_tiny", ["train.steps=50"])   # same as `mmrl train vlm`
 
 The modules a plugin may import besides these names are listed in :data:`PUBLIC_MODULES`
@@ -14,7 +15,9 @@ from . import library_noise  # noqa: F401  (silences, once, what a user cannot a
 from . import plugins  # noqa: F401  (installs the registries' plugin loader)
 from .api import train
 from .benchmarks import Benchmark, register_benchmark
+from .core.agent_loop import Interaction, LoopOptions, Reply
 from .core.distributed import pick_device
+from .core.episodes import EpisodicTask
 from .core.policy import PolicyBase
 from .core.protocol import Policy
 from .core.rollouts import Rollouts
@@ -69,6 +72,10 @@ __all__ = [
     "register_tool",
     "Env",
     "Observation",
+    "EpisodicTask",
+    "Interaction",
+    "LoopOptions",
+    "Reply",
     "load_plugins",
     "make_task",
     "UnknownNameError",
