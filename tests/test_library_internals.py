@@ -4,6 +4,9 @@ name, instead of in the middle of a distributed run."""
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import torch.distributed as dist
 
 from mmrl.core.library_internals import default_store, set_process_distributed_type, stochastic_rounding_adamw
@@ -122,3 +125,76 @@ def test_diffusers_flux_latent_layout():
     assert torch.equal(flux_unpack_latents(packed, 32, 32, 8), x)
     ids = flux_latent_ids(1, 2, 2, "cpu", torch.float32)
     assert ids.tolist() == [[0, 0, 0], [0, 0, 1], [0, 1, 0], [0, 1, 1]] and ids.dtype == torch.float32
+
+
+# -- that they are the only ones ---------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+# Modules allowed private names of other packages: this adapter, and the speed bench's adapters to the
+# tools it compares against (each tested beside its code: tests/test_bench_speed.py, test_bench_stats.py).
+ADAPTERS = {"mmrl/core/library_internals.py", "mmrl/bench/speed_trl.py", "mmrl/bench/rliable_import.py"}
+# Python's own names that only look private: documented API (namedtuple's _replace, sys._getframe).
+PYTHON_API = {"_replace", "_asdict", "_fields", "_make", "_getframe"}
+
+
+def _private(name) -> bool:
+    return isinstance(name, str) and name.startswith("_") and not name.startswith("__")
+
+
+def _defined(trees) -> set[str]:
+    """Every name mmrl binds itself: functions, classes, attributes and variables it assigns,
+    arguments, keywords, import aliases (a private name among them is mmrl's own)."""
+    names = set()
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, ast.arg):
+                names.add(node.arg)
+            elif isinstance(node, ast.keyword) and node.arg:
+                names.add(node.arg)
+    return names
+
+
+def _foreign_private_uses(tree, own: set[str]) -> list[str]:
+    """Private names ``tree`` takes from other packages: ``x._name`` and literal
+    ``getattr(x, "_name")`` for a name mmrl does not define, and imports of ``_name``s or from
+    ``_module``s of a package other than mmrl."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr) and node.attr not in own | PYTHON_API:
+            found.append(f"line {node.lineno}: .{node.attr}")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+              and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and _private(node.args[1].value)
+              and node.args[1].value not in own):
+            found.append(f"line {node.lineno}: {node.func.id}(..., {node.args[1].value!r})")
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and not node.module.startswith("mmrl"):
+            if any(map(_private, node.module.split("."))) or any(_private(a.name) for a in node.names):
+                found.append(f"line {node.lineno}: from {node.module} import {', '.join(a.name for a in node.names)}")
+        elif isinstance(node, ast.Import):
+            found += [f"line {node.lineno}: import {a.name}" for a in node.names if any(map(_private, a.name.split(".")))]
+    return sorted(found, key=lambda f: int(f.split(":")[0].removeprefix("line ")))
+
+
+def test_no_module_outside_the_adapters_uses_a_private_name_of_another_package():
+    """What the module docstring promises: a new ``model.config._something`` elsewhere fails here,
+    naming the file and line; move it into :mod:`mmrl.core.library_internals` with a test."""
+    files = [*sorted((REPO / "mmrl").rglob("*.py")), *sorted((REPO / "tasks").glob("*.py")),
+             *sorted((REPO / "rewards").glob("*.py"))]
+    trees = {f.relative_to(REPO).as_posix(): ast.parse(f.read_text()) for f in files}
+    own = _defined(trees.values())
+    uses = {name: found for name, tree in trees.items() if name not in ADAPTERS
+            if (found := _foreign_private_uses(tree, own))}
+    assert not uses, f"private names of other packages outside mmrl/core/library_internals.py: {uses}"
+
+
+def test_the_private_name_check_sees_what_it_looks_for():
+    tree = ast.parse("a = cfg._attn_implementation\nb = getattr(m, '_no_split', None)\nc = self._mine\n"
+                     "from diffusers.utils import _X\nimport pandas.util._decorators\nd = t._replace(x=1)\n")
+    assert _foreign_private_uses(tree, own={"_mine"}) == [
+        "line 1: ._attn_implementation", "line 2: getattr(..., '_no_split')",
+        "line 4: from diffusers.utils import _X", "line 5: import pandas.util._decorators"]
