@@ -181,7 +181,7 @@ def export(
 def sft(args: Optional[List[str]] = typer.Argument(None, metavar=ARGS_METAVAR, help=ARGS_HELP)):
     """Supervised fine-tuning on the task's reference answers (the loss on the answer tokens only),
     with mmrl train's config, policy and checkpoints; writes <run dir>/model for model.path."""
-    from .sft_run import command
+    from .cli_sft import command
 
     command(list(args or []))
 

@@ -97,13 +97,14 @@ def test_the_loss_is_the_mean_nll_of_the_answer_tokens(policy):
     logits on each conversation alone (no padding): at position P + t - 1 the log-softmax of the
     logits (the vision placeholders masked out of the vocabulary, as the policy samples) at
     completion token t, summed over both answers' tokens + EOS, divided by their count."""
-    from mmrl.sft_run import NLLObjective
+    from mmrl.core.losses import Objective, ObjectiveConfig
 
     batch = sft_batch(policy, [Conversations()], [(0, ex) for ex in _conversations()])
     batch.advantages = torch.zeros(2)
     tokens = float(batch.action_mask.sum())
+    objective = Objective(ObjectiveConfig.reference_likelihood())  # mmrl sft's objective
     with policy.autocast():  # micro_batch_size 1: two terms, which add up to the mini-batch loss
-        terms = [loss for loss, _ in policy.loss_terms(batch, NLLObjective(), num_tokens=tokens, num_seqs=2.0)]
+        terms = [loss for loss, _ in policy.loss_terms(batch, objective, num_tokens=tokens, num_seqs=2.0)]
     assert len(terms) == 2
     loss = float(sum(terms).detach())
 
@@ -126,7 +127,7 @@ def test_the_loss_is_the_mean_nll_of_the_answer_tokens(policy):
 
 
 def _sft_config(path, out, *extra):
-    from mmrl.sft_run import sft_config
+    from mmrl.vlm.sft_run import sft_config
 
     return sft_config("vlm/counting_tiny", [
         f"model.path={path}", "train.device=cpu", "train.prompts_per_step=4", "train.micro_batch_size=4",
@@ -152,7 +153,7 @@ def test_a_resumed_sft_run_ends_with_the_weights_of_an_uninterrupted_one(random_
     and the schedule are restored): the same weights."""
     from safetensors.torch import load_file
 
-    from mmrl.sft_run import SFTRun
+    from mmrl.vlm.sft_run import SFTRun
 
     SFTRun(_sft_config(random_tiny_dir, tmp_path / "a", "train.steps=4", "log.save_every=0", *sampling)).run()
     SFTRun(_sft_config(random_tiny_dir, tmp_path / "b", "train.steps=4", "log.save_every=2", *sampling)).run()

@@ -112,7 +112,7 @@ def test_the_tiny_default_warm_start_is_a_weighted_mixture_of_every_task():
     """The config `mmrl build-tiny vlm` hands to mmrl sft: DEFAULT_TINY_TASKS as a mixture whose
     four counting sources are named by their options, each drawn by its weight."""
     from mmrl.core.trainer import build_task
-    from mmrl.sft_run import sft_sampler
+    from mmrl.vlm.sft_run import sft_sampler
     from mmrl.vlm.tiny_builders import warm_start_overrides
     from mmrl.vlm.tiny_tasks import DEFAULT_TINY_TASKS
 
@@ -133,7 +133,7 @@ def test_thought_dropout_removes_only_the_reasoning_block():
 
 
 def test_thought_dropout_is_read_by_sft_and_refused_by_rl(random_tiny_dir, tmp_path):
-    from mmrl.sft_run import SFTRun, sft_config
+    from mmrl.vlm.sft_run import SFTRun, sft_config
 
     overrides = [f"model.path={random_tiny_dir}", "train.device=cpu", "train.prompts_per_step=8",
                  f"log.output_dir={tmp_path}", "log.progress=false"]

@@ -1,7 +1,7 @@
 """The shipped tiny VLMs' builders (``mmrl build-tiny vlm|video|gui|gui-grounding``, see
 :mod:`mmrl.tiny_models`): each prepares its starting model (a random initialisation, a vision tower
 pre-trained on the synthetic cells or screens, or a shipped model) and warm-starts it by ``mmrl sft``
-(:class:`mmrl.sft_run.SFTRun`) on its recipe's task mixture. The tiny default follows the R1-style
+(:class:`mmrl.vlm.sft_run.SFTRun`) on its recipe's task mixture. The tiny default follows the R1-style
 recipe: ``build_tiny_vlm`` trains the tokenizer, initialises a small Qwen2.5-VL, pre-trains its
 vision tower, runs a short SFT on the synthetic tasks' reference completions and saves the
 result. It is deliberately short, so that RL has visible headroom.
@@ -87,7 +87,7 @@ def run_warm_start(base: str | Path, out: str | Path, overrides: Sequence[str], 
     the inputs' pixel budget) in a scratch run directory; its model saved to ``out`` through a
     staging directory, so a build that dies leaves the previous checkpoint whole."""
     from ..config import load_config
-    from ..sft_run import SFTRun
+    from .sft_run import SFTRun
 
     with tempfile.TemporaryDirectory(prefix="mmrl-warm-start-") as runs:
         cfg = load_config(None, [f"model.path={base}", *overrides,

@@ -45,6 +45,9 @@ class ObjectiveConfig(LossConfig):
     plain PPO/GRPO/DAPO clipped surrogate."""
 
     max_completion_length: Optional[int] = None  # constant divisor for seq_mean_token_sum_norm
+    # The actions are reference completions (``mmrl sft``): the loss is their negative log-likelihood
+    # alone, aggregated as ``loss_agg_mode`` says; no ratio, advantage, clip or penalty applies.
+    likelihood: bool = False
 
     def __post_init__(self) -> None:
         # Fail when the config is built, not on the first training step.
@@ -112,6 +115,12 @@ class ObjectiveConfig(LossConfig):
             or self.clip_cov_ratio is not None
             or self.kl_cov_ratio is not None
         )
+
+    @classmethod
+    def reference_likelihood(cls) -> "ObjectiveConfig":
+        """``mmrl sft``'s loss: the mean NLL of the reference completions' tokens (``token_mean``,
+        so the micro-batches of a mini-batch add up to its mean)."""
+        return cls(loss_agg_mode="token_mean", likelihood=True)
 
     @classmethod
     def from_algo(cls, algo: LossConfig, max_completion_length: Optional[int] = None) -> "ObjectiveConfig":

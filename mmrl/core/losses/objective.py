@@ -90,6 +90,9 @@ def policy_loss(
     - ``num_tokens``/``num_seqs``: the mini-batch's normalisers (:func:`~.aggregation.aggregate`),
       so that with gradient accumulation the micro-batch losses *sum* to the mini-batch loss.
 
+    With ``cfg.likelihood`` (``mmrl sft``: the actions are reference completions) the per-token
+    loss is ``-logps`` alone, aggregated the same way, and ``loss`` is its only metric.
+
     Metrics (python floats; :func:`~.metrics.loss_metrics`) are masked means over this call's
     tokens, so a caller averages them over micro-batches; ``loss`` is the returned value. The
     keys depend on ``cfg`` alone: ``ratio_mean``, ``clip_frac_low`` (A < 0 and ratio < low),
@@ -100,6 +103,10 @@ def policy_loss(
     ``off_policy_frac``, with the clip fractions then counting on-policy tokens only;
     ``rollout_is_ratio``). reg_grpo and KL-Cov's unclipped ``clip`` report no clip fractions.
     """
+    if cfg.likelihood:  # reference completions (mmrl sft): l = -logp, the rest of the formula is off
+        loss = aggregate(-logps, mask, cfg.loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
+                         max_completion_length=cfg.max_completion_length)
+        return loss, {"loss": float(loss.detach())}
     like = logps if logps is not None else mask
     if logps is not None and old_logps is None:
         old_logps = logps.detach()
