@@ -90,7 +90,7 @@ STAND_INS: dict[str, str] = {
     "/data/android_control/train.jsonl": "android_control", "/data/android_control/test.jsonl": "android_control",
     "/data/Video-R1-260k.json": "video_r1", "/data/Video-R1-data": "video_r1_root",
     "data/train.jsonl": "counting_jsonl", "data/val.jsonl": "counting_jsonl",
-    "[my_task.py]": "plugin",
+    "[my_task.py]": "plugin", "[docs/examples/calculator.py]": "calculator",
     "vstar_bench/": "vstar", "hr_bench_4k.tsv": "hrbench",
 }
 
@@ -319,6 +319,7 @@ def stand_ins(request, tmp_path_factory, random_tiny_dir):
     out["clip"] = f"{name}={checkpoint}"
     (root / "my_task.py").write_text(PLUGIN.replace("PREFIX_", ""))
     out["plugin"] = f"[{root / 'my_task.py'}]"
+    out["calculator"] = f"[{REPO / 'docs' / 'examples' / 'calculator.py'}]"  # the docs' example, as it ships
     models = root / "models"
     models.mkdir()
     (models / "qwen").symlink_to(random_tiny_dir, target_is_directory=True)
