@@ -9,14 +9,11 @@ what it needs of such a task and never imports the environments or the tools.
 Every turn becomes one row of the returned :class:`~mmrl.core.rollouts.Rollouts` (its own prompt:
 the conversation, or the current screenshot with the earlier actions), so the existing estimators
 and losses apply to the per-turn actions unchanged; the rows' examples carry what the episode-aware
-estimators, rewards and :func:`episode_metrics` read:
-
-- ``episode_id`` (unique in the batch), ``step_index`` (0, 1, ...), ``anchor_key`` (the state
-  acted from: GiGPO's anchor states); an environment's rows also ``step_reward``, ``step_valid``,
-  ``step_message``;
-- on every row once the episode is over, an environment's: ``episode_success``, ``episode_return``
-  (sum of step rewards), ``episode_length``, ``episode_timed_out`` (a tool task's: its trajectory
-  record, :mod:`mmrl.tools.interaction`).
+estimators, rewards and :func:`episode_metrics` read, each key declared in
+:class:`~mmrl.core.example.Example`: ``episode_id``, ``step_index`` and ``anchor_key`` on every row;
+an environment's step keys (``step_reward``, ``step_valid``, ``step_message``) and, once the episode
+is over, its outcome (``episode_success``, ``episode_return``, ``episode_length``,
+``episode_timed_out``); a tool task's trajectory record (:mod:`mmrl.tools.interaction`).
 """
 
 from __future__ import annotations
@@ -24,6 +21,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from .agent_loop import Interaction, LoopOptions, run_agent_loop
+from .example import Example
 from .rollouts import Rollouts
 
 
@@ -75,7 +73,7 @@ def rollout_task(policy, task, examples: Sequence[dict], n: int, mode: str, need
                           need_old_logps=need_old_logps, need_ref_logps=need_ref_logps)
 
 
-def episode_key(row: dict) -> tuple:
+def episode_key(row: Example) -> tuple:
     """Which episode a row belongs to, unique in a batch gathered from several processes (each
     numbers its episodes from 0; ``_index`` is the task spec's index in its split)."""
     return row.get("_index"), row["episode_id"]

@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import torch
 
 from ..options import check_names
+from .example import Example
 from ..registry import REWARD_CONTEXT, REWARDS
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ class PerSourceRewards:
                 self.weights.setdefault(name, w)
                 owner.setdefault(name, source)
 
-    def __call__(self, completions: Sequence[str], examples: Sequence[dict], **ctx: Any):
+    def __call__(self, completions: Sequence[str], examples: Sequence[Example], **ctx: Any):
         n = len(completions)
         if len(examples) != n:
             raise ValueError(f"{n} completions but {len(examples)} examples")
