@@ -327,3 +327,21 @@ def test_nft_goes_through_the_objective():
     loss, metrics = policy_loss(None, None, torch.tensor([2.5, -5.0]), torch.ones(2, 1),
                                 ObjectiveConfig(loss_type="nft"), inputs=inputs)
     assert abs(float(loss) - 0.45) < 1e-7 and "ratio_mean" not in metrics
+
+
+def test_the_likelihood_of_reference_completions_is_their_mean_nll():
+    """mmrl sft's objective (ObjectiveConfig.reference_likelihood()), called as RL's is: logps
+    [[-1, -2], [-3, -9]], the last token masked out, 3 tokens in the mini-batch:
+    L = (1 + 2 + 3) / 3 = 2 and dL/dlogp = -1/3 on each kept token, 0 on the masked one; the
+    advantages, the old log-probs and the reference play no part, and ``loss`` is the only metric.
+    As one micro-batch of a 6-token mini-batch it is half that: (1 + 2 + 3) / 6 = 1."""
+    cfg = ObjectiveConfig.reference_likelihood()
+    logps = t([[-1.0, -2.0], [-3.0, -9.0]]).requires_grad_(True)
+    mask = t([[1, 1], [1, 0]])
+    loss, metrics = policy_loss(logps, t([[5.0, 5.0], [5.0, 5.0]]), t([7.0, -7.0]), mask, cfg,
+                                ref_logps=torch.zeros(2, 2, dtype=D), num_tokens=3.0, num_seqs=2.0)
+    loss.backward()
+    assert close(loss, 2.0) and metrics == {"loss": 2.0}
+    assert close(logps.grad, [[-1 / 3, -1 / 3], [-1 / 3, 0.0]])
+    half, _ = policy_loss(logps.detach(), None, t([0.0, 0.0]), mask, cfg, num_tokens=6.0, num_seqs=2.0)
+    assert close(half, 1.0)

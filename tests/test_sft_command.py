@@ -172,6 +172,21 @@ def test_a_resumed_sft_run_ends_with_the_weights_of_an_uninterrupted_one(random_
     assert steps == [1, 2, 3, 4, 4]  # steps 3-4 logged once: the killed attempt's lines were dropped
 
 
+def test_a_checkpoint_of_mmrl_sft_is_not_resumed_by_mmrl_train(random_tiny_dir, tmp_path):
+    """Both commands run the one lifecycle and each checkpoint says which wrote it: an SFT run
+    resumed as RL stops at setup, naming the checkpoint and the command that continues it."""
+    from mmrl.core.trainer import Trainer
+    from mmrl.vlm.policy import VLMPolicy
+    from mmrl.vlm.sft_run import SFTRun
+
+    SFTRun(_sft_config(random_tiny_dir, tmp_path, "train.steps=1", "eval.num_examples=1")).run()
+    cfg = _sft_config(random_tiny_dir, tmp_path, "train.steps=2", "eval.num_examples=1", "resume=true",
+                      "allow_config_change=true")
+    with pytest.raises(ValueError, match=r"warm/checkpoints/step_00000001 is a checkpoint of mmrl sft, not of "
+                                         r"mmrl train: resume it with mmrl sft"):
+        Trainer(cfg, VLMPolicy(cfg))
+
+
 def test_an_sft_resume_says_where_cleans_a_killed_save_and_refuses_fewer_steps(random_tiny_dir, tmp_path):
     """As RL's: killed after logging its final evaluation (no summary.json) and with a killed save's
     .tmp directory (its writer's process gone), `mmrl sft ... resume=true` says where it continues,

@@ -109,6 +109,21 @@ class RunLifecycle:
         self.main = dist.is_main()
         self.ckpt = open_run(self.run_dir, cfg, self.main)  # a resume's changes checked, stale .tmp removed
         self.step_done = 0
+        if cfg.resume:
+            self._latest_state()  # a checkpoint of the other command stops the run at setup
+
+    def _latest_state(self) -> tuple[Optional[Path], dict[str, Any]]:
+        """The latest checkpoint and its ``trainer.pt``; one written by another kind of training
+        (``mmrl sft``'s resumed by ``mmrl train``, or the reverse) is a ``ValueError``."""
+        latest = self.ckpt.latest()
+        if latest is None:
+            return None, {}
+        state = torch.load(latest / "trainer.pt", map_location="cpu", weights_only=False)
+        kind = state.get("kind", self.steps.kind)  # written since both kinds share this lifecycle
+        if kind != self.steps.kind:
+            raise ValueError(f"{latest} is a checkpoint of mmrl {kind}, not of mmrl {self.steps.kind}: "
+                             f"resume it with mmrl {kind}")
+        return latest, state
 
     # -- checkpoints ------------------------------------------------------------------------------
     def save(self, step: int, before: Evaluation) -> None:
@@ -122,14 +137,9 @@ class RunLifecycle:
         """The step of the latest checkpoint and the evaluation before training it recorded. Every
         rank reads the same checkpoint (a shared run directory); each restores its own RNG state
         when the process count is unchanged (the per-step reseeding makes later draws exact either way)."""
-        latest = self.ckpt.latest()
+        latest, state = self._latest_state()
         if latest is None:
             return 0, Evaluation({})
-        state = torch.load(latest / "trainer.pt", map_location="cpu", weights_only=False)
-        kind = state.get("kind", self.steps.kind)  # written since both kinds share this loop
-        if kind != self.steps.kind:
-            raise ValueError(f"{latest} is a checkpoint of mmrl {kind}, not of mmrl {self.steps.kind}: "
-                             f"resume it with mmrl {kind}")
         self.policy.load(latest / "policy")
         rngs = state.get("rank_rngs") or [state["rng"]]
         if dist.rank() < len(rngs):
