@@ -4,14 +4,10 @@ the same for ``mmrl sft``.
 
 Modality-free: it talks to a policy through :class:`~mmrl.core.policy.Policy` (capabilities are
 declared and checked once, at setup), to a task through the plugin API, and builds each step's
-batch with :class:`~mmrl.core.batch.BatchBuilder`. Determinism: every step reseeds from
-``(train.seed, step)`` and the data order is a pure function of the step, so a run resumed from a
-checkpoint continues exactly as the uninterrupted run would have.
-
-Several processes (``accelerate launch`` / ``torchrun``, :mod:`~mmrl.core.distributed`): each rank
-rolls out whole groups of the step's prompts with seeds of its own, the batch builder gathers what
-estimators and metrics need of the whole batch, gradients are averaged by the backend (the policy
-base), and rank 0 alone logs, shows progress and writes checkpoints (every rank's RNG included).
+batch with :class:`~mmrl.core.batch.BatchBuilder`, whose data order is a pure function of the step
+(and of the sampler state a checkpoint keeps). Several processes: each rank rolls out whole groups
+of the step's prompts with seeds of its own, the batch builder gathers what estimators and metrics
+need of the whole batch, and gradients are averaged by the backend (the policy base).
 """
 
 from __future__ import annotations
