@@ -99,6 +99,22 @@ def test_a_slow_answer_holds_no_other_and_the_rows_keep_their_order():
     assert [ex["episode_id"] for ex in rows.examples] == [0, 1, 2, 3]
 
 
+def test_with_no_workers_the_loops_own_thread_answers():
+    """For an environment bound to the thread that made it (workers=0)."""
+    import threading
+
+    class Where(Countdown):
+        def answer(self, batch, row):
+            self.thread = threading.current_thread()
+            return super().answer(batch, row)
+
+    interactions = [Where(2), Where(1)]
+    options = LoopOptions(max_turns=2, workers=0)
+    rows = run_agent_loop(RecordingPolicy(lambda prompt: "x"), interactions, 1, options, "train")
+    assert all(it.thread is threading.current_thread() for it in interactions)
+    assert [ex["left"] for ex in rows.examples] == [1, 0, 0]
+
+
 def test_an_answer_past_the_time_limit_is_replied_for_and_the_others_go_on():
     policy = RecordingPolicy(lambda prompt: "x")
     t0 = time.perf_counter()
@@ -116,6 +132,8 @@ def test_options_and_a_missing_timeout_reply_are_errors_that_say_what_to_do():
             LoopOptions(max_turns=bad)
     with pytest.raises(ValueError, match="step_timeout must be >= 0"):
         LoopOptions(max_turns=1, step_timeout=-1)
+    with pytest.raises(ValueError, match="workers must be >= 1 with a step_timeout"):
+        LoopOptions(max_turns=1, step_timeout=1, workers=0)
     with pytest.raises(NotImplementedError, match="Interaction has no reply .* step_timeout at 0"):
         Interaction().timed_out(1.0)
 

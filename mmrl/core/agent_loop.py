@@ -58,13 +58,18 @@ class LoopOptions:
     stop: tuple[str, ...] = ()  # texts that end a message's generation besides the end of turn
     step_timeout: float = 0.0  # seconds one answer may take; 0: no limit
     mask_over_turn: bool = False  # Mini-o3's over-turn masking (module docstring)
-    workers: int = 16  # threads answering one turn's messages (with a time limit: one per message)
+    # threads answering one turn's messages (with a time limit: one per message); 0: the loop's own
+    # thread answers them one by one (an environment bound to the thread that made it)
+    workers: int = 16
 
     def __post_init__(self) -> None:
         if isinstance(self.max_turns, bool) or not isinstance(self.max_turns, int) or self.max_turns < 1:
             raise ValueError(f"the agent loop's max_turns must be an int >= 1, got {self.max_turns!r}")
         if self.step_timeout < 0:
             raise ValueError(f"the agent loop's step_timeout must be >= 0 seconds, got {self.step_timeout!r}")
+        if self.workers < 0 or (self.workers == 0 and self.step_timeout):
+            raise ValueError(f"the agent loop's workers must be >= 1 with a step_timeout, >= 0 without, "
+                             f"got {self.workers!r}")
 
 
 class Interaction:
@@ -136,6 +141,8 @@ def _answer_all(interactions: Sequence[Interaction], batch: Rollouts, options: L
     time limit every answer gets its own thread, so all start at once and share one deadline; an
     answer still running then is abandoned (Python cannot stop a thread: it finishes on its own)."""
     timeout = float(options.step_timeout)
+    if options.workers == 0:
+        return [it.answer(batch, row) for row, it in enumerate(interactions)]
     workers = len(interactions) if timeout else max(1, min(options.workers, len(interactions)))
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mmrl-agent-loop")
     try:

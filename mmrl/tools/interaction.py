@@ -3,34 +3,22 @@
 "Thinking with images" (DeepEyes: "DeepEyes: Incentivizing 'Thinking with Images' via
 Reinforcement Learning"; Mini-o3: "Mini-o3: Scaling Up Reasoning Patterns and Interaction Turns
 for Visual Search"). The agent loop (:mod:`mmrl.core.agent_loop`) rolls out ``n`` trajectories of
-each example of a :class:`~mmrl.tools.task.ToolUseTask`, one :class:`ToolConversation` each: at
-every turn the policy writes one assistant message, the calls in it run
-(:func:`mmrl.tools.calls.run_turn`), and their observations (tool images, error text) come back as
-the next user turn inside ``<tool_response>``. With the task's ``stop_at_call`` (the default) a
-message's generation stops where it closes its call (``</tool_call>``: transformers'
-``stop_strings``, vLLM's ``stop``), so the model never writes past its call; the chat template closes
-the message in the next turn's prompt, as context. A trajectory ends with a message that calls no
-tool (its answer), or when its budget is spent (:class:`~mmrl.tools.base.ToolBudget`).
+each example of a :class:`~mmrl.tools.task.ToolUseTask`, one :class:`ToolConversation` each: the
+calls of each assistant message run (:func:`mmrl.tools.calls.run_turn`) and their observations
+(tool images, error text) come back as the next user turn inside ``<tool_response>``. With the
+task's ``stop_at_call`` (the default) a message's generation stops where it closes its call
+(``</tool_call>``), so the model never writes past it; the chat template closes the message in the
+next turn's prompt. A trajectory ends with a message that calls no tool (its answer), or when its
+budget is spent (:class:`~mmrl.tools.base.ToolBudget`: cut, over-turn).
 
-**Each turn is one row of the batch**, its prompt the whole conversation so far (every image the
-tools returned included), its actions the tokens the model wrote in that turn. Why rows and not one
-interleaved sequence with a mask: the tool outputs are then context by construction. They are in
-no row's action mask, so their tokens are in neither the loss nor the KL; a row's log-probs are
-those of the model's tokens given everything before them, exactly the masked positions of the
-interleaved sequence that verl / DeepEyes train on. So with ``algo.loss_agg_mode=token_mean`` the
-loss over a trajectory's rows equals the masked loss over its interleaved sequence (a test checks
-it token by token), and re-scoring a row reproduces the sampled log-probs as for any completion.
-The sequence-mean modes average per turn instead of per trajectory. The price is compute: each
-turn reads the conversation again (no KV cache is kept across turns).
-
-Each row's example carries the episode keys of :mod:`mmrl.core.episodes` (``episode_id``,
-``step_index``, ``anchor_key``) and, once its trajectory is over, the trajectory record of
-:mod:`mmrl.measures.tool_use` (``trajectory``: the whole text; ``tool_calls``; ``tool_budget``)
-plus ``turns`` and ``over_turn``. Every row of a trajectory therefore scores the trajectory's
-reward; ``episode_grpo`` with ``episode_return: final`` makes that one outcome per trajectory
-(trajectory-level GRPO). A trajectory that the turn or token budget cut before it answered (its
-last message still called a tool) is ``over_turn``; the task's ``over_turn_masking`` masks its rows
-out of the loss (the agent loop's over-turn masking).
+Each turn is a row whose log-probs are those of the model's tokens given everything before them:
+exactly the unmasked positions of the one interleaved sequence verl / DeepEyes train on, so with
+``algo.loss_agg_mode=token_mean`` the loss over a trajectory's rows is its masked loss (a test
+checks it token by token); each turn reads the conversation again (no KV cache across turns).
+Once a trajectory is over its rows carry the record of :mod:`mmrl.measures.tool_use`
+(``trajectory``: the whole text; ``tool_calls``; ``tool_budget``) plus ``turns`` and ``over_turn``,
+so every row scores the trajectory's reward (``episode_grpo`` with ``episode_return: final``:
+trajectory-level GRPO).
 """
 
 from __future__ import annotations
