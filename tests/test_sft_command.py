@@ -187,6 +187,32 @@ def test_a_checkpoint_of_mmrl_sft_is_not_resumed_by_mmrl_train(random_tiny_dir, 
         Trainer(cfg, VLMPolicy(cfg))
 
 
+def test_a_checkpoint_written_before_the_shared_lifecycle_still_resumes(random_tiny_dir, tmp_path):
+    """mmrl sft checkpoints written before RL and SFT shared one lifecycle store the held-out loss
+    before training as a number and mark themselves "sft": True (no "kind"). Such a checkpoint
+    resumes under mmrl sft, its before-loss kept, and mmrl train still refuses it."""
+    from mmrl.core.trainer import Trainer
+    from mmrl.vlm.policy import VLMPolicy
+    from mmrl.vlm.sft_run import SFTRun
+
+    first = SFTRun(_sft_config(random_tiny_dir, tmp_path, "train.steps=1", "eval.num_examples=1",
+                               "eval.before=true")).run()
+    state_path = tmp_path / "warm" / "checkpoints" / "step_00000001" / "trainer.pt"
+    state = torch.load(state_path, weights_only=False)
+    state.pop("kind")
+    state.pop("before_intervals", None)
+    state.update(before=first.before, sft=True)  # the earlier layout
+    torch.save(state, state_path)
+    cfg = _sft_config(random_tiny_dir, tmp_path, "train.steps=2", "eval.num_examples=1", "eval.before=true",
+                      "resume=true", "allow_config_change=true")
+    with pytest.raises(ValueError, match="is a checkpoint of mmrl sft, not of mmrl train"):
+        Trainer(cfg, VLMPolicy(cfg))
+    resumed = SFTRun(cfg).run()
+    assert first.before is not None and resumed.before == first.before
+    assert torch.load(tmp_path / "warm" / "checkpoints" / "step_00000002" / "trainer.pt",
+                      weights_only=False)["kind"] == "sft"
+
+
 def test_an_sft_resume_says_where_cleans_a_killed_save_and_refuses_fewer_steps(random_tiny_dir, tmp_path):
     """As RL's: killed after logging its final evaluation (no summary.json) and with a killed save's
     .tmp directory (its writer's process gone), `mmrl sft ... resume=true` says where it continues,

@@ -119,7 +119,8 @@ class RunLifecycle:
         if latest is None:
             return None, {}
         state = torch.load(latest / "trainer.pt", map_location="cpu", weights_only=False)
-        kind = state.get("kind", self.steps.kind)  # written since both kinds share this lifecycle
+        # written since both kinds share this lifecycle; an earlier mmrl sft checkpoint says "sft": True
+        kind = state.get("kind") or ("sft" if state.get("sft") else self.steps.kind)
         if kind != self.steps.kind:
             raise ValueError(f"{latest} is a checkpoint of mmrl {kind}, not of mmrl {self.steps.kind}: "
                              f"resume it with mmrl {kind}")
@@ -145,7 +146,10 @@ class RunLifecycle:
         if dist.rank() < len(rngs):
             set_rng_state(rngs[dist.rank()])
         self.steps.load_state_dict(state)
-        return int(state["step"]), Evaluation(dict(state.get("before") or {}), dict(state.get("before_intervals") or {}))
+        before = state.get("before") or {}
+        if not isinstance(before, dict):  # an earlier mmrl sft checkpoint: its held-out loss alone
+            before = {"loss": float(before)}
+        return int(state["step"]), Evaluation(dict(before), dict(state.get("before_intervals") or {}))
 
     # -- the loop ---------------------------------------------------------------------------------
     def train(self) -> TrainResult:
