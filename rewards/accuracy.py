@@ -8,7 +8,7 @@ from mmrl.measures.batch import score_each
 
 
 @register_reward("accuracy")
-def accuracy(completions, examples, **ctx) -> list:
+def accuracy(completions, examples) -> list:
     """Exact-answer reward; None when there is no ``<answer>`` block (or no ground truth).
 
     Numeric truths compare as numbers ("2" == "2.0" == "two" == "2 circles"), others as

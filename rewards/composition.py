@@ -27,13 +27,13 @@ def _scores(completions, examples, min_area, reduce) -> list:
 
 
 @register_reward("composition", media="image")
-def composition(completions, examples, min_area: float | None = None, **ctx) -> list:
+def composition(completions, examples, min_area: float | None = None) -> list:
     """Fraction of :func:`composition_checks` passed, in [0, 1]; None without ``ex["spec"]`` or
     for a completion that is not a PIL image."""
     return _scores(completions, examples, min_area, lambda c: sum(c) / len(c))
 
 
 @register_reward("composition_strict", media="image")
-def composition_strict(completions, examples, min_area: float | None = None, **ctx) -> list:
+def composition_strict(completions, examples, min_area: float | None = None) -> list:
     """1.0 iff every check passes (GenEval's binary per-prompt score), else 0.0."""
     return _scores(completions, examples, min_area, lambda c: float(all(c)))

@@ -44,7 +44,7 @@ def _score(name, completions, examples, score) -> list:
 
 
 @register_reward("det_iou")
-def det_iou(completions, examples, **ctx) -> list:
+def det_iou(completions, examples) -> list:
     """Matched IoU normalised by the larger of the two box counts:
 
         det_iou = sum(IoU of matched pairs) / max(#pred, #true)
@@ -62,7 +62,7 @@ def det_iou(completions, examples, **ctx) -> list:
 
 
 @register_reward("ap50")
-def ap50(completions, examples, **ctx) -> list:
+def ap50(completions, examples) -> list:
     """Average precision at IoU 0.5 for one image, the predictions ranked in answer order (the
     answers carry no confidence scores): each prediction is a true positive if it overlaps an
     unmatched truth at IoU >= 0.5 (the best such truth is used up), precision and recall are
@@ -81,7 +81,7 @@ def ap50(completions, examples, **ctx) -> list:
 
 
 @register_reward("det_criterion")
-def det_criterion(completions, examples, **ctx) -> list:
+def det_criterion(completions, examples) -> list:
     """The criterion-driven detection reward of "Vision-R1: Evolving Human-Free Alignment in Large
     Vision-Language Models via Vision-Guided Reinforcement Learning" (Zhan et al., 2025,
     arXiv:2503.18013), as we

@@ -15,7 +15,7 @@ from mmrl.measures.text import answer_similarity
 
 
 @register_reward("edit_similarity")
-def edit_similarity(completions, examples, case_sensitive: bool = True, **ctx) -> list:
+def edit_similarity(completions, examples, case_sensitive: bool = True) -> list:
     """Normalised edit similarity of the ``<answer>`` block to ``ex["answer"]``, in [0, 1].
 
     Hand-worked: "kitten" vs "sitting" is 3 edits over 7 characters -> 1 - 3/7 = 4/7; "W3K9B" vs

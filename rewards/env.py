@@ -14,7 +14,7 @@ from mmrl.measures.batch import score_each
 
 
 @register_reward("env_reward")
-def env_reward(completions, examples, **ctx) -> list:
+def env_reward(completions, examples) -> list:
     """The step reward of each row; None for a row that has none (not a step of an environment
     episode: the reward then scores 0 and is counted as unparsable in the run's metrics)."""
     return score_each("env_reward", completions, examples, lambda _, ex: (

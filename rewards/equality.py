@@ -13,7 +13,7 @@ from mmrl.measures.batch import score_each
 
 
 @register_reward("equality")
-def equality(completions, examples, **ctx) -> list[float]:
+def equality(completions, examples) -> list[float]:
     """1.0 iff the answer text equals ``ex["answer"]`` up to case and whitespace, else 0.0.
 
     Stricter than ``accuracy`` on purpose: no numeric tolerance ("2.0", "two" and "2 circles" do

@@ -9,7 +9,7 @@ from mmrl.parsing import follows_layout
 
 
 @register_reward("format")
-def format_reward(completions, examples, mode: str = "strict", **ctx) -> list[float]:
+def format_reward(completions, examples, mode: str = "strict") -> list[float]:
     """1.0 for a well-formed completion, else 0.0; never None (there is nothing to parse).
 
     strict: the whole stripped completion is one think block, optional whitespace, one answer

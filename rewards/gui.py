@@ -51,14 +51,14 @@ def _matches(name, completions, examples):
 
 # -- the papers' rewards -----------------------------------------------------------------------------
 @register_reward("ui_r1_action_type")
-def ui_r1_action_type(completions, examples, **ctx) -> list:
+def ui_r1_action_type(completions, examples) -> list:
     """UI-R1's ``accuracy_reward_action``: 1.0 when the ``'action': '...'`` string of the first
     answer block is the label's (UI-R1's names: ``input_text`` for type), else 0.0."""
     return score_each("ui_r1_action_type", completions, examples, action_type_reward)
 
 
 @register_reward("ui_r1_coord")
-def ui_r1_coord(completions, examples, **ctx) -> list:
+def ui_r1_coord(completions, examples) -> list:
     """UI-R1's ``accuracy_reward_coord``: types equal and a click whose integer point, scaled to the
     screenshot, lies in the element's box (edges included): 1.0; types equal, any other action: 1.0;
     else 0.0. None for a click label without a box."""
@@ -66,7 +66,7 @@ def ui_r1_coord(completions, examples, **ctx) -> list:
 
 
 @register_reward("gui_r1")
-def gui_r1(completions, examples, **ctx) -> list:
+def gui_r1(completions, examples) -> list:
     """GUI-R1's ``r1gui_compute_score``: 0.8 * accuracy + 0.2 * format, as its code computes them
     (:mod:`mmrl.measures.gui_r1`)."""
     return score_each("gui_r1", completions, examples, gui_r1_score)
@@ -74,13 +74,13 @@ def gui_r1(completions, examples, **ctx) -> list:
 
 # -- mmrl's versions ---------------------------------------------------------------------------------
 @register_reward("gui_action_type")
-def gui_action_type(completions, examples, **ctx) -> list:
+def gui_action_type(completions, examples) -> list:
     """1.0 when the predicted action type (any format, aliases read) is the labelled one, else 0.0."""
     return [None if m is None else m["type"] for _, m in _matches("gui_action_type", completions, examples)]
 
 
 @register_reward("gui_action_args")
-def gui_action_args(completions, examples, **ctx) -> list:
+def gui_action_args(completions, examples) -> list:
     """1.0 when the type is right and so are its arguments (click in the element's box, edges
     included, or within 14% of the screen; typed or app text F1 >= 0.5; same scroll direction /
     terminate status), else 0.0."""
@@ -88,7 +88,7 @@ def gui_action_args(completions, examples, **ctx) -> list:
 
 
 @register_reward("gui_action_score")
-def gui_action_score(completions, examples, **ctx) -> list:
+def gui_action_score(completions, examples) -> list:
     """GUI-R1's weighting over mmrl's checks: 0.8 * (type and arguments right, as
     ``gui_action_args``) + 0.2 * (the completion is exactly ``<think>...</think><answer>...</answer>``,
     the ``format`` reward's strict mode)."""
@@ -103,7 +103,7 @@ def gui_action_score(completions, examples, **ctx) -> list:
 
 
 @register_reward("gui_type_f1")
-def gui_type_f1(completions, examples, **ctx) -> list:
+def gui_type_f1(completions, examples) -> list:
     """Token F1 of a typed text with the labelled one (0.0 for another action type); None unless
     the example's action is ``type``, or when the completion has no readable action."""
     out = []

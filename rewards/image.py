@@ -39,7 +39,7 @@ def jpeg_size_kb(image: Image.Image, quality: int = 95) -> float:
 
 
 @register_reward("jpeg_compressibility", media="image")
-def jpeg_compressibility(completions, examples, scale: float = 1.0, quality: int = 95, **ctx) -> list:
+def jpeg_compressibility(completions, examples, scale: float = 1.0, quality: int = 95) -> list:
     """``-scale * size_kb`` of the JPEG (quality 95): the compressibility reward of "Training
     Diffusion Models with Reinforcement Learning" (Black et al., 2023). ``scale`` brings the value
     near a unit range (a 512x512 image is ~10-100 kB; a 32x32 one ~1 kB). A non-image completion
@@ -49,13 +49,13 @@ def jpeg_compressibility(completions, examples, scale: float = 1.0, quality: int
 
 
 @register_reward("jpeg_incompressibility", media="image")
-def jpeg_incompressibility(completions, examples, scale: float = 1.0, quality: int = 95, **ctx) -> list:
+def jpeg_incompressibility(completions, examples, scale: float = 1.0, quality: int = 95) -> list:
     """``+scale * size_kb`` of the JPEG (quality 95), DDPO's incompressibility reward."""
     return _each_image("jpeg_incompressibility", completions, examples, lambda im, _: scale * jpeg_size_kb(im, quality))
 
 
 @register_reward("brightness", media="image")
-def brightness(completions, examples, target: float | None = None, **ctx) -> list:
+def brightness(completions, examples, target: float | None = None) -> list:
     """Mean of all RGB values / 255, in [0, 1]; with ``target``, ``1 - |mean - target|`` instead
     (a reward that peaks at a brightness rather than growing without end)."""
 
@@ -79,7 +79,7 @@ def parse_color(color) -> np.ndarray:
 
 
 @register_reward("color_target", media="image")
-def color_target(completions, examples, color=None, **ctx) -> list:
+def color_target(completions, examples, color=None) -> list:
     """``1 - mean_pixels(||rgb - color||) / (255 * sqrt(3))``, in [0, 1] (1: every pixel is the
     colour). The colour is the example's ``target_color`` when it has one (per-prompt targets),
     else the ``color`` kwarg; None when neither is given."""

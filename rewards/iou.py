@@ -14,6 +14,6 @@ from mmrl.measures.boxes import answer_iou
 
 
 @register_reward("iou")
-def iou(completions, examples, **ctx) -> list:
+def iou(completions, examples) -> list:
     """IoU in [0, 1]; None when there is no answer block or no parsable box in it."""
     return score_each("iou", completions, examples, answer_iou)

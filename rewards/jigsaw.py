@@ -11,7 +11,7 @@ from mmrl.measures.jigsaw import tile_score
 
 
 @register_reward("jigsaw_position")
-def jigsaw_position(completions, examples, require_permutation: bool = False, **ctx) -> list:
+def jigsaw_position(completions, examples, require_permutation: bool = False) -> list:
     """Fraction of tiles whose predicted place equals the true one, from the ``<answer>`` block.
 
     ``score = #{p : pred[p] == truth[p]} / n`` over the n places, so "2 0 3 1" against truth

@@ -17,7 +17,7 @@ from mmrl.parsing import extract_answer
 
 
 @register_reward("math_answer")
-def math_answer(completions, examples, **ctx) -> list:
+def math_answer(completions, examples) -> list:
     """1.0 when the last ``<answer>`` block equals ``ex["answer"]`` mathematically, else 0.0;
     None when there is no answer block or no ground truth. ``ex["options"]`` (a dict of letter
     -> text, or a list read as A, B, ...) lets an option's text answer for its letter and the

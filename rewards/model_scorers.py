@@ -14,11 +14,11 @@ called every step, a load costs seconds to minutes.
   (images, prompts) to floats. :func:`register_scorer` adds one; "aesthetic_mlp" is built in.
 - ``vlm_judge``: a mmrl VLM answers "does this image show {prompt}?"; the score is its
   probability of "yes" (the VQAScore recipe of "Evaluating Text-to-Visual Generation with
-  Image-to-Text Generation", Lin et al., 2024), through the public :class:`mmrl.judge.VLMJudge`.
+  Image-to-Text Generation", Lin et al., 2024), through the public :class:`mmrl.vlm.judge.VLMJudge`.
 
 - ``deepeyes``: DeepEyes' trajectory reward ("DeepEyes: Incentivizing 'Thinking with Images' via
   Reinforcement Learning", Zheng et al., 2025) with its accuracy asked of a local chat model, on its
-  judge prompt, through the public :class:`mmrl.judge.ChatJudge`.
+  judge prompt, through the public :class:`mmrl.vlm.judge.ChatJudge`.
 
 The first three are image rewards (``media="image"``): a clip's frames are scored in the same batch
 as the images and reduced per clip by ``frames`` (``mean`` | ``min``; :mod:`mmrl.media.clips`).
@@ -34,7 +34,7 @@ from typing import Callable, Sequence
 from PIL import Image
 
 from mmrl import Registry, pick_device, register_reward
-from mmrl.judge import ChatJudge, VLMJudge, resolve_checkpoint
+from mmrl.vlm.judge import ChatJudge, VLMJudge, resolve_checkpoint
 from mmrl.measures.batch import check_batch
 from mmrl.measures.deepeyes_judge import JUDGE_SYSTEM, judge_prompt, parse_judgement
 from mmrl.measures.tool_use import deepeyes_answer, deepeyes_parts, deepeyes_total
@@ -152,7 +152,7 @@ def _check_judge(path=None, **_):
 
 @register_reward("clip_score", minimum=-1.0, check=_check_clip, media="image")
 def clip_score(completions, examples, model: str = "ViT-B-32", pretrained: str | None = None,
-               device: str = "auto", scale: float = 1.0, batch_size: int = 32, **ctx) -> list:
+               device: str = "auto", scale: float = 1.0, batch_size: int = 32) -> list:
     """``scale * cos(image_emb, text_emb)`` of each image and its ``ex["prompt"]`` (in [-1, 1] for
     scale 1). ``model``: an open_clip architecture name; ``pretrained``: a local checkpoint file."""
     checkpoint = _require_path(pretrained, "task.reward_kwargs.clip_score.pretrained")
@@ -187,7 +187,7 @@ def scorer_names() -> list[str]:
 
 @register_reward("image_scorer", check=_check_scorer, media="image")
 def image_scorer(completions, examples, scorer: str | None = None, path: str | None = None,
-                 device: str = "auto", scale: float = 1.0, **ctx) -> list:
+                 device: str = "auto", scale: float = 1.0) -> list:
     """``scale *`` the registered scorer's value for each image and its ``ex["prompt"]``."""
     if scorer not in _SCORERS:
         raise ValueError(f"image_scorer: unknown scorer {scorer!r} (task.reward_kwargs.image_scorer.scorer); "
@@ -278,7 +278,7 @@ DEFAULT_QUESTION = "Does this image show {prompt}? Answer yes or no."
 
 @register_reward("vlm_judge", check=_check_judge, media="image")
 def vlm_judge(completions, examples, path: str | None = None, question: str = DEFAULT_QUESTION,
-              device: str = "auto", dtype: str = "float32", batch_size: int = 8, **ctx) -> list:
+              device: str = "auto", dtype: str = "float32", batch_size: int = 8) -> list:
     """P("yes") / (P("yes") + P("no")) of the VLM at ``path`` (a local checkpoint directory, or
     "tiny" for mmrl's built-in tiny Qwen2.5-VL) asked ``question`` about each image, with
     ``{prompt}`` replaced by the example's prompt. In [0, 1]."""
@@ -309,7 +309,7 @@ def _check_deepeyes(judge=None, **_):
 
 @register_reward("deepeyes", minimum=-0.2, maximum=2.0, check=_check_deepeyes)
 def deepeyes(completions, examples, judge: str | None = None, device: str = "auto", dtype: str = "float32",
-             temperature: float = 0.3, max_new_tokens: int = 8, batch_size: int = 8, **ctx) -> list:
+             temperature: float = 0.3, max_new_tokens: int = 8, batch_size: int = 8) -> list:
     """DeepEyes' ``compute_score`` with its LLM judge: 0.8 * accuracy + 0.2 * format + 1.2 * tool
     (:func:`mmrl.measures.tool_use.deepeyes_parts`), accuracy the verdict of the local chat model at
     ``judge`` (DeepEyes: Qwen2.5-72B-Instruct, sampled at temperature 0.3) on DeepEyes' judge prompt

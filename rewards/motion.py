@@ -31,14 +31,13 @@ def _scores(completions, examples, min_area, min_shift, reduce: Callable[[list[b
 
 
 @register_reward("motion", media="video")
-def motion(completions, examples, min_area: float | None = None, min_shift: float | None = None, **ctx) -> list:
+def motion(completions, examples, min_area: float | None = None, min_shift: float | None = None) -> list:
     """Fraction of :func:`motion_checks` passed, in [0, 1]; None without ``ex["spec"]`` or for a
     completion that is neither a clip (frames, or an (F, 3, H, W) array) nor an image."""
     return _scores(completions, examples, min_area, min_shift, lambda c: sum(c) / len(c), "motion")
 
 
 @register_reward("motion_strict", media="video")
-def motion_strict(completions, examples, min_area: float | None = None, min_shift: float | None = None,
-                  **ctx) -> list:
+def motion_strict(completions, examples, min_area: float | None = None, min_shift: float | None = None) -> list:
     """1.0 iff every motion check passes, else 0.0 (None as for ``motion``)."""
     return _scores(completions, examples, min_area, min_shift, lambda c: float(all(c)), "motion_strict")

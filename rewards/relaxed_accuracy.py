@@ -12,7 +12,7 @@ from mmrl.parsing import extract_answer
 
 
 @register_reward("relaxed_accuracy")
-def relaxed_accuracy(completions, examples, max_relative_error: float = MAX_RELATIVE_ERROR, **ctx) -> list:
+def relaxed_accuracy(completions, examples, max_relative_error: float = MAX_RELATIVE_ERROR) -> list:
     """ChartQA relaxed accuracy of the ``<answer>`` block against ``ex["answer"]``.
 
     Hand-worked: truth "100": "104" -> 1.0 (4% off), "105" -> 1.0 (exactly 5%), "106" -> 0.0;

@@ -33,14 +33,14 @@ def _check_call(name, completions, examples, alpha: float = ALPHA) -> None:
 
 
 @register_reward("click_accuracy")
-def click_accuracy(completions, examples, **ctx) -> list:
+def click_accuracy(completions, examples) -> list:
     """1 if the answer's click (a box answer: its centre) is inside ``ex["box"]``, else 0 (the
     ScreenSpot criterion); None when the answer holds no point."""
     return score_each("click_accuracy", completions, examples, click_score)
 
 
 @register_reward("gui_g2_point")
-def gui_g2_point(completions, examples, alpha: float = ALPHA, **ctx) -> list:
+def gui_g2_point(completions, examples, alpha: float = ALPHA) -> list:
     """GUI-G² Gaussian point reward in (0, 1]: 1 at the element's centre, exp(-1/2) one sigma
     (``alpha`` x the element's width) off along x; None when the answer holds no point."""
     _check_call("gui_g2_point", completions, examples, alpha)
@@ -48,7 +48,7 @@ def gui_g2_point(completions, examples, alpha: float = ALPHA, **ctx) -> list:
 
 
 @register_reward("gui_g2_coverage")
-def gui_g2_coverage(completions, examples, alpha: float = ALPHA, **ctx) -> list:
+def gui_g2_coverage(completions, examples, alpha: float = ALPHA) -> list:
     """GUI-G² Gaussian coverage reward in [0, 1]: the Bhattacharyya coefficient of the answer
     box's Gaussian and the element's; None when the answer holds no box (a bare click)."""
     _check_call("gui_g2_coverage", completions, examples, alpha)
@@ -63,7 +63,7 @@ def _check_g1_weights(alpha: float = GUI_G1_ALPHA, beta: float = GUI_G1_BETA, **
 
 @register_reward("gui_g1_box", check=_check_g1_weights)
 def gui_g1_box(completions, examples, alpha: float = GUI_G1_ALPHA, beta: float = GUI_G1_BETA,
-               normalize: bool = True, **ctx) -> list:
+               normalize: bool = True) -> list:
     """GUI-G1 box-size-constrained reward: hit (the answer box's centre in ``ex["box"]``) +
     ``alpha`` IoU + ``beta`` R_box (the harmonic mean of the four edges' closeness
     1 - |error| / screen size); formula and constants: :func:`mmrl.measures.screen.gui_g1_box_reward`.

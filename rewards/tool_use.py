@@ -26,7 +26,7 @@ from mmrl.measures.tool_use import (CURIOSITY_H, PENALTY_N, crop_iou, curiosity_
 
 
 @register_reward("deepeyes_rule_judge", minimum=-0.2, maximum=2.0)
-def deepeyes(completions, examples, **ctx) -> list:
+def deepeyes(completions, examples) -> list:
     """DeepEyes' ``compute_score`` (verl/utils/reward_score/vl_agent.py in Visual-Agent/DeepEyes):
     0.8 * accuracy + 0.2 * format + 1.2 * tool, where format is -1 on a format error and tool is 1
     only when the answer is right and a tool image came back (:func:`mmrl.measures.tool_use.deepeyes_parts`).
@@ -38,7 +38,7 @@ def deepeyes(completions, examples, **ctx) -> list:
 
 
 @register_reward("crop_iou")
-def crop_iou_reward(completions, examples, which: str = "best", **ctx) -> list:
+def crop_iou_reward(completions, examples, which: str = "best") -> list:
     """mmrl's own: IoU of the regions the trajectory zoomed into or cropped with the example's
     annotated target region (``target_box`` / ``target_boxes``, original pixels), of the best crop
     (``which="best"``) or the last (``"last"``); 0.0 with no successful crop, None without a target.
@@ -49,7 +49,7 @@ def crop_iou_reward(completions, examples, which: str = "best", **ctx) -> list:
 
 
 @register_reward("pixel_reasoner_curiosity")
-def pixel_reasoner_curiosity(completions, examples, threshold: float = CURIOSITY_H, group_ids=None, **ctx) -> list:
+def pixel_reasoner_curiosity(completions, examples, threshold: float = CURIOSITY_H, group_ids=None) -> list:
     """Pixel Reasoner's r_curiosity = max(H - RaPR(x), 0) * 1_PR(y): a trajectory that made a
     visual operation, in a group (same prompt; ``group_ids`` from the trainer, else the whole
     batch) where fewer than H = ``threshold`` of the trajectories did, gets H - RaPR. In [0, H];
@@ -61,7 +61,7 @@ def pixel_reasoner_curiosity(completions, examples, threshold: float = CURIOSITY
 
 
 @register_reward("pixel_reasoner_penalty", maximum=float("inf"))
-def pixel_reasoner_penalty(completions, examples, limit: int = PENALTY_N, **ctx) -> list:
+def pixel_reasoner_penalty(completions, examples, limit: int = PENALTY_N) -> list:
     """max(n_vo - N, 0): the visual operations beyond N = ``limit`` (1 in the paper), i.e.
     -r_penalty of Pixel Reasoner; give it a negative weight, -beta (-0.05 in the paper)."""
     return score_each("pixel_reasoner_penalty", completions, examples, lambda _, ex: overuse(ex, int(limit)))

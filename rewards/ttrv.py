@@ -20,7 +20,7 @@ it counts in K, adds to nobody's count, its own agreement is None (scored 0.0 by
 :class:`mmrl.core.reward_computer.RewardComputer` and counted as unparsable), and for the entropy it is
 its own singleton answer (many unparsable answers are maximal diversity, not agreement).
 
-Groups come from ``ctx["group_ids"]`` (N,), which the trainer passes: sample i belongs to prompt
+Groups come from ``group_ids`` (N,), the per-call context the trainer passes: sample i belongs to prompt
 group ``group_ids[i]``. Without it the whole batch is one group.
 
 Use on an unlabelled eval set (no task option is needed; any task whose examples lack answers
@@ -78,7 +78,7 @@ def _members(groups: list) -> dict:
 
 
 @register_reward("ttrv_agreement")
-def ttrv_agreement(completions, examples, group_ids=None, **ctx) -> list:
+def ttrv_agreement(completions, examples, group_ids=None) -> list:
     """``c(a_i) / K``: the fraction of sample i's group (K samples) that gave its answer.
 
     Hand-worked, one group of 4 answering 2, 2.0, 3, (none): the 2s score 2/4 = 0.5 each, the 3
@@ -97,7 +97,7 @@ def ttrv_agreement(completions, examples, group_ids=None, **ctx) -> list:
 
 
 @register_reward("ttrv_low_entropy")
-def ttrv_low_entropy(completions, examples, group_ids=None, **ctx) -> list[float]:
+def ttrv_low_entropy(completions, examples, group_ids=None) -> list[float]:
     """``1 - H(p) / log K`` of the group's answer distribution, the same for all its samples.
 
     Hand-worked, one group of 4 answering a, a, a, b: p = (3/4, 1/4), H = -(0.75 ln 0.75 +

@@ -25,7 +25,7 @@ from mmrl.measures.video_r1 import answer_tious, video_r1_accuracies
 
 
 @register_reward("tiou")
-def tiou(completions, examples, **ctx) -> list:
+def tiou(completions, examples) -> list:
     """Temporal IoU in [0, 1] of the answer block's segment with ``ex["segment"]`` (``(start,
     end)`` seconds). Hand-worked: "<answer>[2, 6]</answer>" for (4, 10) -> 2 / 8 = 0.25. None where
     unparsable (:func:`mmrl.measures.video_r1.answer_tious`)."""
@@ -34,7 +34,7 @@ def tiou(completions, examples, **ctx) -> list:
 
 
 @register_reward("video_r1_accuracy")
-def video_r1_accuracy(completions, examples, **ctx) -> list:
+def video_r1_accuracy(completions, examples) -> list:
     """Video-R1's accuracy reward by ``ex["problem_type"]`` against ``ex["solution"]`` (or
     ``ex["answer"]``), as Video-R1's code computes it (:func:`mmrl.measures.video_r1.video_r1_reward`);
     None only for an example without a solution."""
@@ -43,7 +43,7 @@ def video_r1_accuracy(completions, examples, **ctx) -> list:
 
 
 @register_reward("video_answer_accuracy")
-def video_answer_accuracy(completions, examples, **ctx) -> list:
+def video_answer_accuracy(completions, examples) -> list:
     """mmrl's reading of Video-R1's grading (:func:`mmrl.measures.video_answers.answer_score`); None
     for no answer block, no truth, or an answer unreadable for its type."""
     check_batch("video_answer_accuracy", completions, examples)

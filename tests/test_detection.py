@@ -25,7 +25,7 @@ def scores(preds, truths, **extra):
     """The three rewards for one answer listing ``preds`` against ``truths``."""
     completion = f"<think>x</think><answer>{json.dumps(preds)}</answer>"
     ex = {"boxes": [tuple(b) for b in truths], "image_size": (100, 100), **extra}
-    return tuple(REWARDS.get(name)([completion], [ex], step=0)[0] for name in REWARD_NAMES)
+    return tuple(REWARDS.get(name)([completion], [ex])[0] for name in REWARD_NAMES)
 
 
 def _text(messages):
@@ -147,7 +147,7 @@ def test_rewards_are_none_or_unit_floats(cases):
     completions = [f"<answer>{t}</answer>" if i % 2 else t for i, (t, _, _) in enumerate(cases)]
     examples = [{"boxes": [tuple(b) for b in truths], **space} for _, truths, space in cases]
     for name in REWARD_NAMES:
-        out = REWARDS.get(name)(completions, examples, step=0)
+        out = REWARDS.get(name)(completions, examples)
         assert len(out) == len(cases)
         for v in out:
             assert v is None or (type(v) is float and 0.0 <= v <= 1.0 and not math.isnan(v)), (name, v)

@@ -345,7 +345,7 @@ def test_gui_rewards_never_raise(cases):
     completions = [[t, ans(t), think(t)][w] for t, w, _ in cases]
     examples = [ex for _, _, ex in cases]
     fmt = REWARDS.get("format")(completions, examples)
-    out = {name: REWARDS.get(name)(completions, examples, step=0) for name in GUI_REWARDS}
+    out = {name: REWARDS.get(name)(completions, examples) for name in GUI_REWARDS}
     for name, values in out.items():
         assert len(values) == len(cases)
         for v in values:

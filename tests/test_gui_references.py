@@ -202,7 +202,7 @@ EXAMPLES = st.sampled_from([BOX, POINT, TYPED, SCROLL, {}, {"action": None}, {"a
 def test_paper_rewards_never_raise(cases):
     completions, examples = [c for c, _ in cases], [ex for _, ex in cases]
     for name in PAPER_REWARDS:
-        values = REWARDS.get(name)(completions, examples, step=0)
+        values = REWARDS.get(name)(completions, examples)
         assert len(values) == len(cases)
         for v in values:
             assert v is None or (type(v) is float and 0.0 <= v <= 1.0 and not math.isnan(v)), (name, v)

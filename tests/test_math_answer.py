@@ -16,7 +16,7 @@ from mmrl.registry import REWARDS
 
 
 def reward(completions, examples):
-    return REWARDS.get("math_answer")(completions, examples, step=0)
+    return REWARDS.get("math_answer")(completions, examples)
 
 
 def math_verify(pred: str, gold: str) -> float:

@@ -134,3 +134,20 @@ def test_every_built_in_reward_declares_its_options():
         assert REWARDS.get(name).reward_options == options, name
     for name in REWARDS.names():
         assert "group_ids" not in REWARDS.get(name).reward_options, name
+
+
+def test_every_built_in_reward_names_what_it_takes():
+    """No built-in reward takes ``**kwargs``: its signature is its options and the context it uses.
+    Only the three that compare a group's samples (Pixel Reasoner's curiosity bonus, TTRV's
+    agreement and entropy) name ``group_ids``, so only they are handed the trainer's groups."""
+    import inspect
+
+    built_in = [name for name in REWARDS.names()
+                if inspect.unwrap(REWARDS.get(name)).__module__.startswith("mmrl.rewards.")]
+    assert len(built_in) >= 44
+    for name in built_in:
+        params = inspect.signature(inspect.unwrap(REWARDS.get(name))).parameters.values()
+        assert not any(p.kind is p.VAR_KEYWORD for p in params), name
+    takes_groups = {name for name in built_in if REWARDS.get(name).reward_context}
+    assert takes_groups == {"pixel_reasoner_curiosity", "ttrv_agreement", "ttrv_low_entropy"}
+    assert all(REWARDS.get(name).reward_context == ("group_ids",) for name in takes_groups)

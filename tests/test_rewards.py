@@ -8,6 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import torch
+
+from mmrl.core.reward_computer import RewardComputer
 from mmrl.registry import REWARDS
 from mmrl.measures.boxes import box_iou
 from mmrl.parsing import extract_answer, parse_box, parse_exact_number, parse_number
@@ -15,6 +18,12 @@ from mmrl.parsing import extract_answer, parse_box, parse_exact_number, parse_nu
 
 def reward(name):
     return REWARDS.get(name)
+
+
+def as_trained(fn, completions, examples, **context):
+    """``fn`` called as the reward computer calls it in training: given only the per-call context
+    it names (``reward_context``), so a reward that takes none is not handed ``group_ids``."""
+    return fn(completions, examples, **{k: v for k, v in context.items() if k in fn.reward_context})
 
 
 # -- parsing ---------------------------------------------------------------------------------------
@@ -136,10 +145,14 @@ def test_format_strict_and_lenient(text, strict, lenient):
     assert fmt([text], [{}], mode="lenient") == [lenient]
 
 
-def test_format_rejects_unknown_mode_and_ignores_ctx():
+def test_format_rejects_unknown_mode_and_takes_no_context():
     with pytest.raises(ValueError, match="lenient"):
         reward("format")(["x"], [{}], mode="loose")
-    assert reward("format")(["<think>a</think><answer>1</answer>"], [{}], step=3, task=None) == [1.0]
+    text = "<think>a</think><answer>1</answer>"
+    assert RewardComputer({"format": 1.0})([text], [{}], group_ids=torch.tensor([0]))[0].tolist() == [1.0]
+    assert reward("format").reward_context == ()  # the trainer's group_ids is not passed to it
+    with pytest.raises(TypeError):  # nor is anything else: its signature names what it takes
+        reward("format")([text], [{}], step=3)
 
 
 # -- accuracy --------------------------------------------------------------------------------------
@@ -163,7 +176,7 @@ def test_format_rejects_unknown_mode_and_ignores_ctx():
     ],
 )
 def test_accuracy(completion, answer, expected):
-    assert reward("accuracy")([completion], [{"answer": answer}], step=0) == [expected]
+    assert reward("accuracy")([completion], [{"answer": answer}]) == [expected]
 
 
 def test_accuracy_missing_truth_is_none():
@@ -183,7 +196,6 @@ def test_iou_reward():
             "<think>[0, 0, 10, 10]</think><answer>somewhere</answer>",
         ],
         [ex] * 6,
-        step=1,
     )
     assert out[0] == 1.0
     assert out[1] == pytest.approx(25 / 175)
@@ -241,8 +253,9 @@ def test_every_reward_never_raises(texts):
                 check()
         except (FileNotFoundError, ValueError):
             continue  # model-based rewards refuse to run without weights (tested in test_image_rewards.py)
-        fn = REWARDS.get(name)
-        _check(fn(texts, [dict(EXAMPLE) for _ in texts], step=0), len(texts),
+        fn = REWARDS.get(name)  # the trainer's context: samples in groups of two
+        _check(as_trained(fn, texts, [dict(EXAMPLE) for _ in texts], group_ids=torch.arange(len(texts)) // 2),
+               len(texts),
                min(0.0, fn.reward_minimum), max(1.0, fn.reward_maximum))
     _check(REWARDS.get("format")(texts, [EXAMPLE] * len(texts), mode="lenient"), len(texts))
 

@@ -271,7 +271,7 @@ EX = {"answer": "2 0 3 1", "permutation": (2, 0, 3, 1)}
     ],
 )
 def test_jigsaw_position_hand_cases(completion, expected):
-    assert jigsaw_position([completion], [EX], step=0) == [expected]
+    assert jigsaw_position([completion], [EX]) == [expected]
 
 
 def test_jigsaw_position_truth_from_answer_and_options():
@@ -297,7 +297,7 @@ TRUTHS = st.one_of(st.just(EX), st.fixed_dictionaries({"answer": TEXTS}), st.jus
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.one_of(TEXTS, st.none(), st.integers()), TRUTHS), min_size=1, max_size=5))
 def test_jigsaw_position_is_none_or_unit_float(pairs):
-    out = jigsaw_position([c for c, _ in pairs], [e for _, e in pairs], step=1)
+    out = jigsaw_position([c for c, _ in pairs], [e for _, e in pairs])
     assert len(out) == len(pairs)
     for v in out:
         assert v is None or (type(v) is float and 0.0 <= v <= 1.0 and not math.isnan(v))

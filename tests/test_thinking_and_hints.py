@@ -44,7 +44,7 @@ def _text(messages):
     ],
 )
 def test_equality_hand_cases(completion, answer, expected):
-    assert reward("equality")([completion], [{"answer": answer}], step=0) == [expected]
+    assert reward("equality")([completion], [{"answer": answer}]) == [expected]
 
 
 def test_equality_non_str_and_missing_answer_score_zero():
@@ -111,7 +111,7 @@ EXAMPLES = st.one_of(st.fixed_dictionaries({"answer": TEXTS}), st.just({}), st.j
 @given(st.lists(st.tuples(COMPLETIONS, EXAMPLES), min_size=1, max_size=4))
 def test_equality_and_format_are_binary_and_never_raise(pairs):
     completions, examples = [c for c, _ in pairs], [e for _, e in pairs]
-    outs = [reward("equality")(completions, examples, step=0)]
+    outs = [reward("equality")(completions, examples)]
     outs += [reward("format")(completions, examples, mode=mode) for mode in MODES]
     for out in outs:
         assert len(out) == len(pairs)

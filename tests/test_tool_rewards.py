@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from mmrl.measures.tool_use import rule_judge, tool_use_metrics
 from mmrl.registry import REWARDS
+from test_rewards import as_trained
 
 
 def record(ok=True, box=(0, 0, 10, 10), image=True, turn=1, name="zoom_in"):
@@ -116,5 +117,5 @@ def test_tool_rewards_never_raise_and_stay_in_range(items):
                  **({"target_box": (0, 0, 10, 10)} if has_target else {})} for _, r, has_target in items]
     for name in ("deepeyes_rule_judge", "crop_iou", "pixel_reasoner_curiosity", "pixel_reasoner_penalty"):
         fn = REWARDS.get(name)
-        for v in fn(texts, examples, group_ids=list(range(len(texts)))):
+        for v in as_trained(fn, texts, examples, group_ids=list(range(len(texts)))):
             assert v is None or (fn.reward_minimum <= v <= fn.reward_maximum and not math.isnan(v))

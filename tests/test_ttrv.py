@@ -38,7 +38,7 @@ def test_one_group_without_group_ids():
     Entropy over {2: 2/4, 3: 1/4, unparsable: 1/4} = 0.5 ln 2 + 0.5 ln 4 = 1.5 ln 2; over
     log 4 = 2 ln 2 that is 0.75, so low_entropy = 0.25 for all four."""
     completions = [a("2"), a("2.0"), a("3"), "no answer"]
-    assert agreement(completions, NO_LABELS[:4], step=0) == [0.5, 0.5, 0.25, None]
+    assert agreement(completions, NO_LABELS[:4]) == [0.5, 0.5, 0.25, None]
     assert low_entropy(completions, NO_LABELS[:4]) == pytest.approx([0.25] * 4)
 
 
@@ -139,7 +139,7 @@ def test_ttrv_rewards_are_none_or_unit_floats(batch, pass_groups):
     texts, group_ids = batch
     kwargs = {"group_ids": group_ids} if pass_groups else {}
     ids = group_ids.tolist() if pass_groups else [0] * len(texts)
-    agree = agreement(texts, [{}] * len(texts), step=0, **kwargs)
+    agree = agreement(texts, [{}] * len(texts), **kwargs)
     entropy = low_entropy(texts, [{}] * len(texts), **kwargs)
     assert len(agree) == len(entropy) == len(texts)
     for i, (x, h) in enumerate(zip(agree, entropy)):
@@ -160,5 +160,5 @@ def test_ttrv_rewards_are_none_or_unit_floats(batch, pass_groups):
 @given(st.lists(TEXTS, min_size=1, max_size=6))
 def test_ttrv_without_group_ids_never_raise(texts):
     for fn in (agreement, low_entropy):
-        out = fn(texts, [{"answer": "2"}] * len(texts), step=0)
+        out = fn(texts, [{"answer": "2"}] * len(texts))
         assert all(v is None or 0.0 <= v <= 1.0 for v in out)
