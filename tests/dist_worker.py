@@ -6,6 +6,8 @@ process) or under ``torchrun --nproc_per_node 2`` (gloo on CPU); rank 0 writes w
                                  (DIE_AT_STEP=k: rank 1 exits abruptly at step k)
     python dist_worker.py vlm_run VLM_DIR RUN_DIR STEPS [overrides...]   a tiny VLM run
                                  (DIE_AT_STEP=k as above)
+    python dist_worker.py episodes ADVANTAGE OUT.pt   one step's batch of scripted GUI episodes (the
+                                 batch builder: rollout, rewards, gather, advantages, metrics)
     python dist_worker.py error                    rank 1 raises while rank 0 waits in a barrier
     python dist_worker.py hang                     after one barrier together, rank 1 never joins
                                                    rank 0's gather (5 s timeout)
@@ -150,6 +152,46 @@ def vlm_run(vlm_dir: str, run_dir: str, steps: str, *extra: str) -> None:
         "log.save_rollouts_every=0", "log.progress=false", "log.tensorboard=false", *extra])
 
 
+def episodes(advantage: str, out: str) -> None:
+    """One step's batch of the toy button episodes of tests/test_episodes.py through the batch
+    builder, 4 prompts (goals) x 4 episodes, at most 2 steps each, a scripted policy whose action
+    depends only on the episode's goal, its place k in its group and its turn (so every rank acts
+    as one process does): at turn 0 episode k = 0 presses the goal (solved, return 1), k = 1 and 2
+    miss and then miss again (return 0), k = 3 writes no action (invalid, -0.5) and then presses
+    the goal (return 0.5). Rank 0 writes every row's advantage, keyed by (task index, k, turn), and
+    the step's metrics."""
+    import torch
+
+    from mmrl.config import load_config
+    from mmrl.core import distributed as dist
+    from mmrl.core.batch.pipeline import BatchBuilder
+    from mmrl.core.reward_computer import RewardComputer
+    from test_episodes import ScriptedPolicy, ToyTask, click, goal_of
+
+    dist.init("cpu")
+    seen: dict[tuple[int, str], int] = {}
+
+    def answer(prompt: str, call: int) -> str:
+        goal = goal_of(prompt)
+        if call > 0:
+            return click(goal) if "invalid" in prompt else click((goal + 3) % 4)
+        k = seen[call, prompt] = seen.get((call, prompt), -1) + 1  # the k-th episode of this goal
+        return "I am not sure" if k == 3 else click((goal + k) % 4)
+
+    class Policy(ScriptedPolicy):
+        max_actions = 2
+
+    cfg = load_config(None, ["train.device=cpu", "train.prompts_per_step=4", "rollout.num_generations=4",
+                             f"algo.advantage={advantage}"])
+    task = ToyTask(env_options={"penalty": 0.5}, max_steps=2)
+    batch, metrics = BatchBuilder(cfg, task, Policy(answer), RewardComputer({"env_reward": 1.0})).build(1)
+    rows = dist.gather([((ex["_index"], ex["episode_id"] % 4, ex["step_index"]), float(a))
+                        for ex, a in zip(batch.examples, batch.advantages)])
+    if dist.is_main():
+        torch.save({"world": dist.world_size(), "metrics": metrics,
+                    "advantages": dict(row for part in rows for row in part)}, out)
+
+
 def error() -> None:
     from mmrl.core import distributed as dist
 
@@ -172,7 +214,7 @@ def hang() -> None:
 @record
 def main() -> None:
     mode, *args = sys.argv[1:]
-    {"step": step, "run": run, "vlm_run": vlm_run, "error": error, "hang": hang}[mode](*args)
+    {"step": step, "run": run, "vlm_run": vlm_run, "episodes": episodes, "error": error, "hang": hang}[mode](*args)
     from mmrl.core import distributed as dist
 
     if dist.active():  # leave together: a rank exiting while its peer still tears down can abort it

@@ -8,6 +8,8 @@ sharded) against one, through tests/dist_worker.py:
   prompts and noise differ; per-rank seeds make the same prompt sample differently on each rank;
 - a 2-process run killed (rank 1 exits abruptly at step 3) and resumed continues exactly (a
   generator under DDP, a VLM under FSDP2, whose checkpoint one unsharded process also resumes);
+- a step of GUI episodes (scripted, so each rank acts as one process does): the same per-row
+  GiGPO advantages and episode metrics, read from the episode keys gathered across ranks;
 - a rank raising an error ends both processes with its message; a hung collective times out.
 """
 
@@ -263,6 +265,28 @@ def one_process_policy(checkpoint: Path):
     policy.configure_optimizer(cfg.train, 4)
     policy.load(checkpoint)
     return policy
+
+
+def test_episode_advantages_and_metrics_on_two_processes_equal_one(tmp_path):
+    """4 goals x 4 episodes of the toy buttons (tests/dist_worker.py episodes), GiGPO (episode
+    ids, steps and anchor states: every episode input) through the batch builder: each of 2 ranks
+    rolls out 2 goals and computes the advantages on the gathered batch, which must carry the
+    episode keys. Every row's advantage (keyed by task, place in its group and turn) and every step
+    metric equal one process's; before the episode keys crossed ranks, GiGPO stopped for want of
+    them and ``episode_grpo`` fell back to per-row GRPO with no episode metrics."""
+    launch_together((1, ("episodes", "gigpo", tmp_path / "one.pt"), None),
+                    (2, ("episodes", "gigpo", tmp_path / "two.pt"), None))
+    one, two = (torch.load(tmp_path / f"{n}.pt", weights_only=False) for n in ("one", "two"))
+    assert (one["world"], two["world"]) == (1, 2)
+    assert len(one["advantages"]) == 28  # 4 goals x (1 + 2 + 2 + 2 steps)
+    assert one["advantages"].keys() == two["advantages"].keys()
+    for row, value in one["advantages"].items():
+        assert abs(value - two["advantages"][row]) < 1e-6, row
+    assert len({round(v, 6) for v in one["advantages"].values()}) > 2  # not all alike
+    assert one["metrics"]["episode/invalid_actions"] == 4 / 28 and one["metrics"]["episode/return"] == 0.375
+    assert one["metrics"].keys() == two["metrics"].keys()
+    for key, value in one["metrics"].items():
+        assert abs(value - two["metrics"][key]) < 1e-6, key
 
 
 def test_a_rank_error_ends_every_process_with_its_message():

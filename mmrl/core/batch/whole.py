@@ -4,22 +4,24 @@ need of all ranks' samples, gathered once per step.
 Each rank rolls out whole groups, so group statistics are already exact locally; but batch-level
 estimators (REINFORCE++ / SPO whitening, BNPO's Beta fit, SPO's tracker), the reward metrics and
 the samplers' feedback read the whole batch. Only light per-sample values travel (rewards and
-their components, action masks, group ids, example ids, text completions), never media or
-log-probs; every rank then computes the same advantages and keeps the rows of its own samples.
+their components, action masks, group ids, text completions, and of each example its declared
+keys, :class:`~mmrl.core.example.Example`, that hold plain data: so the rows of an episode keep
+what the episode estimators and the episode and tool-use metrics read), never media or log-probs;
+every rank then computes the same advantages and keeps the rows of its own samples.
 Concatenating the ranks' parts in rank order gives the order one process would have had, since
 each rank holds a contiguous block of the step's prompts.
 """
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
 from .. import distributed as dist
+from ..example import SHARED_KEYS
 from ..rollouts import Rollouts
 
-# Example fields the estimators and samplers read (SPO's keys, a mixture's sources).
-EXAMPLE_KEYS = ("_index", "source")
 # Generation stats that are counts over the whole batch (summed over ranks); the others are
 # averaged, ``selection/gen_batches`` takes the most rounds any rank needed.
 SUMMED = ("selection/dropped_groups", "selection/kept_groups")
@@ -38,14 +40,30 @@ class WholeBatch:
 
 
 def light(batch: Rollouts) -> Rollouts:
-    """What the estimators, metrics and samplers read of ``batch``; no media, payload or log-probs."""
+    """What the estimators, metrics and samplers read of ``batch``: of each example its declared
+    keys (``SHARED_KEYS``) whose values are plain data (:func:`plain`). What stays on the rank: the
+    payload, the log-probs and, of the declared keys, the example's media, a tool trajectory's
+    conversation (``tool_turns``: its observations hold the tools' images) and an environment's
+    task spec when it is an object rather than data; nothing after the rollout reads them."""
     return Rollouts(
         group_ids=batch.group_ids, action_mask=batch.action_mask, rewards=batch.rewards,
         reward_components=dict(batch.reward_components),
         completions=[c if isinstance(c, str) else None for c in batch.completions],
-        examples=[{k: ex[k] for k in EXAMPLE_KEYS if k in ex} for ex in batch.examples],
+        examples=[{k: v for k, v in ex.items() if k in SHARED_KEYS and plain(v)} for ex in batch.examples],
         truncated=batch.truncated, off_policy=batch.off_policy,
     )
+
+
+def plain(value: Any) -> bool:
+    """Whether ``value`` is plain data (None, text, a number, or lists and dicts of them), which
+    crosses ranks cheaply, unlike an image, a tensor or another object."""
+    if value is None or isinstance(value, (str, numbers.Number)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and plain(v) for k, v in value.items())
+    return False
 
 
 def gather_whole(trained: Rollouts, rounds: list[tuple[Rollouts, list[int]]], extra: dict[str, float],
