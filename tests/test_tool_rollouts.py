@@ -4,6 +4,8 @@ masking, the metrics and trajectory-level advantages, all hand-checked."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -12,7 +14,7 @@ from mmrl.core.advantages import episode_grpo
 from mmrl.core.episodes import episode_metrics, is_episodic, rollout_task
 from mmrl.core.rollouts import Rollouts
 from mmrl.registry import REWARDS, load_plugins
-from mmrl.tools import call_text
+from mmrl.tools import Tool, ToolObservation, call_text, register_tool
 
 load_plugins()
 
@@ -146,7 +148,69 @@ def test_the_token_budget_ends_a_trajectory_and_no_tools_is_a_baseline():
     assert all(ex["turns"] == 1 and ex["tool_calls"] == [] for ex in rows.examples)
 
 
+class Sleep(Tool):
+    """Sleeps ``seconds``, then answers in text: a tool that can outlast the step time limit."""
+
+    name = "test_sleep"
+    example_arguments = {"seconds": 0.1}
+
+    def __call__(self, arguments, state):
+        time.sleep(float(arguments["seconds"]))
+        return ToolObservation(text=f"slept {arguments['seconds']} s")
+
+
+register_tool("test_sleep")(Sleep)
+
+
+def test_a_tool_turn_past_the_step_timeout_ends_only_its_trajectory():
+    """Two trajectories of one example with step_timeout 0.2 s: trajectory 0 calls the tool for
+    1 s, trajectory 1 for 0.01 s and then answers. The slow call is not waited for: trajectory 0
+    ends at that turn, its call recorded as failed with the reason, ``episode_timed_out`` on its
+    row, the budget as before the turn; trajectory 1 goes on unheld. Without a limit the 1 s call
+    is waited for and the trajectory answers."""
+    def script(turn, ex):
+        if turn == 0:
+            return call_text("test_sleep", {"seconds": 1.0 if ex["_trajectory"] == 0 else 0.01})
+        return f"<answer>{ex['answer']}</answer>"
+
+    def run(**options):
+        counter = iter(range(100))
+
+        class Tagging(ScriptedPolicy):
+            def prepare_examples(self, examples):
+                return [{**ex, "pred_space": "pixel", "_trajectory": next(counter)} for ex in examples]
+
+        task = _task(tools={"test_sleep": {}}, **options)
+        start = time.perf_counter()
+        rows = rollout_task(Tagging(script), task, [task.examples("train")[0]], 2, "train")
+        return task, rows, time.perf_counter() - start
+
+    task, rows, seconds = run(step_timeout=0.2)
+    assert seconds < 0.8  # the 1 s call was abandoned at 0.2 s
+    assert task.loop_options().step_timeout == 0.2
+    [slow] = [ex for ex in rows.examples if ex["episode_id"] == 0]  # one row: the trajectory ended there
+    fast = [ex for ex in rows.examples if ex["episode_id"] == 1]
+    assert slow["episode_timed_out"] is True and slow["turns"] == 1 and slow["over_turn"] is False
+    assert slow["tool_calls"] == [{"turn": 1, "name": "test_sleep", "arguments": {"seconds": 1.0}, "ok": False,
+                                   "error": "Error: the tool calls took longer than 0.2 s.", "box": None,
+                                   "image_size": None}]
+    assert slow["tool_budget"] == {"turns": 0, "pixels": 0, "tokens": 0, "refused": 0}
+    assert slow["trajectory"] == script(0, {"_trajectory": 0})
+    assert len(fast) == 2 and not fast[0]["episode_timed_out"] and fast[0]["tool_calls"][0]["ok"]
+    assert fast[0]["tool_budget"]["turns"] == 1
+    time.sleep(1.0)  # the abandoned call finishes in its thread: the record it left stays as it was
+    assert slow["tool_calls"][0]["ok"] is False and slow["tool_budget"]["turns"] == 0
+    m = task.metrics(rows.completions, rows.examples)
+    assert m["tool/timeouts"] == 0.5 and m["accuracy"] == 0.5 and m["turns"] == 1.5
+    task, rows, seconds = run()
+    assert seconds >= 1.0 and not any(ex["episode_timed_out"] for ex in rows.examples)
+    assert task.metrics(rows.completions, rows.examples)["tool/timeouts"] == 0.0
+
+
 def test_options_are_checked():
+    for bad in (-1, "1", True, float("inf")):
+        with pytest.raises(ValueError, match=r"zoom_qa: step_timeout must be a number of seconds >= 0"):
+            _task(step_timeout=bad)
     with pytest.raises(ValueError, match="there is no tool|unknown|not registered|no tool"):
         _task(tools={"teleport": {}})
     with pytest.raises(ValueError, match="max_turns must be an int >= 0"):

@@ -9,7 +9,9 @@ calls of each assistant message run (:func:`mmrl.tools.calls.run_turn`) and thei
 task's ``stop_at_call`` (the default) a message's generation stops where it closes its call
 (``</tool_call>``), so the model never writes past it; the chat template closes the message in the
 next turn's prompt. A trajectory ends with a message that calls no tool (its answer), or when its
-budget is spent (:class:`~mmrl.tools.base.ToolBudget`: cut, over-turn).
+budget is spent (:class:`~mmrl.tools.base.ToolBudget`: cut, over-turn), or when its calls run past
+the task's ``step_timeout`` (the agent loop's time limit): the trajectory ends there, each call of
+that message recorded as failed, and its rows carry ``episode_timed_out``.
 
 Each turn is a row whose log-probs are those of the model's tokens given everything before them:
 exactly the unmasked positions of the one interleaved sequence verl / DeepEyes train on, so with
@@ -23,13 +25,15 @@ trajectory-level GRPO).
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 from typing import Sequence
 
 from mmrl.core.agent_loop import Interaction, Reply
 from mmrl.core.rollouts import Rollouts
 
-from .base import ToolState
-from .calls import run_turn
+from .base import ToolObservation, ToolState
+from .calls import RECORD_KEYS, parse_tool_calls, run_turn
 
 __all__ = ["ToolConversation", "conversation", "observation_message", "observation_text"]
 
@@ -76,7 +80,10 @@ def _conversation_tokens(batch: Rollouts, row: int) -> int | None:
 
 class ToolConversation(Interaction):
     """One trajectory of ``ex`` (prepared by the policy) for ``task`` (a
-    :class:`~mmrl.tools.task.ToolUseTask`): its own tools, budget and the example's images."""
+    :class:`~mmrl.tools.task.ToolUseTask`): its own tools, budget and the example's images.
+
+    A turn's calls run on a copy of the budget, kept only if the turn was not abandoned at the
+    time limit: a call that finishes after it changes nothing :meth:`outcome` reports."""
 
     def __init__(self, task, ex: dict):
         self.task, self.example = task, ex
@@ -84,23 +91,47 @@ class ToolConversation(Interaction):
         self.state = ToolState(images=[ex["image"]] if ex.get("image") is not None else [], example=ex)
         self.turns: list[tuple[str, list]] = []  # (message, its observations) of every turn answered
         self.records: list[dict] = []  # one per call, in order (mmrl.tools.calls.RECORD_KEYS)
+        self._lock, self._message, self._timed_out = threading.Lock(), "", False
 
     def ask(self) -> tuple[dict, list[dict]]:
+        with self._lock:
+            self._message = ""  # this turn's message, once its answer starts
         return self.example, conversation(self.task, self.example, self.turns)
 
     def answer(self, batch: Rollouts, row: int) -> Reply:
         """Run the message's calls; a message without one is the answer. With the budget spent
         (turns or tokens) a call is refused, and ends the trajectory, cut."""
         text, tokens = batch.completions[row], _conversation_tokens(batch, row)
+        with self._lock:
+            self._message = text  # what timed_out records, should the calls outlast the time limit
+        budget = dataclasses.replace(self.budget)
         if tokens is not None:
-            self.budget.charge_tokens(tokens - self.budget.tokens)
-        spent = self.budget.exhausted
-        observations, records = run_turn(text, self.tools, self.state, self.budget, self.task.max_calls_per_turn)
-        self.records.extend(records)
-        self.turns.append((text, observations))
+            budget.charge_tokens(tokens - budget.tokens)
+        spent = budget.exhausted
+        observations, records = run_turn(text, self.tools, self.state, budget, self.task.max_calls_per_turn)
+        with self._lock:
+            if self._timed_out:  # abandoned at the time limit: timed_out has answered for this turn
+                return Reply(done=True)
+            self.budget = budget
+            self.records.extend(records)
+            self.turns.append((text, observations))
         return Reply(done=not records, cut=bool(records) and spent)
+
+    def timed_out(self, seconds: float) -> Reply:
+        """The message's calls ran past ``task.options.step_timeout``: the trajectory ends there,
+        each of its calls recorded as failed with the reason (the budget as before the turn)."""
+        error = f"Error: the tool calls took longer than {seconds:g} s."
+        with self._lock:
+            self._timed_out = True
+            text = self._message  # "" only if the answer had not started by the deadline
+        calls = parse_tool_calls(text, self.tools)
+        self.records.extend({**dict.fromkeys(RECORD_KEYS), "turn": self.budget.turns + 1, "name": c.name,
+                             "arguments": c.arguments, "ok": False, "error": error} for c in calls)
+        self.turns.append((text, [ToolObservation(text=error)]))
+        return Reply(done=True)
 
     def outcome(self, turns: int, over_turn: bool) -> dict:
         *before, (last, _) = self.turns
         return {"trajectory": trajectory_text(before, last), "over_turn": over_turn, "turns": turns,
-                "tool_calls": self.records, "tool_budget": self.budget.summary()}
+                "tool_calls": self.records, "tool_budget": self.budget.summary(),
+                "episode_timed_out": self._timed_out}

@@ -17,6 +17,9 @@ text. Its options (``task.options.*``):
   and up to ``max_calls_per_turn`` of its calls run, as DeepEyes does;
 - ``max_calls_per_turn``: calls run per message (DeepEyes' ``max_action_per_turn``, 3);
 - ``over_turn_masking``: Mini-o3's over-turn masking (:mod:`mmrl.core.agent_loop`);
+- ``step_timeout``: seconds the calls of one message may take (0: no limit), as an environment
+  task's: past it the trajectory ends (:meth:`ToolConversation.timed_out
+  <mmrl.tools.interaction.ToolConversation.timed_out>`), counted in ``tool/timeouts``;
 - ``tools_in_prompt``: put the tool list in a system message (Qwen2.5's tool block), for a model
   whose chat template is not given the tools (mmrl renders the conversation without ``tools=``).
 """
@@ -76,7 +79,7 @@ class ToolUseTask(Task, EpisodicTask):
     def default_options(self) -> dict[str, Any]:
         return {**super().default_options(), "tools": {k: dict(v) for k, v in self.default_tools.items()},
                 "max_turns": 5, "max_tool_pixels": None, "max_tokens": None, "max_calls_per_turn": 3,
-                "over_turn_masking": False, "tools_in_prompt": True, "stop_at_call": True}
+                "over_turn_masking": False, "tools_in_prompt": True, "stop_at_call": True, "step_timeout": 0}
 
     def __init__(self, **options: Any):
         super().__init__(**options)
@@ -84,6 +87,10 @@ class ToolUseTask(Task, EpisodicTask):
         for key in ("max_turns", "max_calls_per_turn"):
             if isinstance(o[key], bool) or not isinstance(o[key], int) or o[key] < (0 if key == "max_turns" else 1):
                 raise ValueError(f"{self.name}: {key} must be an int >= {0 if key == 'max_turns' else 1}, got {o[key]!r}")
+        timeout = o["step_timeout"]
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout < float("inf"):
+            raise ValueError(f"{self.name}: step_timeout must be a number of seconds >= 0 (0: no limit), "
+                             f"got {timeout!r}")
         if not isinstance(o["tools"], dict):
             raise ValueError(f"{self.name}: tools must map tool names to their options, got {o['tools']!r}")
         self.bool_option("over_turn_masking"), self.bool_option("tools_in_prompt"), self.bool_option("stop_at_call")
@@ -167,18 +174,21 @@ class ToolUseTask(Task, EpisodicTask):
 
     def loop_options(self) -> LoopOptions:
         return LoopOptions(max_turns=self.max_generations, stop=self.stop_texts,
+                           step_timeout=float(self.options["step_timeout"]),
                            mask_over_turn=self.bool_option("over_turn_masking"))
 
     # -- metrics over trajectories -----------------------------------------------------------------
     def metrics(self, completions, examples) -> dict[str, float]:
         """:meth:`trajectory_metrics` on one completion per trajectory (its whole text), with
-        ``turns`` (assistant messages per trajectory) and ``tool/over_turn`` (the share cut by the
-        budget before answering). Rows that are not turns (single completions) count as they are."""
+        ``turns`` (assistant messages per trajectory), ``tool/over_turn`` (the share cut by the
+        budget before answering) and ``tool/timeouts`` (the share ended by ``step_timeout``). Rows
+        that are not turns (single completions) count as they are."""
         texts, finals = one_per_trajectory(completions, examples)
         out = self.trajectory_metrics(texts, finals)
         if finals:
             out["turns"] = sum(ex.get("turns", 1) for ex in finals) / len(finals)
             out["tool/over_turn"] = sum(float(ex.get("over_turn", False)) for ex in finals) / len(finals)
+            out["tool/timeouts"] = sum(float(ex.get("episode_timed_out", False)) for ex in finals) / len(finals)
         return out
 
     def record(self, ex: dict, completion: Any) -> dict[str, Any]:
