@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .config import builtin_config_path, load_config
-from .config_schema import Config
+from mmrl.config.schema import Config
 
 
 def make_policy(cfg, task):

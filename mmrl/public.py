@@ -14,7 +14,7 @@ PUBLIC_MODULES: tuple[str, ...] = (
     "mmrl",  # the names in mmrl.__all__: Task, register_task, register_reward, make_task, train, ...
     "mmrl.task",  # the Task base class, SyntheticExamples, prompt helpers
     "mmrl.parsing",  # reading answers (text, numbers, boxes) out of completions
-    "mmrl.judge",  # a local Qwen-VL checkpoint as a yes/no judge
+    "mmrl.vlm.judge",  # a local Qwen-VL checkpoint as a yes/no judge
     # scoring primitives shared by rewards and task metrics
     "mmrl.measures.batch",  # the per-example loop of a batched reward, with its length check
     "mmrl.measures.answers",

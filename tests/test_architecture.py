@@ -85,6 +85,62 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+# The layers, bottom to top (docs/layout.md): a module imports only from its own layer and those
+# below it. A package is listed as a prefix of module names.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("foundation", ("mmrl.registry", "mmrl.config", "mmrl.parsing", "mmrl.extras", "mmrl.library_noise",
+                    "mmrl.plugins")),
+    ("data and media", ("mmrl.data", "mmrl.media", "mmrl.measures")),
+    ("run directory", ("mmrl.runs",)),
+    ("core", ("mmrl.core", "mmrl.task")),
+    ("modalities", ("mmrl.vlm", "mmrl.diffusion", "mmrl.envs", "mmrl.tools")),
+    ("built-in plugins", ("mmrl.tasks", "mmrl.rewards")),
+    ("products", ("mmrl.api", "mmrl.public", "mmrl.bench", "mmrl.benchmarks", "mmrl.demo", "mmrl.cli",
+                  "mmrl.__main__")),
+]
+# Imports that run up the layers, each with why it is allowed; a new one fails the test.
+KNOWN_UPWARD = {
+    ("mmrl.registry", "mmrl.media.clips"): "register_reward(media='image') wraps the reward per frame; clips.py "
+                                           "imports only the standard library (test_the_registry_imports_only_leaves_of_mmrl)",
+}
+MAX_ROOT_MODULES = 10
+
+
+def layer_of(module: str) -> int | None:
+    """The index in LAYERS of ``module``'s layer (the longest matching prefix); None for the
+    package ``mmrl`` itself (its ``__init__`` is the facade that re-exports every layer)."""
+    best = None
+    for i, (_, members) in enumerate(LAYERS):
+        for m in members:
+            if (module == m or module.startswith(m + ".")) and (best is None or len(m) > best[1]):
+                best = (i, len(m))
+    return best[0] if best else None
+
+
+def test_every_module_is_in_a_layer():
+    assert [m for m in _modules() if m != "mmrl" and layer_of(m) is None] == []
+
+
+def test_no_import_runs_up_the_layers():
+    graph = _import_graph(_modules())
+    up = sorted((a, b) for a, targets in graph.items() for b in targets
+                if a != "mmrl" and layer_of(b) is not None and layer_of(a) is not None and layer_of(b) > layer_of(a))
+    assert [pair for pair in up if pair not in KNOWN_UPWARD] == [], (
+        "imports up the layers (move the imported code down, or the importer up; docs/layout.md)")
+    assert set(KNOWN_UPWARD) <= set(up), f"remove from KNOWN_UPWARD: {sorted(set(KNOWN_UPWARD) - set(up))}"
+
+
+def test_the_root_holds_at_most_ten_modules():
+    root = sorted(p.name for p in (ROOT / "mmrl").glob("*.py"))
+    assert len(root) <= MAX_ROOT_MODULES, f"{len(root)} modules at mmrl/'s root (put each in its layer's package): {root}"
+
+
+def test_the_layer_picture_is_drawn_from_the_code():
+    from layer_picture import PICTURE, draw
+
+    assert PICTURE.read_text() == draw(), "docs/layers.svg is stale: python tests/layer_picture.py"
+
+
 def test_no_import_circles():
     cycles = _cycles(_import_graph(_modules()))
     assert not cycles, "import circles: " + "; ".join(" <-> ".join(c) for c in cycles)

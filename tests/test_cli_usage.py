@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from mmrl.cli import app
 from mmrl.extras import EXTRA_OF_MODULE, install_hint
-from mmrl.recipes import recipe_names
+from mmrl.config.recipes import recipe_names
 
 REPO = Path(__file__).resolve().parents[1]
 COMMANDS = [["train"], ["eval"], ["report"], ["sft"], ["list"], ["build-tiny"], ["demo"],
@@ -61,7 +61,7 @@ def test_list_shows_every_shipped_recipe_with_one_line():
 def test_train_gui_is_the_gui_default_on_the_vlm_policy():
     """`mmrl train gui` takes the GUI default (a typo in an override is then the only error)."""
     from mmrl.cli import _load
-    from mmrl.recipes import family_modality
+    from mmrl.config.recipes import family_modality
 
     cfg = _load("gui", ["train.steps=3"])
     assert cfg.task.name == "gui_env" and cfg.model.path == "tiny-gui" and cfg.train.steps == 3

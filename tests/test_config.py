@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mmrl.config import ConfigError, builtin_config_path, config_to_dict, load_config, save_config
-from mmrl.config_schema import Config
+from mmrl.config.schema import Config
 
 
 def write(path: Path, text: str) -> Path:

@@ -225,19 +225,20 @@ def test_visualize_draws_the_click():
 
 
 def test_episode_viewer_shows_each_episode_step_by_step(tmp_path):
+    from mmrl.core.episodes import episode_rows
     from mmrl.runs.episode_viewer import write_episode_viewer
 
     task = ToyTask(max_steps=2)
     policy = ScriptedPolicy(lambda prompt, call: click(goal_of(prompt)) if goal_of(prompt) != 3 else "no idea")
     rows = task.run_episodes(policy, [task.examples("eval")[g] for g in (1, 3)], 1, "eval")
-    index = write_episode_viewer(tmp_path / "episodes", task, rows.completions, rows.examples)
+    index = write_episode_viewer(tmp_path / "episodes", task, rows.completions, rows.examples, episode_rows(rows.examples))
     page = index.read_text()
     assert page.count("class='ep") == 2 and "1 / 2" in page
     assert page.count("class='step'") == 3  # 1 step (solved) + 2 steps (the limit)
     assert "success" in page and "failure" in page and "Press button 3" in page
     assert sorted(p.name for p in (tmp_path / "episodes").glob("*.png")) == [
         "episode000_step00.png", "episode001_step00.png", "episode001_step01.png"]
-    assert write_episode_viewer(tmp_path / "none", task, ["x"], [{"image": None}]) is None
+    assert write_episode_viewer(tmp_path / "none", task, ["x"], [{"image": None}], episode_rows([{"image": None}])) is None
 
 
 def test_episodes_of_several_processes_are_told_apart_by_their_task_index():

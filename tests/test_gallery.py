@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 
 from conftest import make_config
+from mmrl.core.episodes import episode_rows
 from mmrl.core.reward_computer import make_reward_computer
 from mmrl.data.shapes_t2i import render
 from mmrl.registry import TASKS, load_plugins
@@ -122,7 +123,7 @@ def test_episodes_get_one_card_each_marked_by_their_outcome(tmp_path):
     completions, rows = gui_rows(task)
     rewards = [row["step_reward"] for row in rows]
     summary = write_gallery(tmp_path, task, completions, rows, rewards, {"env_reward": rewards}, 1.0,
-                            viewer="episodes/index.html")
+                            viewer="episodes/index.html", episodes=episode_rows(rows))
     firsts = [next(i for i, r in enumerate(rows) if r["episode_id"] == e and r["step_index"] == 0) for e in (0, 1)]
     solved = [task.success(completions[i], rows[i]) for i in firsts]  # what pass@k judges
     assert solved == [True, False]

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import CLI_RUN, make_config
 from mmrl.assets import asset_path
-from mmrl.hub import HubCheckpointError, is_hub_id, pin_revision, resolve_checkpoint
+from mmrl.config.hub import HubCheckpointError, is_hub_id, pin_revision, resolve_checkpoint
 from mmrl.vlm.loading import resolve_model_path
 
 COMMIT, OTHER = "a1" * 20, "b2" * 20

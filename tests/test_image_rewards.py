@@ -17,7 +17,7 @@ from mmrl.core.reward_computer import RewardComputer
 from mmrl.data.shapes_t2i import COLORS, example
 from mmrl.registry import REWARDS
 from mmrl.rewards import model_scorers
-from mmrl.judge import answer_token_ids
+from mmrl.vlm.judge import answer_token_ids
 from mmrl.rewards.model_scorers import mlp_from_state_dict, register_scorer
 
 HAS_OPEN_CLIP = importlib.util.find_spec("open_clip") is not None

@@ -4,7 +4,7 @@ per-source reward scoring that goes with it."""
 import pytest
 
 from mmrl.config import load_config
-from mmrl.config_schema import TaskConfig
+from mmrl.config.schema import TaskConfig
 from mmrl.core.reward_computer import PerSourceRewards, RewardComputer, make_reward_computer
 from mmrl.registry import TASKS, UnknownNameError, load_plugins
 

@@ -254,7 +254,7 @@ def test_metrics_are_token_means_and_loss_is_the_aggregate():
 
 
 def test_from_algo():
-    from mmrl.config_schema import AlgoConfig
+    from mmrl.config.schema import AlgoConfig
 
     algo = AlgoConfig(epsilon=0.1, epsilon_high=0.3, beta=0.04, kl_estimator="k2", loss_agg_mode="seq_mean_token_sum_norm")
     cfg = ObjectiveConfig.from_algo(algo, max_completion_length=64)
@@ -265,7 +265,7 @@ def test_from_algo():
 
 
 def test_from_real_algo_config():
-    from mmrl.config_schema import AlgoConfig
+    from mmrl.config.schema import AlgoConfig
 
     cfg = ObjectiveConfig.from_algo(AlgoConfig())
     assert cfg == ObjectiveConfig()
@@ -276,7 +276,7 @@ def test_every_loss_setting_of_the_algo_config_reaches_the_objective():
     arrives in the ObjectiveConfig (a renamed field would fail here, not fall back silently)."""
     from dataclasses import fields
 
-    from mmrl.config_schema import AlgoConfig, LossConfig
+    from mmrl.config.schema import AlgoConfig, LossConfig
 
     changed = {"loss_type": "gspo", "epsilon": 0.1, "epsilon_high": 0.3, "clip_pos": [0.1, 0.2],
                "clip_neg": [0.3, 0.4], "dual_clip_c": 3.0, "reg_scale": 5.0, "loss_agg_mode": "seq_mean_token_mean",

@@ -439,7 +439,7 @@ def test_config_validation():
 
 
 def test_from_algo_copies_zoo_fields():
-    from mmrl.config_schema import AlgoConfig
+    from mmrl.config.schema import AlgoConfig
 
     algo = AlgoConfig(loss_type="gspo", dual_clip_c=3.0, clip_pos=[0.2, 0.3], top_entropy_quantile=0.2)
     cfg = ObjectiveConfig.from_algo(algo)

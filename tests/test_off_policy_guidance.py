@@ -94,7 +94,7 @@ def test_off_policy_gamma_is_configurable_and_validated():
     for bad in (0.0, -0.1):
         with pytest.raises(ValueError, match="off_policy_gamma"):
             ObjectiveConfig(off_policy_gamma=bad)
-    from mmrl.config_schema import AlgoConfig
+    from mmrl.config.schema import AlgoConfig
 
     assert ObjectiveConfig.from_algo(AlgoConfig(off_policy_gamma=0.3)).off_policy_gamma == 0.3
     assert ObjectiveConfig.from_algo(AlgoConfig()).off_policy_gamma == 0.1

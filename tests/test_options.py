@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from mmrl.config import ConfigError, load_config
-from mmrl.options import check_options, takes_any_keyword
+from mmrl.config.options import check_options, takes_any_keyword
 from mmrl.registry import (ADVANTAGES, KL_SCHEDULES, LOSSES, PERTURBATIONS, PROMPT_SAMPLERS, REWARDS, SDE_SAMPLERS,
                            SELECTIONS, Registry, register_reward)
 

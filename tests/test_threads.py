@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mmrl.config import ConfigError, builtin_config_path, load_config
-from mmrl.threads import busy_cores, configure_threads, pick_threads
+from mmrl.config.threads import busy_cores, configure_threads, pick_threads
 
 
 @pytest.fixture
@@ -43,8 +43,8 @@ def test_busy_cores_reads_proc_stat():
 def test_configure_threads_sets_torch_says_so_and_records_the_number(no_omp, monkeypatch):
     cfg = load_config(builtin_config_path("vlm/counting_tiny"), [])
     assert cfg.train.threads == "auto"
-    monkeypatch.setattr("mmrl.threads.busy_cores", lambda interval=0.25: 0.0)
-    monkeypatch.setattr("mmrl.threads.usable_cores", lambda: 1)
+    monkeypatch.setattr("mmrl.config.threads.busy_cores", lambda interval=0.25: 0.0)
+    monkeypatch.setattr("mmrl.config.threads.usable_cores", lambda: 1)
     lines: list[str] = []
     before = torch.get_num_threads()
     try:
@@ -64,7 +64,7 @@ def test_the_cli_prints_the_pick_and_a_resume_reuses_the_recorded_count(tmp_path
     from mmrl.cli import app
 
     before = torch.get_num_threads()
-    monkeypatch.setattr("mmrl.threads.busy_cores", lambda interval=0.25: 0.0)
+    monkeypatch.setattr("mmrl.config.threads.busy_cores", lambda interval=0.25: 0.0)
     args = ["train", "vlm", "train.steps=1", "train.prompts_per_step=2", "rollout.num_generations=2",
             "eval.num_examples=2", "eval.pass_k=0", "eval.before=false", "log.progress=false", "log.tensorboard=false",
             f"log.output_dir={tmp_path}", "log.run_name=t", "log.save_every=1"]
@@ -74,7 +74,7 @@ def test_the_cli_prints_the_pick_and_a_resume_reuses_the_recorded_count(tmp_path
         cores = len(__import__("os").sched_getaffinity(0))
         assert f"torch CPU threads: {cores} (train.threads=auto" in res.output.splitlines()[0]
         assert f"threads: {cores}" in (tmp_path / "t" / "config.yaml").read_text()
-        monkeypatch.setattr("mmrl.threads.busy_cores", lambda interval=0.25: float(cores))  # every core busy now
+        monkeypatch.setattr("mmrl.config.threads.busy_cores", lambda interval=0.25: float(cores))  # every core busy now
         res = CliRunner().invoke(app, ["train", "vlm", "--resume", str(tmp_path / "t"), "--allow-config-change",
                                        "train.steps=2"])
         assert res.exit_code == 0, res.output

@@ -1,4 +1,4 @@
-"""`mmrl build-tiny NAME` is one table (:data:`mmrl.tiny_models.TINY_MODELS`): every row names a
+"""`mmrl build-tiny NAME` is one table (:data:`mmrl.cli.tiny_models.TINY_MODELS`): every row names a
 builder that takes its recipe, a recipe that has the key ``--steps`` sets, and a shipped asset."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from assets import asset_path
 from mmrl.cli import app
-from mmrl.tiny_models import TINY_MODELS, _named
+from mmrl.cli.tiny_models import TINY_MODELS, _named
 
 
 @pytest.mark.parametrize("name", sorted(TINY_MODELS))

@@ -92,7 +92,7 @@ class Group:
                                                                 *mmrl_overrides(sopts, self.path, self.out_dir / run,
                                                                                 tower=tower)])
         if threads and sopts.device == "cpu":
-            from ..threads import configure_threads
+            from mmrl.config.threads import configure_threads
 
             configure_threads(cfg)
         return cfg
@@ -172,7 +172,7 @@ class Group:
             return f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
 
         if sopts.device == "cpu":
-            from ..threads import configure_threads
+            from mmrl.config.threads import configure_threads
 
             configure_threads(config_for(rows[0]))
         run_comparison(rows, sopts, config_for, self.path, self.out_dir, on_record=lambda rec: self.emit_run(rec, sopts),

@@ -62,7 +62,7 @@ def _setup(config: str, overrides: Sequence[str], prompts: int, n: int, tokens: 
     cfg = load_config(builtin_config_path(config), [
         f"rollout.batch_size={prompts * n}", *overrides, "rollout.engine=hf",
         f"rollout.max_completion_length={tokens}", f"rollout.num_generations={n}"])
-    from mmrl.threads import configure_threads
+    from mmrl.config.threads import configure_threads
 
     configure_threads(cfg, echo=lambda line: None)  # the table's "threads" column says what was picked
     task = build_task(cfg)

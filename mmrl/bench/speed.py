@@ -303,7 +303,7 @@ def run_speed_bench(opts: SpeedOptions, out_dir: Path, config: str = DEFAULT_CON
                            [*extra_overrides, *mmrl_overrides(opts, path, out_dir, tower=row.tower)])
 
     if opts.device == "cpu":
-        from ..threads import configure_threads
+        from mmrl.config.threads import configure_threads
 
         configure_threads(config_for(Row("", "", "mmrl", "frozen", "")), echo=echo)
     rows = rows_for(opts.towers, ["" if opts.engine == "hf" else opts.engine], opts.trl, opts.lora)

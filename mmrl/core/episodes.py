@@ -79,6 +79,17 @@ def episode_key(row: Example) -> tuple:
     return row.get("_index"), row["episode_id"]
 
 
+def episode_rows(examples: Sequence[Example]) -> list[list[int]]:
+    """The rows of each episode among ``examples``, episodes in the order first seen and each
+    episode's rows by step: what the eval gallery and the episode viewer draw (they are given
+    this grouping, so the run directory's writers need not know the episode keys)."""
+    episodes: dict[tuple, list[int]] = {}
+    for i, ex in enumerate(examples):
+        if isinstance(ex, dict) and "episode_id" in ex:
+            episodes.setdefault(episode_key(ex), []).append(i)
+    return [sorted(rows, key=lambda i: examples[i]["step_index"]) for rows in episodes.values()]
+
+
 def episode_metrics(rows: Rollouts) -> dict[str, float]:
     """The step's episode metrics from its rows: success rate, mean length and return, and the
     fraction of invalid actions, each where the rows carry it (an environment's rows carry all;

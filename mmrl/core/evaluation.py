@@ -15,7 +15,7 @@ from ..measures.pass_at_k import mean_pass_at_k
 from ..data.sequence import split_stats, usable_item
 from ..task import Task
 from . import distributed as dist
-from .episodes import is_episodic, rollout_task
+from .episodes import episode_rows, is_episodic, rollout_task
 
 
 @dataclass
@@ -90,17 +90,17 @@ def run_evaluation(policy, task: Task, rewards, cfg, num_examples: int | None = 
     if gallery_dir is not None or grid_path is not None:
         from ..runs.gallery import save_samples_grid, write_gallery
 
-        viewer = None
-        if is_episodic(task):  # episodes_before/, episodes_after/ in a run; <gallery>/episodes/ for mmrl eval
+        viewer, episodes = None, episode_rows(scored) if is_episodic(task) else []
+        if episodes:  # episodes_before/, episodes_after/ in a run; <gallery>/episodes/ for mmrl eval
             from ..runs.episode_viewer import write_episode_viewer
 
             where = gallery_dir / "episodes" if gallery_dir is not None else \
                 grid_path.parent / grid_path.stem.replace("samples", "episodes")
-            viewer = write_episode_viewer(where, task, completions, scored)
+            viewer = write_episode_viewer(where, task, completions, scored, episodes)
         best = sum(w for w in rewards.weights.values() if w > 0)
         if gallery_dir is not None:
             write_gallery(gallery_dir, task, completions, scored, total.tolist(), comps, best,
-                          viewer="episodes/index.html" if viewer is not None else None)
+                          viewer="episodes/index.html" if viewer is not None else None, episodes=episodes)
         if grid_path is not None:
             save_samples_grid(grid_path, task, completions, scored, total.tolist(), best)
     return result

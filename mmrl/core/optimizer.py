@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from mmrl.options import check_options
+from mmrl.config.options import check_options
 from mmrl.registry import OPTIMIZERS, register_optimizer
 
 from .library_internals import stochastic_rounding_adamw

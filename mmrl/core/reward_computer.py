@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..options import check_names
+from mmrl.config.options import check_names
 from .example import Example
 from ..registry import REWARD_CONTEXT, REWARDS
 

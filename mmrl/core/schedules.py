@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from mmrl.options import check_options
+from mmrl.config.options import check_options
 from mmrl.registry import KL_SCHEDULES, register_kl_schedule
 
 __all__ = ["kl_coef_at", "check_kl_schedule", "should_reset_reference"]

@@ -1,5 +1,5 @@
 """Where a generator comes from and where it goes: ``model.path`` resolved to a pipeline directory
-(a hub id ``org/name`` to its cached snapshot, :mod:`mmrl.hub`) and loaded (:func:`load_generator`),
+(a hub id ``org/name`` to its cached snapshot, :mod:`mmrl.config.hub`) and loaded (:func:`load_generator`),
 and a trained policy written back out as that directory with
 its trained transformer (:func:`export_generator`, for ``mmrl export``)."""
 
@@ -20,7 +20,7 @@ TINY_GENERATORS = {"tiny": ("tiny-flow-shapes", "mmrl build-tiny diffusion"),
 def generator_dir(path: str, revision: str | None = None) -> str:
     """``model.path`` as a directory: the shipped tiny generators' names resolved to their assets, a
     hub id (a diffusers pipeline) at ``revision`` to its snapshot in the Hugging Face cache."""
-    from ..hub import resolve_checkpoint
+    from mmrl.config.hub import resolve_checkpoint
     from .tiny import is_tiny_dir
 
     if path not in TINY_GENERATORS or revision:

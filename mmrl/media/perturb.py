@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 import numpy as np
 from PIL import Image
 
-from mmrl.options import accepted
+from mmrl.config.options import accepted
 from mmrl.registry import PERTURBATIONS, register_perturbation
 
 Box = tuple[float, float, float, float]

@@ -6,7 +6,7 @@ resumed with other settings says so. A resume compares its config with the run's
 is printed and refused unless ``allow_config_change=true`` (``--allow-config-change``), and the
 keys that define what is being trained (:data:`FIXED_KEYS`) are refused always; the keys that only
 change how the run is watched (:data:`FREE_KEYS`) may always differ. A hub id's ``model.revision``
-is saved as the commit the run loaded (:func:`mmrl.hub.pin_revision`), so a resume, which takes the
+is saved as the commit the run loaded (:func:`mmrl.config.hub.pin_revision`), so a resume, which takes the
 run's ``config.yaml``, loads the same weights even after the repo moved on.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import load_config, recipe_of, save_config
-from ..hub import pin_revision
+from mmrl.config.hub import pin_revision
 
 # What is trained: a checkpoint of one of these means nothing under another value.
 FIXED_KEYS = ("model.path", "model.revision", "model.lora", "task.name", "task.options", "rollout.num_generations",

@@ -14,7 +14,6 @@ import html
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..envs.task import episode_key
 from .gallery import RIGHT, WRONG, sample_picture
 
 STYLE = """body{font-family:sans-serif;margin:16px} .ep{display:none;border:3px solid;padding:8px;margin:8px 0}
@@ -26,21 +25,16 @@ i=(i+d+eps.length)%eps.length;eps[i].classList.add('on');document.getElementById
 
 
 def write_episode_viewer(out_dir: Path, task, completions: Sequence[Any], examples: Sequence[dict],
-                         max_episodes: int = 24) -> Path | None:
-    """The viewer of the first ``max_episodes`` episodes among the rows (``examples[i]`` with
-    ``episode_id``, ``step_index`` and the outcome set by :mod:`mmrl.core.episodes`); None when the
-    rows hold no episodes. Returns the path of ``index.html``."""
-    episodes: dict[Any, list[int]] = {}
-    for i, ex in enumerate(examples):
-        if isinstance(ex, dict) and "episode_id" in ex:
-            episodes.setdefault(episode_key(ex), []).append(i)
+                         episodes: Sequence[Sequence[int]], max_episodes: int = 24) -> Path | None:
+    """The viewer of the first ``max_episodes`` ``episodes`` (each an episode's rows in step order,
+    :func:`mmrl.core.episodes.episode_rows`; the rows' examples carry ``step_index`` and the
+    outcome set by :mod:`mmrl.core.episodes`); None when there are none. Returns the path of ``index.html``."""
     if not episodes:
         return None
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     blocks = []
-    for n, (episode, rows) in enumerate(list(episodes.items())[:max_episodes]):
-        rows.sort(key=lambda i: examples[i]["step_index"])
+    for n, rows in enumerate(episodes[:max_episodes]):
         first = examples[rows[0]]
         colour = RIGHT if first.get("episode_success") else WRONG
         outcome = "success" if first.get("episode_success") else "failure"

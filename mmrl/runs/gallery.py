@@ -28,7 +28,6 @@ from typing import Any, Optional, Sequence
 
 from PIL import Image
 
-from ..envs.task import episode_key
 from .contact_sheet import contact_sheet, side_by_side
 
 RIGHT, WRONG = (40, 160, 60), (210, 50, 40)
@@ -141,15 +140,16 @@ def sample_caption(i: int, right: bool, reward: float, text: str) -> str:
 
 def write_gallery(out_dir: Path, task, completions: Sequence[Any], examples: Sequence[dict],
                   rewards: Sequence[float], components: dict[str, Sequence[float]], best: float,
-                  limit: int = 16, viewer: Optional[str] = None) -> dict[str, Any]:
-    """Write the gallery of the first ``limit`` samples (episodes, for an environment task's step
-    rows; ``viewer``: the episode viewer's address relative to ``out_dir``, linked from the page).
+                  limit: int = 16, viewer: Optional[str] = None, episodes: Sequence[Sequence[int]] = ()) -> dict[str, Any]:
+    """Write the gallery of the first ``limit`` samples, or of the first ``limit`` ``episodes``
+    (each an episode's rows in step order, :func:`mmrl.core.episodes.episode_rows`) for an episodic
+    task's rows; ``viewer``: the episode viewer's address relative to ``out_dir``, linked from the page.
     Returns ``{"right": k, "shown": n, "marked_by": "success" | "reward", "unit": "example" | "episode"}``."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    episodic = bool(examples) and all(isinstance(ex, dict) and "episode_id" in ex for ex in examples)
+    episodic = bool(episodes)
     if episodic:
-        cards, by_success = _episode_cards(task, completions, examples, rewards, best, limit)
+        cards, by_success = _episode_cards(task, completions, examples, rewards, best, episodes[:limit])
     else:
         cards, by_success = _example_cards(task, completions, examples, rewards, components, best, limit)
     how = marked_by(task, by_success, best, episodic)
@@ -197,14 +197,10 @@ def _example_cards(task, completions, examples, rewards, components, best, limit
     return cards, by_success
 
 
-def _episode_cards(task, completions, examples, rewards, best, limit) -> tuple[list[Card], bool]:
-    """One card per episode (the first ``limit``), marked as its first step's row is judged (the
-    row pass@k judges; every row of an episode carries its outcome): its steps' pictures side by
-    side, the instruction, the outcome and the actions in order."""
-    episodes: dict[Any, list[int]] = {}
-    for i, ex in enumerate(examples):
-        episodes.setdefault(episode_key(ex), []).append(i)
-    chosen = [sorted(rows, key=lambda i: examples[i]["step_index"]) for rows in list(episodes.values())[:limit]]
+def _episode_cards(task, completions, examples, rewards, best, chosen) -> tuple[list[Card], bool]:
+    """One card per episode of ``chosen`` (each its rows in step order), marked as its first
+    step's row is judged (the row pass@k judges; every row of an episode carries its outcome): its
+    steps' pictures side by side, the instruction, the outcome and the actions in order."""
     firsts = [rows[0] for rows in chosen]
     right, by_success = marks(task, [completions[i] for i in firsts], [examples[i] for i in firsts],
                               [float(rewards[i]) for i in firsts], best)

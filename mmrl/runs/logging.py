@@ -106,7 +106,7 @@ class RunLogger:
 
     ``report_to`` is ``log.report_to`` (default: TensorBoard); ``tensorboard=False`` is
     ``log.tensorboard=false``, the older switch, and drops TensorBoard from it. ``config`` (the
-    run's :class:`~mmrl.config_schema.Config`) is what the trackers store as the run's parameters.
+    run's :class:`~mmrl.config.schema.Config`) is what the trackers store as the run's parameters.
     """
 
     def __init__(self, run_dir: Union[str, Path], tensorboard: bool = True,

@@ -163,8 +163,8 @@ def _recipe_config(name: str) -> dict[str, Any]:
 def _recipe_task(name: str) -> Optional[str]:
     """A shipped recipe's ``task.name`` from its keys alone (cheap, no config built), once per process."""
     if name not in _TASKS:
-        from ..config_schema import Config
-        from ..config_sources import builtin_config_path, yaml_items
+        from mmrl.config.schema import Config
+        from mmrl.config.sources import builtin_config_path, yaml_items
 
         try:
             items: list = []
@@ -178,7 +178,7 @@ def _recipe_task(name: str) -> Optional[str]:
 def _closest_recipe(run: dict[str, Any]) -> tuple[Optional[str], dict[str, Any]]:
     """The shipped recipe of the run's task whose config differs from the run's in fewest keys (for
     a run directory that does not record its recipe: one written before it did, or by a script)."""
-    from ..config_sources import builtin_config_names
+    from mmrl.config.sources import builtin_config_names
 
     best: tuple[int, Optional[str], dict] = (1 << 30, None, {})
     for name in builtin_config_names():
@@ -224,7 +224,7 @@ def _config(run_dir: Path, recipe: Optional[str]) -> str:
                    f"{html.escape(repr(exc))}")
     if base is None:
         from ..config import config_to_dict
-        from ..config_schema import Config
+        from mmrl.config.schema import Config
 
         name, base = _closest_recipe(run)
         about = (f"the shipped recipe closest to it, <code>{html.escape(name)}</code> ({why}; <code>mmrl report RUN "

@@ -38,7 +38,7 @@ def build_tiny_zoom(out: str | Path, sft_steps: int = TINY_ZOOM_RECIPE["sft_step
     """``mmrl sft vlm/zoom_qa_tiny`` from the tiny default with :func:`warm_start_overrides` for
     ``sft_steps`` (``seed``), then ``more_steps`` more from its model (``seed + 1``; 0: none); the
     model saved to ``out`` (through a staging directory: a build that dies leaves the old one)."""
-    from mmrl.sft_run import sft
+    from mmrl.vlm.sft_run import sft
     from mmrl.vlm.tiny_builders import publish
 
     out = Path(out)

@@ -1,4 +1,4 @@
-"""Loading a Qwen-VL-family checkpoint from a local directory or a hub id's cached snapshot (:mod:`mmrl.hub`)."""
+"""Loading a Qwen-VL-family checkpoint from a local directory or a hub id's cached snapshot (:mod:`mmrl.config.hub`)."""
 
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ def resolve_model_path(path: str, revision: str | None = None) -> Path:
     """``"tiny"`` is the built-in tiny Qwen2.5-VL, ``"tiny-video"`` the same warm-started on clips
     and ``"tiny-gui"`` on the synthetic phone's screens (``"tiny-gui-grounding"``: taught more
     clicks; ``"tiny-zoom"``: to zoom on a named cell, :mod:`mmrl.tools.tiny_zoom`); anything else is a local directory, or a hub id ``org/name`` at ``revision``: its
-    snapshot in the Hugging Face cache (:func:`mmrl.hub.resolve_checkpoint`, downloaded unless offline)."""
-    from mmrl.hub import resolve_checkpoint
+    snapshot in the Hugging Face cache (:func:`mmrl.config.hub.resolve_checkpoint`, downloaded unless offline)."""
+    from mmrl.config.hub import resolve_checkpoint
 
     if path in TINY_MODELS and not revision:
         from mmrl.assets import asset_path

@@ -1,4 +1,4 @@
-"""The batch ``mmrl sft`` trains on (:mod:`mmrl.sft_run`): a task's prompts as context and its
+"""The batch ``mmrl sft`` trains on (:mod:`mmrl.vlm.sft_run`): a task's prompts as context and its
 reference completions as the actions, and where those completions come from.
 
 R1-style recipes run SFT before RL so that RL starts from a policy that already follows the answer

@@ -9,7 +9,7 @@ Samples drawn for the same prompt share a group id. Groups may be interleaved in
 may have different sizes (e.g. after filtering), so statistics are computed per group id with
 ``torch.unique(return_inverse=True)`` and ``index_add_``: one pass over the batch, no Python loop
 over groups. No estimator takes ``**kwargs``: a key it does not take is an error at setup
-(:mod:`mmrl.options`). Extra per-batch inputs an estimator needs (``lengths``, ``prompt_keys``, ``task_ids``, ``r_max``, ``policy_kl``) are declared
+(:mod:`mmrl.config.options`). Extra per-batch inputs an estimator needs (``lengths``, ``prompt_keys``, ``task_ids``, ``r_max``, ``policy_kl``) are declared
 with ``@register_advantage(name, inputs=(...))`` and supplied by the trainer.
 
 Stateful estimators (BNPO's running Beta moments, SPO's per-prompt value tracker) keep their
@@ -29,7 +29,7 @@ from torch import Tensor
 from mmrl.registry import ADVANTAGES
 
 from ...config import ConfigError
-from ...options import check_options, keyword_options
+from mmrl.config.options import check_options, keyword_options
 
 class EstimatorState(abc.ABC):
     """Mutable state of a stateful advantage estimator, carried across training steps.

@@ -18,7 +18,7 @@ import numpy as np
 
 from mmrl.registry import PERTURBATIONS
 
-from ...options import check_options
+from mmrl.config.options import check_options
 
 
 def check_perturbation(name: str | None, options: Mapping[str, Any], policy) -> None:

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import torch
 
-from mmrl.options import check_options
+from mmrl.config.options import check_options
 from mmrl.registry import PROMPT_SAMPLERS, register_sampler
 
 from ..seeding import stream_seed

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Optional
 
-from mmrl.config_schema import LossConfig
+from mmrl.config.schema import LossConfig
 from mmrl.registry import LOSSES
 
 KL_ESTIMATORS = ("k1", "k2", "k3")

@@ -115,7 +115,7 @@ class HFGenerate(RolloutEngine):
     def __init__(self, policy):
         super().__init__(policy)
         from mmrl.config import ConfigError
-        from mmrl.config_schema import RolloutConfig
+        from mmrl.config.schema import RolloutConfig
 
         r, default = policy.cfg.rollout, RolloutConfig()
         changed = [f"rollout.{k}={getattr(r, k)!r}" for k in vars(default)

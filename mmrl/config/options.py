@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Iterable, Sequence
 
-from .config import ConfigError
+from mmrl.config import ConfigError
 
 __all__ = ["keyword_options", "takes_any_keyword", "check_options", "check_names", "accepted"]
 

@@ -21,11 +21,11 @@ from typing import List, Optional
 import typer
 from rich.markup import escape  # error texts may hold brackets (`pip install mmrl[vllm]`)
 
-from .cli_errors import configure_threads, console, fail, interruptions, user_errors
-from .cli_eval import CONTEXT as EVAL_CONTEXT, EXAMPLES as EVAL_EXAMPLES, eval_
-from .cli_help import ARGS_HELP, ARGS_METAVAR, examples
-from .recipes import DEFAULT_RECIPES, family_modality, split_args
-from .tiny_models import TINY_MODELS
+from mmrl.cli.errors import configure_threads, console, fail, interruptions, user_errors
+from mmrl.cli.eval import CONTEXT as EVAL_CONTEXT, EXAMPLES as EVAL_EXAMPLES, eval_
+from mmrl.cli.help import ARGS_HELP, ARGS_METAVAR, examples
+from mmrl.config.recipes import DEFAULT_RECIPES, family_modality, split_args
+from mmrl.cli.tiny_models import TINY_MODELS
 
 # Plain click help: rich markup would swallow `[CONFIG.yaml]`, `[key=value]` and `mmrl[video]`.
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -35,7 +35,7 @@ MODALITIES = tuple(DEFAULT_RECIPES)
 
 
 def _load(modality: Optional[str], args: list[str], extra: list[str] = ()):
-    from .config import builtin_config_path, load_config
+    from mmrl.config import builtin_config_path, load_config
 
     _check_modality(modality)
     path, overrides = split_args(args)
@@ -52,7 +52,7 @@ def _check_modality(modality: Optional[str]) -> None:
 
 
 def _is_recipe(name: str) -> bool:
-    from .config import ConfigError, builtin_config_path
+    from mmrl.config import ConfigError, builtin_config_path
 
     try:
         return builtin_config_path(name).is_file()
@@ -64,8 +64,8 @@ def _resume_config(modality: Optional[str], args: list[str], allow_change: bool)
     """The config that resumes the run that the arguments name (``--resume runs/NAME``, ``vlm
     --resume runs/NAME`` or ``log.run_name=NAME --resume``): the run's own ``config.yaml`` with the
     overrides given on top, or a recipe given explicitly; exits when the run is already finished."""
-    from .config import builtin_config_path, load_config
-    from .runs.resume import find_run, finished_steps, load_run_config, resume_command, resume_overrides
+    from mmrl.config import builtin_config_path, load_config
+    from mmrl.runs.resume import find_run, finished_steps, load_run_config, resume_command, resume_overrides
 
     target = None
     if modality is not None and modality not in MODALITIES:  # `mmrl train --resume runs/NAME`
@@ -119,10 +119,10 @@ def train(
         else:
             cfg = _load(modality, args, ["allow_config_change=true"] if allow_config_change else [])
     configure_threads(cfg)
-    from .api import make_policy
-    from .core.trainer import Trainer, build_task
-    from .runs.disk import check_writable
-    from .runs.resume import resume_command
+    from mmrl.api import make_policy
+    from mmrl.core.trainer import Trainer, build_task
+    from mmrl.runs.disk import check_writable
+    from mmrl.runs.resume import resume_command
 
     with user_errors():
         check_writable(Path(cfg.log.output_dir) / (cfg.log.run_name or ""))  # before minutes of model loading
@@ -166,7 +166,7 @@ def export(
 ):
     """Hand a trained model on: a VLM that transformers' from_pretrained loads, a generator that its
     pipeline loads, with a model card (README.md: the held-out before/after table, recipe, data)."""
-    from .runs.export import export_run
+    from mmrl.cli.export import export_run
 
     with user_errors():
         path = export_run(run_dir, out, step=step, adapters=adapters)
@@ -181,7 +181,7 @@ def export(
 def sft(args: Optional[List[str]] = typer.Argument(None, metavar=ARGS_METAVAR, help=ARGS_HELP)):
     """Supervised fine-tuning on the task's reference answers (the loss on the answer tokens only),
     with mmrl train's config, policy and checkpoints; writes <run dir>/model for model.path."""
-    from .cli_sft import command
+    from mmrl.cli.sft import command
 
     command(list(args or []))
 
@@ -213,8 +213,8 @@ def build_tiny(
     console.print(f"saved {model.what} to {path}")
 
 
-from .cli_bench import bench_app  # noqa: E402
-from .cli_report import EXAMPLES as REPORT_EXAMPLES, report as report_command  # noqa: E402
+from mmrl.cli.bench import bench_app  # noqa: E402
+from mmrl.cli.report import EXAMPLES as REPORT_EXAMPLES, report as report_command  # noqa: E402
 
 app.add_typer(bench_app, name="bench")
 app.command(name="report", epilog=REPORT_EXAMPLES)(report_command)
@@ -244,19 +244,19 @@ def demo(
                                  "at once; Start refuses another until one ends"),
 ):
     """A Gradio app: try a policy on a task, compare a run before and after RL, watch and launch runs."""
-    from .demo.exposure import decide, parse_auth
+    from mmrl.demo.exposure import decide, parse_auth
 
     try:
         login = parse_auth(auth)
         decide(host, share, login, no_auth)  # refused before gradio is even imported
-        from .demo.app import launch_app
+        from mmrl.demo.app import launch_app
     except ValueError as exc:  # a malformed --auth, or beyond loopback without a password
         console.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2)
     except ImportError as exc:
         console.print(f"[red]error:[/] the demo needs gradio ({escape(str(exc))}): pip install {escape('mmrl[demo]')}")
         raise typer.Exit(2)
-    from .demo.paths import RootRefused
+    from mmrl.demo.paths import RootRefused
 
     console.print(f"mmrl demo (runs: {runs.resolve()})")
     try:
@@ -275,8 +275,8 @@ def list_plugins():
     """List the shipped recipes (one line each) and every named choice: tasks, rewards, advantage
     estimators, losses, prompt samplers, SDE samplers, batch selections, KL schedules, image
     perturbations, rollout engines, optimizers."""
-    from .recipes import recipe_names, recipe_summary
-    from .registry import ALL_REGISTRIES
+    from mmrl.config.recipes import recipe_names, recipe_summary
+    from mmrl.registry import ALL_REGISTRIES
 
     names = recipe_names()
     width = max(map(len, names), default=0)

@@ -10,16 +10,16 @@ from typing import Sequence
 
 import typer
 
-from .cli_errors import console, user_errors
-from .core.interrupt import TrainingInterrupted
-from .recipes import split_args
-from .runs.disk import check_writable
-from .threads import configure_threads
+from mmrl.cli.errors import console, user_errors
+from mmrl.core.interrupt import TrainingInterrupted
+from mmrl.config.recipes import split_args
+from mmrl.runs.disk import check_writable
+from mmrl.config.threads import configure_threads
 
 
 def command(args: Sequence[str]) -> None:
     """The body of ``mmrl sft [RECIPE] [key=value ...]``."""
-    from .vlm.sft_run import SFTRun, sft_config
+    from mmrl.vlm.sft_run import SFTRun, sft_config
 
     args = list(args)
 

@@ -16,16 +16,16 @@ from pathlib import Path
 
 import yaml
 
-from .checkpoint import CheckpointManager
+from mmrl.runs.checkpoint import CheckpointManager
 
 __all__ = ["export_run", "model_card"]
 
 
 def export_run(run_dir: Path, out: Path, step: int | None = None, adapters: bool = False) -> Path:
     """Write run ``run_dir``'s checkpoint (the latest, or ``step``) to ``out``; returns ``out``."""
-    from ..api import make_policy
-    from ..config import ConfigError, load_config
-    from ..core.trainer import build_task
+    from mmrl.api import make_policy
+    from mmrl.config import ConfigError, load_config
+    from mmrl.core.trainer import build_task
 
     run_dir, out = Path(run_dir), Path(out)
     if not (run_dir / "config.yaml").exists():

@@ -8,10 +8,10 @@ from typing import List, Optional
 import typer
 from rich.markup import escape
 
-from .cli_errors import configure_threads, console, user_errors
-from .cli_help import ARGS_HELP, ARGS_METAVAR, examples
-from .bench.gpu import GROUPS as GPU_GROUPS
-from .recipes import DEFAULT_RECIPES, split_args
+from mmrl.cli.errors import configure_threads, console, user_errors
+from mmrl.cli.help import ARGS_HELP, ARGS_METAVAR, examples
+from mmrl.bench.gpu import GROUPS as GPU_GROUPS
+from mmrl.config.recipes import DEFAULT_RECIPES, split_args
 
 bench_app = typer.Typer(add_completion=False, no_args_is_help=True,
                         help="Compare configurations on the same task and seed.")
@@ -26,7 +26,7 @@ def _run_bench(run) -> None:
 def _threads_of(config: str, overrides: list[str]) -> None:
     """The benches that train apply ``train.threads`` as ``mmrl train`` does (``auto``: one thread on
     a machine busy with other work), once for every variant."""
-    from .config import builtin_config_path, load_config
+    from mmrl.config import builtin_config_path, load_config
 
     with user_errors():
         cfg = load_config(builtin_config_path(config), overrides)
@@ -50,7 +50,7 @@ def bench_algos(
         None, help="train-reward level for steps-to-threshold (default: halfway from before to the best after)"),
 ):
     """Train several RL algorithm variants on the same task and seed; print a comparison table."""
-    from .bench.algos import DESCRIPTIONS, UnknownVariantError, check_variants, run_algo_bench
+    from mmrl.bench.algos import DESCRIPTIONS, UnknownVariantError, check_variants, run_algo_bench
 
     try:
         names = check_variants(variants.split(","))
@@ -84,8 +84,8 @@ def bench_diffusion(
 ):
     """Generator RL variants (full SDE, SDE window, timestep subsampling, ...) on the same prompts and
     seed: time per RL iteration and held-out reward, side by side."""
-    from .bench.algos import UnknownVariantError, check_variants
-    from .bench.diffusion import DEFAULT_CONFIG, VARIANTS, run_diffusion_bench
+    from mmrl.bench.algos import UnknownVariantError, check_variants
+    from mmrl.bench.diffusion import DEFAULT_CONFIG, VARIANTS, run_diffusion_bench
 
     try:
         names = check_variants(variants.split(","), VARIANTS)
@@ -130,7 +130,7 @@ def bench_speed(
     forced completion lengths and trained parameters (vision tower trained on both, frozen on both), TRL at
     its defaults and at its best settings; samples/s and mmrl/TRL as medians over alternating repeats with
     their spread, time per phase (generate, log-probs, update), peak memory."""
-    from .bench.speed import DEFAULT_CONFIG, SpeedOptions, check_trl, run_speed_bench
+    from mmrl.bench.speed import DEFAULT_CONFIG, SpeedOptions, check_trl, run_speed_bench
 
     try:
         check_trl()
@@ -164,7 +164,7 @@ def bench_rollout(
 ):
     """HF generate vs vLLM on the same policy, prompts and budget: samples/s side by side (needs vLLM);
     with --caches, HF generate's dynamic vs static KV cache instead."""
-    from .bench.rollout import DEFAULT_CONFIG, run_cache_bench, run_rollout_bench
+    from mmrl.bench.rollout import DEFAULT_CONFIG, run_cache_bench, run_rollout_bench
 
     if tiny:
         prompts, n, tokens, repeats = 1, 2, 4, 1
@@ -188,7 +188,7 @@ def bench_optimizers(
 ):
     """Bytes per trained parameter and the share of small AdamW updates (lr 1e-6, 1e-5) each
     train.optim keeps, against float32 master weights stepped with the same gradients."""
-    from .bench.optimizers import run_optimizer_bench
+    from mmrl.bench.optimizers import run_optimizer_bench
 
     _run_bench(lambda: run_optimizer_bench([n.strip() for n in optims.split(",") if n.strip()], width=width,
                                            layers=layers, steps=steps, seed=seed))
@@ -221,7 +221,7 @@ def bench_gpu(
     """The GPU table against TRL in one command: full fine-tuning and LoRA like for like (mmrl with each rollout
     cache, TRL at its defaults and best settings, the same trained parameters, alternating repeats), peak
     memory per train.optim, the 448-px micro-batch-16 fit, update MFU. Each group runs in its own process (with --tiny, one process runs them all)."""
-    from .bench.gpu import GpuBenchOptions, run_gpu_bench
+    from mmrl.bench.gpu import GpuBenchOptions, run_gpu_bench
 
     opts = GpuBenchOptions(tiny=tiny, groups=_names(groups), budget_s=budget, caches=_names(caches),
                            optims=_names(optims), steps=steps, warmup=warmup, repeats=repeats,

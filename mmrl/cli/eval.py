@@ -10,8 +10,8 @@ from typing import List, Optional
 
 import typer
 
-from .cli_errors import configure_threads, interruptions, user_errors
-from .cli_help import examples
+from mmrl.cli.errors import configure_threads, interruptions, user_errors
+from mmrl.cli.help import examples
 
 CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
 EXAMPLES = examples(
@@ -47,14 +47,14 @@ def eval_(
     the benchmark's official script does, and print the paper's table with intervals."""
     import json
 
-    from .config import load_config
-    from .api import make_policy
-    from .core.evaluation import run_evaluation
-    from .core.reward_computer import make_reward_computer
-    from .core.run_checks import check_eval_split
-    from .core.trainer import build_task
-    from .runs.checkpoint import CheckpointManager
-    from .runs.logging import to_jsonable
+    from mmrl.config import load_config
+    from mmrl.api import make_policy
+    from mmrl.core.evaluation import run_evaluation
+    from mmrl.core.reward_computer import make_reward_computer
+    from mmrl.core.run_checks import check_eval_split
+    from mmrl.core.trainer import build_task
+    from mmrl.runs.checkpoint import CheckpointManager
+    from mmrl.runs.logging import to_jsonable
 
     path = Path(target)
     ckpt = None
@@ -84,7 +84,7 @@ def eval_(
     with user_errors(setup=False), interruptions():
         result = run_evaluation(policy, task, rewards, cfg, num_examples, gallery_dir=gallery,
                                 grid_path=gallery / "samples.png", intervals=True)
-    from .measures.intervals import describe
+    from mmrl.measures.intervals import describe
 
     report = {"checkpoint": str(ckpt) if ckpt else cfg.model.path, "task": cfg.task.name, **result.metrics,
               "intervals": {**result.intervals, **describe()}}
@@ -98,9 +98,9 @@ def _recipe_or_run(target: str) -> Path:
     first: a mistyped run directory is the likelier slip (the recipes are for ``mmrl list``)."""
     import difflib
 
-    from .config import ConfigError, builtin_config_path
-    from .config_schema import Config
-    from .runs.resume import run_names
+    from mmrl.config import ConfigError, builtin_config_path
+    from mmrl.config.schema import Config
+    from mmrl.runs.resume import run_names
 
     try:
         return builtin_config_path(target)
@@ -121,10 +121,10 @@ def _eval_benchmark(cfg, ckpt, name, data, image_root, num_examples, gallery, pa
     """``mmrl eval --benchmark``: the table printed, and written as benchmark_<name>.json beside the gallery."""
     import json
 
-    from .api import make_policy
-    from .benchmarks import BENCHMARKS, configured, format_table
-    from .benchmarks.run import run_benchmark
-    from .runs.logging import to_jsonable
+    from mmrl.api import make_policy
+    from mmrl.benchmarks import BENCHMARKS, configured, format_table
+    from mmrl.benchmarks.run import run_benchmark
+    from mmrl.runs.logging import to_jsonable
 
     def load_policy(one, task):
         policy = make_policy(one, task)

@@ -1,5 +1,5 @@
-"""Load, validate and save run configs (the schema lives in :mod:`mmrl.config_schema`, where the
-values come from, recipes and overrides with their origins, in :mod:`mmrl.config_sources`).
+"""Load, validate and save run configs (the schema lives in :mod:`mmrl.config.schema`, where the
+values come from, recipes and overrides with their origins, in :mod:`mmrl.config.sources`).
 
 A run is configured by a YAML recipe plus dotted command-line overrides::
 
@@ -26,9 +26,9 @@ from typing import Any, Optional, Union
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from mmrl.config_keys import INDEX, classify, expected_type
-from mmrl.config_schema import Config
-from mmrl.config_sources import (  # ConfigError and the recipe lookup are part of this module's API
+from mmrl.config.keys import INDEX, classify, expected_type
+from mmrl.config.schema import Config
+from mmrl.config.sources import (  # ConfigError and the recipe lookup are part of this module's API
     ConfigError,
     Item,
     builtin_config_names,

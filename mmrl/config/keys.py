@@ -11,7 +11,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from mmrl.config_schema import Config
+from mmrl.config.schema import Config
 
 
 

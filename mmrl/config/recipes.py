@@ -3,7 +3,7 @@ one line that says what each is for (``mmrl list``, the demo's Launch tab)."""
 
 from __future__ import annotations
 
-from .config import builtin_config_names, builtin_config_path
+from mmrl.config import builtin_config_names, builtin_config_path
 
 __all__ = ["DEFAULT_RECIPES", "recipe_names", "recipe_summary", "modality_of", "family_modality", "split_args"]
 
@@ -35,8 +35,8 @@ def modality_of(recipe: str) -> str:
 def family_modality(family: str) -> str:
     """The task modality that ``mmrl train FAMILY`` trains (so the policy registered for it): that of
     its default recipe's task (``video`` and ``gui`` train the VLM on clips and screens)."""
-    from .config import load_config
-    from .registry import TASKS
+    from mmrl.config import load_config
+    from mmrl.registry import TASKS
 
     return TASKS.get(load_config(builtin_config_path(DEFAULT_RECIPES[family])).task.name).modality
 

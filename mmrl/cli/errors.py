@@ -24,9 +24,9 @@ def user_errors(setup: bool = True, resume: Optional[str] = None):
     a missing optional dependency (with its install line), a full disk or a directory that cannot
     be written (with ``resume``, the command that continues the run), and while setting up also a
     bad path, value or key. A traceback is left for what is a bug."""
-    from .config import ConfigError
-    from .extras import install_hint
-    from .runs.disk import disk_message
+    from mmrl.config import ConfigError
+    from mmrl.extras import install_hint
+    from mmrl.runs.disk import disk_message
 
     try:
         yield
@@ -51,8 +51,8 @@ def user_errors(setup: bool = True, resume: Optional[str] = None):
 @contextmanager
 def interruptions():
     """Ctrl-C says what happened: where the run stopped, what was saved or lost, how to resume."""
-    from .core.interrupt import TrainingInterrupted
-    from .runs.resume import resume_command
+    from mmrl.core.interrupt import TrainingInterrupted
+    from mmrl.runs.resume import resume_command
 
     try:
         yield
@@ -76,7 +76,7 @@ def interruptions():
 
 def configure_threads(cfg) -> None:
     """Set torch's thread count for a command's run (``train.threads``), saying what it picked."""
-    from .threads import configure_threads as configure
+    from mmrl.config.threads import configure_threads as configure
 
     with user_errors():
         configure(cfg, echo=lambda line: console.print(line, highlight=False))

@@ -58,7 +58,7 @@ def usable_cores() -> int:
 
 def pick_threads(setting, busy: float | None = None, cores: int | None = None) -> ThreadChoice:
     """The thread count for ``train.threads=setting`` (``busy``/``cores`` measured when not given)."""
-    from .config import ConfigError
+    from mmrl.config import ConfigError
 
     if isinstance(setting, bool) or not (setting == "auto" or isinstance(setting, int) and setting >= 0):
         raise ConfigError(f"train.threads={setting!r}: expected auto (the free cores) or a number of threads "

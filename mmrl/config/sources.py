@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import yaml
 
-from mmrl.config_keys import INDEX, classify, suggest
+from mmrl.config.keys import INDEX, classify, suggest
 
 __all__ = ["ConfigError", "Item", "yaml_items", "override_items", "resolve_recipe", "builtin_config_names",
            "builtin_config_path"]

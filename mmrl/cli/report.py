@@ -8,8 +8,8 @@ from typing import Optional
 
 import typer
 
-from .cli_errors import user_errors
-from .cli_help import examples
+from mmrl.cli.errors import user_errors
+from mmrl.cli.help import examples
 
 EXAMPLES = examples(
     "mmrl report runs/exp1                              # writes runs/exp1/report.html",
@@ -26,7 +26,7 @@ def report(
     """Write a run's report.html: one offline page with the held-out before/after table and its
     intervals, the curves (each reward, held-out metrics, KL, entropy, clipping, completion length,
     step time), the galleries, and the config with its differences from the recipe."""
-    from .runs.report import write_report
+    from mmrl.runs.report import write_report
 
     with user_errors():
         path = write_report(run_dir, recipe=recipe)

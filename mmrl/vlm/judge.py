@@ -35,7 +35,7 @@ def answer_token_ids(tokenizer, word: str) -> list[int]:
 def resolve_checkpoint(path: str) -> Path:
     """The checkpoint directory of ``path``: ``"tiny"`` is mmrl's built-in tiny Qwen2.5-VL, anything
     else must be a local directory with a ``config.json`` (FileNotFoundError otherwise)."""
-    from .vlm.loading import resolve_model_path
+    from mmrl.vlm.loading import resolve_model_path
 
     return resolve_model_path(str(path))
 
@@ -45,8 +45,8 @@ class VLMJudge:
     reading P(yes) / (P(yes) + P(no)) at the first answer token."""
 
     def __init__(self, path: str | Path, device, dtype: str = "float32"):
-        from .core.precision import compute_dtype
-        from .vlm.loading import load_vlm
+        from mmrl.core.precision import compute_dtype
+        from mmrl.vlm.loading import load_vlm
 
         self.model, self.processor = load_vlm(str(path), device, compute_dtype(dtype))
         self.model.eval()
@@ -86,7 +86,7 @@ class ChatJudge:
     def __init__(self, path: str | Path, device, dtype: str = "float32"):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from .core.precision import compute_dtype
+        from mmrl.core.precision import compute_dtype
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(path), padding_side="left")
         self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=compute_dtype(dtype)).to(device).eval()

@@ -89,6 +89,10 @@ class RolloutConfig:
     # itself (torch.compile, mode reduce-overhead, on CUDA/XPU devices; a CPU decodes eagerly);
     # false = its disable_compile (the static cache, uncompiled).
     compile_decode: bool = True
+    # A multi-turn trajectory's next turn starts from the keys/values its earlier turns computed (the
+    # hf engine's turn cache, exact to float rounding; vLLM: its prefix caching); false = every turn
+    # reads the whole conversation again.
+    turn_cache: bool = True
 
 
 @dataclass
@@ -248,7 +252,7 @@ class TrainConfig:
     warmup_steps: int = 0
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:1 ...
-    # torch CPU threads (the command line applies it, mmrl/threads.py): auto = the cores other work
+    # torch CPU threads (the command line applies it, mmrl/config/threads.py): auto = the cores other work
     # leaves free (OMP_NUM_THREADS if set) | a number | 0 = torch's default (one per core)
     threads: Any = "auto"
     # Several processes (accelerate launch / torchrun): seconds a collective may wait for the

@@ -1,0 +1,5 @@
+"""``python -m mmrl.cli``: the command line."""
+
+from mmrl.cli import main
+
+main()
