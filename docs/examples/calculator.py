@@ -53,7 +53,7 @@ class Calculator(Interaction):
 
 
 @register_reward("calculator_answer")
-def calculator_answer(completions, examples, **ctx):
+def calculator_answer(completions, examples):
     """The trajectory's last message against the answer (every row of the trajectory scores it)."""
     return [accuracy_score(ex.get("final"), ex.get("answer")) for ex in examples]  # None: no answer
 

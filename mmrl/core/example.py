@@ -63,7 +63,8 @@ class Example(TypedDict, total=False):
     """The episode's number of steps; on every row once the episode is over."""
 
     episode_timed_out: bool
-    """Whether an environment step ran past ``task.options.step_timeout`` and ended the episode."""
+    """Whether a step (an environment's, or a tool call's) ran past ``task.options.step_timeout``
+    and ended the episode."""
 
     task: Any
     """An environment task's spec (what ``Env.reset`` takes): an ``EnvTask`` example carries it,

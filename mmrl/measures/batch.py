@@ -1,6 +1,7 @@
 """A reward's batch: one completion per example, scored pair by pair.
 
-Every registered reward is called as ``fn(completions, examples, **ctx)`` and returns one score per
+Every registered reward is called as ``fn(completions, examples, **options)`` (the options it
+names, and :data:`mmrl.registry.REWARD_CONTEXT` only where it names that) and returns one score per
 completion. Two lists of different lengths are a caller bug (never model output), so each reward
 refuses them with the same message, ``"<reward>: 2 completions for 1 examples"``; most rewards then
 score each (completion, example) pair on its own. :func:`check_batch` and :func:`score_each` are
