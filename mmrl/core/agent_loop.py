@@ -25,11 +25,15 @@ where it writes one), a time limit per answer (an answer still running then is a
 Up Reasoning Patterns and Interaction Turns for Visual Search"): a trajectory that a budget or the
 turn limit cut before it was done keeps its reward in its group's statistics, but its rows get an
 all-zero action mask, so running out of turns sends no negative signal.
+
+A policy declaring ``turn_cache`` keeps, while the loop runs, what each turn computed for the next
+(the VLM's keys/values of the conversation so far), so a turn reads only what is new.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -103,6 +107,21 @@ def run_agent_loop(policy, interactions: Sequence[Interaction], n: int, options:
                    need_old_logps: bool = False, need_ref_logps: bool = False) -> Rollouts:
     """The rows of the trajectories of ``interactions`` (module docstring), ``n`` consecutive ones
     per group; ``mode`` and the log-prob flags are ``policy.rollout``'s."""
+    # a policy that keeps a trajectory's keys/values for its next turn does so for this batch only
+    with policy.turn_cache() if "turn_cache" in policy.capabilities else contextlib.nullcontext():
+        parts, rows_of, outcomes = _turns(policy, interactions, n, options, mode, need_old_logps, need_ref_logps)
+    for e, (record, over_turn) in outcomes.items():
+        for part, row in rows_of[e]:
+            parts[part].examples[row] = {**parts[part].examples[row], **record}
+            if options.mask_over_turn and over_turn:
+                parts[part].action_mask[row] = 0.0
+    return Rollouts.concat(parts, renumber_groups=False)
+
+
+def _turns(policy, interactions: Sequence[Interaction], n: int, options: LoopOptions, mode: str,
+           need_old_logps: bool, need_ref_logps: bool):
+    """The turns of :func:`run_agent_loop`: each turn's batch, where each trajectory's rows are
+    (batch, row), and each finished trajectory's outcome record and whether it went over turn."""
     stop = {"stop": tuple(options.stop)} if options.stop else {}
     running = list(range(len(interactions)))
     parts: list[Rollouts] = []
@@ -128,12 +147,7 @@ def run_agent_loop(policy, interactions: Sequence[Interaction], n: int, options:
         batch.group_ids = torch.tensor([e // n for e in running], dtype=torch.long)
         parts.append(batch)
         running = still
-    for e, (record, over_turn) in outcomes.items():
-        for part, row in rows_of[e]:
-            parts[part].examples[row] = {**parts[part].examples[row], **record}
-            if options.mask_over_turn and over_turn:
-                parts[part].action_mask[row] = 0.0
-    return Rollouts.concat(parts, renumber_groups=False)
+    return parts, rows_of, outcomes
 
 
 def _answer_all(interactions: Sequence[Interaction], batch: Rollouts, options: LoopOptions) -> list[Reply]:

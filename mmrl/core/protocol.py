@@ -10,6 +10,7 @@ optional parts are declared in ``capabilities`` and checked once at setup.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,11 +27,12 @@ CAPABILITIES = {
     "image_inputs": "reads images in its prompts (data.perturbation applies: perturb)",
     "video_inputs": "reads video clips in its prompts (algo.temporal_grpo shuffles their frames: temporally_shuffled)",
     "multi_turn": "acts over several turns of an episode, one prompt per turn (environment tasks)",
+    "turn_cache": "keeps what a trajectory's turns computed for the next turn while turn_cache() is open",
 }
 
 # Members of the protocol that only a policy declaring the capability has.
 OPTIONAL_MEMBERS = {"score": "scoring", "rollout_given": "teacher_forcing", "perturb": "image_inputs",
-                    "temporally_shuffled": "video_inputs"}
+                    "temporally_shuffled": "video_inputs", "turn_cache": "turn_cache"}
 
 
 class Policy(Protocol):
@@ -86,6 +88,12 @@ class Policy(Protocol):
     def temporally_shuffled(self, ex: dict, rng: np.random.Generator) -> dict | None:
         """Capability ``video_inputs``: T-GRPO's twin of ``ex``, its clip's frames in a shuffled
         order (never the original), or None when ``ex`` holds no clip of two frames or more."""
+
+    def turn_cache(self) -> AbstractContextManager:
+        """Capability ``turn_cache``: while the returned context is open, a rollout whose prompt
+        continues a sequence the previous rollout processed (the agent loop's next turn) computes
+        only what is new; the same samples and log-probs, to float rounding. Closed, what was kept
+        is freed (the agent loop holds it for one batch of trajectories, whose weights are fixed)."""
 
     def take_generation_timeouts(self) -> int:
         """Samples whose generation was cut by a time limit since the last call (``rollout.max_time``)."""

@@ -49,7 +49,7 @@ class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
     """A vision-language model trained with the core objective. See the module docstring."""
 
     capabilities = frozenset({"scoring", "teacher_forcing", "coordinates", "image_inputs", "video_inputs",
-                              "multi_turn"})
+                              "multi_turn", "turn_cache"})
     loss_inputs = frozenset({"logps", "whole_sequences"})
     unused_config = ("diffusion",)
 

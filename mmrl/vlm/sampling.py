@@ -123,6 +123,11 @@ class VLMSampling:
     def take_generation_timeouts(self) -> int:
         return self.engine.take_timeouts()
 
+    def turn_cache(self):
+        """While open, a rollout continuing the last one's sequences (the agent loop's next turn)
+        reuses their keys/values (the engine's turn cache: :mod:`mmrl.vlm.turn_cache`)."""
+        return self.engine.turn_cache()
+
     def rollout(self, examples: Sequence[dict], prompts: Sequence[list[dict]], n: int, mode: str = "train",
                 need_old_logps: bool = False, need_ref_logps: bool = False, stop: Sequence[str] = ()) -> Rollouts:
         """``n`` samples for each prompt; group i holds the samples of ``prompts[i]``; a sample also

@@ -84,6 +84,11 @@ def _partial_layers(backbone) -> list[str]:
     return sorted({t for t in layer_types if t != "full_attention"})
 
 
+def full_attention(backbone) -> bool:
+    """Whether every decoder layer attends to the whole sequence (a cache then holds all of it)."""
+    return not _partial_layers(backbone)
+
+
 def check_supported(backbone) -> None:
     """Refuse models whose cache would not hold the whole prompt (sliding-window layers keep
     only the window, so completions would see less than in the plain forward)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -36,6 +37,12 @@ class RolloutEngine:
 
     def generate(self, prompts: Sequence[list[dict]], sampling: Sampling) -> list[dict]:
         raise NotImplementedError
+
+    def turn_cache(self):
+        """A context in which a generate call may reuse what the last one computed for the same
+        tokens (the agent loop's next turn); this default keeps nothing (vLLM's prefix caching is
+        its own)."""
+        return contextlib.nullcontext()
 
     def take_timeouts(self) -> int:
         """Samples whose generation was cut by ``rollout.max_time`` since the last call (an

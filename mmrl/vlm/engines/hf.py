@@ -17,8 +17,11 @@ from mmrl.registry import register_engine
 from mmrl.core.library_internals import can_compile_fullgraph
 from mmrl.core.oom import OOMBackoff, is_out_of_memory
 
-from ..lora_merge import merged_for_generation
 from ..family_processing import split_images
+from ..kv_cache import cache_keyword, returned_cache
+from ..logprobs import split_head
+from ..lora_merge import merged_for_generation
+from ..turn_cache import TurnStore, kept, prefill, prompt_tokens, turn_cache_off
 from .base import RolloutEngine, Sampling
 
 log = logging.getLogger(__name__)
@@ -128,6 +131,22 @@ class HFGenerate(RolloutEngine):
         self.timed_out = 0  # samples whose generate call reached rollout.max_time, since last taken
         # the KV cache's keywords for every generate call (``mmrl bench rollout --caches`` sets each in turn)
         self.cache_options = cache_options(policy.cfg.rollout, policy)
+        self.turns: TurnStore | None = None  # while the agent loop holds turn_cache(): the last turn's keys/values
+
+    @contextlib.contextmanager
+    def turn_cache(self):
+        """While open, each generate call starts from the keys/values the last one computed for
+        the same tokens and images (:mod:`mmrl.vlm.turn_cache`); closed, they are freed. With the
+        static cache (whose shapes are fixed per call) or a model the module does not serve, and
+        with ``rollout.turn_cache=false``, every turn is computed whole."""
+        model = self.policy.module.get_base_model() if self.policy.lora else self.policy.module
+        use = (self.policy.cfg.rollout.turn_cache and not self.cache_options
+               and turn_cache_off(split_head(model)[0]) is None)
+        self.turns = TurnStore() if use else None
+        try:
+            yield
+        finally:
+            self.turns = None
 
     def take_timeouts(self) -> int:
         """Samples cut by ``rollout.max_time`` since the last call (and reset)."""
@@ -156,47 +175,76 @@ class HFGenerate(RolloutEngine):
                 self.batch_backoff.fitted(wanted)
                 return results
 
+    def generation_kwargs(self, sampling: Sampling, prompt_len: int) -> dict[str, Any]:
+        """``generate``'s keywords for one call on prompts ``prompt_len`` columns wide."""
+        policy = self.policy
+        gen_kwargs: dict[str, Any] = dict(max_new_tokens=sampling.max_new_tokens, pad_token_id=policy.pad_id,
+                                          eos_token_id=sorted(policy.eos_ids),
+                                          suppress_tokens=policy.suppressed_ids or None,
+                                          # each rank generates alone (under FSDP2 too: the
+                                          # weights are gathered for rollouts)
+                                          synced_gpus=False, **self.cache_options)
+        if sampling.temperature > 0:
+            # top_k=0 / top_p=1 explicitly: the checkpoint's generation_config may set its own
+            # (transformers defaults top_k to 50), which would truncate what we sample from.
+            gen_kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
+                              top_k=sampling.top_k)
+        else:
+            gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        if sampling.stop:  # transformers' StopStringCriteria: a text may end inside a token
+            gen_kwargs.update(stop_strings=list(sampling.stop), tokenizer=policy.tokenizer)
+        if self.cache_options.get("cache_implementation") == "static" and _generate_takes_max_cache_len():
+            gen_kwargs["max_cache_len"] = static_cache_length(prompt_len, sampling.max_new_tokens)
+        if policy.cfg.rollout.max_time > 0:
+            gen_kwargs["max_time"] = policy.cfg.rollout.max_time
+        return gen_kwargs
+
+    def continue_turns(self, turns: TurnStore, inputs: dict[str, torch.Tensor], rows, gen_kwargs: dict) -> dict:
+        """The inputs ``generate`` takes to go on from what ``turns`` holds of these prompts: a
+        cache of every prompt column but the last (:func:`~mmrl.vlm.turn_cache.prefill`), so the
+        images are no longer needed; unchanged when no prompt reuses anything. Either way the call
+        returns its cache, which the store keeps."""
+        from transformers import DynamicCache
+
+        gen_kwargs["return_dict_in_generate"] = True
+        model = self.policy.module.get_base_model() if self.policy.lora else self.policy.module
+        with self.policy.autocast():
+            cache = prefill(split_head(model)[0], turns, inputs, rows, DynamicCache, cache_keyword(model))
+        if cache is None:
+            return inputs
+        gen_kwargs[cache_keyword(model)] = cache
+        return {k: inputs[k] for k in ("input_ids", "attention_mask", "mm_token_type_ids") if k in inputs}
+
     @torch.no_grad()
     def generate_in_batches(self, prompts: Sequence[list[dict]], sampling: Sampling, batch_size: int) -> list[dict]:
         policy = self.policy
         model = policy.module
         model.eval()
         results: list[dict] = []
+        fresh: list = []  # the entries the turn cache keeps of this call
         for start in range(0, len(prompts), batch_size):
             chunk = prompts[start:start + batch_size]
             enc, images_per_sample = policy.encode_prompts(chunk)
             inputs = {k: v.to(policy.device) for k, v in enc.items()}
-            gen_kwargs: dict[str, Any] = dict(max_new_tokens=sampling.max_new_tokens, pad_token_id=policy.pad_id,
-                                              eos_token_id=sorted(policy.eos_ids),
-                                              suppress_tokens=policy.suppressed_ids or None,
-                                              # each rank generates alone (under FSDP2 too: the
-                                              # weights are gathered for rollouts)
-                                              synced_gpus=False, **self.cache_options)
-            if sampling.temperature > 0:
-                # top_k=0 / top_p=1 explicitly: the checkpoint's generation_config may set its own
-                # (transformers defaults top_k to 50), which would truncate what we sample from.
-                gen_kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
-                                  top_k=sampling.top_k)
-            else:
-                gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-            if sampling.stop:  # transformers' StopStringCriteria: a text may end inside a token
-                gen_kwargs.update(stop_strings=list(sampling.stop), tokenizer=policy.tokenizer)
-            if self.cache_options.get("cache_implementation") == "static" and _generate_takes_max_cache_len():
-                gen_kwargs["max_cache_len"] = static_cache_length(inputs["input_ids"].shape[1], sampling.max_new_tokens)
-            max_time = policy.cfg.rollout.max_time
-            if max_time > 0:
-                gen_kwargs["max_time"] = max_time
-            started = time.perf_counter()
-            with policy.autocast():
-                out = model.generate(**inputs, **gen_kwargs).cpu()
-            if max_time > 0 and time.perf_counter() - started >= max_time:
-                self.timed_out += len(chunk)
-            prompt_len = enc["input_ids"].shape[1]
             images = split_images(enc, images_per_sample, policy.processor)
             videos = policy.split_videos(enc)
+            gen_kwargs = self.generation_kwargs(sampling, inputs["input_ids"].shape[1])
+            turns = self.turns if self.turns is not None and not any(v is not None for v in videos) else None
+            if turns is not None:
+                rows = prompt_tokens(enc, images, policy.processor)
+                inputs = self.continue_turns(turns, inputs, rows, gen_kwargs)
+            started = time.perf_counter()
+            with policy.autocast():
+                out = model.generate(**inputs, **gen_kwargs)
+            sequences = (out.sequences if turns is not None else out).cpu()
+            if gen_kwargs.get("max_time", 0) > 0 and time.perf_counter() - started >= gen_kwargs["max_time"]:
+                self.timed_out += len(chunk)
+            prompt_len = enc["input_ids"].shape[1]
+            lengths = []
             for i in range(len(chunk)):
-                completion = out[i, prompt_len:]
+                completion = sequences[i, prompt_len:]
                 length, stopped = self.completion_length(completion, sampling.stop)
+                lengths.append(length)
                 results.append({
                     "prompt_ids": enc["input_ids"][i][enc["attention_mask"][i].bool()],
                     "completion_ids": completion[:length].clone(),
@@ -204,4 +252,9 @@ class HFGenerate(RolloutEngine):
                     **images[i],  # the family's image tensors (Qwen-VL: pixel_values, image_grid_thw)
                     "video": videos[i],
                 })
+            if turns is not None:
+                fresh += kept(returned_cache(out), sequences, prompt_len, rows,
+                              [prompt_len - len(r.ids) for r in rows], lengths)
+        if self.turns is not None:
+            self.turns.entries = fresh
         return results

@@ -21,6 +21,10 @@ optimizer step.
   vLLM would reuse vision embeddings and KV blocks of the old weights). The vision tower goes along
   only when it is trained; with LoRA the merged weights ``W + B A * scale`` are pushed, computed out
   of place (the policy's own weights are never merged in place).
+- Multi-turn trajectories: vLLM's prefix caching (``rollout.turn_cache``, default on) reuses the KV
+  blocks of a prompt's longest cached prefix (images included, by their hashes), so an agent
+  loop's next turn computes only what is new; the HF engine's turn cache is
+  :mod:`mmrl.vlm.turn_cache`.
 - ``rollout.vllm_enable_sleep_mode``: the engine sleeps (frees its KV cache and offloads weights)
   after each rollout and wakes before the next; vLLM supports this on CUDA only, elsewhere the key
   is refused at setup.
@@ -130,6 +134,9 @@ class VLLMEngine(RolloutEngine):
             limit_mm_per_prompt={"image": r.vllm_limit_images, "video": 0},
             logprobs_mode="processed_logprobs",
             enable_sleep_mode=r.vllm_enable_sleep_mode,
+            # a trajectory's next turn reuses the KV blocks of the conversation so far (on by
+            # default in vLLM's V1 engine; stated so rollout.turn_cache=false turns it off)
+            enable_prefix_caching=r.turn_cache,
             # CUDA graphs on GPU; on CPU eager start-up is seconds instead of minutes of compiling.
             enforce_eager=self.platform.is_cpu(),
         )
