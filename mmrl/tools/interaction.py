@@ -16,7 +16,9 @@ that message recorded as failed, and its rows carry ``episode_timed_out``.
 Each turn is a row whose log-probs are those of the model's tokens given everything before them:
 exactly the unmasked positions of the one interleaved sequence verl / DeepEyes train on, so with
 ``algo.loss_agg_mode=token_mean`` the loss over a trajectory's rows is its masked loss (a test
-checks it token by token); each turn reads the conversation again (no KV cache across turns).
+checks it token by token). Generating a turn reuses the keys/values of the conversation so far
+(``rollout.turn_cache``: the HF engine's :mod:`mmrl.vlm.turn_cache`, vLLM's prefix caching);
+scoring a turn's log-probs (old, reference, the update) still reads its whole prompt.
 Once a trajectory is over its rows carry the record of :mod:`mmrl.measures.tool_use`
 (``trajectory``: the whole text; ``tool_calls``; ``tool_budget``) plus ``turns`` and ``over_turn``,
 so every row scores the trajectory's reward (``episode_grpo`` with ``episode_return: final``:
