@@ -68,6 +68,11 @@ class Registry(Generic[T]):
         self._load()
         return sorted(self._items)
 
+    def items(self) -> list[tuple[str, T]]:
+        """``(name, object)`` pairs, by name."""
+        self._load()
+        return sorted(self._items.items())
+
     def __contains__(self, name: str) -> bool:
         self._load()
         return name in self._items
@@ -277,6 +282,14 @@ register_tool = _register_as(TOOLS, "name")  # @register_tool("zoom_in") on an m
 # ``modality`` is that name, so a new modality is a plugin like a task.
 register_policy = _register_as(POLICIES, "modality")
 
+# the model families a policy loads: a checkpoint's config.model_type -> its VLM family
+# (mmrl.vlm.families.VLMFamily), a diffusers pipeline's model_index.json _class_name -> its loader
+VLM_FAMILIES: Registry[Any] = Registry("VLM family (model_type)", modules=("mmrl.vlm.families",))
+GENERATOR_FAMILIES: Registry[Callable[..., Any]] = Registry("generator family (pipeline class)",
+                                                            modules=("mmrl.diffusion.adapters",))
+# the shipped tiny models `mmrl build-tiny NAME` rebuilds (mmrl.cli.tiny_models.TinyModel)
+TINY_MODELS: Registry[Any] = Registry("tiny model", modules=("mmrl.cli.tiny_models",))
+
 # benchmark protocols (mmrl.benchmarks): `mmrl eval --benchmark NAME`
 BENCHMARKS: Registry[Any] = Registry("benchmark", modules=("mmrl.benchmarks.protocols", "mmrl.benchmarks.visual_search"))
 
@@ -285,7 +298,8 @@ ALL_REGISTRIES: dict[str, Registry] = {
     "data samplers (prompts)": PROMPT_SAMPLERS, "SDE samplers": SDE_SAMPLERS, "batch selections": SELECTIONS,
     "KL schedules": KL_SCHEDULES, "image perturbations": PERTURBATIONS, "rollout engines": ENGINES,
     "environments": ENVS, "tools": TOOLS, "policies (task modalities)": POLICIES, "optimizers": OPTIMIZERS,
-    "benchmarks": BENCHMARKS,
+    "benchmarks": BENCHMARKS, "VLM families (model_type)": VLM_FAMILIES,
+    "generator families (pipeline class)": GENERATOR_FAMILIES, "tiny models (mmrl build-tiny)": TINY_MODELS,
 }
 
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from mmrl.diffusion.base import FlowPipeline
-from mmrl.diffusion.adapters import ADAPTERS, FluxAdapter, SD3Adapter, WanAdapter, load_pipeline
+from mmrl.diffusion.adapters import FluxAdapter, SD3Adapter, WanAdapter, load_pipeline
+from mmrl.registry import GENERATOR_FAMILIES
 
 PROMPTS = ["a red cat", "two dogs on grass"]
 
@@ -81,7 +82,7 @@ def test_adapters_registry_is_the_hook(tmp_path, monkeypatch):
         seen.append((path, device, dtype))
         return FlowPipeline()
 
-    monkeypatch.setitem(ADAPTERS, "MyPipeline", loader)
+    monkeypatch.setitem(GENERATOR_FAMILIES._items, "MyPipeline", loader)  # registered for this test only
     assert isinstance(load_pipeline(str(tmp_path), "cpu", "bfloat16"), FlowPipeline)
     assert seen == [(str(tmp_path), "cpu", torch.bfloat16)]
 

@@ -112,7 +112,7 @@ PRODUCERS: dict[str, tuple[str, ...]] = {
 
 # (d) Expensive commands an existing test runs: the test, and the call in its source that runs the
 # command (the command line itself, or, for build-tiny, the builder the command calls:
-# mmrl.cli.tiny_models.TINY_MODELS). build-tiny's budget (one SFT step) still takes 3-22 s a model
+# mmrl.registry.TINY_MODELS). build-tiny's budget (one SFT step) still takes 3-22 s a model
 # (the tokenizer, the corpus, the vision tower), which the suite cannot spend twice.
 COVERED_BY: dict[str, tuple[str, str]] = {
     "bench gpu --tiny": ("tests/test_bench_gpu.py::test_bench_gpu_tiny_runs_every_group_on_a_cpu",
@@ -228,9 +228,9 @@ def test_covered_commands_name_a_test_that_runs_them(command):
     assert call in body, f"{target} does not show {call!r}"
     args = command.split()
     if args[0] == "build-tiny":
-        from mmrl.cli.tiny_models import TINY_MODELS
+        from mmrl.registry import TINY_MODELS
 
-        builder = TINY_MODELS[args[1]].builder.split(":")[1]
+        builder = TINY_MODELS.get(args[1]).builder.split(":")[1]
         assert f"{builder}(" in body or (args[0] in body and args[1] in source), (command, builder)
     else:
         assert all(a in body for a in args if not a.startswith("0.0.0.0")), (command, target)

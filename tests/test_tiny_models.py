@@ -1,4 +1,4 @@
-"""`mmrl build-tiny NAME` is one table (:data:`mmrl.cli.tiny_models.TINY_MODELS`): every row names a
+"""`mmrl build-tiny NAME` is one registry (:data:`mmrl.registry.TINY_MODELS`): every row names a
 builder that takes its recipe, a recipe that has the key ``--steps`` sets, and a shipped asset."""
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ from typer.testing import CliRunner
 
 from assets import asset_path
 from mmrl.cli import app
-from mmrl.cli.tiny_models import TINY_MODELS, _named
+from mmrl.cli.tiny_models import _named
+from mmrl.registry import TINY_MODELS
 
 
-@pytest.mark.parametrize("name", sorted(TINY_MODELS))
+@pytest.mark.parametrize("name", TINY_MODELS.names())
 def test_each_row_names_a_builder_that_takes_its_recipe(name):
-    model = TINY_MODELS[name]
+    model = TINY_MODELS.get(name)
     builder, recipe = _named(model.builder), _named(model.recipe)
     parameters = inspect.signature(builder).parameters
     assert set(recipe) | {"seed"} <= set(parameters), f"{model.builder} does not take {set(recipe) - set(parameters)}"
@@ -29,8 +30,8 @@ def test_steps_and_vision_steps_replace_the_recipe_values(monkeypatch, tmp_path)
 
     calls = []
     monkeypatch.setattr(sft, "build_tiny_gui", lambda out, **kw: calls.append((out, kw)) or out)
-    TINY_MODELS["gui"].build(tmp_path, seed=3, steps=5, vision_steps=7)
-    TINY_MODELS["gui"].build(None, seed=0)
+    TINY_MODELS.get("gui").build(tmp_path, seed=3, steps=5, vision_steps=7)
+    TINY_MODELS.get("gui").build(None, seed=0)
     (out, kw), (default_out, default_kw) = calls
     assert out == tmp_path and kw == {**sft.TINY_GUI_RECIPE, "sft_steps": 5, "vision_steps": 7, "seed": 3}
     assert default_out == asset_path("tiny-qwen2.5-vl-gui") and default_kw == {**sft.TINY_GUI_RECIPE, "seed": 0}
@@ -38,4 +39,4 @@ def test_steps_and_vision_steps_replace_the_recipe_values(monkeypatch, tmp_path)
 
 def test_an_unknown_tiny_model_lists_the_table():
     r = CliRunner().invoke(app, ["build-tiny", "nope"], prog_name="mmrl")
-    assert r.exit_code == 2 and all(name in r.output for name in TINY_MODELS)
+    assert r.exit_code == 2 and all(name in r.output for name in TINY_MODELS.names())

@@ -25,7 +25,7 @@ from mmrl.cli.errors import configure_threads, console, fail, interruptions, use
 from mmrl.cli.eval import CONTEXT as EVAL_CONTEXT, EXAMPLES as EVAL_EXAMPLES, eval_
 from mmrl.cli.help import ARGS_HELP, ARGS_METAVAR, examples
 from mmrl.config.recipes import DEFAULT_RECIPES, family_modality, split_args
-from mmrl.cli.tiny_models import TINY_MODELS
+from mmrl.registry import TINY_MODELS
 
 # Plain click help: rich markup would swallow `[CONFIG.yaml]`, `[key=value]` and `mmrl[video]`.
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -203,12 +203,12 @@ def build_tiny(
 ):
     """Rebuild a shipped tiny model from scratch (tokenizer, weights, warm start)."""
     if modality not in TINY_MODELS:
-        console.print(f"[red]error:[/] no tiny {modality} model (available: {', '.join(TINY_MODELS)})")
+        console.print(f"[red]error:[/] no tiny {modality} model (available: {', '.join(TINY_MODELS.names())})")
         raise typer.Exit(2)
     import torch
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    model = TINY_MODELS[modality]
+    model = TINY_MODELS.get(modality)
     path = model.build(out, seed=seed, steps=steps, vision_steps=vision_steps)
     console.print(f"saved {model.what} to {path}")
 

@@ -1,5 +1,5 @@
 """The shipped tiny models (``assets/``) and how ``mmrl build-tiny NAME`` rebuilds each: one row of
-:data:`TINY_MODELS` per model, the builder and its default recipe named rather than imported, so
+:data:`mmrl.registry.TINY_MODELS` per model, the builder and its default recipe named rather than imported, so
 the table costs nothing until a model is built."""
 
 from __future__ import annotations
@@ -7,6 +7,8 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
+
+from mmrl.registry import TINY_MODELS
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,7 @@ def _named(ref: str):
     return getattr(importlib.import_module(module), name)
 
 
-TINY_MODELS: dict[str, TinyModel] = {
+for _name, _model in {
     "vlm": TinyModel("tiny-qwen2.5-vl", "mmrl.vlm.tiny_builders:build_tiny_vlm", "mmrl.vlm.tiny_builders:TINY_VLM_RECIPE",
                      "sft_steps", "tiny model", "the tiny default"),
     "video": TinyModel("tiny-qwen2.5-vl-video", "mmrl.vlm.tiny_builders:build_tiny_video", "mmrl.vlm.tiny_builders:TINY_VIDEO_RECIPE",
@@ -55,4 +57,5 @@ TINY_MODELS: dict[str, TinyModel] = {
     "video-gen": TinyModel("tiny-wan-motion", "mmrl.diffusion.pretrain:pretrain_tiny_video_generator",
                            "mmrl.diffusion.pretrain:TINY_VIDEO_GENERATOR_RECIPE", "steps", "tiny video generator",
                            "the tiny text-to-video generator"),
-}
+}.items():
+    TINY_MODELS.register(_name, _model)

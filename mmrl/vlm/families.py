@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mmrl.registry import VLM_FAMILIES
+
 # The language model's attention and MLP projections: the same names in every family here.
 LM_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -119,17 +121,17 @@ GLM4V = VLMFamily(
                           "checks each modality's features against every <|image|> of the batch, so images and "
                           "clips cannot share one forward (put image and video prompts in separate batches)")
 
-FAMILIES = (QWEN_VL, GEMMA3, IDEFICS3, LLAVA_ONEVISION, INTERNVL, GLM4V)
+for _family in (QWEN_VL, GEMMA3, IDEFICS3, LLAVA_ONEVISION, INTERNVL, GLM4V):
+    for _model_type in _family.model_types:
+        VLM_FAMILIES.register(_model_type, _family)
 
 
 def family_of(model_type: str | None) -> VLMFamily:
     """The family of a checkpoint's ``config.model_type``; a clear error for others."""
-    for family in FAMILIES:
-        if model_type in family.model_types:
-            return family
-    known = ", ".join(t for f in FAMILIES for t in f.model_types)
-    raise ValueError(f"model_type {model_type!r} is not a vision-language family mmrl trains (known: {known}); "
-                     "see docs/models.md")
+    if model_type in VLM_FAMILIES:
+        return VLM_FAMILIES.get(model_type)
+    raise ValueError(f"model_type {model_type!r} is not a vision-language family mmrl trains (known: "
+                     f"{', '.join(VLM_FAMILIES.names())}); see docs/models.md")
 
 
 def row_tokens(tokenizer, names) -> list[int]:

@@ -8,7 +8,7 @@ guidance, the scheduler's sigma schedule, VAE decoding), so that a deterministic
 ``x = x + (sigma_next - sigma) * velocity(x, sigma, prompts, g)`` over ``sigmas(num_steps, shape)``
 followed by ``decode`` gives the pipeline's own output (the tests check this against diffusers).
 
-One model family per file (sd3, flux, wan). Other modules register more generators in :data:`ADAPTERS` (``model_index.json`` ``_class_name`` ->
+One model family per file (sd3, flux, wan). Other modules register more generators in :data:`mmrl.registry.GENERATOR_FAMILIES` (``model_index.json`` ``_class_name`` ->
 ``loader(path, device, dtype) -> FlowPipeline``).
 """
 
@@ -21,6 +21,8 @@ from typing import Callable
 import torch
 
 from ..base import FlowPipeline
+from mmrl.registry import GENERATOR_FAMILIES
+
 from .diffusers_base import DiffusersAdapter, as_dtype
 from .flux import FluxAdapter
 from .sd3 import SD3Adapter
@@ -28,14 +30,11 @@ from .wan import WanAdapter
 
 Loader = Callable[[str, "torch.device | str", torch.dtype], FlowPipeline]
 
-# ``model_index.json`` ``_class_name`` -> loader(path, device, dtype); other modules may add entries.
-ADAPTERS: dict[str, Loader] = {
-    SD3Adapter.pipeline_class_name: SD3Adapter.from_pretrained,
-    FluxAdapter.pipeline_class_name: FluxAdapter.from_pretrained,
-    WanAdapter.pipeline_class_name: WanAdapter.from_pretrained,
-}
+# ``model_index.json`` ``_class_name`` -> loader(path, device, dtype); a plugin registers more the same way.
+for _adapter in (SD3Adapter, FluxAdapter, WanAdapter):
+    GENERATOR_FAMILIES.register(_adapter.pipeline_class_name, _adapter.from_pretrained)
 
-__all__ = ["ADAPTERS", "DiffusersAdapter", "FluxAdapter", "SD3Adapter", "WanAdapter", "load_pipeline"]
+__all__ = ["DiffusersAdapter", "FluxAdapter", "SD3Adapter", "WanAdapter", "load_pipeline"]
 
 
 def load_pipeline(path: str, device="cpu", dtype=torch.float32) -> FlowPipeline:
@@ -56,9 +55,9 @@ def load_pipeline(path: str, device="cpu", dtype=torch.float32) -> FlowPipeline:
         class_name = json.loads(index.read_text()).get("_class_name")
     except (json.JSONDecodeError, AttributeError) as err:
         raise ValueError(f"{index} is not a valid diffusers model_index.json: {err}") from None
-    loader = ADAPTERS.get(class_name)
+    loader = GENERATOR_FAMILIES.get(class_name) if class_name in GENERATOR_FAMILIES else None
     if loader is None:
         raise ValueError(
-            f"unsupported diffusers pipeline class {class_name!r} in {index}; supported: {', '.join(sorted(ADAPTERS))}"
+            f"unsupported diffusers pipeline class {class_name!r} in {index}; supported: {', '.join(GENERATOR_FAMILIES.names())}"
         )
     return loader(str(root), device, as_dtype(dtype))
