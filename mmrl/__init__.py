@@ -14,7 +14,7 @@ The modules a plugin may import besides these names are listed in :data:`PUBLIC_
 from . import library_noise  # noqa: F401  (silences, once, what a user cannot act on: see the module)
 from . import plugins  # noqa: F401  (installs the registries' plugin loader)
 from .api import train
-from .benchmarks import Benchmark, register_benchmark
+from .eval_protocols import Benchmark, register_benchmark
 from .core.agent_loop import Interaction, LoopOptions, Reply
 from .core.distributed import pick_device
 from .core.episodes import EpisodicTask

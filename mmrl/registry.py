@@ -290,8 +290,9 @@ GENERATOR_FAMILIES: Registry[Callable[..., Any]] = Registry("generator family (p
 # the shipped tiny models `mmrl build-tiny NAME` rebuilds (mmrl.cli.tiny_models.TinyModel)
 TINY_MODELS: Registry[Any] = Registry("tiny model", modules=("mmrl.cli.tiny_models",))
 
-# benchmark protocols (mmrl.benchmarks): `mmrl eval --benchmark NAME`
-BENCHMARKS: Registry[Any] = Registry("benchmark", modules=("mmrl.benchmarks.protocols", "mmrl.benchmarks.visual_search"))
+# benchmark protocols (mmrl.eval_protocols): `mmrl eval --benchmark NAME`
+BENCHMARKS: Registry[Any] = Registry("benchmark", modules=("mmrl.eval_protocols.protocols",
+                                                           "mmrl.eval_protocols.visual_search"))
 
 ALL_REGISTRIES: dict[str, Registry] = {
     "tasks": TASKS, "rewards": REWARDS, "advantage estimators": ADVANTAGES, "losses": LOSSES,

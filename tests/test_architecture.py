@@ -95,7 +95,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("mmrl.core", "mmrl.task")),
     ("modalities", ("mmrl.vlm", "mmrl.diffusion", "mmrl.envs", "mmrl.tools")),
     ("built-in plugins", ("mmrl.tasks", "mmrl.rewards")),
-    ("products", ("mmrl.api", "mmrl.public", "mmrl.bench", "mmrl.benchmarks", "mmrl.demo", "mmrl.cli",
+    ("products", ("mmrl.api", "mmrl.public", "mmrl.bench", "mmrl.eval_protocols", "mmrl.demo", "mmrl.cli",
                   "mmrl.__main__")),
 ]
 # Imports that run up the layers, each with why it is allowed; a new one fails the test.

@@ -1,4 +1,4 @@
-"""Benchmark protocols (mmrl.benchmarks): each table worked out by hand on a small fixture, the
+"""Benchmark protocols (mmrl.eval_protocols): each table worked out by hand on a small fixture, the
 intervals, and `mmrl eval --benchmark` end to end on ScreenSpot-v2 files as they ship."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from mmrl.benchmarks import benchmark_table
-from mmrl.benchmarks.protocols import geneval_task
+from mmrl.eval_protocols import benchmark_table
+from mmrl.eval_protocols.protocols import geneval_task
 from mmrl.measures.intervals import mean_interval, resampled_intervals, stratified_mean_interval
 from mmrl.registry import BENCHMARKS
 
@@ -182,7 +182,7 @@ def test_the_eval_intervals_bootstrap_means_and_recompute_the_rest():
 
 
 def test_an_unknown_benchmark_or_missing_data_is_a_clear_error(tmp_path):
-    from mmrl.benchmarks.run import benchmark_configs
+    from mmrl.eval_protocols.run import benchmark_configs
     from mmrl.config import builtin_config_path, load_config
 
     with pytest.raises(KeyError, match="unknown benchmark 'screenspot_v3'.*screenspot_v2"):

@@ -1,4 +1,4 @@
-"""GenEval's CLIP colour judge (mmrl.benchmarks.geneval_clip): the grey-masked crop, the template
+"""GenEval's CLIP colour judge (mmrl.eval_protocols.geneval_clip): the grey-masked crop, the template
 averaging and argmax worked out by hand on a fake CLIP, the geneval benchmark's --clip variant on a
 tiny random open_clip model, and the command line's --clip."""
 
@@ -13,8 +13,8 @@ import pytest
 import torch
 from PIL import Image
 
-from mmrl.benchmarks import benchmark_table, configured
-from mmrl.benchmarks.geneval_clip import (GENEVAL_COLORS, GREY, ClipColors, ClipSetting, clip_colors, color_texts,
+from mmrl.eval_protocols import benchmark_table, configured
+from mmrl.eval_protocols.geneval_clip import (GENEVAL_COLORS, GREY, ClipColors, ClipSetting, clip_colors, color_texts,
                                           object_crop, parse_clip)
 from mmrl.data.shapes_t2i import render
 from mmrl.measures.composition import detect_objects

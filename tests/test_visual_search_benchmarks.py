@@ -1,4 +1,4 @@
-"""V* Bench and HR-Bench protocols (mmrl.benchmarks.visual_search): each table worked out by hand,
+"""V* Bench and HR-Bench protocols (mmrl.eval_protocols.visual_search): each table worked out by hand,
 a trajectory counted once however many turns it took, HR-Bench's TSV files read as they ship, and
 `mmrl eval --benchmark hrbench` end to end."""
 
@@ -11,7 +11,7 @@ import json
 import pytest
 from PIL import Image
 
-from mmrl.benchmarks import benchmark_table
+from mmrl.eval_protocols import benchmark_table
 from mmrl.registry import BENCHMARKS
 from mmrl.tools.task import one_per_trajectory
 

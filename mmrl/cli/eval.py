@@ -1,6 +1,6 @@
 """``mmrl eval``: score a run, a checkpoint or a recipe's starting model on its task's eval split (the
 metrics with 95% bootstrap intervals, a prediction gallery), or with ``--benchmark`` on a
-benchmark's files by its official protocol (:mod:`mmrl.benchmarks`); registered on the app by
+benchmark's files by its official protocol (:mod:`mmrl.eval_protocols`); registered on the app by
 :mod:`mmrl.cli`."""
 
 from __future__ import annotations
@@ -122,8 +122,8 @@ def _eval_benchmark(cfg, ckpt, name, data, image_root, num_examples, gallery, pa
     import json
 
     from mmrl.api import make_policy
-    from mmrl.benchmarks import BENCHMARKS, configured, format_table
-    from mmrl.benchmarks.run import run_benchmark
+    from mmrl.eval_protocols import BENCHMARKS, configured, format_table
+    from mmrl.eval_protocols.run import run_benchmark
     from mmrl.runs.logging import to_jsonable
 
     def load_policy(one, task):

@@ -23,7 +23,7 @@ class Evaluation:
     """One evaluation: ``metrics`` (what :func:`evaluate` returns), their confidence ``intervals``
     (``{metric: (low, high)}``, :mod:`mmrl.measures.intervals`; empty unless asked for), and the
     scored ``completions`` with their ``examples`` (one per sample, in example order), which a
-    benchmark protocol (:mod:`mmrl.benchmarks`) breaks down, and ``num_scored``: how many examples
+    benchmark protocol (:mod:`mmrl.eval_protocols`) breaks down, and ``num_scored``: how many examples
     were scored (over all processes), what a table says it shows."""
 
     metrics: dict[str, float]

@@ -8,7 +8,7 @@ options in columns ``A``, ``B``, ``C``, ``D`` (a missing or NaN column is no opt
 ``image`` (the image file base64-encoded; some copies hold its bytes). :func:`parse_hrbench_record`
 is the ``parse`` of :class:`mmrl.data.records.FileExamples` for such rows (the ``.tsv`` files as
 they ship, parquet, JSON or JSONL); a bad row is skipped and counted with its row number. The
-``hrbench`` benchmark (:mod:`mmrl.benchmarks.visual_search`) scores them as lmms-eval does.
+``hrbench`` benchmark (:mod:`mmrl.eval_protocols.visual_search`) scores them as lmms-eval does.
 """
 
 from __future__ import annotations

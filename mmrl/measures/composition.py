@@ -78,7 +78,7 @@ def detect_objects(image: Image.Image, min_area: float | None = None, max_dist: 
     outside [0.6, 1.67] or fill < 0.6): a blob counts for colour and count but never matches a
     shape. Components under ``min_area`` pixels (default 12 at 32x32, scaled with the area) are
     dropped as noise. ``masks=True`` adds ``"mask"``: the object's pixels, an (H, W) bool array
-    (what GenEval's CLIP colour classifier keeps of the image, :mod:`mmrl.benchmarks.geneval_clip`)."""
+    (what GenEval's CLIP colour classifier keeps of the image, :mod:`mmrl.eval_protocols.geneval_clip`)."""
     w, h = image.size
     if min_area is None:
         min_area = 12 * (w * h) / (IMAGE_SIZE * IMAGE_SIZE)

@@ -29,7 +29,7 @@
   no detector); every built-in prompt names a colour, so single_object and two_object stay empty.
   Colours are the pixel rule's by default; ``--clip ARCH=CHECKPOINT`` decides every detected
   object's colour by CLIP zero-shot classification as GenEval's ``evaluate_images.py`` does
-  (:mod:`mmrl.benchmarks.geneval_clip`), which is what its colors and color_attr tasks measure.
+  (:mod:`mmrl.eval_protocols.geneval_clip`), which is what its colors and color_attr tasks measure.
 - ``mathvista``: MathVista ("MathVista: Evaluating Mathematical Reasoning of Foundation Models in
   Visual Contexts", Lu et al., 2024) and MathVerse-style files, answers judged by Math-Verify
   (``visual_math``'s judge): accuracy overall, per ``metadata.task`` (MathVista's FQA, GPS, MWP,

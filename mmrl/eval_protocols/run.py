@@ -39,7 +39,7 @@ def run_benchmark(name: str, cfg, data: Optional[str], image_root: Optional[str]
     the entries left out as the files were read, malformed or without their image, and the examples
     unusable when scored); each
     split's examples all scored unless ``num_examples`` caps them; ``settings`` are the
-    benchmark's command-line settings (:func:`~mmrl.benchmarks.configured`)."""
+    benchmark's command-line settings (:func:`~mmrl.eval_protocols.configured`)."""
     from ..core.evaluation import run_evaluation
     from ..core.reward_computer import make_reward_computer
     from ..core.trainer import build_task
