@@ -29,7 +29,7 @@ from mmrl.task import Task, image_prompt
 from .base import Env, Observation, make_env
 from .interaction import EnvEpisode
 
-__all__ = ["EnvTask", "episode_key", "expert_episode"]
+__all__ = ["EnvTask", "expert_episode"]
 
 # The answer layout of an action step: the reasoning block is optional (``thinking`` option).
 ACTION_INSTRUCTION = 'Answer with <think>...</think><answer>{"action": ...}</answer>.'
