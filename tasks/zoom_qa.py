@@ -119,6 +119,7 @@ def _free(box, taken, margin: int = 8) -> bool:
 class ZoomQA(ToolUseTask):
     modality = "vlm"
     rewards = {"deepeyes_rule_judge": 1.0}
+    metric_keys = ("answer", "options", "target_box", "target_boxes")  # read by trajectory_metrics
 
     def default_options(self):
         return {

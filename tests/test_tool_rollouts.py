@@ -353,6 +353,12 @@ def test_a_training_step_on_tool_rows_moves_the_weights(random_tiny_dir, tmp_pat
     batch, metrics = trainer.rollout_step(0)
     assert len(batch) == 6  # per prompt: a 2-turn and a 1-turn trajectory
     assert metrics["accuracy"] == 0.5 and metrics["turns"] == 1.5 and metrics["tool/right_with_tool"] == 1.0
+    # with several processes the metrics read the gathered batch: the task's metric keys travel in it
+    from mmrl.core.batch.whole import light
+
+    task = trainer.task
+    assert task.rollout_metrics(light(batch, task.metric_keys)) == task.rollout_metrics(batch)
+    assert task.rollout_metrics(light(batch))["accuracy"] == 0.0  # what 2 processes logged before
     adv = batch.advantages if batch.advantages.dim() == 1 else batch.advantages[:, 0]
     right = torch.tensor([ex["_k"] % 2 == 0 for ex in batch.examples])
     assert (adv[right] > 0).all() and (adv[~right] < 0).all()

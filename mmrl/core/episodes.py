@@ -51,9 +51,16 @@ class EpisodicTask:
         return run_agent_loop(policy, self.interactions(policy, examples, n), n, self.loop_options(), mode,
                               need_old_logps, need_ref_logps)
 
+    #: Example keys of the task's own (its data: ``answer``, ``target_box``, ...) that
+    #: :meth:`rollout_metrics` reads besides the declared ones (:class:`~mmrl.core.example.Example`).
+    #: With several processes the metrics see the gathered batch, which carries only declared keys
+    #: and these (:func:`mmrl.core.batch.whole.light`): a key read but not listed would be missing there.
+    metric_keys: tuple[str, ...] = ()
+
     def rollout_metrics(self, rows: Rollouts) -> dict[str, float]:
         """What the task reports of a training step's rows besides :func:`episode_metrics`
-        (a tool-use task: its metrics over the step's trajectories); none by default."""
+        (a tool-use task: its metrics over the step's trajectories); none by default. Reads only
+        declared keys and :attr:`metric_keys` of the rows' examples."""
         return {}
 
 

@@ -108,7 +108,8 @@ class BatchBuilder:
         share = len(range(*dist.shard_bounds(cfg.train.prompts_per_step)))  # this rank's groups
         batch, _, stats = self.select(generate, share, algo.max_num_gen_batches)                 # 9
         extra.update(stats)
-        whole = gather_whole(batch, rounds, extra, self.score.stats, self.score.calls)
+        whole = gather_whole(batch, rounds, extra, self.score.stats, self.score.calls,
+                             self.task.metric_keys if is_episodic(self.task) else ())
         advantages = self._advantages(whole.trained)                                             # 10
         whole.trained.advantages = advantages
         batch.advantages = advantages if whole.trained is batch else advantages[whole.start:whole.stop]

@@ -39,9 +39,10 @@ class WholeBatch:
     stop: int = 0
 
 
-def light(batch: Rollouts) -> Rollouts:
+def light(batch: Rollouts, task_keys: tuple[str, ...] = ()) -> Rollouts:
     """What the estimators, metrics and samplers read of ``batch``: of each example its declared
-    keys (``SHARED_KEYS``) whose values are plain data (:func:`plain`). What stays on the rank: the
+    keys (``SHARED_KEYS``) and ``task_keys`` (those an episodic task's training metrics read,
+    :attr:`~mmrl.core.episodes.EpisodicTask.metric_keys`) whose values are plain data (:func:`plain`). What stays on the rank: the
     payload, the log-probs and, of the declared keys, the example's media, a tool trajectory's
     conversation (``tool_turns``: its observations hold the tools' images) and an environment's
     task spec when it is an object rather than data; nothing after the rollout reads them."""
@@ -49,7 +50,8 @@ def light(batch: Rollouts) -> Rollouts:
         group_ids=batch.group_ids, action_mask=batch.action_mask, rewards=batch.rewards,
         reward_components=dict(batch.reward_components),
         completions=[c if isinstance(c, str) else None for c in batch.completions],
-        examples=[{k: v for k, v in ex.items() if k in SHARED_KEYS and plain(v)} for ex in batch.examples],
+        examples=[{k: v for k, v in ex.items() if (k in SHARED_KEYS or k in task_keys) and plain(v)}
+                  for ex in batch.examples],
         truncated=batch.truncated, off_policy=batch.off_policy,
     )
 
@@ -67,11 +69,12 @@ def plain(value: Any) -> bool:
 
 
 def gather_whole(trained: Rollouts, rounds: list[tuple[Rollouts, list[int]]], extra: dict[str, float],
-                 reward_stats: dict[str, float], reward_calls: int) -> WholeBatch:
-    """The :class:`WholeBatch` of this step; in one process, the local objects themselves."""
+                 reward_stats: dict[str, float], reward_calls: int, task_keys: tuple[str, ...] = ()) -> WholeBatch:
+    """The :class:`WholeBatch` of this step; in one process, the local objects themselves.
+    ``task_keys``: example keys of the task's own that also cross ranks (see :func:`light`)."""
     if dist.world_size() == 1:
         return WholeBatch(trained, rounds, extra, reward_stats, reward_calls, 0, len(trained))
-    parts = dist.gather((light(trained), [(light(b), list(i)) for b, i in rounds], dict(extra),
+    parts = dist.gather((light(trained, task_keys), [(light(b, task_keys), list(i)) for b, i in rounds], dict(extra),
                          dict(reward_stats), reward_calls))
     sizes = [len(p[0]) for p in parts]
     start = sum(sizes[:dist.rank()])
