@@ -230,6 +230,14 @@ class TrainConfig:
     # with padding_free: micro-batches formed by tokens (prompt + completion) instead of samples,
     # at most this many tokens and micro_batch_size samples each (0: micro_batch_size samples)
     micro_batch_tokens: int = 0
+    # Activation checkpointing (TRL's names) of the VLM's language model and vision tower / the generator's
+    # transformer: each layer's activations recomputed in the backward pass instead of stored; exact.
+    gradient_checkpointing: bool = False
+    # torch.utils.checkpoint options, e.g. {use_reentrant: false} (the default: non-reentrant, as TRL's)
+    gradient_checkpointing_kwargs: dict[str, Any] = field(default_factory=dict)
+    # VLM on CUDA: the LM head, log-probs and GRPO loss fused in Liger's LigerFusedLinearGRPOLoss (TRL's
+    # former GRPOConfig name; needs liger-kernel, the clip loss, algo.beta=0; mmrl/vlm/liger.py)
+    use_liger_loss: bool = False
     learning_rate: float = 1e-5
     weight_decay: float = 0.0
     adam_beta1: float = 0.9
