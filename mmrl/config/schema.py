@@ -35,6 +35,11 @@ class ModelConfig:
     dtype: str = "float32"
     lora: LoraConfig = field(default_factory=LoraConfig)
     attn_implementation: Optional[str] = None  # e.g. "sdpa", "flash_attention_2"
+    # A 4-bit base (QLoRA, TRL's ModelConfig names; bitsandbytes, the `fit` extra): the language model's Linear
+    # layers stored 4-bit, computed in model.dtype; needs model.lora.enabled=true (mmrl/vlm/quantization.py).
+    load_in_4bit: bool = False
+    bnb_4bit_quant_type: str = "nf4"  # nf4 (QLoRA's NormalFloat) | fp4
+    use_bnb_nested_quant: bool = False  # QLoRA's double quantization: the block scales quantized too
 
 
 @dataclass
