@@ -198,3 +198,31 @@ def test_the_private_name_check_sees_what_it_looks_for():
     assert _foreign_private_uses(tree, own={"_mine"}) == [
         "line 1: ._attn_implementation", "line 2: getattr(..., '_no_split')",
         "line 4: from diffusers.utils import _X", "line 5: import pandas.util._decorators"]
+
+
+def test_transformers_checkpointed_layers_keep_a_cache_only_when_told():
+    """The shared prefix under ``train.gradient_checkpointing``: a ``GradientCheckpointingLayer`` in
+    training drops the cache it is handed unless ``_can_checkpoint_with_cache`` (False on the class)
+    says it may keep it; :func:`cache_kept_under_checkpointing` sets it on the instances and restores
+    the class's answer after."""
+    import torch
+
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    from mmrl.core.library_internals import cache_kept_under_checkpointing
+
+    class Layer(GradientCheckpointingLayer):
+        def forward(self, x, cache=None):
+            self.seen = cache
+            return x * 2
+
+    layer = Layer()
+    layer.gradient_checkpointing, layer._gradient_checkpointing_func = True, torch.utils.checkpoint.checkpoint
+    x = torch.ones(2, requires_grad=True)
+    assert GradientCheckpointingLayer._can_checkpoint_with_cache is False
+    layer(x, cache="kv")
+    assert layer.seen is None  # dropped
+    with cache_kept_under_checkpointing(torch.nn.Sequential(layer)):
+        layer(x, cache="kv")
+        assert layer.seen == "kv"
+    assert "_can_checkpoint_with_cache" not in vars(layer)

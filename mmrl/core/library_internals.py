@@ -92,3 +92,29 @@ def flux_latent_ids(batch: int, height: int, width: int, device, dtype):
     from diffusers import FluxPipeline
 
     return FluxPipeline._prepare_latent_image_ids(batch, height, width, device, dtype)
+
+
+def cache_kept_under_checkpointing(module):
+    """A context in which ``module``'s checkpointed transformers layers keep a key/value cache they
+    are handed. ``GradientCheckpointingLayer`` drops it unless the layer's class sets
+    ``_can_checkpoint_with_cache`` (a layer that writes the cache would write it again when the
+    backward pass recomputes it); :mod:`mmrl.vlm.shared_prefix` hands its layers caches whose
+    updates answer that replay exactly as the first call, so it sets the flag on the instances for
+    its two passes. Without checkpointing the flag is never read."""
+    import contextlib
+
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    @contextlib.contextmanager
+    def kept():
+        layers = [m for m in module.modules() if isinstance(m, GradientCheckpointingLayer)
+                  and "_can_checkpoint_with_cache" not in vars(m)]
+        for layer in layers:
+            layer._can_checkpoint_with_cache = True
+        try:
+            yield
+        finally:
+            for layer in layers:
+                del layer._can_checkpoint_with_cache
+
+    return kept()

@@ -29,6 +29,7 @@ import torch
 from mmrl.registry import LOSSES
 
 from . import distributed as dist
+from .activation_checkpointing import checkpoint_options
 from .gradient_check import non_finite_cause
 from .oom import OOMBackoff, is_out_of_memory
 from .optimizer import make_optimizer, step_schedule
@@ -90,12 +91,19 @@ class PolicyBase:
     def finish_setup(self) -> None:
         """After the subclass built ``self.module`` (LoRA applied, frozen parts frozen): trainable
         parameters to :attr:`trained_dtype` (float32 master weights unless ``train.optim`` keeps
-        bf16 weights), and the reference of the KL term (a frozen copy in the compute dtype when
-        ``algo.beta > 0`` without LoRA; with LoRA the base model)."""
+        bf16 weights), ``train.gradient_checkpointing``, and the reference of the KL term (a frozen
+        copy in the compute dtype when ``algo.beta > 0`` without LoRA; with LoRA the base model)."""
         keep_trained_weights(self.trainable_parameters(), self.trained_dtype)
+        if self.cfg.train.gradient_checkpointing:
+            self.enable_gradient_checkpointing(checkpoint_options(self.cfg.train.gradient_checkpointing_kwargs))
         self.reference_model = ReferenceModel(
             self.module, self.compute_dtype, needs_copy=self.cfg.algo.beta > 0 and not self.lora,
             adapters_disabled=self.adapters_disabled if self.lora else None)
+
+    def enable_gradient_checkpointing(self, options: dict[str, Any]) -> None:
+        """Checkpoint the trained network's layers through its library, with these
+        ``torch.utils.checkpoint`` options (:mod:`.activation_checkpointing`; subclass)."""
+        raise ValueError(f"train.gradient_checkpointing=true: {type(self).__name__} cannot checkpoint; set it false")
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.module.parameters() if p.requires_grad]

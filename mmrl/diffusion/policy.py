@@ -32,6 +32,7 @@ from PIL import Image
 
 from mmrl.registry import LOSSES, SDE_SAMPLERS, register_policy
 
+from ..core.activation_checkpointing import module_checkpoint
 from ..core.losses import GaussianActions
 from ..core.policy import PolicyBase
 from ..core.rollouts import Rollouts
@@ -65,7 +66,8 @@ class DiffusionPolicy(PolicyBase):
     loss_inputs = frozenset({"logps", "flow_matching_logps", "nft_errors"})
     unused_config = ("vlm", "rollout.engine", "rollout.max_time", "rollout.temperature", "rollout.top_p", "rollout.top_k",
                      "rollout.max_completion_length", "rollout.cache_implementation", "rollout.compile_decode",
-                     "eval.temperature", "data.perturbation", "train.shared_prefix", "train.padding_free", "train.micro_batch_tokens")
+                     "eval.temperature", "data.perturbation", "train.shared_prefix", "train.padding_free", "train.micro_batch_tokens",
+                     "train.use_liger_loss")
 
     def __init__(self, cfg, pipeline: FlowPipeline | None = None, device: torch.device | None = None):
         super().__init__(cfg, device)
@@ -128,6 +130,11 @@ class DiffusionPolicy(PolicyBase):
             self.transformer.add_adapter(config)
         if not any(p.requires_grad for p in self.transformer.parameters()):
             raise ValueError(f"model.lora.target_modules={targets} matched no layer of the transformer")
+
+    def enable_gradient_checkpointing(self, options: dict) -> None:
+        """diffusers' checkpointing of the transformer's blocks (it checkpoints whenever autograd
+        records, so sampling, which runs without, is unchanged)."""
+        self.transformer.enable_gradient_checkpointing(module_checkpoint(options))
 
     @contextlib.contextmanager
     def adapters_disabled(self):

@@ -187,6 +187,17 @@ class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
     def adapters_disabled(self):
         return self.module.disable_adapter()
 
+    def enable_gradient_checkpointing(self, options: dict) -> None:
+        """transformers' activation checkpointing of every layer it marks (the language model's decoder
+        layers and the vision tower's blocks); it runs only in training mode under autograd, so
+        rollouts and no-grad scoring are unchanged. The shared prefix keeps its cache through it."""
+        model = self.module.get_base_model() if self.lora else self.module
+        enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5.25
+        if enable is not None:
+            enable(activation_checkpointing_kwargs=options)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
+
     def after_optimizer_step(self) -> None:
         self.engine.sync_weights()
 

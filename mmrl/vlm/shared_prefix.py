@@ -9,7 +9,7 @@ Here that is done with transformers' own key/value cache, under autograd:
 
 1. the distinct prompts of the micro-batch (equal ``prompt_ids``, pixels and image grid) run
    once each, left-padded to the batch's prompt width P, with ``use_cache=True``;
-2. the cache rows are repeated to the samples (``Cache.reorder_cache`` with each sample's
+2. the cache rows are repeated to the samples (``index_select`` with each sample's
    prompt index): the same key/value tensors, so autograd sums the G uses of each prompt's
    keys and values and the gradients are those of the per-sample forward;
 3. the completions run on that cache with the per-sample attention mask (prompt columns, then
@@ -25,6 +25,14 @@ Qwen2-VL, Qwen2.5-VL and Qwen3-VL).
 What is not shared: the completion forward still reads the repeated prompt keys/values of every
 sample (memory of one (N, heads, P + T, head_dim) pair per layer, as in the plain forward); the
 prompt's MLP, projections and their stored activations are computed once per distinct prompt.
+
+Under gradient checkpointing (``train.gradient_checkpointing``) the backward pass runs each layer's
+forward again, cache update included; transformers' own cache would then grow a second time, so
+its checkpointed layers drop any cache they are handed. The two passes here use caches whose
+update answers a replay exactly as the first call: the prompt's keeps the first keys/values it is
+given, the completions' reads the prompt's and stores nothing (:class:`_PromptLayer`,
+:class:`_PrefixLayer`), and the layers are told they may keep them
+(:func:`~mmrl.core.library_internals.cache_kept_under_checkpointing`).
 """
 
 from __future__ import annotations
@@ -33,8 +41,10 @@ from typing import Sequence
 
 import torch
 from torch import Tensor
+from transformers.cache_utils import Cache, DynamicLayer
 
-from .kv_cache import cache_keyword, returned_cache
+from ..core.library_internals import cache_kept_under_checkpointing
+from .kv_cache import cache_keyword
 from .processing import join_videos
 
 
@@ -152,24 +162,54 @@ def shared_prefix_hidden(backbone, inputs: dict[str, Tensor], prompt_len: int, n
                          "image_grid_thw": torch.cat([grids[r] for r in rows]).to(device)}
     if videos is not None:
         prompt_images.update({k: v.to(device) for k, v in join_videos([videos[r] for r in representatives]).items()})
-    prompt = backbone(
-        input_ids=inputs["input_ids"][reps, :P],
-        attention_mask=inputs["attention_mask"][reps, :P],
-        position_ids=positions[:, reps, :P],
-        mm_token_type_ids=inputs["mm_token_type_ids"][reps, :P],
-        use_cache=True,
-        **prompt_images,
-    )
-    first = prompt.last_hidden_state[index, P - 1:P]  # predicts completion token 0
-    if T <= 1:
-        return first[:, :T]  # T = 0: no completion tokens, as the plain slice
-    cache = returned_cache(prompt)
-    cache.reorder_cache(index)  # the same keys/values for every sample of a prompt (autograd sums)
-    rest = backbone(
-        input_ids=inputs["input_ids"][:, P:P + T - 1],
-        attention_mask=inputs["attention_mask"][:, :P + T - 1],
-        position_ids=positions[:, :, P:P + T - 1],
-        use_cache=True,
-        **{cache_keyword(backbone): cache},
-    ).last_hidden_state
+    prompt_cache = Cache(layer_class_to_replicate=_PromptLayer)
+    with cache_kept_under_checkpointing(backbone):
+        prompt = backbone(
+            input_ids=inputs["input_ids"][reps, :P],
+            attention_mask=inputs["attention_mask"][reps, :P],
+            position_ids=positions[:, reps, :P],
+            mm_token_type_ids=inputs["mm_token_type_ids"][reps, :P],
+            use_cache=True,
+            **{cache_keyword(backbone): prompt_cache},
+            **prompt_images,
+        )
+        first = prompt.last_hidden_state[index, P - 1:P]  # predicts completion token 0
+        if T <= 1:
+            return first[:, :T]  # T = 0: no completion tokens, as the plain slice
+        # the same keys/values for every sample of a prompt (autograd sums the uses)
+        cache = Cache(layers=[_PrefixLayer(layer.keys.index_select(0, index), layer.values.index_select(0, index))
+                              for layer in prompt_cache.layers])
+        rest = backbone(
+            input_ids=inputs["input_ids"][:, P:P + T - 1],
+            attention_mask=inputs["attention_mask"][:, :P + T - 1],
+            position_ids=positions[:, :, P:P + T - 1],
+            use_cache=True,
+            **{cache_keyword(backbone): cache},
+        ).last_hidden_state
     return torch.cat((first, rest), dim=1)
+
+
+class _PromptLayer(DynamicLayer):
+    """A layer's cache in the prompt pass: keeps the keys/values of its first update; a later one
+    (the layer recomputed in the backward pass under checkpointing) returns what it is given, as
+    the first did, and keeps nothing."""
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            self.keys, self.values = key_states, value_states
+        return key_states, value_states
+
+
+class _PrefixLayer(DynamicLayer):
+    """A layer's cache in the completion pass: every update attends over the samples' prompt
+    keys/values followed by the new ones, and stores nothing, so a recomputed update sees what
+    the first one saw."""
+
+    def __init__(self, keys: Tensor, values: Tensor):
+        super().__init__()
+        self.lazy_initialization(keys, values)
+        self.keys, self.values = keys, values
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
