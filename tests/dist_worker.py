@@ -28,7 +28,8 @@ torch.set_num_threads(1)
 def step(vlm_dir: str, out: str, *extra: str) -> None:
     """The same global batch (4 prompts x 2 samples, rolled out identically on every rank), each
     rank training on its whole groups; loss, gradients and updated weights as rank 0 sees them,
-    and the weights after a save, another step and a load of that checkpoint.
+    the weights after a save, another step and a load of that checkpoint, and after that step again
+    from the loaded checkpoint (its optimizer state included).
     ``extra``: config overrides (e.g. a batch-wide token selection)."""
     from mmrl.config import load_config
     from mmrl.core import distributed as dist
@@ -78,10 +79,13 @@ def step(vlm_dir: str, out: str, *extra: str) -> None:
     moved = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
     policy.load(checkpoint)
     reloaded = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    # Resumed: the same second step from the loaded checkpoint (its optimizer state too)
+    policy.train_step(local, objective, num_tokens=num_tokens, num_seqs=num_seqs)
+    resumed = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
     if dist.is_main():
         torch.save({"metrics": metrics, "grads": grads, "samples": samples, "world": dist.world_size(),
                     "backend": policy.distributed_backend, "weights": weights, "moved": moved,
-                    "reloaded": reloaded}, out)
+                    "reloaded": reloaded, "resumed": resumed}, out)
 
 
 def run(flow_dir: str, run_dir: str, steps: str, *extra: str) -> None:

@@ -91,6 +91,10 @@ FSDP2 = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_AUTO_WRAP_POL
          "FSDP_RESHARD_AFTER_FORWARD": "true", "FSDP_STATE_DICT_TYPE": "FULL_STATE_DICT"}
 
 
+# configs/accelerate/fsdp2_offload.yaml: the shards in CPU memory (FSDP2's CPUOffloadPolicy)
+FSDP2_OFFLOAD = {**FSDP2, "FSDP_OFFLOAD_PARAMS": "true"}
+LAUNCH_ENV = {"MULTI_CPU": None, "FSDP2": FSDP2, "FSDP2 (CPU offload)": FSDP2_OFFLOAD}
+
 LORA = ("model.lora.enabled=true", "model.lora.dropout=0")  # no dropout: the ranks' draws differ from one process's
 
 
@@ -103,18 +107,22 @@ def one_process_step(random_tiny_dir, tmp_path_factory):
     return {kind: torch.load(out / f"{kind}.pt", weights_only=False) for kind in ("full", "lora")}
 
 
-@pytest.mark.parametrize("backend, kind", [("MULTI_CPU", "full"), ("FSDP2", "full"), ("FSDP2", "lora")])
+@pytest.mark.parametrize("backend, kind", [("MULTI_CPU", "full"), ("FSDP2", "full"), ("FSDP2", "lora"),
+                                           ("FSDP2 (CPU offload)", "full")])
 def test_two_process_step_equals_one_process(backend, kind, random_tiny_dir, one_process_step, tmp_path):
-    """DDP (accelerate's MULTI_CPU on gloo) and FSDP2 (weights sharded over the two ranks,
-    gathered for the rollout; full fine-tuning and LoRA): one step on the same global batch as one
-    process; its checkpoint, saved and loaded back after another step, restores the weights."""
+    """DDP (accelerate's MULTI_CPU on gloo), FSDP2 (weights sharded over the two ranks, gathered
+    for the rollout; full fine-tuning and LoRA) and FSDP2 with its shards offloaded to CPU memory:
+    one step on the same global batch as one process; its checkpoint, saved and loaded back after
+    another step, restores the weights, and that step taken again from it (the optimizer state
+    loaded too) gives the same weights bit for bit."""
     extra = LORA if kind == "lora" else ()
-    launch(2, "step", random_tiny_dir, tmp_path / "two.pt", *extra, env=FSDP2 if backend == "FSDP2" else None)
+    launch(2, "step", random_tiny_dir, tmp_path / "two.pt", *extra, env=LAUNCH_ENV[backend])
     one, two = one_process_step[kind], torch.load(tmp_path / "two.pt", weights_only=False)
     assert (one["world"], two["world"], two["backend"]) == (1, 2, backend)
     for run in (one, two):
         assert any(not torch.equal(w, run["moved"][n]) for n, w in run["weights"].items())
         assert all(torch.equal(w, run["reloaded"][n]) for n, w in run["weights"].items())
+        assert all(torch.equal(w, run["resumed"][n]) for n, w in run["moved"].items())
     for key in ("loss", "pg_loss", "grad_norm", "ratio_mean"):
         assert abs(one["metrics"][key] - two["metrics"][key]) < 2e-6, key
     assert one["grads"].keys() == two["grads"].keys() and one["grads"]

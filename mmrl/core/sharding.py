@@ -42,11 +42,23 @@ def enable_on_cpu(accelerator) -> None:
     if accelerator.distributed_type != DistributedType.MULTI_CPU or not requested():
         return
     plugin = FullyShardedDataParallelPlugin()
+    if offloaded(plugin):  # pinned host memory needs a CUDA driver: torch raises without one
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        plugin.cpu_offload = CPUOffloadPolicy(pin_memory=False)
     if accelerator.mixed_precision != "no":
         plugin.set_mixed_precision(accelerator.mixed_precision)
     accelerator.state.distributed_type = DistributedType.FSDP
     accelerator.state.fsdp_plugin = plugin
     set_process_distributed_type(DistributedType.FSDP)  # a later AcceleratorState() copies it back
+
+
+def offloaded(plugin) -> bool:
+    """The FSDP2 plugin keeps the shards (and so the gradients and AdamW state) in CPU memory
+    (``fsdp_offload_params: true``, FSDP2's ``CPUOffloadPolicy``)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    return isinstance(plugin.cpu_offload, CPUOffloadPolicy)
 
 
 def backend(accelerator) -> str:

@@ -148,6 +148,11 @@ class FSDP2(DDP):
                 "float32 master weights; launch with mixed_precision: 'no' (forwards still autocast to model.dtype) "
                 "or set train.optim=adamw_torch")
 
+    @property
+    def backend(self) -> str:
+        offload = sharding.offloaded(self.accelerator.state.fsdp_plugin)
+        return "FSDP2 (CPU offload)" if offload else "FSDP2"
+
     def prepare(self, module, optimizer):
         optimizer = super().prepare(module, optimizer)
         sharding.gather_for_rollouts(self.train_module)
