@@ -65,9 +65,10 @@ class PolicyBase:
         self.strategy = SingleProcess()  # the launch's, from configure_optimizer on
         # Samples per forward: train.micro_batch_size, halved when a step runs out of memory.
         self.micro_batch_backoff = OOMBackoff("samples per forward", cfg.train.oom_grow_back_steps)
-        unknown = set(self.capabilities) - set(CAPABILITIES)
-        if unknown:
+        if unknown := set(self.capabilities) - set(CAPABILITIES):
             raise ValueError(f"{type(self).__name__} declares unknown capabilities {sorted(unknown)}")
+        if cfg.train.use_liger_loss and "fused_loss" not in self.capabilities:
+            raise ValueError(f"train.use_liger_loss=true: {type(self).__name__} has no fused loss; set it false")
         missing = set(LOSSES.get(cfg.algo.loss_type).loss_requires) - set(self.loss_inputs)
         if missing:
             raise ValueError(f"algo.loss_type={cfg.algo.loss_type!r} needs {sorted(missing)}, which a "

@@ -28,6 +28,7 @@ CAPABILITIES = {
     "video_inputs": "reads video clips in its prompts (algo.temporal_grpo shuffles their frames: temporally_shuffled)",
     "multi_turn": "acts over several turns of an episode, one prompt per turn (environment tasks)",
     "turn_cache": "keeps what a trajectory's turns computed for the next turn while turn_cache() is open",
+    "fused_loss": "computes the objective fused with its log-probs where configured (train.use_liger_loss)",
 }
 
 # Members of the protocol that only a policy declaring the capability has.

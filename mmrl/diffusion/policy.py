@@ -66,8 +66,7 @@ class DiffusionPolicy(PolicyBase):
     loss_inputs = frozenset({"logps", "flow_matching_logps", "nft_errors"})
     unused_config = ("vlm", "rollout.engine", "rollout.max_time", "rollout.temperature", "rollout.top_p", "rollout.top_k",
                      "rollout.max_completion_length", "rollout.cache_implementation", "rollout.compile_decode",
-                     "eval.temperature", "data.perturbation", "train.shared_prefix", "train.padding_free", "train.micro_batch_tokens",
-                     "train.use_liger_loss")
+                     "eval.temperature", "data.perturbation", "train.shared_prefix", "train.padding_free", "train.micro_batch_tokens")
 
     def __init__(self, cfg, pipeline: FlowPipeline | None = None, device: torch.device | None = None):
         super().__init__(cfg, device)

@@ -49,7 +49,7 @@ class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
     """A vision-language model trained with the core objective. See the module docstring."""
 
     capabilities = frozenset({"scoring", "teacher_forcing", "coordinates", "image_inputs", "video_inputs",
-                              "multi_turn", "turn_cache"})
+                              "multi_turn", "turn_cache", "fused_loss"})
     loss_inputs = frozenset({"logps", "whole_sequences"})
     unused_config = ("diffusion",)
 
@@ -66,6 +66,10 @@ class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
 
     def __init__(self, cfg, device: torch.device | None = None):
         super().__init__(cfg, device)
+        if cfg.train.use_liger_loss:  # Liger's fused head + GRPO loss (mmrl.vlm.liger): refused where inexact
+            from .liger import check_liger
+
+            check_liger(cfg, self.device)
         v = cfg.vlm
         # Full fine-tuning loads the weights in the dtype they are trained in (float32 master
         # weights, or bf16 under a bf16-weight train.optim); with LoRA the base is frozen, so it is

@@ -88,8 +88,7 @@ class VLMScoring:
         completions attend to its cached keys/values (:mod:`mmrl.vlm.shared_prefix`, exact); with
         ``train.padding_free`` the samples run packed in one row (:mod:`mmrl.vlm.packing`, exact).
         Call it under :meth:`autocast` (``train_step`` and :meth:`score` do)."""
-        backbone, head = split_head(model)
-        hidden = (self._packed_hidden if self.cfg.train.padding_free else self._padded_hidden)(backbone, batch)
+        hidden, head = self._completion_hidden(model, batch)
         out = token_logprobs(hidden, head, self._targets(batch), self.cfg.rollout.temperature, self.suppressed_ids,
                              with_entropy)
         mask = batch.action_mask.to(hidden.device)
@@ -97,6 +96,28 @@ class VLMScoring:
             return out * mask
         logps, entropy = out
         return logps * mask, entropy * mask
+
+    def _completion_hidden(self, model, batch: Rollouts):
+        """``(hidden, lm_head)``: the (N, T, H) hidden states that predict the completion tokens
+        (padded or packed) and the head that maps them to the vocabulary."""
+        backbone, head = split_head(model)
+        return (self._packed_hidden if self.cfg.train.padding_free else self._padded_hidden)(backbone, batch), head
+
+    def _fused_loss(self, batch: Rollouts, obj_cfg, num_tokens: float, num_seqs: float):
+        """The objective's loss on ``batch`` through Liger's fused head and loss
+        (``train.use_liger_loss``, :mod:`mmrl.vlm.liger`): run inside :meth:`forward`, so a sharded
+        head is whole while it is read."""
+        from .liger import fused_loss
+
+        if batch.off_policy is not None and bool(batch.off_policy.any()):
+            raise ValueError("train.use_liger_loss=true: off-policy rows (LUFFY's shaped loss) are not in Liger's "
+                             "loss; set train.use_liger_loss=false")
+        hidden, head = self._completion_hidden(self.module, batch)
+        dev = hidden.device
+        return fused_loss(hidden, head, self._targets(batch), batch.action_mask.to(dev), batch.advantages.to(dev),
+                          None if batch.old_logps is None else batch.old_logps.to(dev),
+                          None if batch.rollout_logps is None else batch.rollout_logps.to(dev), obj_cfg,
+                          num_tokens, num_seqs, self.cfg.rollout.temperature, self.suppressed_ids)
 
     def _micro_batches(self, batch: Rollouts):
         """``(rows, sub-batch)`` per forward: ``micro_batch_size`` samples in batch order, or with
@@ -141,6 +162,9 @@ class VLMScoring:
         selection = self._selection(batch, obj_cfg) if obj_cfg.needs_selection else None
         self.module.train()
         for rows, sub in self._micro_batches(batch):
+            if self.cfg.train.use_liger_loss:
+                yield self.forward(self._fused_loss, sub, obj_cfg, num_tokens, num_seqs)
+                continue
             entropies = None
             if obj_cfg.needs_entropy:
                 logps, entropies = self.forward(self.completion_logps, self.module, sub, with_entropy=True)
