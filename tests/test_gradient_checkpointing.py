@@ -213,6 +213,34 @@ def test_rollouts_do_not_change(random_tiny_dir):
     torch.testing.assert_close(out[0].old_logps, out[1].old_logps)
 
 
+# -- FSDP2 ----------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["full", "lora"])
+def test_fsdp2_on_two_processes_equals_one_process_without_it(kind, random_tiny_dir, tmp_path):
+    """tests/dist_worker.py's step (gloo, 2 CPU processes, weights sharded layer by layer; FSDP2
+    hooks stay outside the checkpoint, which wraps each layer's forward): with checkpointing, the
+    loss, the whole gradients and the updated weights of one process without it."""
+    from test_distributed import LAUNCH_ENV, LORA, launch_together
+
+    extra = LORA if kind == "lora" else ()
+    launch_together((1, ("step", random_tiny_dir, tmp_path / "one.pt", *extra), None),
+                    (2, ("step", random_tiny_dir, tmp_path / "two.pt", *extra, *GC_ON), LAUNCH_ENV["FSDP2"]))
+    one, two = (torch.load(tmp_path / f"{n}.pt", weights_only=False) for n in ("one", "two"))
+    assert (one["world"], two["world"], two["backend"]) == (1, 2, "FSDP2")
+    for key in ("loss", "pg_loss", "grad_norm", "ratio_mean"):
+        assert abs(one["metrics"][key] - two["metrics"][key]) < 2e-6, key
+    assert one["grads"].keys() == two["grads"].keys() and one["grads"]
+    for name, g in one["grads"].items():
+        torch.testing.assert_close(two["grads"][name], g, rtol=1e-5, atol=1e-7, msg=name)
+    for name, w in one["weights"].items():
+        torch.testing.assert_close(two["weights"][name], w, rtol=0, atol=1e-5, msg=name)
+    if kind == "full":  # the sharded update does call the checkpoint: an option it rejects when called fails it
+        bad = "train.gradient_checkpointing_kwargs.determinism_check=bogus"
+        out = launch_together((2, ("step", random_tiny_dir, tmp_path / "bad.pt", *GC_ON, bad), LAUNCH_ENV["FSDP2"]),
+                              check=False)[0]
+        assert out.returncode != 0 and "determinism_check" in out.stderr
+
+
 # -- the generator --------------------------------------------------------------------------------
 def test_tiny_generator(tmp_path, monkeypatch):
     """The tiny flow generator (diffusers' SD3 transformer): one update's gradients equal, and the
