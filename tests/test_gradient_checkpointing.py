@@ -133,6 +133,19 @@ def test_tiny_vlm_language_model_and_vision_tower(random_tiny_dir):
     assert plain > 0 and gc == 2 * plain
 
 
+def test_reentrant_checkpointing(random_tiny_dir):
+    """train.gradient_checkpointing_kwargs.use_reentrant=true (transformers makes the embeddings'
+    output require grad for it): the same gradients on the padded forward; with the shared prefix
+    (its keys/values would carry no gradient out of a reentrant checkpoint) it is refused."""
+    from mmrl.config import ConfigError
+
+    reentrant = "train.gradient_checkpointing_kwargs.use_reentrant=true"
+    plain, gc = _pair(random_tiny_dir, "vlm.freeze_vision=false", "train.shared_prefix=false", reentrant)
+    assert gc == 2 * plain
+    with pytest.raises(ConfigError, match="use_reentrant=true.*train.shared_prefix=false"):
+        _vlm(random_tiny_dir, *GC_ON, reentrant)
+
+
 def test_lora(random_tiny_dir):
     """LoRA on a frozen base: the adapters' gradients equal, the layers recomputed."""
     plain, gc = _pair(random_tiny_dir, "model.lora.enabled=true", "model.lora.r=4", "train.shared_prefix=false")

@@ -195,6 +195,12 @@ class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
         """transformers' activation checkpointing of every layer it marks (the language model's decoder
         layers and the vision tower's blocks); it runs only in training mode under autograd, so
         rollouts and no-grad scoring are unchanged. The shared prefix keeps its cache through it."""
+        if options.get("use_reentrant") and self.cfg.train.shared_prefix is not False:
+            from mmrl.config import ConfigError
+
+            raise ConfigError("train.gradient_checkpointing_kwargs.use_reentrant=true: a reentrant checkpoint runs "
+                              "the layers without autograd, so the shared prompt's keys/values would carry no "
+                              "gradient; set train.shared_prefix=false or use_reentrant=false")
         model = self.module.get_base_model() if self.lora else self.module
         enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5.25
         if enable is not None:
