@@ -41,6 +41,20 @@ _SCHEDULE_ORDER = r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\
 _SCHEDULE_CALLER = r"mmrl\.core\.optimizer\Z"
 
 
+# bitsandbytes 0.50 logs "Failed to load CPU gemm_4bit_forward from kernels-community: ... Please make sure
+# you already `pip install kernels`" when it is imported on a CPU with AVX512-BF16 (peft imports it for every
+# LoRA run once it is installed): its optional CPU inference kernel is fetched from the Hugging Face hub,
+# which refuses an unverified publisher (and mmrl runs no hub code). mmrl never calls that kernel (its
+# layers keep the standard layout, mmrl.core.library_internals.keep_4bit_weights_unpacked), so the user
+# has nothing to install or fix.
+_BNB_CPU_KERNEL = "Failed to load CPU gemm_4bit_forward from kernels-community"
+
+
+def _not_bnb_cpu_kernel(record: logging.LogRecord) -> bool:
+    """False (drop) for bitsandbytes' line about its hub-fetched CPU kernel, True otherwise."""
+    return not str(record.msg).startswith(_BNB_CPU_KERNEL)
+
+
 def _not_torchao_enum(record: logging.LogRecord) -> bool:
     """False (drop) for torch's register_constant line about an Enum of torchao's, True otherwise."""
     if _PYTREE_ENUM not in str(record.msg) or not isinstance(record.args, tuple):
@@ -59,6 +73,7 @@ def silence() -> None:
     :mod:`mmrl.parsing` reads as Python (file name :data:`~mmrl.parsing.MODEL_TEXT_FILE`)."""
     logging.getLogger("torch.utils._pytree").addFilter(_not_torchao_enum)
     logging.getLogger("diffusers.quantizers.torchao.torchao_quantizer").addFilter(_not_torchao_tensors)
+    logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_not_bnb_cpu_kernel)
     warnings.filterwarnings("ignore", message=_PEFT_CHECKPOINTING, category=FutureWarning)
     warnings.filterwarnings("ignore", message=_SCHEDULE_ORDER, category=UserWarning, module=_SCHEDULE_CALLER)
     warnings.filterwarnings("ignore", module=re.escape(MODEL_TEXT_FILE) + r"\Z")

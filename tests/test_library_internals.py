@@ -226,3 +226,33 @@ def test_transformers_checkpointed_layers_keep_a_cache_only_when_told():
         layer(x, cache="kv")
         assert layer.seen == "kv"
     assert "_can_checkpoint_with_cache" not in vars(layer)
+
+
+def test_bitsandbytes_4bit_layers_keep_their_layout_for_training():
+    """What :func:`mmrl.core.library_internals.keep_4bit_weights_unpacked` switches off: bitsandbytes'
+    CPU repacking of a 4-bit weight at an eval forward without gradients (``support_avx512bf16_for_cpu``).
+    Switched off, the weight's bytes and quantization state are as quantized after such a forward, and a
+    training forward after it computes what one before it did, gradient included."""
+    import pytest
+    import torch
+
+    bnb = pytest.importorskip("bitsandbytes")
+    from mmrl.core.library_internals import keep_4bit_weights_unpacked
+
+    layer = bnb.nn.Linear4bit(128, 64, compute_dtype=torch.float32, quant_type="nf4")
+    layer.load_state_dict(torch.nn.Linear(128, 64).state_dict())
+    layer = layer.to("cpu").requires_grad_(False)
+    assert hasattr(layer, "support_avx512bf16_for_cpu")  # the switch, as bitsandbytes 0.50 names it
+    keep_4bit_weights_unpacked(torch.nn.Sequential(layer))
+    assert layer.support_avx512bf16_for_cpu is False
+    packed = layer.weight.data.clone()
+    x = torch.randn(4, 128, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    before = layer.train()(x)
+    (grad_before,) = torch.autograd.grad(before.sum(), x)
+    with torch.no_grad():
+        layer.eval()(x.detach())
+    assert torch.equal(layer.weight.data, packed)
+    assert not getattr(layer.weight.quant_state, "packing_format_for_cpu", False)
+    after = layer.train()(x)
+    (grad_after,) = torch.autograd.grad(after.sum(), x)
+    assert torch.equal(after, before) and torch.equal(grad_after, grad_before)

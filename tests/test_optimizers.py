@@ -23,7 +23,7 @@ from mmrl.bench.optimizers import measure
 from mmrl.core.precision import trained_dtype
 from mmrl.registry import OPTIMIZERS, UnknownNameError
 
-OPTIMS = ("adamw_torch", "adamw_bf16", "adamw_kahan", "adamw_bf16_sr")
+OPTIMS = ("adamw_torch", "adamw_bf16", "adamw_kahan", "adamw_bf16_sr", "adamw_bnb_8bit", "paged_adamw_8bit")
 
 
 @pytest.fixture
@@ -63,7 +63,8 @@ def test_bf16_weights_need_a_bf16_compute_dtype(optim):
 
 
 @pytest.mark.parametrize("optim, module, package", [("adamw_kahan", "optimi", "torch-optimi"),
-                                                    ("adamw_bf16_sr", "torchao", "torchao")])
+                                                    ("adamw_bf16_sr", "torchao", "torchao"),
+                                                    ("adamw_bnb_8bit", "bitsandbytes", "bitsandbytes")])
 def test_a_missing_library_is_one_line_with_the_pip_command(optim, module, package, monkeypatch):
     monkeypatch.setitem(sys.modules, module, None)  # `import module` now fails as if not installed
     param = torch.nn.Parameter(torch.zeros(2, dtype=torch.bfloat16))
@@ -103,8 +104,12 @@ def rows():
 def test_bytes_per_trained_parameter(rows):
     """Weight + gradient + moments (+ compensation): float32 4 + 4 + 4 + 4 = 16; bf16 2 + 2 + 2 + 2 = 8
     (torch AdamW and torchao keep bf16 moments for bf16 weights); Kahan adds a bf16 buffer: 10. The
-    step counters (one 4-byte scalar per tensor, 7 tensors over 65,536 weights) add 0.0004."""
-    expected = {"adamw_torch": 16, "adamw_bf16": 8, "adamw_kahan": 10, "adamw_bf16_sr": 8}
+    step counters (one 4-byte scalar per tensor, 7 tensors over 65,536 weights) add 0.0004.
+    bitsandbytes' 8-bit AdamW on float32 masters: 4 + 4 + 1 + 1 = 10, plus a float32 scale per block
+    of 256 for each moment (8 / 256 = 0.03125) and each tensor's two quantization maps of 256 float32
+    (2,048 bytes; 7 tensors over 65,536 weights: 0.21875): 10.25 (paged: the same bytes)."""
+    expected = {"adamw_torch": 16, "adamw_bf16": 8, "adamw_kahan": 10, "adamw_bf16_sr": 8,
+                "adamw_bnb_8bit": 10.25, "paged_adamw_8bit": 10.25}
     assert {k: round(rows[k]["bytes_per_param"], 2) for k in expected} == expected
 
 
@@ -163,7 +168,9 @@ def test_the_bench_prints_the_table_with_torchaos_compiled_step():
     assert result.exit_code == 0, result.output
     table = [line for line in result.output.splitlines() if line.startswith("| adamw")]
     assert [line.split(" | ")[0] for line in table] == [f"| {name}" for name in OPTIMS]
-    assert [line.split(" | ")[1] for line in table] == ["16.00", "8.00", "10.00", "8.00"]
+    # bitsandbytes at width 32: the four 1,024-element projections keep 32-bit state (16 bytes each), the
+    # three 4,096-element MLP weights 8-bit (10 + 1/32, and 2,048 bytes of maps each): 194,944 / 16,384
+    assert [line.split(" | ")[1] for line in table] == ["16.00", "8.00", "10.00", "8.00", "11.90", "11.90"]
 
 
 # -- through the policy ------------------------------------------------------------------------------
@@ -179,7 +186,9 @@ def bf16_trainer(path, out, optim):
 @pytest.mark.parametrize("optim, dtype, library", [("adamw_torch", torch.float32, "torch"),
                                                    ("adamw_bf16", torch.bfloat16, "torch"),
                                                    ("adamw_kahan", torch.bfloat16, "optimi"),
-                                                   ("adamw_bf16_sr", torch.bfloat16, "torchao")], ids=OPTIMS)
+                                                   ("adamw_bf16_sr", torch.bfloat16, "torchao"),
+                                                   ("adamw_bnb_8bit", torch.float32, "bitsandbytes"),
+                                                   ("paged_adamw_8bit", torch.float32, "bitsandbytes")], ids=OPTIMS)
 def test_each_optimizer_trains_the_tiny_vlm(optim, dtype, library, random_tiny_dir, tmp_path, eager_steps,
                                             one_thread):
     """model.dtype=bfloat16: the trained weights are kept in the dtype the option promises, one RL
@@ -229,3 +238,74 @@ def test_a_checkpoint_restores_the_optimizer_state(optim, state_keys, random_tin
     assert float(loaded["param_groups"][0]["lr"]) == float(saved["param_groups"][0]["lr"])
     for (name, a), b in zip(trainer.policy.module.named_parameters(), restored.module.parameters()):
         assert a.dtype == b.dtype and torch.equal(a.detach(), b.detach()), name
+
+
+# -- bitsandbytes' 8-bit AdamW ------------------------------------------------------------------------
+
+BNB_CLASSES = {"adamw_bnb_8bit": "AdamW8bit", "adamw_8bit": "AdamW8bit", "paged_adamw_8bit": "PagedAdamW8bit"}
+
+
+def bnb_weights(seed: int = 0) -> list[torch.nn.Parameter]:
+    """A 128 x 64 weight (8,192 elements: 8-bit state) and a 64-element bias (under bitsandbytes'
+    4,096-element minimum: 32-bit state)."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(128, 64, generator=g) * 0.02), torch.nn.Parameter(torch.randn(64, generator=g))]
+
+
+def bnb_steps(optimizer, params, steps: int, first: int = 0) -> None:
+    """``steps`` steps with the gradients of steps ``first``, ``first + 1``, ...: seeded by the step."""
+    for step in range(first, first + steps):
+        g = torch.Generator().manual_seed(100 + step)
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=g)
+        optimizer.step()
+
+
+def bnb_optimizer(name, params):
+    return OPTIMIZERS.get(name)(params, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.01, eps=1e-8)
+
+
+@pytest.mark.parametrize("optim", BNB_CLASSES)
+def test_an_8bit_optimizer_steps_as_bitsandbytes_own_class(optim):
+    """train.optim's factory and bitsandbytes' own class with the same settings, five steps with the same
+    gradients: the same weights and the same state to the bit (8-bit moments for the weight, 32-bit for
+    the bias); the trained weights stay float32 masters. (On a CPU the paged one warns and runs unpaged.)"""
+    import warnings
+
+    import bitsandbytes as bnb
+
+    ours, theirs = bnb_weights(), bnb_weights()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Paged optimizers are not supported on CPU")
+        a = bnb_optimizer(optim, ours)
+        b = getattr(bnb.optim, BNB_CLASSES[optim])(theirs, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.01, eps=1e-8)
+        bnb_steps(a, ours, 5)
+        bnb_steps(b, theirs, 5)
+    assert OPTIMIZERS.get(optim).master_weights and trained_dtype(optim, torch.bfloat16) == torch.float32
+    for p, q in zip(ours, theirs):
+        assert torch.equal(p, q)
+        assert a.state[p].keys() == b.state[q].keys()
+        for key, value in a.state[p].items():
+            assert torch.equal(value, b.state[q][key]) if isinstance(value, torch.Tensor) else value == b.state[q][key]
+    assert a.state[ours[0]]["state1"].dtype == torch.uint8 and a.state[ours[1]]["state1"].dtype == torch.float32
+    assert not torch.equal(ours[0], bnb_weights()[0])
+
+
+def test_an_8bit_optimizer_resumes_exactly(tmp_path):
+    """4 steps straight == 2 steps, the weights and the optimizer's state dict saved and loaded into a
+    fresh optimizer, 2 more steps: identical weights (the 8-bit moments and their block scales
+    survive the round trip)."""
+    straight = bnb_weights()
+    bnb_steps(bnb_optimizer("adamw_bnb_8bit", straight), straight, 4)
+
+    first = bnb_weights()
+    optimizer = bnb_optimizer("adamw_bnb_8bit", first)
+    bnb_steps(optimizer, first, 2)
+    torch.save({"weights": [p.detach() for p in first], "optimizer": optimizer.state_dict()}, tmp_path / "ckpt.pt")
+    saved = torch.load(tmp_path / "ckpt.pt", weights_only=False)
+    resumed = [torch.nn.Parameter(w.clone()) for w in saved["weights"]]
+    optimizer = bnb_optimizer("adamw_bnb_8bit", resumed)
+    optimizer.load_state_dict(saved["optimizer"])
+    bnb_steps(optimizer, resumed, 2, first=2)
+    for a, b in zip(straight, resumed):
+        assert torch.equal(a, b)

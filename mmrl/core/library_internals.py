@@ -118,3 +118,18 @@ def cache_kept_under_checkpointing(module):
                 del layer._can_checkpoint_with_cache
 
     return kept()
+
+
+def keep_4bit_weights_unpacked(model) -> None:
+    """Every bitsandbytes ``Linear4bit`` of ``model`` keeps its weight in bitsandbytes' standard layout on
+    a CPU. bitsandbytes 0.50 repacks a weight, at its first forward in eval mode without gradients on a CPU
+    with AVX512-BF16 (``Linear4bit.support_avx512bf16_for_cpu``), for an inference kernel that has no
+    backward and computes in bfloat16; every later forward, training's too, then takes that kernel: after
+    the first rollout a QLoRA step failed ("a view of a leaf Variable ... in-place operation") and the
+    rollout forward no longer computed what training does (a layer of the tiny model: 5.6e-3 apart). Off, eval and
+    training forwards are the same computation (dequantize, then matmul in the compute dtype)."""
+    from bitsandbytes.nn import Linear4bit
+
+    for module in model.modules():
+        if isinstance(module, Linear4bit):
+            module.support_avx512bf16_for_cpu = False

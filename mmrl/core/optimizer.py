@@ -14,9 +14,14 @@ measures them):
                            the updates below half a weight's bf16 spacing
 ``adamw_kahan``        10  optimi's AdamW with Kahan summation on bfloat16 weights
 ``adamw_bf16_sr``       8  torchao's AdamW with stochastic rounding on bfloat16 weights
+``adamw_bnb_8bit``     10  bitsandbytes' 8-bit AdamW on float32 master weights (alias
+                           ``adamw_8bit``, as in transformers)
+``paged_adamw_8bit``   10  the same with its state in CUDA unified memory, paged out to CPU RAM
+                           under GPU memory pressure (on a CPU: bitsandbytes warns and runs
+                           ``adamw_bnb_8bit``)
 ==================  =====  ==================================================================
 
-The two libraries are imported when their optimizer is built; a missing one is one line naming
+The libraries are imported when their optimizer is built; a missing one is one line naming
 the pip command. Every factory returns a ``torch.optim.Optimizer`` subclass, so accelerate's
 wrappers (:mod:`.strategy`) and the checkpoints (state dicts, by parameter name when sharded) treat
 them alike.
@@ -147,3 +152,36 @@ def adamw_bf16_sr(params, *, lr: float, betas: tuple[float, float], weight_decay
     _library("adamw_bf16_sr", "torchao", "torchao")
     return stochastic_rounding_adamw()(params, lr=lr, betas=betas, weight_decay=weight_decay, eps=eps,
                                        bf16_stochastic_round=True)
+
+
+def _bnb_adamw(optim: str, params, *, lr: float, betas: tuple[float, float], weight_decay: float, eps: float,
+               paged: bool):
+    """bitsandbytes' AdamW with 8-bit state, built as transformers builds ``optim`` (``optim_bits=8``)."""
+    bnb = _library(optim, "bitsandbytes", "bitsandbytes")
+    return bnb.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, eps=eps, optim_bits=8,
+                           is_paged=paged)
+
+
+@register_optimizer("adamw_bnb_8bit", master_weights=True)
+def adamw_bnb_8bit(params, *, lr: float, betas: tuple[float, float], weight_decay: float, eps: float):
+    """bitsandbytes' AdamW with both moments stored in 8 bits ("8-bit Optimizers via Block-wise
+    Quantization", Dettmers et al. 2022: blocks of 256 values, each with its float32 scale, on a dynamic
+    quantization map), on float32 master weights. 10 bytes per trained parameter: float32 weight and
+    gradient, one byte per moment (+0.03 for the block scales); bitsandbytes keeps tensors under 4,096
+    elements (biases, norms) in 32-bit state."""
+    return _bnb_adamw("adamw_bnb_8bit", params, lr=lr, betas=betas, weight_decay=weight_decay, eps=eps, paged=False)
+
+
+@register_optimizer("adamw_8bit", master_weights=True)
+def adamw_8bit(params, *, lr: float, betas: tuple[float, float], weight_decay: float, eps: float):
+    """transformers' alias of ``adamw_bnb_8bit`` (the same optimizer)."""
+    return _bnb_adamw("adamw_8bit", params, lr=lr, betas=betas, weight_decay=weight_decay, eps=eps, paged=False)
+
+
+@register_optimizer("paged_adamw_8bit", master_weights=True)
+def paged_adamw_8bit(params, *, lr: float, betas: tuple[float, float], weight_decay: float, eps: float):
+    """``adamw_bnb_8bit`` with its state in CUDA unified memory, which the driver pages out to CPU RAM
+    when the GPU runs short (bitsandbytes' paged optimizers): the same arithmetic, memory spikes
+    survived rather than fatal. On a CPU there is nothing to page: bitsandbytes warns ("Paged optimizers
+    are not supported on CPU") and steps exactly as ``adamw_bnb_8bit``."""
+    return _bnb_adamw("paged_adamw_8bit", params, lr=lr, betas=betas, weight_decay=weight_decay, eps=eps, paged=True)

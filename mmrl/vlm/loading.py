@@ -9,9 +9,18 @@ import torch
 
 from .families import family_of
 from .processing import VLMProcessor, choose_image_backend
+from .quantization import FourBit
 
 # LoRA targets when model.lora.target_modules is unset: the language model's attention and MLP.
 VLM_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+# Where a family's model keeps its vision tower (the attribute moved between versions and families).
+VISION_TOWER_NAMES = ("visual", "vision_tower", "vision_model")
+
+# Left unquantized under a 4-bit base (mmrl.vlm.quantization says why): the LM head and the vision tower,
+# as transformers' llm_int8_skip_modules patterns (matched from the start of a module's name).
+UNQUANTIZED = ("lm_head", rf"(?:.*\.)?(?:{'|'.join(VISION_TOWER_NAMES)})")
 
 
 # Built-in checkpoints by model.path name: (asset directory, the command that rebuilds it).
@@ -54,17 +63,27 @@ def load_vlm(path: str, device: torch.device, dtype: torch.dtype = torch.float32
              attn_implementation: str | None = None, min_pixels: int | None = None,
              max_pixels: int | None = None, image_backend: str = "auto",
              video_min_pixels: int | None = None, video_max_pixels: int | None = None,
-             revision: str | None = None):
+             revision: str | None = None, four_bit: FourBit | None = None):
     """Model (weights in ``dtype``) and :class:`VLMProcessor` with the given image and video
     budgets and image-processor backend (``vlm.image_processor_backend``, see
-    ``choose_image_backend``); ``revision``: a hub id's branch, tag or commit (``model.revision``)."""
+    ``choose_image_backend``); ``revision``: a hub id's branch, tag or commit (``model.revision``);
+    ``four_bit``: the language model's Linear layers quantized to 4 bits as they load, on ``device``
+    (all but :data:`UNQUANTIZED`), computing in ``dtype``."""
     from transformers import AutoModelForImageTextToText
 
     where = resolve_model_path(path, revision)
     kwargs: dict[str, Any] = {"dtype": dtype}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    model = AutoModelForImageTextToText.from_pretrained(str(where), **kwargs).to(device)
+    if four_bit is not None:
+        from mmrl.core.library_internals import keep_4bit_weights_unpacked
+
+        kwargs.update(quantization_config=four_bit.transformers_config(dtype, UNQUANTIZED),
+                      device_map={"": torch.device(device)})  # quantized on the device, not moved there after
+        model = AutoModelForImageTextToText.from_pretrained(str(where), **kwargs)
+        keep_4bit_weights_unpacked(model)
+    else:
+        model = AutoModelForImageTextToText.from_pretrained(str(where), **kwargs).to(device)
     if family_of(model.config.model_type).processor != "qwen":  # transformers' own processor (families.py)
         from .family_processing import FamilyProcessor
 
@@ -81,7 +100,7 @@ def load_vlm(path: str, device: torch.device, dtype: torch.dtype = torch.float32
 def vision_tower(model) -> torch.nn.Module | None:
     """The vision encoder of a Qwen-VL-family model (its attribute moved between versions)."""
     for owner in (getattr(model, "model", None), model):
-        for name in ("visual", "vision_tower", "vision_model"):
+        for name in VISION_TOWER_NAMES:
             module = getattr(owner, name, None) if owner is not None else None
             if isinstance(module, torch.nn.Module):
                 return module

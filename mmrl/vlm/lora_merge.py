@@ -7,6 +7,14 @@ add and then subtract ``B A * scaling`` in the base weights' dtype: in bf16 the 
 rounding error at every step. Here the merged weights are new tensors and the original ones are
 put back afterwards, so the base is bit-for-bit what it was (a test checks it); the cost is one
 copy of the adapted weights during generation.
+
+Over a 4-bit base (``model.load_in_4bit``, :mod:`mmrl.vlm.quantization`) generation does not merge:
+``W + delta`` cannot be stored in the 4-bit weight, and holding dense copies of every adapted layer
+for the rollout would bring back the memory the 4-bit base saves. The hf engine then generates
+through the 4-bit layers with the adapters on, the very computation of the training forward, so the
+rollouts sample from the distribution whose log-probs training computes (on the tiny model: the same
+log-probs to the last bit in float32, a test checks it). For ``mmrl export`` the adapters are folded
+into the dequantized base (:func:`merged_lora_weights`).
 """
 
 from __future__ import annotations
@@ -36,15 +44,35 @@ def lora_deltas(peft_model) -> dict[str, tuple[torch.nn.Module, torch.Tensor]]:
     return out
 
 
+def dense_weight(layer: torch.nn.Module) -> torch.Tensor:
+    """A Linear layer's weight as an ordinary tensor: its own, or a bitsandbytes 4-bit weight
+    dequantized (in the dtype it was quantized from)."""
+    quant_state = getattr(layer.weight, "quant_state", None)  # bitsandbytes' Params4bit
+    if quant_state is None:
+        return layer.weight
+    from bitsandbytes.functional import dequantize_4bit
+
+    return dequantize_4bit(layer.weight.data, quant_state)
+
+
 def merged_lora_weights(peft_model) -> Iterator[tuple[str, torch.Tensor]]:
     """The base model's state dict with every active LoRA adapter folded in (``W + delta`` computed
     in float32, returned in the base weight's dtype); adapter tensors left out and ``.base_layer``
-    removed from names, so the names are those of the plain checkpoint (what vLLM loads)."""
+    removed from names, so the names are those of the plain checkpoint (what vLLM loads). A 4-bit
+    layer's weight is dequantized first and its quantization state (``weight.absmax`` ...) left out:
+    the state dict of the unquantized model that computes what the trained one does."""
+    base = peft_model.get_base_model()
     deltas = {f"{name}.weight": delta for name, (_, delta) in lora_deltas(peft_model).items()}
-    for name, tensor in peft_model.get_base_model().state_dict().items():
+    quantized = {f"{name}.weight".replace(".base_layer.", "."): module for name, module in base.named_modules()
+                 if getattr(getattr(module, "weight", None), "quant_state", None) is not None}
+    for name, tensor in base.state_dict().items():
         if "lora_" in name:
             continue
         name = name.replace(".base_layer.", ".")
+        if ".weight." in name and name.rsplit(".weight.", 1)[0] + ".weight" in quantized:
+            continue  # the 4-bit weight's quantization state
+        if name in quantized:
+            tensor = dense_weight(quantized[name])
         if name in deltas:
             tensor = (tensor.float() + deltas[name].to(tensor.device)).to(tensor.dtype)
         yield name, tensor

@@ -36,6 +36,7 @@ from ..media.frame_order import shuffle_frames
 from ..media.video import Clip
 from .loading import load_vlm, resolve_model_path, vision_tower
 from .logprobs import split_head
+from .quantization import four_bit
 from .sampling import VLMSampling
 from .scoring import VLMScoring
 from .shared_prefix import uses_shared_prefix
@@ -71,6 +72,7 @@ class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
 
             check_liger(cfg, self.device)
         v = cfg.vlm
+        self.four_bit = four_bit(cfg)  # a 4-bit base under the LoRA adapters (QLoRA), checked before loading
         # Full fine-tuning loads the weights in the dtype they are trained in (float32 master
         # weights, or bf16 under a bf16-weight train.optim); with LoRA the base is frozen, so it is
         # stored in the compute dtype (the adapters become the trained dtype in finish_setup).
@@ -78,7 +80,7 @@ class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
                                                self.compute_dtype if self.lora else self.trained_dtype,
                                                cfg.model.attn_implementation, v.min_pixels, v.max_pixels,
                                                v.image_processor_backend, v.video_min_pixels, v.video_max_pixels,
-                                               revision=cfg.model.revision)
+                                               revision=cfg.model.revision, four_bit=self.four_bit)
         self.module.config.use_cache = True
         self.tokenizer = self.processor.tokenizer
         eos = self.module.generation_config.eos_token_id
@@ -213,6 +215,9 @@ class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
 
     def check_shardable(self) -> None:
         super().check_shardable()
+        if self.four_bit is not None:
+            raise NotImplementedError("FSDP2 with model.load_in_4bit=true is not supported (bitsandbytes' 4-bit "
+                                      "weights are not sharded): use one process or DDP")
         if self.cfg.rollout.engine != "hf":
             raise NotImplementedError(f"FSDP2 with rollout.engine={self.cfg.rollout.engine} is not supported yet "
                                       "(the engine reads whole weights): use rollout.engine=hf or DDP")
@@ -256,9 +261,19 @@ class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
     def export_pretrained(self, out: Path, adapters: bool = False) -> None:
         """A directory ``from_pretrained`` reads, with the processor: the LoRA adapters merged into
         the weights (peft's ``merge_and_unload``), or with ``adapters`` the adapters alone (peft's
-        format, loaded onto ``model.path``); weights in the dtype they were trained in."""
+        format, loaded onto ``model.path``); weights in the dtype they were trained in. Over a 4-bit
+        base the adapters are merged into the dequantized base, an unquantized model in ``model.dtype``
+        that computes what the trained one did (:mod:`mmrl.vlm.quantization`)."""
         module = self.module
-        if self.lora and not adapters:
+        if self.four_bit is not None and not adapters:
+            from transformers import AutoModelForImageTextToText
+
+            from .lora_merge import merged_lora_weights
+
+            module = AutoModelForImageTextToText.from_pretrained(
+                str(resolve_model_path(self.cfg.model.path, self.cfg.model.revision)), dtype=self.compute_dtype)
+            module.load_state_dict(dict(merged_lora_weights(self.module)))
+        elif self.lora and not adapters:
             module = module.merge_and_unload()
         module.save_pretrained(out, safe_serialization=True)
         self.processor.save_pretrained(out)

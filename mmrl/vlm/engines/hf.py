@@ -106,7 +106,8 @@ class HFGenerate(RolloutEngine):
 
     With LoRA and ``rollout.merge_lora_for_generation`` (default) the adapters are folded into
     copies of the base weights for the rollout (:mod:`mmrl.vlm.lora_merge`): plain matmuls per
-    token instead of two extra per adapted layer, the base weights restored bit for bit after.
+    token instead of two extra per adapted layer, the base weights restored bit for bit after; over
+    a 4-bit base (``model.load_in_4bit``) the adapters stay unmerged (:mod:`mmrl.vlm.lora_merge`).
 
     Vision placeholder tokens are suppressed (one in a completion would make re-scoring fail with
     "image features and image tokens do not match"), and scoring masks them identically, so
@@ -155,7 +156,8 @@ class HFGenerate(RolloutEngine):
 
     def generate(self, prompts: Sequence[list[dict]], sampling: Sampling) -> list[dict]:
         policy = self.policy
-        merge = policy.lora and policy.cfg.rollout.merge_lora_for_generation
+        # a 4-bit base: through its layers and the unmerged adapters, as training computes (mmrl.vlm.lora_merge)
+        merge = policy.lora and policy.cfg.rollout.merge_lora_for_generation and policy.four_bit is None
         with merged_for_generation(policy.module) if merge else contextlib.nullcontext():
             wanted = min(len(prompts), sampling.batch_size if sampling.batch_size > 0 else len(prompts))
             while True:
