@@ -251,7 +251,8 @@ class TrainConfig:
     # adamw_torch (torch AdamW on float32 master weights: 16 bytes per trained parameter) |
     # adamw_bf16 (torch AdamW on bfloat16 weights, TRL's pure bf16: 8 bytes, loses small updates) |
     # adamw_kahan (optimi's AdamW with Kahan summation on bfloat16 weights: 10 bytes) |
-    # adamw_bf16_sr (torchao's AdamW with stochastic rounding on bfloat16 weights: 8 bytes).
+    # adamw_bf16_sr (torchao's AdamW with stochastic rounding on bfloat16 weights: 8 bytes) |
+    # adamw_bnb_8bit = adamw_8bit | paged_adamw_8bit (bitsandbytes' 8-bit AdamW on float32 masters: 10 bytes).
     # The bf16-weight ones need model.dtype=bfloat16 (see mmrl.core.optimizer).
     optim: str = "adamw_torch"
     max_grad_norm: float = 1.0
