@@ -4,9 +4,9 @@ lean path (chunked log-probs + the core objective).
 Liger's chunked loss is plain torch (its Triton kernels are elsewhere), so the mapping is checked on
 the CPU by calling it directly (``compiled=False``): every loss aggregation, the clip-higher range,
 temperature, suppressed vision tokens (at the vocabulary's edges too), the rollout importance
-weight, mini-batch normalisers; loss and gradients equal in float64-free float32 (1e-5 / 1e-6).
-Through the policy (the hook that turns it on, refused on a CPU) it runs only on CUDA: that test is
-marked ``gpu``. The settings Liger does not compute are refused at setup, naming the key."""
+weight, mini-batch normalisers; loss and gradients equal in float32 (1e-5 / 1e-6). Through the
+policy too, with the CUDA check lifted and Liger uncompiled; as configured (compiled, refused on a
+CPU) it runs only on CUDA: that test is marked ``gpu``. The settings Liger does not compute are refused at setup, naming the key."""
 
 from __future__ import annotations
 
@@ -111,23 +111,40 @@ def test_a_cpu_run_and_a_generator_are_refused(random_tiny_dir):
                         pipeline=object())
 
 
-@pytest.mark.gpu
-def test_the_policys_update_on_cuda_equals_the_lean_path(random_tiny_dir):
-    """Through the policy (compiled Liger, float32, the tiny Qwen2.5-VL on CUDA): one update's loss
-    and every gradient as the lean path's, padded and shared-prefix forwards."""
+def test_the_policys_update_through_liger_on_the_cpu(random_tiny_dir, monkeypatch):
+    """The policy's wiring (hidden states, targets, mask, suppressed vision tokens, temperature,
+    normalisers, micro-batches of 4 over 6 samples, shared prefix) checked on the CPU: the CUDA
+    check lifted and Liger uncompiled, one update's loss and every gradient as the lean path's."""
+    import mmrl.vlm.liger as liger
+
+    monkeypatch.setattr(liger, "check_liger", lambda cfg, device: None)
+    fused, calls = liger.fused_loss, []
+    monkeypatch.setattr(liger, "fused_loss", lambda *a, **k: calls.append(1) or fused(*a, **{**k, "compiled": False}))
+    _compare_updates(random_tiny_dir, "cpu", "train.micro_batch_size=4")
+    assert len(calls) == 2  # the fused path ran, once per micro-batch
+
+
+def _compare_updates(path, device, *overrides):
     from test_gradient_checkpointing import _scored, _update_grads
     from test_shared_prefix import _groups
     from mmrl.vlm.policy import VLMPolicy
 
     results, batch = {}, None
-    for liger in (False, True):
-        policy = VLMPolicy(make_config(f"model.path={random_tiny_dir}", "train.device=cuda", "rollout.temperature=0.7",
-                                       "vlm.freeze_vision=false", f"train.use_liger_loss={str(liger).lower()}",
-                                       "algo.epsilon_high=0.28"))
+    for use in (False, True):
+        policy = VLMPolicy(make_config(f"model.path={path}", f"train.device={device}", "rollout.temperature=0.7",
+                                       "vlm.freeze_vision=false", f"train.use_liger_loss={str(use).lower()}",
+                                       "algo.epsilon_high=0.28", *overrides))
         if batch is None:
             batch = _scored(policy, _groups(policy))
-        results[liger] = _update_grads(policy, batch, cfg=ObjectiveConfig.from_algo(policy.cfg.algo))
+        results[use] = _update_grads(policy, batch, cfg=ObjectiveConfig.from_algo(policy.cfg.algo))
     assert results[True][0] == pytest.approx(results[False][0], rel=1e-5, abs=1e-7)
     assert results[True][1].keys() == results[False][1].keys()
     for name, g in results[False][1].items():
         torch.testing.assert_close(results[True][1][name], g, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.gpu
+def test_the_policys_update_on_cuda_equals_the_lean_path(random_tiny_dir):
+    """Through the policy on CUDA, Liger compiled as configured (float32, the tiny Qwen2.5-VL): one
+    update's loss and every gradient as the lean path's."""
+    _compare_updates(random_tiny_dir, "cuda")
