@@ -217,7 +217,7 @@ class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
         super().check_shardable()
         if self.four_bit is not None:
             raise NotImplementedError("FSDP2 with model.load_in_4bit=true is not supported (bitsandbytes' 4-bit "
-                                      "weights are not sharded): use one process or DDP")
+                                      "weights are not sharded): run it in one process")
         if self.cfg.rollout.engine != "hf":
             raise NotImplementedError(f"FSDP2 with rollout.engine={self.cfg.rollout.engine} is not supported yet "
                                       "(the engine reads whole weights): use rollout.engine=hf or DDP")
