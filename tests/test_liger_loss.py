@@ -99,6 +99,15 @@ def test_settings_liger_does_not_compute_are_refused(override, key):
     check_liger(make_config("train.use_liger_loss=true"), torch.device("cuda"))  # the default objective passes
 
 
+def test_an_objective_it_does_not_fuse_is_refused_when_called():
+    """The objective the trainer hands over is checked again (mmrl sft's likelihood, a KL that a
+    schedule turned on): never a clip loss computed in its place."""
+    hidden, head, targets, mask, advantages, _ = _inputs()
+    for cfg in (ObjectiveConfig.reference_likelihood(), ObjectiveConfig(beta=0.01), ObjectiveConfig(entropy_coef=0.1)):
+        with pytest.raises(ValueError, match="train.use_liger_loss=true fuses the clip loss alone"):
+            fused_loss(hidden, head, targets, mask, advantages, None, None, cfg, None, None, 1.0, (), compiled=False)
+
+
 def test_a_cpu_run_and_a_generator_are_refused(random_tiny_dir):
     from mmrl.vlm.policy import VLMPolicy
 

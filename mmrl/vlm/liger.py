@@ -80,6 +80,10 @@ def fused_loss(hidden: Tensor, lm_head: torch.nn.Module, targets: Tensor, mask: 
     :class:`~mmrl.core.losses.ObjectiveConfig` (checked by :func:`check_liger`)."""
     from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
 
+    if (cfg.likelihood or cfg.loss_type != "clip" or cfg.beta > 0 or cfg.needs_entropy or cfg.needs_selection
+            or cfg.clip_pos or cfg.clip_neg or cfg.dual_clip_c):
+        raise ValueError("train.use_liger_loss=true fuses the clip loss alone (no KL, entropy, token selection or "
+                         "other clip; not mmrl sft's likelihood): set train.use_liger_loss=false for this objective")
     if advantages.dim() != 1:
         raise ValueError("train.use_liger_loss=true takes one advantage per sequence; this estimator gives one "
                          "per token: set train.use_liger_loss=false")
