@@ -53,9 +53,7 @@ def build_shaped_model(path: Path, text: dict | None = None, vision: dict | None
     """A randomly initialised Qwen2.5-VL with the given text/vision dimensions (default: 3B's),
     saved in ``dtype`` at ``path`` with the tiny asset's processor files. Built on the GPU when
     there is one (initialising 3.8B parameters on a CPU takes minutes)."""
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-
-    from ..vlm.loading import resolve_model_path
+    from transformers import Qwen2_5_VLForConditionalGeneration
 
     text = {**QWEN2_5_VL_3B_TEXT, **(text or {})}
     vision = {**QWEN2_5_VL_3B_VISION, **(vision or {})}
@@ -64,14 +62,7 @@ def build_shaped_model(path: Path, text: dict | None = None, vision: dict | None
     marker = path / "speed_shape.json"
     if marker.exists() and (path / "config.json").exists() and json.loads(marker.read_text()) == shape:
         return path
-    tiny = resolve_model_path("tiny")
-    tiny_cfg = json.loads((tiny / "config.json").read_text())
-    special = {k: tiny_cfg[k] for k in _SPECIAL_IDS}
-    tiny_text = tiny_cfg["text_config"]
-    config = Qwen2_5_VLConfig(
-        text_config={**text, **{k: tiny_text[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}},
-        vision_config=vision, tie_word_embeddings=text["tie_word_embeddings"], **special,
-    )
+    config = shaped_config(text, vision)
     torch.manual_seed(seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     default = torch.get_default_dtype()
@@ -86,8 +77,39 @@ def build_shaped_model(path: Path, text: dict | None = None, vision: dict | None
     path.mkdir(parents=True)
     model.to(dtype).save_pretrained(path, safe_serialization=True)
     del model
+    _copy_processor(path)
+    marker.write_text(json.dumps(shape, indent=2))
+    return path
+
+
+def shaped_config(text: dict, vision: dict):
+    """The Qwen2.5-VL config of the given text/vision dimensions, with the tiny asset's special-token ids."""
+    from transformers import Qwen2_5_VLConfig
+
+    from ..vlm.loading import resolve_model_path
+
+    tiny_cfg = json.loads((resolve_model_path("tiny") / "config.json").read_text())
+    tiny_text = tiny_cfg["text_config"]
+    return Qwen2_5_VLConfig(
+        text_config={**text, **{k: tiny_text[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}},
+        vision_config=vision, tie_word_embeddings=text["tie_word_embeddings"], **{k: tiny_cfg[k] for k in _SPECIAL_IDS},
+    )
+
+
+def write_shaped_config(path: Path, text: dict | None = None, vision: dict | None = None) -> Path:
+    """A checkpoint directory without weights: the shaped model's config.json and the tiny asset's
+    processor files, all ``mmrl plan`` reads (default: the 3B shape)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    shaped_config({**QWEN2_5_VL_3B_TEXT, **(text or {})}, {**QWEN2_5_VL_3B_VISION, **(vision or {})}).save_pretrained(path)
+    _copy_processor(path)
+    return path
+
+
+def _copy_processor(path: Path) -> None:
+    from ..vlm.loading import resolve_model_path
+
+    tiny = resolve_model_path("tiny")
     for name in _PROCESSOR_FILES:
         if (tiny / name).exists():
             shutil.copy(tiny / name, path / name)
-    marker.write_text(json.dumps(shape, indent=2))
-    return path

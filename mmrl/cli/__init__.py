@@ -10,6 +10,7 @@
     mmrl bench speed --prompts 2 --generations 4 --tokens 16  # mmrl vs TRL's GRPOTrainer, same work
     mmrl bench rollout                                # HF generate vs vLLM samples/s (needs vLLM)
     mmrl bench optimizers                             # train.optim: bytes per parameter, small updates kept
+    mmrl plan vlm/qwen2_5_vl_3b_counting --gpu 24GB   # predicted peak memory per GPU, and what makes it fit
     mmrl demo                                         # a Gradio app on http://127.0.0.1:7860 (needs mmrl[demo])
 """
 
@@ -129,6 +130,7 @@ def train(
         task = build_task(cfg)
         if modality is not None and task.modality != family_modality(modality):
             raise ValueError(f"task {task.name!r} is a {task.modality} task; run it with `mmrl train {task.modality}`")
+        _warn_if_it_will_not_fit(cfg, task.modality)
         policy = make_policy(cfg, task)
         trainer = Trainer(cfg, policy, task)  # checks the config against the policy: its errors are the user's
     if trainer.main:  # one voice for several processes
@@ -137,6 +139,58 @@ def train(
         result = trainer.train()
     if result.before and trainer.main:
         _print_headline(task, result.before, result.after)
+
+
+def _warn_if_it_will_not_fit(cfg, modality: str) -> None:
+    """One line when ``mmrl plan`` says the run will not fit the CUDA device it trains on (a plan
+    that cannot be made, say of a checkpoint the reader does not know, warns of nothing)."""
+    from mmrl.cli.plan import fit_warning
+    from mmrl.core.distributed import pick_device
+
+    device = pick_device(cfg.train.device)
+    if device.type != "cuda":
+        return
+    try:
+        line = fit_warning(cfg, modality, device)
+    except Exception:  # noqa: BLE001 - a prediction never stops a run
+        return
+    if line:
+        console.print(f"[yellow]warning:[/] {escape(line)}")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, epilog=examples(
+    "mmrl plan vlm/qwen2_5_vl_3b_counting --gpu 80GB             # each memory mode on one 80 GB GPU",
+    "mmrl plan vlm/qwen2_5_vl_3b_counting --gpu 24GB model.lora.enabled=true",
+    "mmrl plan vlm/qwen2_5_vl_7b_deepeyes --gpu 80GB --gpus 8     # sharded over 8 GPUs",
+    "mmrl plan vlm/counting_tiny --gpu 24GB --prompt-tokens 200   # a longer question"))
+def plan(
+    args: Optional[List[str]] = typer.Argument(None, metavar=ARGS_METAVAR, help=ARGS_HELP),
+    gpu: str = typer.Option("80GB", "--gpu", help="each GPU's memory: 80GB, 24GB, 141GB (GB = 10^9 bytes) or 80GiB"),
+    gpus: int = typer.Option(1, "--gpus", help="GPUs the run is launched on (the sharded modes divide over them)"),
+    prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens",
+                                                help="text tokens of a prompt (default 64), images added"),
+    images: int = typer.Option(1, "--images", help="images per prompt, each at vlm.max_pixels"),
+):
+    """Predict the peak memory per GPU of a run in each memory mode, before anything loads.
+
+    Reads the recipe and the model's config.json only (a hub id's config, never weights): weights,
+    gradients, optimizer state, activations, logits, reference model, KV cache or vLLM share, vision
+    tower; says whether it fits and which knobs make it fit.
+    """
+    from mmrl.cli.plan import describe, plans
+    from mmrl.config import builtin_config_path, load_config
+    from mmrl.core.memory_plan import parse_size
+    from mmrl.core.trainer import build_task
+
+    with user_errors():
+        card = parse_size(gpu)
+        if gpus < 1:
+            raise ValueError(f"--gpus {gpus}: give the number of GPUs, 1 or more")
+        path, overrides = split_args(list(args or []))
+        cfg = load_config(builtin_config_path(path or DEFAULT_RECIPES["vlm"]), overrides)
+        shape, rows = plans(cfg, card, gpus, build_task(cfg).modality, prompt_tokens, images)
+    for line in describe(cfg, shape, rows, card, gpus):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 def _print_headline(task, before: dict, after: dict) -> None:

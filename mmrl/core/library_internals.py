@@ -120,6 +120,40 @@ def cache_kept_under_checkpointing(module):
     return kept()
 
 
+# -- torch: the tensor memory of a step on any device (mmrl plan's validation) -------------------------
+
+def tracked_peak_bytes(fn, *external) -> dict[str, int]:
+    """Run ``fn()`` under torch's ``MemTracker`` (``torch.distributed._tools.mem_tracker``, a private
+    module with no public equivalent that counts tensor memory on a CPU as on a GPU) and return the
+    peak bytes of the tensors alive at once on each device (``{"cpu": n}``). ``external``: modules,
+    optimizers and tensors made before ``fn`` (the weights, the optimizer state), counted from the
+    start. Only the whole peak is kept: the tracker's per-module snapshots are switched off (its four
+    module hooks), since they refuse a module called again from the top (every decoding step of
+    ``generate``) and install gradient hooks a frozen parameter refuses (torch 2.14); without them
+    gradients are counted under another kind, not left out. ``tests/test_memory_plan.py`` measures
+    the plan's rows with it."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class PeakTracker(MemTracker):
+        def _pre_fw_hook(self, module, inputs):
+            pass
+
+        def _post_fw_hook(self, module, inputs, outputs):
+            pass
+
+        def _pre_bw_hook(self, module, args):
+            pass
+
+        def _post_bw_hook(self, module, args):
+            pass
+
+    tracker = PeakTracker()
+    tracker.track_external(*external)
+    with tracker:
+        fn()
+    return {str(device): snap["Total"] for device, snap in tracker.get_tracker_snapshot("peak").items()}
+
+
 def keep_4bit_weights_unpacked(model) -> None:
     """Every bitsandbytes ``Linear4bit`` of ``model`` keeps its weight in bitsandbytes' standard layout on
     a CPU. bitsandbytes 0.50 repacks a weight, at its first forward in eval mode without gradients on a CPU
@@ -133,3 +167,33 @@ def keep_4bit_weights_unpacked(model) -> None:
     for module in model.modules():
         if isinstance(module, Linear4bit):
             module.support_avx512bf16_for_cpu = False
+
+
+def link_zero_optimizer_state(engine) -> None:
+    """Link each parameter's fragment of a ZeRO-1/2 optimizer's state (created by hand before the
+    first step, to load a checkpoint into) to the flat partitions, as DeepSpeed itself does after
+    its first step (``DeepSpeedZeroOptimizer._lazy_init_hp_params_optimizer_state``); DeepSpeed's
+    public ``safe_set_full_optimizer_state`` then writes into it. :mod:`mmrl.core.zero` needs it to
+    resume a ZeRO run; ZeRO-3 keeps no such links (its state is looked up at each access)."""
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    if isinstance(engine.optimizer, DeepSpeedZeroOptimizer):
+        engine.optimizer._hp_optimizer_states_linked = False
+        engine.optimizer._lazy_init_hp_params_optimizer_state()
+
+
+def zero_flat_partitions(engine) -> list:
+    """The flat float32 partitions a ZeRO optimizer hands to the torch optimizer it wraps (whose
+    state is keyed by them): ZeRO-1/2's ``single_partition_of_fp32_groups``, ZeRO-3's
+    ``fp32_partitioned_groups_flat``. DeepSpeed names them nowhere public; :mod:`mmrl.core.zero`
+    creates their optimizer state to load a checkpoint before the first step."""
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    optimizer = engine.optimizer
+    if isinstance(optimizer, DeepSpeedZeroOptimizer):
+        return list(optimizer.single_partition_of_fp32_groups)
+    if isinstance(optimizer, DeepSpeedZeroOptimizer_Stage3):
+        return list(optimizer.fp32_partitioned_groups_flat)
+    raise RuntimeError(f"{type(optimizer).__name__} is not one of DeepSpeed's ZeRO optimizers (a DeepSpeed release "
+                       "renamed them; mmrl.core.library_internals.zero_flat_partitions must follow)")

@@ -1,0 +1,145 @@
+"""``mmrl plan``: the accounting by hand, the H200 peaks it must meet, the command, and (slow lane) its
+predictions against the peaks a CPU step really takes (mmrl/bench/memory_check.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from mmrl.cli import app
+from mmrl.core.memory_plan import GIB, Mode, parse_size, plan, state_bytes, weight_bytes, widths
+from mmrl.vlm.memory_shape import Decoder
+
+
+@dataclass
+class Toy:
+    params: int = 1000
+    trainable: int = 800
+    adapter: int = 10
+    quantizable: int = 512
+    largest_layer: int = 100
+    reference: bool = True
+
+    def activations(self, mode, w):
+        return {"activations": 7, "logits": 3, "vision tower": 0}
+
+    def rollout(self, mode, w, card):
+        return {"KV cache": 5000}
+
+
+@pytest.mark.parametrize("optim,dtype,expected", [
+    ("adamw_torch", torch.float32, 8), ("adamw_bf16", torch.bfloat16, 4), ("adamw_kahan", torch.bfloat16, 6),
+    ("adamw_bnb_8bit", torch.float32, 2 + 2 * 4 / 256 + 2 * 256 * 4 / 65536)])
+def test_optimizer_state_is_measured_on_the_registered_optimizer(optim, dtype, expected):
+    # AdamW: two moments in the weight's dtype; Kahan adds a bf16 compensation; bitsandbytes' 8-bit
+    # AdamW: two uint8 moments, a float32 scale per block of 256 for each, and each moment's
+    # 256-entry float32 quantization map (over the 65,536 weights measured)
+    assert state_bytes(optim, dtype) == pytest.approx(expected)
+
+
+def test_weights_by_mode_by_hand():
+    toy, bf16 = Toy(), widths("adamw_torch", torch.bfloat16)
+    # float32 masters of the 800 trained + their bf16 autocast copies + 200 frozen in bf16
+    assert weight_bytes(toy, Mode("m", "adamw_torch"), bf16) == (800 * 4 + 800 * 2 + 200 * 2, 800)
+    kahan = widths("adamw_kahan", torch.bfloat16)
+    assert weight_bytes(toy, Mode("k", "adamw_kahan"), kahan) == (1000 * 2, 800)
+    # LoRA: the base in bf16, float32 adapters; QLoRA: 512 weights in NF4 (4 bits + a float32 scale per 64)
+    assert weight_bytes(toy, Mode("l", "adamw_torch", lora=True), bf16) == (1000 * 2 + 10 * 4, 10)
+    assert weight_bytes(toy, Mode("q", "adamw_torch", lora=True, load_in_4bit=True), bf16) == \
+        (int(512 * 4.5 / 8 + 488 * 2 + 10 * 4), 10)
+
+
+def test_the_peak_is_the_larger_phase_and_sharding_divides_the_states():
+    toy = Toy()
+    p = plan(toy, Mode("m", "adamw_torch"), torch.bfloat16, 10**6)
+    # update: weights 5200 + grads 3200 + AdamW 6400 + reference 2000 + 7 + 3; rollout: 5200 + 6400 + 5000
+    assert (p.update, p.rollout, p.peak) == (16810, 16600, 16810)
+    s = plan(toy, Mode("s", "adamw_torch", shard=4), torch.bfloat16, 10**6)
+    assert s.rows["optimizer state"] == 1600 and s.rows["gradients"] == 800
+    assert s.rows["weights"] == 5200 // 4 + 2 * 100 * 2  # plus the gathered layer and the prefetched one
+    o = plan(toy, Mode("o", "adamw_torch", offload=True), torch.bfloat16, 10**6)
+    assert o.rows["optimizer state"] == o.rows["gradients"] == 0
+    assert not plan(toy, Mode("m", "adamw_torch"), torch.bfloat16, 17000).fits  # 5% of the card kept free
+
+
+def test_a_decoder_layer_keeps_what_its_ops_save():
+    d = Decoder(hidden=2048, q=2048, kv=256, mlp=11008, layers=36)
+    # float32 stream, bf16 compute: norms 2 x (4h + 4h), five cast copies of 2h, q/out/o_proj 3 x 2q,
+    # SwiGLU 4 x 2i, repeated keys and values 2 x 2q per attended key
+    assert d.layer_bytes(1, 1, r=4, c=2) == 16 * 2048 + 10 * 2048 + 6 * 2048 + 8 * 11008 + 4 * 2048
+    # bf16 stream: the norms keep a float32 copy and a bf16 output; the projections share one input each
+    assert d.layer_bytes(1, 1, r=2, c=2) == 12 * 2048 + 4 * 2048 + 6 * 2048 + 8 * 11008 + 4 * 2048
+    # checkpointed: each layer's input, one layer recomputed; and one layer's gradients in the backward
+    assert d.stored(10, 10, 2, 2, True) == 36 * 10 * 2 * 2048 + 2 * d.layer_bytes(10, 10, 2, 2)
+    assert d.stored(10, 10, 2, 2, False) == 37 * d.layer_bytes(10, 10, 2, 2)
+
+
+def test_gpu_sizes_parse():
+    assert parse_size("80GB") == 80 * 10**9 and parse_size("141GiB") == 141 * GIB and parse_size("24") == 24 * 10**9
+    with pytest.raises(ValueError, match="--gpu"):
+        parse_size("eighty")
+
+
+# The peaks `mmrl bench gpu` measured on one H200 (docs/gpu/2026-11-27-h200.md): the 3B-shaped model,
+# 4 prompts x 8 samples x 256 tokens (83-token prompts: 16 image tokens), micro-batch 16, tower frozen.
+H200 = [([], 82.6), (["train.optim=adamw_kahan"], 55.9), (["model.lora.enabled=true"], 34.2)]
+
+
+@pytest.mark.parametrize("overrides,measured", H200, ids=["adamw_torch", "adamw_kahan", "lora"])
+def test_the_plan_meets_the_h200_peaks(tmp_path, overrides, measured):
+    from mmrl.bench.speed_model import write_shaped_config
+    from mmrl.cli.plan import configured_mode, shape_of
+    from mmrl.config import builtin_config_path, load_config
+
+    path = write_shaped_config(tmp_path / "3b")
+    cfg = load_config(builtin_config_path("vlm/counting_tiny"), [
+        f"model.path={path}", "model.dtype=bfloat16", "train.prompts_per_step=4", "rollout.num_generations=8",
+        "rollout.max_completion_length=256", "rollout.batch_size=32", "train.micro_batch_size=16",
+        "vlm.freeze_vision=true", "algo.beta=0.0", "train.shared_prefix=false", *overrides])
+    shape = shape_of(cfg, prompt_text=65)
+    assert shape.prompt == 83
+    predicted = plan(shape, configured_mode(cfg), torch.bfloat16, 141 * 10**9).peak / GIB
+    assert predicted == pytest.approx(measured, rel=0.15)
+
+
+def test_mmrl_plan_prints_each_mode_and_says_what_fits():
+    r = CliRunner().invoke(app, ["plan", "vlm/counting_tiny", "--gpu", "24GB", "--gpus", "2"], prog_name="mmrl")
+    assert r.exit_code == 0, r.output
+    for mode in ("as configured", "+ gradient checkpointing", "+ FSDP2 / ZeRO-3 over 2", "+ CPU offload", "LoRA r=16",
+                 "QLoRA r=16 (4-bit base)"):
+        assert mode in r.output
+    assert "fits as configured" in r.output
+
+
+def test_a_run_that_does_not_fit_names_the_knob():
+    r = CliRunner().invoke(app, ["plan", "vlm/counting_tiny", "--gpu", "0.03GB", "train.micro_batch_size=64"],
+                           prog_name="mmrl")
+    assert r.exit_code == 0, r.output
+    assert "does not fit as configured" in r.output and "train.micro_batch_size=" in r.output
+
+
+def test_no_warning_on_a_cpu():
+    from mmrl.cli.plan import fit_warning
+    from mmrl.config import builtin_config_path, load_config
+
+    assert fit_warning(load_config(builtin_config_path("vlm/counting_tiny")), "vlm", torch.device("cpu")) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["adamw_torch (float32 masters)", "+ gradient checkpointing", "LoRA r=16",
+                                  "LoRA + gradient checkpointing"])
+def test_the_plan_meets_the_measured_cpu_peak_of_the_tiny_model(tmp_path, mode):
+    """The validation table's tiny rows, recomputed: one step after a warm-up, MemTracker's peak."""
+    from mmrl.bench.memory_check import MODES, TINY, Row, run_row
+
+    row = run_row(Row("tiny", mode, MODES[mode]), "tiny", tmp_path, TINY)
+    assert row.ratio == pytest.approx(1.0, abs=0.15), (row.predicted, row.measured)
+
+
+def test_plan_help_shows_the_recipe_overrides_and_three_examples():
+    out = CliRunner().invoke(app, ["plan", "--help"], prog_name="mmrl").output
+    assert out.splitlines()[0].startswith("Usage: mmrl plan") and "CONFIG.yaml KEY=VALUE" in out.splitlines()[0]
+    assert len([line for line in out[out.index("Examples:"):].splitlines() if line.strip().startswith("mmrl plan")]) >= 3
