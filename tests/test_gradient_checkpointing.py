@@ -3,7 +3,8 @@ generator's transformer (diffusers) recompute their layers in the backward pass.
 the policy's own training path (loss_terms, the module in training mode): the gradients equal the
 un-checkpointed step to 1e-6 on the tiny Qwen2.5-VL (tower trained; LoRA; shared prefix, whose
 cache must survive the recomputation; padding-free; reentrant), a tiny family model, the tiny
-generator, and FSDP2 on two CPU processes against one without checkpointing; the recomputation is
+generator, and FSDP2 on two CPU processes (the VLM's step, the generator's run) against one
+without checkpointing; the recomputation is
 counted (each attention runs twice) and the bytes kept for the backward pass are measured (saved
 tensors and the checkpoints' own inputs, weights left out), not assumed. Rollouts do not change."""
 
@@ -260,6 +261,31 @@ def test_fsdp2_on_two_processes_equals_one_process_without_it(kind, random_tiny_
         out = launch_together((2, ("step", random_tiny_dir, tmp_path / "bad.pt", *GC_ON, bad), LAUNCH_ENV["FSDP2"]),
                               check=False)[0]
         assert out.returncode != 0 and "determinism_check" in out.stderr
+
+
+@pytest.mark.slow
+def test_fsdp2_generator_run_equals_one_process_without_it(tiny_flow_dir, tmp_path):
+    """tests/dist_worker.py's generator run (2 steps, 2 iterations each) on 2 CPU processes under
+    FSDP2 with checkpointing (diffusers checkpoints each block's call, FSDP2's hooks inside: the
+    recomputation gathers the block's shards again) against one process without it: the same
+    training rows and, to Adam's float-order noise as in tests/test_distributed.py, weights; the
+    checkpoints are called (the negative control of the VLM case)."""
+    from test_distributed import LAUNCH_ENV, assert_rows_close, launch_together, train_rows, weights
+
+    one, two, bad = tmp_path / "one", tmp_path / "two", tmp_path / "bad"
+    outs = launch_together((1, ("run", tiny_flow_dir, one, 2), None),
+                           (2, ("run", tiny_flow_dir, two, 2, *GC_ON), LAUNCH_ENV["FSDP2"]),
+                           (2, ("run", tiny_flow_dir, bad, 2, *GC_ON,
+                                "train.gradient_checkpointing_kwargs.determinism_check=bogus"), LAUNCH_ENV["FSDP2"]),
+                           check=False)
+    assert outs[0].returncode == 0 and outs[1].returncode == 0, outs[1].stderr[-3000:]
+    assert "FSDP2" in outs[1].stdout and outs[2].returncode != 0 and "determinism_check" in outs[2].stderr
+    a, b = train_rows(one), train_rows(two)
+    assert sorted(a) == sorted(b) == [1, 2]
+    for step in a:
+        assert_rows_close(a[step], b[step], 1e-4)
+    wa, wb = weights(one), weights(two)
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-3
 
 
 # -- the generator --------------------------------------------------------------------------------
