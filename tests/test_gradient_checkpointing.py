@@ -4,9 +4,9 @@ the policy's own training path (loss_terms, the module in training mode): the gr
 un-checkpointed step to 1e-6 on the tiny Qwen2.5-VL (tower trained; LoRA; shared prefix, whose
 cache must survive the recomputation; padding-free; reentrant), a tiny family model, the tiny
 generator, and FSDP2 on two CPU processes (the VLM's step, the generator's run) against one
-without checkpointing; the recomputation is
-counted (each attention runs twice) and the bytes kept for the backward pass are measured (saved
-tensors and the checkpoints' own inputs, weights left out), not assumed. Rollouts do not change."""
+without checkpointing; the recomputation is counted (each attention runs twice) and the bytes kept
+for the backward pass are measured (saved tensors and the checkpoints' own inputs, weights left
+out), not assumed. Rollouts do not change."""
 
 from __future__ import annotations
 
