@@ -120,16 +120,18 @@ def test_a_cpu_run_and_a_generator_are_refused(random_tiny_dir):
                         pipeline=object())
 
 
-def test_the_policys_update_through_liger_on_the_cpu(random_tiny_dir, monkeypatch):
+@pytest.mark.parametrize("layout", ["train.shared_prefix=true", "train.padding_free=true"])
+def test_the_policys_update_through_liger_on_the_cpu(layout, random_tiny_dir, monkeypatch):
     """The policy's wiring (hidden states, targets, mask, suppressed vision tokens, temperature,
-    normalisers, micro-batches of 4 over 6 samples, shared prefix) checked on the CPU: the CUDA
-    check lifted and Liger uncompiled, one update's loss and every gradient as the lean path's."""
+    normalisers, micro-batches of 4 over 6 samples; shared prefix or packed rows) checked on the
+    CPU: the CUDA check lifted and Liger uncompiled, one update's loss and every gradient as the
+    lean path's."""
     import mmrl.vlm.liger as liger
 
     monkeypatch.setattr(liger, "check_liger", lambda cfg, device: None)
     fused, calls = liger.fused_loss, []
     monkeypatch.setattr(liger, "fused_loss", lambda *a, **k: calls.append(1) or fused(*a, **{**k, "compiled": False}))
-    _compare_updates(random_tiny_dir, "cpu", "train.micro_batch_size=4")
+    _compare_updates(random_tiny_dir, "cpu", "train.micro_batch_size=4", layout)
     assert len(calls) == 2  # the fused path ran, once per micro-batch
 
 
