@@ -2,6 +2,8 @@
 process) or under ``torchrun --nproc_per_node 2`` (gloo on CPU); rank 0 writes what it measured.
 
     python dist_worker.py step   VLM_DIR OUT.pt [overrides...]   one train_step on a fixed global batch
+    python dist_worker.py resume VLM_DIR CHECKPOINT OUT.pt [overrides...]   a fresh policy loads step's
+                                 checkpoint (another launch's) and takes step's second step
     python dist_worker.py run    FLOW_DIR RUN_DIR STEPS [overrides...]   a tiny generator run
                                  (DIE_AT_STEP=k: rank 1 exits abruptly at step k)
     python dist_worker.py vlm_run VLM_DIR RUN_DIR STEPS [overrides...]   a tiny VLM run
@@ -25,18 +27,15 @@ from torch.distributed.elastic.multiprocessing.errors import record
 torch.set_num_threads(1)
 
 
-def step(vlm_dir: str, out: str, *extra: str) -> None:
-    """The same global batch (4 prompts x 2 samples, rolled out identically on every rank), each
-    rank training on its whole groups; loss, gradients and updated weights as rank 0 sees them,
-    the weights after a save, another step and a load of that checkpoint, and after that step again
-    from the loaded checkpoint (its optimizer state included).
-    ``extra``: config overrides (e.g. a batch-wide token selection)."""
+def fixed_batch(vlm_dir: str, *extra: str):
+    """The policy (optimizer configured for the launch) and the same global batch on every rank
+    (4 prompts x 2 samples, rolled out identically), of which this rank trains on its whole groups:
+    ``(policy, task, examples, local batch, objective, num_tokens, num_seqs)``."""
     from mmrl.config import load_config
     from mmrl.core import distributed as dist
-    from mmrl.core import sharding
     from mmrl.core.advantages import grpo
     from mmrl.core.losses import Objective, ObjectiveConfig, count_sequences
-    from mmrl.core.seeding import seed_everything, step_seed
+    from mmrl.core.seeding import seed_everything
     from mmrl.registry import TASKS, load_plugins
     from mmrl.vlm.policy import VLMPolicy
 
@@ -56,16 +55,30 @@ def step(vlm_dir: str, out: str, *extra: str) -> None:
     num_tokens, num_seqs = float(batch.action_mask.sum()), count_sequences(batch.action_mask)
     start, stop = dist.shard_bounds(4)  # this rank's groups, each of 2 samples
     local = batch.select(list(range(2 * start, 2 * stop)))
-    grads = {}
-    inner = getattr(policy.optimizer, "optimizer", policy.optimizer)
+    objective = Objective(ObjectiveConfig.from_algo(cfg.algo, max_completion_length=8))
+    return policy, task, examples, local, objective, num_tokens, num_seqs
 
-    def keep_first_gradients(*_):  # the first step's whole gradients (FSDP2: gathered on every rank)
-        if not grads:
+
+def step(vlm_dir: str, out: str, *extra: str) -> None:
+    """:func:`fixed_batch`'s step: loss, gradients and updated weights as rank 0 sees them,
+    the weights after a save, another step and a load of that checkpoint, and after that step again
+    from the loaded checkpoint (its optimizer state included).
+    ``extra``: config overrides (e.g. a batch-wide token selection)."""
+    from mmrl.core import distributed as dist
+    from mmrl.core import sharding
+    from mmrl.core.seeding import seed_everything, step_seed
+
+    policy, task, examples, local, objective, num_tokens, num_seqs = fixed_batch(vlm_dir, *extra)
+    cfg = policy.cfg
+    grads = {}
+    inner = policy.strategy.inner_optimizer  # the torch optimizer (DeepSpeed: its flat partitions)
+
+    def keep_first_gradients(*_):  # the first step's whole gradients (FSDP2: gathered on every rank);
+        if not grads:             # DeepSpeed's exist only inside its step, reduced into partitions
             grads.update({n: sharding.full_tensor(p.grad).clone() for n, p in policy.model.named_parameters()
                           if p.grad is not None})
 
     inner.register_step_pre_hook(keep_first_gradients)
-    objective = Objective(ObjectiveConfig.from_algo(cfg.algo, max_completion_length=8))
     metrics = policy.train_step(local, objective, num_tokens=num_tokens, num_seqs=num_seqs)
     # Per-rank seeds: the same prompts sampled on each rank under the trainer's seeding differ.
     seed_everything(step_seed(cfg.train.seed, 1, salt=dist.rank_salt()))
@@ -86,6 +99,20 @@ def step(vlm_dir: str, out: str, *extra: str) -> None:
         torch.save({"metrics": metrics, "grads": grads, "samples": samples, "world": dist.world_size(),
                     "backend": policy.distributed_backend, "weights": weights, "moved": moved,
                     "reloaded": reloaded, "resumed": resumed}, out)
+
+
+def resume(vlm_dir: str, checkpoint: str, out: str, *extra: str) -> None:
+    """A fresh policy (no optimizer state yet) loads ``checkpoint``, written by :func:`step` in
+    another launch after its first step, and takes :func:`step`'s second step: rank 0 writes the
+    weights, to compare with that launch's ``moved``."""
+    from mmrl.core import distributed as dist
+
+    policy, _, _, local, objective, num_tokens, num_seqs = fixed_batch(vlm_dir, *extra)
+    policy.load(checkpoint)
+    policy.train_step(local, objective, num_tokens=num_tokens, num_seqs=num_seqs)
+    weights = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    if dist.is_main():
+        torch.save({"weights": weights, "backend": policy.distributed_backend}, out)
 
 
 def run(flow_dir: str, run_dir: str, steps: str, *extra: str) -> None:
@@ -218,7 +245,7 @@ def hang() -> None:
 @record
 def main() -> None:
     mode, *args = sys.argv[1:]
-    {"step": step, "run": run, "vlm_run": vlm_run, "episodes": episodes, "error": error, "hang": hang}[mode](*args)
+    {"step": step, "resume": resume, "run": run, "vlm_run": vlm_run, "episodes": episodes, "error": error, "hang": hang}[mode](*args)
     from mmrl.core import distributed as dist
 
     if dist.active():  # leave together: a rank exiting while its peer still tears down can abort it

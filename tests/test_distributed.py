@@ -104,7 +104,8 @@ def one_process_step(random_tiny_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("dist-step")
     launch_together((1, ("step", random_tiny_dir, out / "full.pt"), None),
                     (1, ("step", random_tiny_dir, out / "lora.pt", *LORA), None))
-    return {kind: torch.load(out / f"{kind}.pt", weights_only=False) for kind in ("full", "lora")}
+    return {kind: {**torch.load(out / f"{kind}.pt", weights_only=False), "checkpoint": out / f"{kind}.pt.checkpoint"}
+            for kind in ("full", "lora")}
 
 
 @pytest.mark.parametrize("backend, kind", [("MULTI_CPU", "full"), ("FSDP2", "full"), ("FSDP2", "lora"),
@@ -133,6 +134,93 @@ def test_two_process_step_equals_one_process(backend, kind, random_tiny_dir, one
     # per-rank seeds: the same prompt, sampled under each rank's seed, gives different completions
     rank0, rank1 = two["samples"]
     assert rank0 != rank1
+
+
+# What ``accelerate launch --config_file configs/accelerate/deepspeed_zero2.yaml`` (zero2_offload.yaml)
+# exports, in float32 here so the step can be compared with one process to float tolerance.
+ZERO2 = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2", "ACCELERATE_MIXED_PRECISION": "no",
+         "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "1", "ACCELERATE_GRADIENT_CLIPPING": "1.0",
+         "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "none", "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE": "none"}
+ZERO2_OFFLOAD = {**ZERO2, "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "cpu"}
+# configs/accelerate/zero3_offload.yaml's settings (optimizer and parameters in CPU memory) as a
+# DeepSpeed config file, with every parameter partitioned: the tiny model's are all smaller than
+# DeepSpeed's default persistence threshold (1e5 elements), under which a parameter stays whole.
+ZERO3_OFFLOAD = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                       "offload_param": {"device": "cpu"}, "stage3_param_persistence_threshold": 0},
+                 "gradient_accumulation_steps": 1, "gradient_clipping": 1.0, "train_micro_batch_size_per_gpu": 1}
+
+
+def zero_launch(backend: str, tmp_path: Path) -> dict:
+    """The environment of a DeepSpeed launch named as its run banner names it."""
+    if "ZeRO-3" not in backend:
+        return ZERO2_OFFLOAD if "offload" in backend else ZERO2
+    config = tmp_path / "zero3_offload.json"
+    config.write_text(json.dumps(ZERO3_OFFLOAD))
+    return {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(config),
+            "ACCELERATE_MIXED_PRECISION": "no"}
+
+
+@pytest.mark.parametrize("backend", ["DeepSpeed ZeRO-2", "DeepSpeed ZeRO-2 (optimizer offloaded to CPU)",
+                                     "DeepSpeed ZeRO-3 (optimizer and parameters offloaded to CPU)"])
+def test_deepspeed_step_equals_one_process_and_checkpoints_cross(backend, random_tiny_dir, one_process_step,
+                                                                 tmp_path):
+    """DeepSpeed on CPU (its CPU accelerator, gloo), mmrl's AdamW kept: ZeRO-2 with the optimizer
+    state in the process or offloaded to CPU memory, and ZeRO-3 with the optimizer state and the
+    weights offloaded (whole for the rollouts, partitioned for training). One step on the same
+    global batch gives one process's loss, gradient norm and weights (DeepSpeed holds the gradients
+    only inside its step, so they are compared through the norm and the update). Its checkpoint
+    (float32 masters and optimizer state gathered by name) loads back; the step taken again from it
+    is bit for bit; a fresh DeepSpeed run resumes one process's checkpoint (the state created, then
+    written) and steps as that process did; one process loads the DeepSpeed checkpoint with the
+    state it held."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is in the fit extra")
+    env = zero_launch(backend, tmp_path)
+    one = one_process_step["full"]
+    launch_together((2, ("step", random_tiny_dir, tmp_path / "two.pt"), env),
+                    (2, ("resume", random_tiny_dir, one["checkpoint"], tmp_path / "from_one.pt"), env))
+    two = torch.load(tmp_path / "two.pt", weights_only=False)
+    assert (two["world"], two["backend"]) == (2, backend)
+    for key in ("loss", "pg_loss", "grad_norm", "ratio_mean"):
+        assert abs(one["metrics"][key] - two["metrics"][key]) < 2e-6, key
+    for name, w in one["weights"].items():
+        assert torch.allclose(w, two["weights"][name], atol=1e-5, rtol=0), name
+    assert any(not torch.equal(w, two["moved"][n]) for n, w in two["weights"].items())
+    assert all(torch.equal(w, two["reloaded"][n]) for n, w in two["weights"].items())
+    assert all(torch.equal(w, two["resumed"][n]) for n, w in two["moved"].items())
+    rank0, rank1 = two["samples"]
+    assert rank0 != rank1
+    # a fresh DeepSpeed run from one process's checkpoint takes one process's second step
+    from_one = torch.load(tmp_path / "from_one.pt", weights_only=False)
+    assert from_one["backend"] == backend
+    for name, w in one["moved"].items():
+        assert torch.allclose(w, from_one["weights"][name], atol=1e-5, rtol=0), name
+    # one process loads the DeepSpeed checkpoint: the weights and the optimizer state it held
+    from mmrl.core import sharding
+
+    checkpoint = tmp_path / "two.pt.checkpoint"
+    saved = torch.load(checkpoint / "optimizer.pt", weights_only=False)
+    assert saved["by_name"]
+    policy = random_tiny_policy(random_tiny_dir)
+    policy.load(checkpoint)
+    assert all(torch.equal(p.detach(), two["weights"][n]) for n, p in policy.model.named_parameters())
+    mine = sharding.full_optimizer_state(policy.module, policy.strategy.inner_optimizer)
+    assert mine["state"].keys() == saved["optimizer"]["state"].keys() and mine["state"]
+    for name, state in saved["optimizer"]["state"].items():
+        for key, value in state.items():
+            assert torch.equal(value, mine["state"][name][key]), (name, key)
+
+
+def random_tiny_policy(vlm_dir: Path):
+    """tests/dist_worker.py step's policy in this process (one process, optimizer configured)."""
+    from mmrl.config import load_config
+    from mmrl.vlm.policy import VLMPolicy
+
+    cfg = load_config(None, [f"model.path={vlm_dir}", "train.device=cpu", "rollout.num_generations=2",
+                             "rollout.max_completion_length=8", "train.micro_batch_size=1",
+                             "train.learning_rate=1e-3", "rollout.temperature=1.0"])
+    policy = VLMPolicy(cfg)
+    policy.configure_optimizer(cfg.train, 10)
+    return policy
 
 
 def test_batch_wide_token_selections_are_those_of_the_global_mini_batch(random_tiny_dir, tmp_path):

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from . import distributed as dist
-from . import sharding
+from . import sharding, zero
 from .library_internals import no_split_modules
 
 
@@ -43,4 +43,5 @@ def make_accelerator():
         kwargs["mixed_precision"] = "no"
     accelerator = Accelerator(cpu=dist.use_cpu(), **kwargs)
     sharding.enable_on_cpu(accelerator)
+    zero.enable_on_cpu(accelerator)
     return accelerator

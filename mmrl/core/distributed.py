@@ -268,3 +268,15 @@ def sum_over_ranks(sums: dict[str, float], count: int) -> tuple[dict[str, float]
         for k, v in s.items():
             total[k] = total.get(k, 0.0) + v
     return total, n
+
+
+def require_equal_shares(samples: int, backend: str) -> None:
+    """Stop unless every rank trains on ``samples`` samples this mini-batch: the policies' loss
+    terms follow the mini-batch size, and each of them is a collective under ``backend``."""
+    sizes = gather(samples)
+    if len(set(sizes)) > 1:
+        raise RuntimeError(
+            f"{backend} needs every rank to train on as many samples per mini-batch; this one has {sizes} "
+            "(one per rank). Make train.prompts_per_step and train.mini_batch_size multiples of the "
+            "process count, and avoid what keeps a different number of samples per rank (dynamic "
+            "sampling, multi-turn episodes), or launch with DDP (configs/accelerate/ddp.yaml)")

@@ -8,10 +8,13 @@ One class per launch, behind one interface, so the policy reads the same whateve
   ran (an empty share included);
 - :class:`FSDP2`: the weights are sharded (:mod:`mmrl.core.sharding` holds the two phases:
   gathered for rollouts, re-sharded for training, where every backward reduce-scatters), so
-  every rank must run as many training forwards, and checkpoints gather whole state dicts.
+  every rank must run as many training forwards, and checkpoints gather whole state dicts;
+- :class:`DeepSpeed` (ZeRO-1/2) and :class:`ZeRO3`: DeepSpeed's engine, stepped by mmrl, its
+  partitions gathered into consolidated checkpoints (:mod:`mmrl.core.zero`); ZeRO-3 has FSDP2's
+  two phases.
 
 Each wraps the ``accelerate.Accelerator`` that prepared the module (the launch's accelerate config
-chose DDP or FSDP2): EasyR1's actor and nanoGPT's train loop keep this choice out of the step in
+chose DDP, FSDP2 or DeepSpeed): EasyR1's actor and nanoGPT's train loop keep this choice out of the step in
 the same way.
 """
 
@@ -24,7 +27,7 @@ from typing import Any
 import torch
 
 from . import distributed as dist
-from . import sharding
+from . import sharding, zero
 from .backend import TrainForward, make_accelerator
 
 
@@ -159,15 +162,8 @@ class FSDP2(DDP):
         return optimizer
 
     def begin_update(self, samples: int) -> None:
-        """Sharded training forwards are collectives: every rank must run as many, and the
-        policies' loss terms follow the mini-batch size, so the ranks' shares must be equal."""
-        sizes = dist.gather(samples)
-        if len(set(sizes)) > 1:
-            raise RuntimeError(
-                f"FSDP2 needs every rank to train on as many samples per mini-batch; this one has {sizes} "
-                "(one per rank). Make train.prompts_per_step and train.mini_batch_size multiples of the "
-                "process count, and avoid what keeps a different number of samples per rank (dynamic "
-                "sampling, multi-turn episodes), or launch with DDP (configs/accelerate/ddp.yaml)")
+        """Sharded training forwards are collectives: every rank must run as many."""
+        dist.require_equal_shares(samples, "FSDP2")
         sharding.shard_for_training(self.train_module)
 
     def accumulating(self):
@@ -210,14 +206,95 @@ class FSDP2(DDP):
         target.load_state_dict(sharding.full_model_state(source, everywhere=True))
 
 
+class DeepSpeed(SingleProcess):
+    """DeepSpeed ZeRO-1/2 through the engine accelerate returns (:mod:`.zero`): gradients and
+    optimizer state partitioned (optionally in CPU memory), whole weights on every rank; mmrl
+    steps the engine itself and checkpoints consolidated masters and optimizer state by name."""
+
+    retries_out_of_memory = False  # every rank would have to redo the step alike
+
+    @property
+    def backend(self) -> str:
+        return zero.describe(self.accelerator)
+
+    def check(self, policy) -> None:
+        zero.check_precision(policy.cfg.train.optim, policy.trained_dtype)
+        self.max_grad_norm = float(policy.cfg.train.max_grad_norm)
+
+    def prepare(self, module, optimizer):
+        zero.configure(self.accelerator, self.max_grad_norm)
+        self.group_names = zero.group_names(module, optimizer)  # ZeRO replaces the params by partitions
+        return super().prepare(module, optimizer)  # train_module: the DeepSpeed engine
+
+    def begin_update(self, samples: int) -> None:
+        """Every backward reduces into the partitions (a collective): every rank must run as many."""
+        dist.require_equal_shares(samples, "DeepSpeed ZeRO")
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Reduced into this rank's partition at once; the engine averages over ranks, as DDP does."""
+        self.train_module.backward(loss * dist.world_size())
+
+    def clip_grad_norm(self, params, max_norm):
+        """The engine clips (``gradient_clipping`` = ``train.max_grad_norm``) inside its step, where
+        the partitioned gradients' norm is computed: so the engine steps here, and returns that
+        norm; the optimizer accelerate wraps then steps nothing."""
+        return zero.step(self.train_module)
+
+    def gathered_weights(self, module, trained_only):
+        full = zero.full_weights(module)  # LoRA (trained_only): only the adapters are written
+        return {n: full[n] for n, p in module.named_parameters() if p.requires_grad} if trained_only else full
+
+    def gathered_optimizer(self, module):
+        return zero.full_optimizer_state(module, self.inner_optimizer, self.group_names)
+
+    def load_state(self, module, state) -> None:
+        module.load_state_dict(state)
+        zero.load_master_weights(module, state)
+
+    def load_adapters(self, module, adapters) -> None:
+        super().load_adapters(module, adapters)
+        keys = sharding.adapter_keys(module)
+        zero.load_master_weights(module, {keys[k]: v for k, v in adapters.items()})
+
+    def load_optimizer(self, module, optimizer, saved, by_name, names) -> None:
+        if not by_name:  # written by an unsharded run: numbered in the order of ``names``
+            saved = sharding.optimizer_state_by_name(saved, names)
+        zero.load_full_optimizer_state(module, self.train_module, self.inner_optimizer, saved, self.group_names)
+
+    def copy_weights(self, source, target) -> None:
+        target.load_state_dict(zero.full_weights(source))
+
+
+class ZeRO3(DeepSpeed):
+    """DeepSpeed ZeRO-3: the weights partitioned too, so two phases as FSDP2's: whole on every
+    rank for rollouts (gathered once, DeepSpeed's per-layer hooks off), partitioned for training."""
+
+    def prepare(self, module, optimizer):
+        optimizer = super().prepare(module, optimizer)
+        self.phases = zero.Phases(self.train_module)  # gathered for the first rollouts
+        return optimizer
+
+    def begin_update(self, samples: int) -> None:
+        super().begin_update(samples)
+        self.phases.partition_for_training()
+
+    def after_update(self) -> None:
+        self.phases.gather_for_rollouts()
+
+    def whole_weights(self):
+        return self.phases.writable()
+
+
 def strategy_for(previous: SingleProcess | None = None) -> SingleProcess:
     """The strategy of this launch, on ``previous``'s ``Accelerator`` (one per process) or a new one."""
     accelerator = (previous.accelerator if previous is not None else None) or make_accelerator()
     backend = sharding.backend(accelerator)
-    if backend in ("FSDP1", "DEEPSPEED"):
+    if backend == "FSDP1":
         raise NotImplementedError(
-            f"the accelerate config asks for {backend}; mmrl trains with DDP or FSDP2 (fsdp_version: 2): "
-            "launch with configs/accelerate/ddp.yaml or configs/accelerate/fsdp2.yaml")
+            "the accelerate config asks for FSDP1; mmrl trains with DDP, FSDP2 (fsdp_version: 2) or DeepSpeed "
+            "ZeRO-2: launch with configs/accelerate/ddp.yaml, fsdp2.yaml or deepspeed_zero2.yaml")
     if backend == "FSDP2":
         return FSDP2(accelerator)
+    if backend == "DEEPSPEED":
+        return ZeRO3(accelerator) if zero.stage(accelerator) == 3 else DeepSpeed(accelerator)
     return DDP(accelerator) if dist.world_size() > 1 else SingleProcess(accelerator)
