@@ -120,6 +120,40 @@ def cache_kept_under_checkpointing(module):
     return kept()
 
 
+# -- torch: the tensor memory of a step on any device (mmrl plan's validation) -------------------------
+
+def tracked_peak_bytes(fn, *external) -> dict[str, int]:
+    """Run ``fn()`` under torch's ``MemTracker`` (``torch.distributed._tools.mem_tracker``, a private
+    module with no public equivalent that counts tensor memory on a CPU as on a GPU) and return the
+    peak bytes of the tensors alive at once on each device (``{"cpu": n}``). ``external``: modules,
+    optimizers and tensors made before ``fn`` (the weights, the optimizer state), counted from the
+    start. Only the whole peak is kept: the tracker's per-module snapshots are switched off (its four
+    module hooks), since they refuse a module called again from the top (every decoding step of
+    ``generate``) and install gradient hooks a frozen parameter refuses (torch 2.14); without them
+    gradients are counted under another kind, not left out. ``tests/test_memory_plan.py`` measures
+    the plan's rows with it."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class PeakTracker(MemTracker):
+        def _pre_fw_hook(self, module, inputs):
+            pass
+
+        def _post_fw_hook(self, module, inputs, outputs):
+            pass
+
+        def _pre_bw_hook(self, module, args):
+            pass
+
+        def _post_bw_hook(self, module, args):
+            pass
+
+    tracker = PeakTracker()
+    tracker.track_external(*external)
+    with tracker:
+        fn()
+    return {str(device): snap["Total"] for device, snap in tracker.get_tracker_snapshot("peak").items()}
+
+
 def keep_4bit_weights_unpacked(model) -> None:
     """Every bitsandbytes ``Linear4bit`` of ``model`` keeps its weight in bitsandbytes' standard layout on
     a CPU. bitsandbytes 0.50 repacks a weight, at its first forward in eval mode without gradients on a CPU
