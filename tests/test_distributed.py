@@ -1,11 +1,16 @@
-"""Two processes on this CPU (torchrun, gloo; accelerate's DDP, and FSDP2 with the weights
-sharded) against one, through tests/dist_worker.py:
+"""Two processes on this CPU (torchrun, gloo; accelerate's DDP, FSDP2 with the weights sharded,
+with and without CPU offload, and DeepSpeed ZeRO-2 / ZeRO-3 on DeepSpeed's CPU accelerator)
+against one, through tests/dist_worker.py:
 
 - one optimizer step on the same global batch (a VLM, whole groups per rank, two loss terms per
-  rank): the same loss, gradients and updated weights, with DDP and with FSDP2;
+  rank): the same loss, gradients and updated weights, with DDP, FSDP2 (also offloaded) and
+  DeepSpeed (compared through the gradient norm: its gradients exist only inside its step); the
+  checkpoint loads back and the step taken again from it is bit for bit; DeepSpeed's checkpoint
+  and one process's cross both ways;
 - a generator run (its noise is keyed by example index, so the 2-process run samples exactly what
-  one process does): the same step metrics, eval metrics and weights, DDP and FSDP2; the ranks'
-  prompts and noise differ; per-rank seeds make the same prompt sample differently on each rank;
+  one process does): the same step metrics, eval metrics and weights, DDP, FSDP2 and ZeRO-3 with
+  offload; the ranks' prompts and noise differ; per-rank seeds make the same prompt sample
+  differently on each rank;
 - a 2-process run killed (rank 1 exits abruptly at step 3) and resumed continues exactly (a
   generator under DDP, a VLM under FSDP2, whose checkpoint one unsharded process also resumes);
 - a step of GUI episodes (scripted, so each rank acts as one process does): the same per-row
@@ -266,13 +271,21 @@ def one_process_run(generator_runs):
     return generator_runs["one"]
 
 
-@pytest.mark.parametrize("backend", ["MULTI_CPU", "FSDP2"])
+GENERATOR_ZERO3 = "DeepSpeed ZeRO-3 (optimizer and parameters offloaded to CPU)"
+
+
+@pytest.mark.parametrize("backend", ["MULTI_CPU", "FSDP2", GENERATOR_ZERO3])
 def test_generator_run_on_two_processes_equals_one(backend, flow_dir, two_process_run, one_process_run, tmp_path):
+    """DDP, FSDP2 and ZeRO-3 with offload (its two phases: whole weights for the sampler's
+    rollouts and evaluation, partitioned for the per-timestep backwards)."""
     one = one_process_run
-    if backend == "FSDP2":
-        two_process_run = tmp_path / "fsdp2"
-        out = launch(2, "run", flow_dir, two_process_run, 4, env=FSDP2)
-        assert "mmrl: 2 processes, FSDP2" in out.stdout
+    if backend != "MULTI_CPU":
+        if backend == GENERATOR_ZERO3:
+            pytest.importorskip("deepspeed", reason="DeepSpeed is in the fit extra")
+        two_process_run = tmp_path / "sharded"
+        env = FSDP2 if backend == "FSDP2" else zero_launch(backend, tmp_path)
+        out = launch(2, "run", flow_dir, two_process_run, 4, env=env)
+        assert f"mmrl: 2 processes, {backend}" in out.stdout
     a, b = train_rows(one), train_rows(two_process_run)
     assert sorted(a) == sorted(b) == [1, 2, 3, 4]
     for step in a:  # rewards, reward std, advantages' effect (loss), grad norm, group stats
