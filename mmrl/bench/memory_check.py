@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # The 0.5B-shaped model: Qwen2.5-VL with Qwen2.5-0.5B's language-model widths (hidden 896, 14 heads,
-# 2 key/value heads, MLP 4864, the 151,936-token vocabulary), 4 of its 24 layers and 2 of the
+# 2 key/value heads, MLP 4864, the 151,936-token vocabulary; M-RoPE sections for its 64-wide heads), 4 of its 24 layers and 2 of the
 # vision tower's 32 blocks so that a step runs in under a minute on a 2-core CPU.
 QWEN2_5_0_5B_TEXT = dict(hidden_size=896, num_hidden_layers=4, num_attention_heads=14, num_key_value_heads=2,
-                         intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True)
+                         intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [8, 12, 12]})
 QWEN2_5_VL_VISION_2 = dict(depth=2, fullatt_block_indexes=[1], out_hidden_size=896)
 
 # The step every row runs: 2 prompts x 4 samples (tiny: 4 x 8), one micro-batch, one step after a warm-up.
@@ -93,6 +94,8 @@ MODES = {
     "adamw_kahan (bf16 weights)": ["train.optim=adamw_kahan"],
     "LoRA r=16": ["model.lora.enabled=true"],
     "LoRA + gradient checkpointing": ["model.lora.enabled=true", "train.gradient_checkpointing=true"],
+    "8-bit AdamW": ["train.optim=adamw_bnb_8bit"],
+    "QLoRA r=16 (4-bit base)": ["model.lora.enabled=true", "model.load_in_4bit=true"],
 }
 
 
@@ -105,8 +108,8 @@ def shaped_model(out_dir: Path) -> Path:
                               dtype=torch.bfloat16)
 
 
-def rows(which: str, out_dir: Path, modes: dict[str, list[str]] = MODES) -> list[Row]:
-    """The validation rows of ``which`` ("tiny": the shipped tiny model in float32; "0.5b": the
+def rows(which: str, out_dir: Path, modes: dict[str, list[str]] = MODES):
+    """The validation rows (one at a time, as measured) of ``which`` ("tiny": the shipped tiny model in float32; "0.5b": the
     0.5B-shaped model in bfloat16), every mode of ``modes``."""
     out_dir = Path(out_dir)
     if which == "tiny":
@@ -114,12 +117,14 @@ def rows(which: str, out_dir: Path, modes: dict[str, list[str]] = MODES) -> list
         modes = {k: v for k, v in modes.items() if "kahan" not in k}  # bf16 optimizers need model.dtype=bfloat16
     else:
         path, base = shaped_model(out_dir), SHAPED
-    return [run_row(Row(which, name, list(ov)), path, out_dir / "runs", base) for name, ov in modes.items()]
+    for name, ov in modes.items():
+        yield run_row(Row(which, name, list(ov)), path, out_dir / "runs", base)
 
 
-if __name__ == "__main__":  # python -m mmrl.bench.memory_check tiny|0.5b OUT_DIR
+if __name__ == "__main__":  # python -m mmrl.bench.memory_check tiny|0.5b OUT_DIR [MODE ...]
     import sys
 
-    for r in rows(sys.argv[1], Path(sys.argv[2])):
+    chosen = {k: v for k, v in MODES.items() if k in sys.argv[3:]} if sys.argv[3:] else MODES
+    for r in rows(sys.argv[1], Path(sys.argv[2]), chosen):
         print(f"| {r.model} | {r.mode} | {r.predicted / 2**20:.1f} | {r.measured / 2**20:.1f} | {r.ratio:.2f} |",
               flush=True)

@@ -61,6 +61,7 @@ class Widths:
     compute: int
     trained: int
     state: float
+    step: float = 0.0  # the optimizer step's temporaries per trained parameter
 
 
 class Shape(Protocol):
@@ -90,12 +91,20 @@ class Plan:
     rows: dict[str, int]
     update: int  # bytes held at the update's peak
     rollout: int  # bytes held at the rollout's peak
+    step: int  # bytes held during the optimizer step
     card: int
     notes: list[str] = field(default_factory=list)
 
     @property
     def peak(self) -> int:
-        return max(self.update, self.rollout)
+        """The peak of a step after the first (the optimizer state exists throughout)."""
+        return max(self.update, self.rollout, self.step)
+
+    @property
+    def first_step_peak(self) -> int:
+        """The peak of the first step, whose optimizer state is made only by its optimizer step."""
+        state = self.rows["optimizer state"]
+        return max(self.update - state, self.rollout - state, self.step)
 
     @property
     def fits(self) -> bool:
@@ -103,12 +112,14 @@ class Plan:
 
 
 @functools.lru_cache(maxsize=None)
-def state_bytes(optim: str, trained_dtype: torch.dtype) -> float:
-    """Optimizer state bytes per trained parameter of ``train.optim``, measured: the registered
-    factory steps one 64k-element parameter once (state is made at the first step) and its state
-    tensors are counted, so a plugin optimizer or an 8-bit one is planned as it really stores.
-    ``torch.compile`` is held back (torchao's compiled step runs eagerly: the same state, seconds
-    sooner)."""
+def optimizer_bytes(optim: str, trained_dtype: torch.dtype) -> tuple[float, float]:
+    """(state, step temporaries) in bytes per trained parameter of ``train.optim``. The state is
+    measured: the registered factory steps one 64k-element parameter once (state is made at the
+    first step) and its state tensors are counted, so a plugin or an 8-bit optimizer is planned as
+    it really stores (``torch.compile`` held back: torchao's compiled step runs eagerly, the same
+    state, seconds sooner). The temporaries: ``torch.optim.AdamW``'s foreach step, its default on
+    CUDA, takes the square root of every second moment at once (a copy of half its state); the
+    others step fused or tensor by tensor, which holds next to nothing."""
     build = OPTIMIZERS.get(optim, "train.optim")
     p = torch.nn.Parameter(torch.zeros(65536, dtype=trained_dtype))
     opt = build([p], lr=1e-3, betas=(0.9, 0.999), weight_decay=0.0, eps=1e-8)
@@ -121,7 +132,13 @@ def state_bytes(optim: str, trained_dtype: torch.dtype) -> float:
         for v in state.values():
             if torch.is_tensor(v) and v.numel() > 1:
                 storages[v.untyped_storage().data_ptr()] = v.untyped_storage().nbytes()
-    return sum(storages.values()) / p.numel()
+    state = sum(storages.values()) / p.numel()
+    return state, state / 2 if type(opt) is torch.optim.AdamW else 0.0
+
+
+def state_bytes(optim: str, trained_dtype: torch.dtype) -> float:
+    """Optimizer state bytes per trained parameter of ``train.optim`` (:func:`optimizer_bytes`)."""
+    return optimizer_bytes(optim, trained_dtype)[0]
 
 
 def widths(optim: str, compute: torch.dtype) -> Widths:
@@ -130,47 +147,51 @@ def widths(optim: str, compute: torch.dtype) -> Widths:
     from .precision import trained_dtype
 
     trained = trained_dtype(optim, compute)
-    return Widths(compute.itemsize, trained.itemsize, state_bytes(optim, trained))
+    return Widths(compute.itemsize, trained.itemsize, *optimizer_bytes(optim, trained))
 
 
-def weight_bytes(shape: Shape, mode: Mode, w: Widths) -> tuple[int, int]:
-    """(bytes of the weights resident on one GPU, of the parameters trained)."""
+def weight_bytes(shape: Shape, mode: Mode, w: Widths) -> tuple[int, int, int]:
+    """(bytes of the weights on one GPU, of them the autocast copies the backward keeps, the number
+    of parameters trained)."""
     if mode.lora:
         trained = shape.adapter
         if mode.load_in_4bit:
             base = shape.quantizable * NF4_BITS[mode.double_quant] / 8 + (shape.params - shape.quantizable) * w.compute
         else:
             base = shape.params * w.compute
-        return int(base + trained * w.trained), trained
+        return int(base + trained * w.trained), 0, trained
     trained = shape.trainable
-    autocast_copy = w.compute if w.trained != w.compute else 0  # the compute-dtype copy the backward keeps
-    return int(trained * (w.trained + autocast_copy) + (shape.params - trained) * w.compute), trained
+    copy = trained * w.compute if w.trained != w.compute else 0  # the compute-dtype copy the backward keeps
+    return int(trained * w.trained + copy + (shape.params - trained) * w.compute), copy, trained
 
 
 def plan(shape: Shape, mode: Mode, compute: torch.dtype, card: int) -> Plan:
-    """The rows and the peak of ``mode`` on a GPU of ``card`` bytes (module docstring)."""
+    """The rows and the peaks of ``mode`` on a GPU of ``card`` bytes (module docstring)."""
     w = widths(mode.optim, compute)
-    weights, trained = weight_bytes(shape, mode, w)
+    weights, copy, trained = weight_bytes(shape, mode, w)
     rows = dict.fromkeys(ROWS, 0)
     rows["weights"], rows["gradients"], rows["optimizer state"] = weights, trained * w.trained, int(trained * w.state)
+    temporaries = int(trained * w.step)  # the optimizer step's
     if shape.reference and not mode.lora:
         rows["reference model"] = shape.params * w.compute
     notes = []
     if mode.shard > 1 or mode.offload:
-        gathered = 2 * shape.largest_layer * w.compute  # the layer computing and the one prefetched
         keep = 0 if mode.offload else 1 / mode.shard
         for key in ("weights", "gradients", "optimizer state"):
             rows[key] = int(rows[key] * keep)
+        copy, temporaries = int(copy * keep), int(temporaries * keep)
         rows["reference model"] //= mode.shard  # sharded like the policy, kept on the GPU
-        rows["weights"] += gathered
+        rows["weights"] += 2 * shape.largest_layer * w.compute  # the layer computing and the one prefetched
         notes.append("sharded: a layer's weights gathered at a time" if not mode.offload else
                      "offloaded: weights, gradients and optimizer state in host memory")
     rows.update(shape.activations(mode, w))
     rows.update(shape.rollout(mode, w, card))
-    held = rows["weights"] + rows["optimizer state"] + rows["vLLM share"]
-    update = held + sum(rows[k] for k in ("gradients", "activations", "logits", "reference model", "vision tower"))
+    held = rows["weights"] + rows["optimizer state"] + rows["vLLM share"] + rows["vision tower"]
+    update = held + sum(rows[k] for k in ("gradients", "activations", "logits", "reference model"))
     rollout = held + rows["KV cache"] + rows["LoRA merge"]
-    return Plan(mode, rows, update, rollout, card, notes)
+    # the optimizer step: the autocast copies went with the graph, the step's temporaries come
+    step = held - copy + rows["gradients"] + rows["reference model"] + temporaries
+    return Plan(mode, rows, update, rollout, step, card, notes)
 
 
 def parse_size(text: str) -> int:
