@@ -280,3 +280,44 @@ def test_the_memory_tracker_reports_the_peak_of_tensors_alive_at_once():
 
     peak = tracked_peak_bytes(fn, held, layer)["cpu"]
     assert 16 * 2**10 + 3 * 2**20 <= peak < 16 * 2**10 + 3 * 2**20 + 2**10
+
+
+def test_deepspeeds_zero_partitions_take_an_optimizer_state_before_the_first_step(tmp_path, monkeypatch):
+    """What :mod:`mmrl.core.zero` relies on to resume a ZeRO run, for ZeRO-2 and ZeRO-3 (one gloo
+    group for both: DeepSpeed keeps the first it joins): the flat float32 partitions the torch
+    optimizer steps (``zero_flat_partitions``), given an AdamW state by hand before any step and
+    linked (``link_zero_optimizer_state``), take a parameter's moments through DeepSpeed's public
+    ``safe_set_full_optimizer_state`` and give them back whole."""
+    import pytest
+    import torch
+
+    deepspeed = pytest.importorskip("deepspeed", reason="DeepSpeed is in the fit extra")
+    from deepspeed.utils import safe_get_full_optimizer_state, safe_set_full_optimizer_state
+
+    from mmrl.core.library_internals import link_zero_optimizer_state, zero_flat_partitions
+
+    for name, value in {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1"}.items():
+        monkeypatch.setenv(name, value)  # what DeepSpeed reads of a launcher
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        deepspeed.comm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+        for stage in (2, 3):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+            zero = {"stage": stage, "stage3_param_persistence_threshold": 0}
+            engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()), config={
+                "train_micro_batch_size_per_gpu": 1, "zero_optimization": zero, "zero_allow_untested_optimizer": True})
+            inner = engine.optimizer.optimizer
+            flats = zero_flat_partitions(engine)
+            assert flats and sum(f.numel() for f in flats) >= 3 * 4 + 4 + 4 * 2 + 2, stage
+            assert not inner.state, stage  # torch's AdamW makes its state at the first step
+            for flat in flats:
+                inner.state[flat] = {"step": torch.tensor(3.0), "exp_avg": torch.zeros_like(flat),
+                                     "exp_avg_sq": torch.zeros_like(flat)}
+            link_zero_optimizer_state(engine)
+            weight = engine.module[1].weight
+            moment = torch.arange(8.0).reshape(2, 4)
+            safe_set_full_optimizer_state(weight, moment, "exp_avg")
+            assert torch.equal(safe_get_full_optimizer_state(weight, "exp_avg").reshape(2, 4), moment), stage
+    finally:
+        dist.destroy_process_group()
