@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
 import torch.distributed as dist
 
 from mmrl.core.library_internals import default_store, set_process_distributed_type, stochastic_rounding_adamw
@@ -282,13 +283,13 @@ def test_the_memory_tracker_reports_the_peak_of_tensors_alive_at_once():
     assert 16 * 2**10 + 3 * 2**20 <= peak < 16 * 2**10 + 3 * 2**20 + 2**10
 
 
+@pytest.mark.slow  # DeepSpeed's import and two engines: ~7 s
 def test_deepspeeds_zero_partitions_take_an_optimizer_state_before_the_first_step(tmp_path, monkeypatch):
     """What :mod:`mmrl.core.zero` relies on to resume a ZeRO run, for ZeRO-2 and ZeRO-3 (one gloo
     group for both: DeepSpeed keeps the first it joins): the flat float32 partitions the torch
     optimizer steps (``zero_flat_partitions``), given an AdamW state by hand before any step and
     linked (``link_zero_optimizer_state``), take a parameter's moments through DeepSpeed's public
     ``safe_set_full_optimizer_state`` and give them back whole."""
-    import pytest
     import torch
 
     deepspeed = pytest.importorskip("deepspeed", reason="DeepSpeed is in the fit extra")
