@@ -8,7 +8,7 @@ rest lives with its concern:
 
 - precision, master or bf16 weights: :mod:`.precision`; the optimizer (``train.optim``) and
   schedule: :mod:`.optimizer`;
-- the launch (one process, DDP, FSDP2): a strategy object of :mod:`.strategy`, chosen when the
+- the launch (one process, DDP, FSDP2, DeepSpeed ZeRO): a strategy object of :mod:`.strategy`, chosen when the
   optimizer is configured, so nothing here branches on it;
 - the reference model and its ProRL reset: :mod:`.reference`;
 - checkpoints: :mod:`.policy_checkpoint`; out-of-memory back-off: :mod:`.oom`.
