@@ -82,7 +82,9 @@ def test_a_decoder_layer_keeps_what_its_ops_save():
 
 
 def test_gpu_sizes_parse():
-    assert parse_size("80GB") == 80 * 10**9 and parse_size("141GiB") == 141 * GIB and parse_size("24") == 24 * 10**9
+    # a card's "GB" is about a GiB: an H100 80GB reports 79.6 GiB
+    assert parse_size("80GB") == parse_size("80GiB") == 80 * GIB and parse_size("24") == 24 * GIB
+    assert parse_size("81559MiB") == 81559 * 2**20
     with pytest.raises(ValueError, match="--gpu"):
         parse_size("eighty")
 

@@ -165,7 +165,7 @@ def _warn_if_it_will_not_fit(cfg, modality: str) -> None:
     "mmrl plan vlm/counting_tiny --gpu 24GB --prompt-tokens 200   # a longer question"))
 def plan(
     args: Optional[List[str]] = typer.Argument(None, metavar=ARGS_METAVAR, help=ARGS_HELP),
-    gpu: str = typer.Option("80GB", "--gpu", help="each GPU's memory: 80GB, 24GB, 141GB (GB = 10^9 bytes) or 80GiB"),
+    gpu: str = typer.Option("80GB", "--gpu", help="each GPU's memory as sold: 80GB, 24GB, 141GB (read as GiB)"),
     gpus: int = typer.Option(1, "--gpus", help="GPUs the run is launched on (the sharded modes divide over them)"),
     prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens",
                                                 help="text tokens of a prompt (default 64), images added"),

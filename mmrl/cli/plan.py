@@ -91,7 +91,7 @@ COLUMNS = ("weights", "gradients", "optimizer state", "activations", "logits", "
 
 def table(shape, rows: list[Plan]) -> list[str]:
     """The plan as text lines: one row per mode, GiB per GPU."""
-    head = ("mode", "weights", "grads", "optim", "activ.", "logits", "ref", "vision", "KV/vLLM", "peak", "")
+    head = ("mode", "weights", "grads", "optim", "activ.", "logits", "ref", "vision", "rollout", "peak", "")
     lines = [f"{head[0]:<34}" + "".join(f"{h:>8}" for h in head[1:-1]) + "  fits"]
     for p in rows:
         r = p.rows
@@ -108,7 +108,9 @@ def describe(cfg, shape, rows: list[Plan], card: int, gpus: int) -> list[str]:
            f"fine-tuning, {shape.adapter / 1e6:.1f}M with LoRA r={cfg.model.lora.r}); micro-batch {shape.micro_batch} "
            f"of {shape.prompt} prompt + {shape.completion} completion tokens"
            + (f" ({shape.images} image of {shape.image_tokens} tokens)" if shape.images else "")
-           + f"; predicted peak GiB per GPU on {gpus} x {card / 1e9:.0f} GB:", *table(shape, rows)]
+           + f"; predicted peak GiB per GPU on {gpus} x {card / GIB:.0f} GiB"
+           + ("" if rows[0].mode.checkpointing else " (the rows under the first add gradient checkpointing)")
+           + ":", *table(shape, rows)]
     first = rows[0]
     if first.fits:
         out.append(f"fits as configured ({first.peak / GIB:.1f} of {card / GIB:.1f} GiB, {HEADROOM:.0%} kept free).")
@@ -120,9 +122,9 @@ def describe(cfg, shape, rows: list[Plan], card: int, gpus: int) -> list[str]:
         mb = largest_micro_batch(shape, first.mode, compute_dtype(cfg.model.dtype), card)
         out.append(f"as configured, train.micro_batch_size={mb} fits" if mb else
                    "as configured, not even train.micro_batch_size=1 fits")
-    out.append("peak: the larger of the update (weights, gradients, optimizer state, activations, logits, reference, "
-               "vision) and the rollout (weights, optimizer state, KV cache or vLLM share); predictions, "
-               "checked against measured peaks in docs/performance.md")
+    out.append("peak: the largest of the update (weights, gradients, optimizer state, activations, logits, reference, "
+               "vision), the optimizer step (its temporaries) and the rollout (KV cache or vLLM share, LoRA merge); "
+               "predictions, checked against measured peaks in docs/performance.md")
     return out
 
 

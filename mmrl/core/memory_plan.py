@@ -195,13 +195,10 @@ def plan(shape: Shape, mode: Mode, compute: torch.dtype, card: int) -> Plan:
 
 
 def parse_size(text: str) -> int:
-    """``80GB``, ``24G``, ``141GiB`` or ``80`` (GB) as bytes. A card's "80 GB" is its marketing size
-    in GiB-ish units; nvidia-smi shows 81559 MiB for an H100 80GB: read as GiB (80 GiB = 85.9e9 B is
-    above every 80 GB card's usable memory, 80e9 B below it), so the plan takes GB as 10^9 bytes
-    and GiB as 2^30 bytes, as written."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(gib|gb|g|mib|mb)?\s*", text.lower())
+    """``80GB``, ``24G``, ``141GiB`` or ``80`` as bytes, GB read as GiB: a card sold as "80 GB" holds
+    about 80 GiB (an H100 80GB reports 81,559 MiB = 79.6 GiB, an RTX 4090 24GB 23.99 GiB), and
+    the plan compares it with allocator bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(gib|gb|g|mib|mb|m)?\s*", text.lower())
     if not m:
-        raise ValueError(f"--gpu {text!r}: give the card's memory as 80GB, 24GB or 141GiB")
-    scale = {"gib": GIB, "mib": 2**20, "mb": 10**6}.get(m.group(2) or "gb", 10**9)
-    return int(float(m.group(1)) * scale)
-
+        raise ValueError(f"--gpu {text!r}: give the card's memory as 80GB, 24GB or 141GB")
+    return int(float(m.group(1)) * (2**20 if (m.group(2) or "g").startswith("m") else GIB))

@@ -12,7 +12,7 @@ batch passes a mask, which rules out SDPA's own GQA), its output and o_proj's co
 gradient checkpointing a layer keeps only its input (``r h``) and one layer is recomputed at a
 time; the backward holds the gradients of about one layer's activations beside them ("Reducing Activation Recomputation in Large Transformer Models", Korthikanti et al. 2022,
 counts a GPT layer the same way). The lean log-probs (:mod:`mmrl.vlm.logprobs`) hold one chunk of
-float32 logits, about three chunk-sizes while a chunk's backward runs.
+float32 logits, about four chunk-sizes while a chunk's backward runs.
 """
 
 from __future__ import annotations
@@ -95,7 +95,9 @@ class VLMShape:
         tokens = prompts * self.prompt + mb * self.completion
         acts = self.text.stored(tokens, mb * seq, r, c, mode.checkpointing)
         acts += tokens * (4 + 2 * r) * self.text.hidden  # the final norm and the head's input
-        logits = 3 * min(CHUNK_BYTES, mb * self.completion * self.vocab * 4)
+        # a chunk's backward: its logits in the compute dtype and in float32, their float32 gradient
+        # and exp(logits - lse), the gradient back in the compute dtype: about four float32 chunks
+        logits = 4 * min(CHUNK_BYTES, mb * self.completion * self.vocab * 4)
         images = self.images * (math.ceil(mb / self.group) if self.vision else 0)
         if self.vision is not None and self.vision_trained and not mode.lora:
             patches = images * self.image_tokens * self.merge
@@ -109,7 +111,9 @@ class VLMShape:
         if self.engine == "vllm":
             return {"vLLM share": int(self.vllm_share * card)}
         kv = 2 * self.text.layers * self.text.kv * w.compute * self.generate_batch * (self.prompt + self.completion)
-        merged = self.adapted * w.compute if mode.lora and self.merge_lora else 0
+        # LoRA folded into copies of the adapted weights to generate (mmrl.vlm.lora_merge): every
+        # float32 delta and every merged copy at once, at the end of the merge; a 4-bit base is not merged
+        merged = self.adapted * (4 + w.compute) if mode.lora and self.merge_lora and not mode.load_in_4bit else 0
         return {"KV cache": int(kv), "LoRA merge": int(merged)}
 
 
