@@ -1,13 +1,14 @@
 """The predicted peak memory of a training step on one GPU, before anything loads (``mmrl plan``).
 
-Modality-free accounting. A modality's reader (:mod:`mmrl.vlm.memory_shape`,
-:mod:`mmrl.diffusion.memory_shape`) reads the checkpoint's config and the run's config into a
-:class:`Shape`: parameter counts, and the bytes of one micro-batch's activations and of the rollout
-under a :class:`Mode`. Here they become the rows a user reads (weights, gradients, optimizer state,
-activations, logits, the reference copy, the rollout's KV cache or vLLM share, the vision tower),
-and the peak: the larger of the update (everything but the rollout's cache) and the rollout
-(weights, optimizer state and the cache; gradients are freed after each optimizer step). A
-colocated vLLM holds its share of the card through both.
+Modality-free accounting. A modality's reader (:mod:`mmrl.vlm.memory_shape`; generators have none
+yet) reads the checkpoint's config and the run's config into a :class:`Shape`: parameter counts,
+and the bytes of one micro-batch's activations and of the rollout under a :class:`Mode`. Here they
+become the rows a user reads (weights, gradients, optimizer state, activations, logits, the
+reference copy, the vision tower, the rollout's KV cache or vLLM share) and the peak: the largest
+of three phases, the update (all but the rollout's), the optimizer step (weights without the
+autocast copies, gradients, state and the step's temporaries) and the rollout (weights, state and
+the cache; gradients are freed after each optimizer step). A colocated vLLM holds its share of the
+card throughout.
 
 Bytes per parameter (:func:`widths`): trained weights in float32 (master weights, with the
 autocast copy in the compute dtype that the backward keeps) or in the compute dtype; frozen weights
@@ -24,7 +25,7 @@ from __future__ import annotations
 import functools
 import re
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -93,7 +94,6 @@ class Plan:
     rollout: int  # bytes held at the rollout's peak
     step: int  # bytes held during the optimizer step
     card: int
-    notes: list[str] = field(default_factory=list)
 
     @property
     def peak(self) -> int:
@@ -174,7 +174,6 @@ def plan(shape: Shape, mode: Mode, compute: torch.dtype, card: int) -> Plan:
     temporaries = int(trained * w.step)  # the optimizer step's
     if shape.reference and not mode.lora:
         rows["reference model"] = shape.params * w.compute
-    notes = []
     if mode.shard > 1 or mode.offload:
         keep = 0 if mode.offload else 1 / mode.shard
         for key in ("weights", "gradients", "optimizer state"):
@@ -182,8 +181,6 @@ def plan(shape: Shape, mode: Mode, compute: torch.dtype, card: int) -> Plan:
         copy, temporaries = int(copy * keep), int(temporaries * keep)
         rows["reference model"] //= mode.shard  # sharded like the policy, kept on the GPU
         rows["weights"] += 2 * shape.largest_layer * w.compute  # the layer computing and the one prefetched
-        notes.append("sharded: a layer's weights gathered at a time" if not mode.offload else
-                     "offloaded: weights, gradients and optimizer state in host memory")
     rows.update(shape.activations(mode, w))
     rows.update(shape.rollout(mode, w, card))
     held = rows["weights"] + rows["optimizer state"] + rows["vLLM share"] + rows["vision tower"]
@@ -191,7 +188,7 @@ def plan(shape: Shape, mode: Mode, compute: torch.dtype, card: int) -> Plan:
     rollout = held + rows["KV cache"] + rows["LoRA merge"]
     # the optimizer step: the autocast copies went with the graph, the step's temporaries come
     step = held - copy + rows["gradients"] + rows["reference model"] + temporaries
-    return Plan(mode, rows, update, rollout, step, card, notes)
+    return Plan(mode, rows, update, rollout, step, card)
 
 
 def parse_size(text: str) -> int:
