@@ -38,7 +38,8 @@ from mmrl.core.optimizer import ADAM_EPSILON
 from mmrl.core.precision import trained_dtype
 from mmrl.registry import OPTIMIZERS
 
-OPTIMS = ("adamw_torch", "adamw_bf16", "adamw_kahan", "adamw_bf16_sr", "adamw_bnb_8bit", "paged_adamw_8bit")
+# paged_adamw_8bit is adamw_bnb_8bit on a CPU (bitsandbytes warns and does not page): one row for both
+OPTIMS = ("adamw_torch", "adamw_bf16", "adamw_kahan", "adamw_bf16_sr", "adamw_bnb_8bit")
 REFERENCE = "adamw_torch"
 YARDSTICK = "bf16 of adamw_torch's masters"
 LEARNING_RATES = (1e-6, 1e-5)

@@ -175,11 +175,11 @@ def bench_rollout(
 
 
 @bench_app.command(name="optimizers", epilog=examples(
-    "mmrl bench optimizers                            # the four train.optim choices, on CPU",
+    "mmrl bench optimizers                            # the bf16-weight and 8-bit choices against float32, on CPU",
     "mmrl bench optimizers --optims adamw_torch,adamw_kahan --width 512 --steps 50",
     "mmrl bench optimizers --seed 1                   # the same table from other weights and gradients"))
 def bench_optimizers(
-    optims: str = typer.Option("adamw_torch,adamw_bf16,adamw_kahan,adamw_bf16_sr",
+    optims: str = typer.Option("adamw_torch,adamw_bf16,adamw_kahan,adamw_bf16_sr,adamw_bnb_8bit",
                                help="comma-separated train.optim names (`mmrl list`)"),
     width: int = typer.Option(256, help="width of the model-shaped stack of Linear weights"),
     layers: int = typer.Option(2, help="layers of the stack (7 Linear weights each)"),
