@@ -7,7 +7,8 @@ process) or under ``torchrun --nproc_per_node 2`` (gloo on CPU); rank 0 writes w
     python dist_worker.py run    FLOW_DIR RUN_DIR STEPS [overrides...]   a tiny generator run
                                  (DIE_AT_STEP=k: rank 1 exits abruptly at step k)
     python dist_worker.py vlm_run VLM_DIR RUN_DIR STEPS [overrides...]   a tiny VLM run
-                                 (DIE_AT_STEP=k as above)
+                                 (DIE_AT_STEP=k as above; NAN_AT_STEP=k: the last rank's loss
+                                 is NaN at step k)
     python dist_worker.py episodes ADVANTAGE OUT.pt   one step's batch of scripted GUI episodes (the
                                  batch builder: rollout, rewards, gather, advantages, metrics)
     python dist_worker.py error                    rank 1 raises while rank 0 waits in a barrier
@@ -159,22 +160,29 @@ def run(flow_dir: str, run_dir: str, steps: str, *extra: str) -> None:
 
 def vlm_run(vlm_dir: str, run_dir: str, steps: str, *extra: str) -> None:
     """A tiny VLM run (the counting recipe, 4 prompts x 4 samples per step, a checkpoint every step);
-    DIE_AT_STEP=k: rank 1 exits abruptly at step k."""
+    DIE_AT_STEP=k: rank 1 exits abruptly at step k; NAN_AT_STEP=k: the last rank's loss terms at
+    step k are NaN (one process: its own), as tests/test_reliability.py injects a non-finite loss."""
     from pathlib import Path
 
     import mmrl
     from mmrl.core import distributed as dist
     from mmrl.core.trainer import Trainer
+    from mmrl.vlm.policy import VLMPolicy
 
-    die_at = int(os.environ.get("DIE_AT_STEP", "0"))
-    original = Trainer.rollout_step
+    die_at, nan_at = (int(os.environ.get(key, "0")) for key in ("DIE_AT_STEP", "NAN_AT_STEP"))
+    original, terms, poisoned = Trainer.rollout_step, VLMPolicy.loss_terms, [False]
 
     def spy(self, step):
         if step == die_at and dist.rank() == 1:
             os._exit(9)
+        poisoned[0] = step == nan_at and dist.rank() == dist.world_size() - 1
         return original(self, step)
 
-    Trainer.rollout_step = spy
+    def loss_terms(self, *args, **kwargs):
+        for loss, metrics in terms(self, *args, **kwargs):
+            yield (loss * float("nan"), {**metrics, "loss": float("nan")}) if poisoned[0] else (loss, metrics)
+
+    Trainer.rollout_step, VLMPolicy.loss_terms = spy, loss_terms
     path = Path(run_dir)
     mmrl.train("vlm/counting_tiny", [
         f"model.path={vlm_dir}", "train.device=cpu", f"train.steps={steps}", "train.prompts_per_step=4",

@@ -215,6 +215,29 @@ def test_deepspeed_step_equals_one_process_and_checkpoints_cross(backend, random
             assert torch.equal(value, mine["state"][name][key]), (name, key)
 
 
+def test_a_nan_loss_on_one_rank_skips_the_zero2_update_as_one_process_skips_it(tmp_path):
+    """Under ZeRO-2 the gradients live in DeepSpeed's partitions (``p.grad`` is None) and the
+    engine's step judges them (mmrl/core/zero.py): a 2-step tiny VLM run whose last rank's loss is
+    NaN at step 2 (tests/dist_worker.py's NAN_AT_STEP) records what one process's run with a NaN
+    loss at step 2 records: ``skipped_update`` 0 then 1, the step in skipped_steps.jsonl with the
+    loss named as its cause, and step 2's checkpoint holding step 1's weights."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is in the fit extra")
+    one, two = tmp_path / "one", tmp_path / "two"
+    out = launch_together((1, ("vlm_run", "tiny", one, 2), {"NAN_AT_STEP": "2"}),
+                          (2, ("vlm_run", "tiny", two, 2), {**ZERO2, "NAN_AT_STEP": "2"}))[1]
+    assert "mmrl: 2 processes, DeepSpeed ZeRO-2" in out.stdout
+    records = []
+    for run in (one, two):
+        rows = train_rows(run)
+        assert [rows[step]["skipped_update"] for step in (1, 2)] == [0.0, 1.0], run
+        assert rows[1]["grad_norm"] > 0 and rows[2]["grad_norm"] is None, run  # NaN, written as null
+        records.append([json.loads(line) for line in (run / "skipped_steps.jsonl").read_text().splitlines()])
+        step1, step2 = (vlm_weights(run, f"step_{k:08d}") for k in (1, 2))
+        assert step1.keys() == step2.keys() and all(torch.equal(w, step2[k]) for k, w in step1.items()), run
+    assert records[0] == records[1] and [r["step"] for r in records[0]] == [2]
+    assert set(records[0][0]["causes"]) == {"the loss is nan"}
+
+
 def random_tiny_policy(vlm_dir: Path):
     """tests/dist_worker.py step's policy in this process (one process, optimizer configured)."""
     from mmrl.config import load_config
@@ -359,9 +382,10 @@ def test_killed_fsdp2_vlm_run_resumes_exactly_and_in_one_process(tmp_path):
             assert torch.equal(value, mine["state"][name][key]), (name, key)
 
 
-def vlm_weights(run: Path) -> dict[str, torch.Tensor]:
+def vlm_weights(run: Path, name: str = "latest") -> dict[str, torch.Tensor]:
     root = run / "checkpoints"
-    return load_file(str(root / (root / "latest").read_text().strip() / "policy" / "model" / "model.safetensors"))
+    name = (root / "latest").read_text().strip() if name == "latest" else name
+    return load_file(str(root / name / "policy" / "model" / "model.safetensors"))
 
 
 def one_process_policy(checkpoint: Path):

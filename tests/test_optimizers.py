@@ -83,7 +83,7 @@ def test_fsdp2_with_mixed_precision_refuses_bf16_weights():
     from mmrl.core.strategy import FSDP2
 
     def policy(optim):
-        return SimpleNamespace(trained_dtype=trained_dtype(optim, torch.bfloat16), check_shardable=lambda: None,
+        return SimpleNamespace(trained_dtype=trained_dtype(optim, torch.bfloat16), check_shardable=lambda backend: None,
                                cfg=SimpleNamespace(train=SimpleNamespace(optim=optim)))
 
     with pytest.raises(ValueError, match="train.optim=adamw_kahan .* mixed_precision: bf16 .* mixed_precision: 'no'"):

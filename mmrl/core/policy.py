@@ -30,7 +30,6 @@ from mmrl.registry import LOSSES
 
 from . import distributed as dist
 from .activation_checkpointing import checkpoint_options
-from .gradient_check import non_finite_cause
 from .oom import OOMBackoff, is_out_of_memory
 from .optimizer import make_optimizer, step_schedule
 from .policy_checkpoint import load_policy, save_policy
@@ -131,8 +130,10 @@ class PolicyBase:
     def distributed_backend(self) -> str:
         return self.strategy.backend
 
-    def check_shardable(self) -> None:
-        """Stop at setup when something of this run cannot train sharded (FSDP2) yet."""
+    def check_shardable(self, backend: str) -> None:
+        """Stop at setup when something of this run cannot train with its weights, gradients or
+        optimizer state spread over the ranks yet; ``backend`` ("FSDP2", "DeepSpeed ZeRO-2", ...)
+        is named in the refusal."""
 
     # -- the reference model ------------------------------------------------------------------
     @property
@@ -183,7 +184,7 @@ class PolicyBase:
         mini-batch's, so the gradient is the same) and the step is redone; with one sample per
         forward it stops with the numbers.
         A non-finite gradient is not applied: the step is skipped (``skipped_update`` 1, the cause
-        in :attr:`last_skip_cause`)."""
+        in :attr:`last_skip_cause`), as the strategy judges it (DeepSpeed's engine judges its own)."""
         if self.optimizer is None:
             raise RuntimeError("call configure_optimizer() before train_step()")
         while True:
@@ -234,12 +235,8 @@ class PolicyBase:
         strategy.finish_backward(params)
         if dist.world_size() > 1:
             sums, count = dist.sum_over_ranks(sums, count)
-        self.last_skip_cause = non_finite_cause(self.module, params, sums.get("loss", 0.0))
-        if self.last_skip_cause is None:
-            grad_norm = strategy.clip_grad_norm(params, self.cfg.train.max_grad_norm)
-            self.optimizer.step()
-        else:
-            grad_norm = torch.tensor(float("nan"))
+        grad_norm, self.last_skip_cause = strategy.step(self.module, params, self.optimizer,
+                                                        self.cfg.train.max_grad_norm, sums.get("loss", 0.0))
         self.optimizer.zero_grad(set_to_none=True)  # no gradients held through the next rollout
         strategy.after_update()
         if self.last_skip_cause is None:

@@ -1,17 +1,10 @@
 """Where the trained weights live across processes, and what a training step must do about it.
 
-One class per launch, behind one interface, so the policy reads the same whatever the launch:
-
-- :class:`SingleProcess`: the module trains as it is (one process, on CPU or one GPU);
-- :class:`DDP`: every rank holds the whole module; the loss terms' gradients accumulate locally
-  (``no_sync``) and one synchronising backward averages them, whatever number of terms each rank
-  ran (an empty share included);
-- :class:`FSDP2`: the weights are sharded (:mod:`mmrl.core.sharding` holds the two phases:
-  gathered for rollouts, re-sharded for training, where every backward reduce-scatters), so
-  every rank must run as many training forwards, and checkpoints gather whole state dicts;
-- :class:`DeepSpeed` (ZeRO-1/2) and :class:`ZeRO3`: DeepSpeed's engine, stepped by mmrl, its
-  partitions gathered into consolidated checkpoints (:mod:`mmrl.core.zero`); ZeRO-3 has FSDP2's
-  two phases.
+One class per launch, behind one interface, so the policy reads the same whatever the launch (each
+class says what its launch changes): :class:`SingleProcess`; :class:`DDP`, replicated weights;
+:class:`FSDP2`, sharded weights (:mod:`mmrl.core.sharding`); :class:`DeepSpeed` (ZeRO-1/2) and
+:class:`ZeRO3`, DeepSpeed's engine stepped by mmrl (:mod:`mmrl.core.zero`). The strategy steps the
+optimizer, so it also judges whether the gradients are finite (DeepSpeed's engine judges its own).
 
 Each wraps the ``accelerate.Accelerator`` that prepared the module (the launch's accelerate config
 chose DDP, FSDP2 or DeepSpeed): EasyR1's actor and nanoGPT's train loop keep this choice out of the step in
@@ -29,6 +22,7 @@ import torch
 from . import distributed as dist
 from . import sharding, zero
 from .backend import TrainForward, make_accelerator
+from .gradient_check import non_finite_cause
 
 
 class SingleProcess:
@@ -77,8 +71,14 @@ class SingleProcess:
     def finish_backward(self, params: list[torch.nn.Parameter]) -> None:
         """After the last loss term: the gradients of ``params`` are then complete."""
 
-    def clip_grad_norm(self, params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
-        return self.accelerator.clip_grad_norm_(params, max_norm)
+    def step(self, module, params, optimizer, max_norm: float, loss: float) -> tuple[torch.Tensor, str | None]:
+        """The optimizer step over ``params``' complete gradients: ``(their norm before clipping, None)``,
+        or, one not finite, nothing applied and ``(NaN, the cause)`` (``loss``: summed over ranks)."""
+        if (cause := non_finite_cause(module, params, loss)) is not None:
+            return torch.tensor(float("nan")), cause
+        norm = self.accelerator.clip_grad_norm_(params, max_norm)
+        optimizer.step()
+        return norm, None
 
     def after_update(self) -> None:
         """After the optimizer step: the weights as rollouts need them."""
@@ -143,7 +143,7 @@ class FSDP2(DDP):
     retries_out_of_memory = False  # every rank would have to redo the step alike
 
     def check(self, policy) -> None:
-        policy.check_shardable()
+        policy.check_shardable("FSDP2")
         if policy.trained_dtype != torch.float32 and self.accelerator.mixed_precision != "no":
             raise ValueError(
                 f"train.optim={policy.cfg.train.optim} keeps the trained weights in bfloat16, but the accelerate "
@@ -218,6 +218,7 @@ class DeepSpeed(SingleProcess):
         return zero.describe(self.accelerator)
 
     def check(self, policy) -> None:
+        policy.check_shardable(f"DeepSpeed ZeRO-{zero.stage(self.accelerator)}")
         zero.check_precision(policy.cfg.train.optim, policy.trained_dtype)
         self.max_grad_norm = float(policy.cfg.train.max_grad_norm)
 
@@ -234,11 +235,10 @@ class DeepSpeed(SingleProcess):
         """Reduced into this rank's partition at once; the engine averages over ranks, as DDP does."""
         self.train_module.backward(loss * dist.world_size())
 
-    def clip_grad_norm(self, params, max_norm):
-        """The engine clips (``gradient_clipping`` = ``train.max_grad_norm``) inside its step, where
-        the partitioned gradients' norm is computed: so the engine steps here, and returns that
-        norm; the optimizer accelerate wraps then steps nothing."""
-        return zero.step(self.train_module)
+    def step(self, module, params, optimizer, max_norm, loss):
+        """The engine steps and judges its own gradients (in its partitions; ``p.grad`` is None): it
+        clips at ``train.max_grad_norm`` and skips an update that is not finite (:func:`.zero.step`)."""
+        return zero.step(self.train_module, loss)
 
     def gathered_weights(self, module, trained_only):
         full = zero.full_weights(module)  # LoRA (trained_only): only the adapters are written

@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from .gradient_check import loss_cause
+
 
 def requested() -> bool:
     """The launch asks for DeepSpeed (``accelerate launch`` with a DeepSpeed config sets this)."""
@@ -58,7 +60,8 @@ def enable_on_cpu(accelerator) -> None:
 def configure(accelerator, max_grad_norm: float) -> None:
     """The engine's settings that mmrl's step decides, written into the launch's DeepSpeed config
     before ``accelerator.prepare``: no gradient accumulation of its own (mmrl's loss terms are
-    normalised by the mini-batch), clipping at ``train.max_grad_norm``, mmrl's optimizer kept."""
+    normalised by the mini-batch), clipping at ``train.max_grad_norm``, mmrl's optimizer kept; the
+    settings under which the engine would not judge its gradients (:func:`step`) refused."""
     config = accelerator.state.deepspeed_plugin.deepspeed_config
     config.update({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
                    "gradient_clipping": float(max_grad_norm) if max_grad_norm else 0.0,
@@ -66,6 +69,12 @@ def configure(accelerator, max_grad_norm: float) -> None:
                    "steps_per_print": 2**31 - 1})
     config.pop("train_batch_size", None)  # derived again by accelerate from the two above
     zero = config.get("zero_optimization", {})
+    judges = {"zero_optimization.compute_grad_norm": zero.get("compute_grad_norm", True),  # DeepSpeed's defaults
+              "bf16.check_grad_overflow": config.get("bf16", config.get("bfloat16", {})).get("check_grad_overflow", True)}
+    if off := [key for key, value in judges.items() if str(value).lower() == "false"]:
+        raise ValueError(
+            f"the DeepSpeed config sets {' and '.join(off)} to false: then DeepSpeed's step applies a NaN or inf "
+            "gradient without telling, where mmrl skips the update (the engine judges its gradients): remove it")
     for key in ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold"):
         if zero.get(key) == "auto":  # accelerate fills these from model.config, which TrainForward has not
             del zero[key]
@@ -130,12 +139,19 @@ def group_names(module: torch.nn.Module, optimizer) -> list[list[str]]:
     return [[names[id(p)] for p in group["params"]] for group in optimizer.param_groups]
 
 
-def step(engine) -> torch.Tensor:
-    """The engine's step (the accumulation boundary: clip, step, zero) and the gradient norm it
-    computed (NaN when it computed none)."""
+def step(engine, loss: float) -> tuple[torch.Tensor, str | None]:
+    """The engine's step (the accumulation boundary: clip, step, zero; the optimizer accelerate
+    wraps then steps nothing) and its verdict: ``(the gradient norm it computed, None)``, or ``(NaN,
+    the cause)`` when it skipped the update. DeepSpeed 0.19 computes the norm of the reduced
+    gradients inside its step and skips the update when it is not finite (float32 and bf16, ZeRO-1/2/3;
+    float16: its loss scaler's overflow check), then reports the norm as inf and
+    ``was_step_applied()`` False; :func:`configure` refuses the settings under which it judges nothing.
+    The gradients are then zeroed: a cause names the loss, or the norm, not a parameter."""
     engine.step()
-    norm = engine.get_global_grad_norm()
-    return torch.as_tensor(float("nan") if norm is None else float(norm))
+    if not engine.was_step_applied():
+        return torch.tensor(float("nan")), loss_cause(loss) or (
+            "the gradient norm DeepSpeed computed is not finite (its step skipped the update)")
+    return torch.as_tensor(float(engine.get_global_grad_norm())), None
 
 
 def describe(accelerator) -> str:

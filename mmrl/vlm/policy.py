@@ -213,14 +213,14 @@ class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
     def after_optimizer_step(self) -> None:
         self.engine.sync_weights()
 
-    def check_shardable(self) -> None:
-        super().check_shardable()
+    def check_shardable(self, backend: str) -> None:
+        super().check_shardable(backend)
         if self.four_bit is not None:
-            raise NotImplementedError("FSDP2 with model.load_in_4bit=true is not supported (bitsandbytes' 4-bit "
-                                      "weights are not sharded): run it in one process")
+            raise NotImplementedError(f"{backend} with model.load_in_4bit=true is not supported (bitsandbytes' "
+                                      "4-bit weights have not been sharded or partitioned): run it in one process")
         if self.cfg.rollout.engine != "hf":
-            raise NotImplementedError(f"FSDP2 with rollout.engine={self.cfg.rollout.engine} is not supported yet "
-                                      "(the engine reads whole weights): use rollout.engine=hf or DDP")
+            raise NotImplementedError(f"{backend} with rollout.engine={self.cfg.rollout.engine} is not supported yet "
+                                      "(the engine's weight sync reads whole weights): use rollout.engine=hf or DDP")
 
     def begin_step(self, step: int) -> None:
         """A new RL step: forget the image and clip features kept for the last one."""
