@@ -7,7 +7,7 @@ import torch
 
 from conftest import make_config
 from mmrl.registry import TASKS
-from mmrl.vlm.lora_merge import lora_deltas, merged_for_generation, merged_lora_weights
+from mmrl.vlm.lora_merge import lora_delta, lora_layers, merged_for_generation, merged_lora_weights
 from mmrl.vlm.policy import VLMPolicy
 
 
@@ -42,12 +42,11 @@ def test_merged_generation_weights_compute_the_adapted_model_and_are_restored_ex
         plain = _logits(policy, enc)
     assert (adapted - plain).abs().max() > 1e-2  # the adapters change the outputs
 
-    layers = lora_deltas(policy.module)
-    assert layers and all(d.dtype == torch.float32 for _, d in layers.values())
+    layers = lora_layers(policy.module)
+    assert layers and all(lora_delta(layer).dtype == torch.float32 for layer in layers.values())
     with merged_for_generation(policy.module):
         merged = _logits(policy, enc)
-        some_layer, delta = next(iter(layers.values()))
-        assert some_layer.weight.dtype == torch.bfloat16
+        assert next(iter(layers.values())).get_base_layer().weight.dtype == torch.bfloat16
     # the same function as the adapted model, to bf16 rounding of W + BA
     assert (merged - adapted).abs().max() < 0.05 * adapted.abs().max()
     for n, p in policy.module.named_parameters():  # base and adapters bit for bit as before
@@ -59,8 +58,8 @@ def test_merged_weights_for_an_engine_are_w_plus_b_a_times_scaling():
     policy = _lora_policy()
     weights = dict(merged_lora_weights(policy.module))
     assert not any("lora_" in n or "base_layer" in n for n in weights)
-    name, (layer, _) = next(iter(lora_deltas(policy.module).items()))
-    lora_layer = policy.module.get_base_model().get_submodule(name)
+    name, lora_layer = next(iter(lora_layers(policy.module).items()))
+    layer = lora_layer.get_base_layer()
     a, b = lora_layer.lora_A["default"].weight.float(), lora_layer.lora_B["default"].weight.float()
     expected = (layer.weight.float() + b @ a * lora_layer.scaling["default"]).to(layer.weight.dtype)
     assert torch.equal(weights[f"{name}.weight"], expected)

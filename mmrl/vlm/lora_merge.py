@@ -6,7 +6,7 @@ rollout and unmerging for training is the fix, but peft's ``merge_adapter``/``un
 add and then subtract ``B A * scaling`` in the base weights' dtype: in bf16 the base drifts by a
 rounding error at every step. Here the merged weights are new tensors and the original ones are
 put back afterwards, so the base is bit-for-bit what it was (a test checks it); the cost is one
-copy of the adapted weights during generation.
+copy of the adapted weights during generation (in the base's dtype; one layer's float32 delta at a time).
 
 Over a 4-bit base (``model.load_in_4bit``, :mod:`mmrl.vlm.quantization`) generation does not merge:
 ``W + delta`` cannot be stored in the 4-bit weight, and holding dense copies of every adapted layer
@@ -25,23 +25,20 @@ from typing import Iterator
 import torch
 
 
-def lora_deltas(peft_model) -> dict[str, tuple[torch.nn.Module, torch.Tensor]]:
-    """``{module name: (base layer, float32 delta)}`` for every layer with an active LoRA adapter:
-    ``delta = B A * scaling`` summed over the active adapters (peft's ``get_delta_weight``)."""
+def lora_layers(peft_model) -> dict[str, torch.nn.Module]:
+    """``{module name: LoRA layer}`` of every layer with an active adapter (names of the base model)."""
     from peft.tuners.lora import LoraLayer
 
-    out: dict[str, tuple[torch.nn.Module, torch.Tensor]] = {}
-    for name, module in peft_model.get_base_model().named_modules():
-        if not isinstance(module, LoraLayer):
-            continue
-        delta = None
-        for adapter in module.active_adapters:
-            if adapter in module.lora_A:
-                d = module.get_delta_weight(adapter).float()
-                delta = d if delta is None else delta + d
-        if delta is not None:
-            out[name] = (module.get_base_layer(), delta)
-    return out
+    return {name: module for name, module in peft_model.get_base_model().named_modules()
+            if isinstance(module, LoraLayer) and any(a in module.lora_A for a in module.active_adapters)}
+
+
+def lora_delta(layer) -> torch.Tensor:
+    """A LoRA layer's float32 ``delta = B A * scaling``, summed over its active adapters (peft's
+    ``get_delta_weight``). Computed one layer at a time by the callers: every layer's float32 delta
+    at once would hold 4 bytes per adapted weight (11 GiB on a 3B model) beside the merged copies."""
+    deltas = [layer.get_delta_weight(a).float() for a in layer.active_adapters if a in layer.lora_A]
+    return deltas[0] if len(deltas) == 1 else torch.stack(deltas).sum(0)
 
 
 def dense_weight(layer: torch.nn.Module) -> torch.Tensor:
@@ -62,7 +59,7 @@ def merged_lora_weights(peft_model) -> Iterator[tuple[str, torch.Tensor]]:
     layer's weight is dequantized first and its quantization state (``weight.absmax`` ...) left out:
     the state dict of the unquantized model that computes what the trained one does."""
     base = peft_model.get_base_model()
-    deltas = {f"{name}.weight": delta for name, (_, delta) in lora_deltas(peft_model).items()}
+    adapted = {f"{name}.weight": layer for name, layer in lora_layers(peft_model).items()}
     quantized = {f"{name}.weight".replace(".base_layer.", "."): module for name, module in base.named_modules()
                  if getattr(getattr(module, "weight", None), "quant_state", None) is not None}
     for name, tensor in base.state_dict().items():
@@ -73,8 +70,8 @@ def merged_lora_weights(peft_model) -> Iterator[tuple[str, torch.Tensor]]:
             continue  # the 4-bit weight's quantization state
         if name in quantized:
             tensor = dense_weight(quantized[name])
-        if name in deltas:
-            tensor = (tensor.float() + deltas[name].to(tensor.device)).to(tensor.dtype)
+        if name in adapted:
+            tensor = (tensor.float() + lora_delta(adapted[name]).to(tensor.device)).to(tensor.dtype)
         yield name, tensor
 
 
@@ -86,10 +83,10 @@ def merged_for_generation(peft_model):
     saved = []
     try:
         with torch.no_grad():
-            for base_layer, delta in lora_deltas(peft_model).values():
-                weight = base_layer.weight
+            for layer in lora_layers(peft_model).values():  # one float32 delta alive at a time
+                weight = layer.get_base_layer().weight
                 saved.append((weight, weight.data))
-                weight.data = (weight.data.float() + delta.to(weight.device)).to(weight.dtype)
+                weight.data = (weight.data.float() + lora_delta(layer).to(weight.device)).to(weight.dtype)
         with peft_model.disable_adapter():
             yield peft_model
     finally:

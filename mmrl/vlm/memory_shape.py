@@ -111,9 +111,9 @@ class VLMShape:
         if self.engine == "vllm":
             return {"vLLM share": int(self.vllm_share * card)}
         kv = 2 * self.text.layers * self.text.kv * w.compute * self.generate_batch * (self.prompt + self.completion)
-        # LoRA folded into copies of the adapted weights to generate (mmrl.vlm.lora_merge): every
-        # float32 delta and every merged copy at once, at the end of the merge; a 4-bit base is not merged
-        merged = self.adapted * (4 + w.compute) if mode.lora and self.merge_lora and not mode.load_in_4bit else 0
+        # LoRA folded into copies of the adapted weights to generate (mmrl.vlm.lora_merge): the merged
+        # copies, one layer's float32 delta at a time (not counted); a 4-bit base is not merged
+        merged = self.adapted * w.compute if mode.lora and self.merge_lora and not mode.load_in_4bit else 0
         return {"KV cache": int(kv), "LoRA merge": int(merged)}
 
 
