@@ -31,6 +31,7 @@ def test_generator_keys_on_a_vlm_run_are_refused(override, key):
     ("vlm.max_pixels=3136", "vlm.max_pixels"),
     ("rollout.temperature=0.7", "rollout.temperature"),
     ("data.perturbation=rotation", "data.perturbation"),
+    ("model.load_in_4bit=true", "model.load_in_4bit"),  # the 4-bit base is the VLM's only
 ])
 def test_vlm_keys_on_a_generator_run_are_refused(override, key):
     with pytest.raises(ValueError, match=rf"{key}=.*not used by a DiffusionPolicy"):

@@ -66,7 +66,8 @@ class DiffusionPolicy(PolicyBase):
     loss_inputs = frozenset({"logps", "flow_matching_logps", "nft_errors"})
     unused_config = ("vlm", "rollout.engine", "rollout.max_time", "rollout.temperature", "rollout.top_p", "rollout.top_k",
                      "rollout.max_completion_length", "rollout.cache_implementation", "rollout.compile_decode",
-                     "eval.temperature", "data.perturbation", "train.shared_prefix", "train.padding_free", "train.micro_batch_tokens")
+                     "eval.temperature", "data.perturbation", "train.shared_prefix", "train.padding_free", "train.micro_batch_tokens",
+                     "model.load_in_4bit", "model.bnb_4bit_quant_type", "model.use_bnb_nested_quant")
 
     def __init__(self, cfg, pipeline: FlowPipeline | None = None, device: torch.device | None = None):
         super().__init__(cfg, device)
