@@ -64,6 +64,7 @@ BUDGET: dict[str, tuple[str, ...]] = {
     "bench rollout": ("--tiny",),
     "bench optimizers": ("--width", "16", "--layers", "1", "--steps", "1"),
     "bench gpu": ("--steps", "1", "--warmup", "0", "--budget", "120"),
+    "plan": (),  # reads configs only: seconds
     "demo": ("--port", "{free port}"),  # not 7860, which anyone on the machine may be using
 }
 
@@ -473,6 +474,8 @@ def _check(args, out: str, err: str, cwd: Path) -> None:
         assert (cwd / "runs" / "bench-gpu" / "speed.md").is_file()
     elif sub == "demo":
         assert re.search(r"^mmrl demo: http://", out, re.M), out[-2000:]
+    elif sub == "plan":  # the table of modes, and its verdict on the card named
+        assert re.search(r"^as configured\s+\d", out, re.M) and re.search(r"^(fits|does not fit) as configured", out, re.M), out
     else:
         raise AssertionError(f"no check for `mmrl {_text(args)}`")
 

@@ -189,8 +189,8 @@ def plan(
         path, overrides = split_args(list(args or []))
         cfg = load_config(builtin_config_path(path or DEFAULT_RECIPES["vlm"]), overrides)
         shape, rows = plans(cfg, card, gpus, build_task(cfg).modality, prompt_tokens, images)
-    for line in describe(cfg, shape, rows, card, gpus):
-        console.print(line, highlight=False, markup=False, soft_wrap=True)
+    for line in describe(cfg, shape, rows, card, gpus):  # the command's output: stdout, as `mmrl list`'s
+        print(line)
 
 
 def _print_headline(task, before: dict, after: dict) -> None:

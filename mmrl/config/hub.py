@@ -91,10 +91,11 @@ def _miss(repo_id: str, revision: Optional[str], cache: Path, why: str) -> HubCh
 
 
 def resolve_checkpoint(path: str, revision: Optional[str] = None, *, pipeline: bool = False,
-                       local_files_only: bool = False) -> Path:
+                       local_files_only: bool = False, only: Optional[list[str]] = None) -> Path:
     """``path`` as a folder: a hub id's cached snapshot (downloaded first unless offline), anything
     else as the local path it names (the caller checks what is there). ``pipeline``: a diffusers
-    pipeline, fetched by ``DiffusionPipeline.download``. The snapshot's name is the resolved commit."""
+    pipeline, fetched by ``DiffusionPipeline.download``; ``only``: just these files of a model's
+    snapshot (``mmrl plan`` reads its configs, never the weights). The snapshot's name is the resolved commit."""
     if not is_hub_id(path):
         if revision:
             raise ValueError(f"model.revision={revision!r} pins a hub id's commit (model.path=org/name), but "
@@ -110,7 +111,7 @@ def resolve_checkpoint(path: str, revision: Optional[str] = None, *, pipeline: b
             folder = DiffusionPipeline.download(path, revision=revision, cache_dir=cache, local_files_only=offline)
         else:
             folder = snapshot_download(path, revision=revision, cache_dir=cache, local_files_only=offline,
-                                       ignore_patterns=NOT_PYTORCH)
+                                       **({"allow_patterns": only} if only else {"ignore_patterns": NOT_PYTORCH}))
     except errors.IncompleteSnapshotError as e:  # e.g. `hf download --include ...`: load what is there
         warnings.warn(f"{e} mmrl loads the files that are there.", stacklevel=2)
         folder = e.snapshot_path

@@ -122,13 +122,14 @@ def read_config(cfg):
     a hub id's config.json alone (no weights)."""
     from transformers import AutoConfig
 
-    from mmrl.config.hub import is_hub_id
+    from mmrl.config.hub import is_hub_id, resolve_checkpoint
 
     from .loading import resolve_model_path
 
     path = cfg.model.path
-    if is_hub_id(path):
-        return AutoConfig.from_pretrained(path, revision=cfg.model.revision), None
+    if is_hub_id(path):  # the configs of its snapshot alone, through mmrl's cache and offline rules
+        where = resolve_checkpoint(path, cfg.model.revision, only=["config.json", "preprocessor_config.json"])
+        return AutoConfig.from_pretrained(where), where
     where = resolve_model_path(path, cfg.model.revision)
     return AutoConfig.from_pretrained(where), where
 
