@@ -156,3 +156,63 @@ def test_plan_help_shows_the_recipe_overrides_and_three_examples():
     out = CliRunner().invoke(app, ["plan", "--help"], prog_name="mmrl").output
     assert out.splitlines()[0].startswith("Usage: mmrl plan") and "CONFIG.yaml KEY=VALUE" in out.splitlines()[0]
     assert len([line for line in out[out.index("Examples:"):].splitlines() if line.strip().startswith("mmrl plan")]) >= 3
+
+
+def _saved_bytes(model, batch: int, text_tokens: int) -> int:
+    """Every tensor autograd keeps for the backward of one forward (each storage once, weights left out)."""
+    kept, weights = {}, {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in weights:
+            kept.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+        return t
+
+    x, enc = torch.randn(batch, 3, 16, 16), torch.randn(batch, text_tokens, 32)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(hidden_states=x, timestep=torch.rand(batch) * 1000, encoder_hidden_states=enc,
+              pooled_projections=torch.randn(batch, 32), return_dict=False)
+    return sum(kept.values())
+
+
+@pytest.mark.parametrize("lora", [False, True])
+@pytest.mark.parametrize("extra", [{}, {"qk_norm": "rms_norm", "dual_attention_layers": (0, 1)}])
+def test_an_sd3_transformer_keeps_what_the_generator_reader_counts(lora, extra):
+    """The reader's units against the saved tensors of diffusers' SD3 transformer (3 blocks of width 96, 64
+    image tokens, 16 or 32 text tokens; q/k RMSNorm and SD3.5's second attention; LoRA on the attention)."""
+    from diffusers import SD3Transformer2DModel
+    from peft import LoraConfig
+
+    from mmrl.diffusion.memory_shape import FULL, LORA, GeneratorShape
+
+    torch.manual_seed(0)
+    model = SD3Transformer2DModel(sample_size=16, patch_size=2, in_channels=3, out_channels=3, num_layers=3,
+                                  attention_head_dim=32, num_attention_heads=3, joint_attention_dim=32,
+                                  caption_projection_dim=96, pooled_projection_dim=32, pos_embed_max_size=8, **extra)
+    if lora:
+        model.requires_grad_(False)
+        model.add_adapter(LoraConfig(r=4, target_modules=["to_q", "to_k", "to_v", "to_out.0"]))
+    for text in (16, 32):
+        shape = GeneratorShape(0, 0, 0, 0, 0, False, 0, False, width=96, blocks=3,
+                               dual_blocks=len(extra.get("dual_attention_layers", ())), qk_norm="qk_norm" in extra,
+                               image_tokens=64, text_tokens=text, micro_batch=8, cfg_factor=1, generate_batch=8,
+                               vae_pixels=0, summary="")
+        backward = 6 * (64 + text) * 96 * 4 * 8  # the backward's gradients: not saved by the forward
+        counted = shape.stored(8, 4, False, LORA if lora else FULL) - backward
+        assert counted == pytest.approx(_saved_bytes(model, 8, text), rel=0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["AWM, adamw_torch", "AWM + gradient checkpointing", "Flow-GRPO (clip), LoRA r=16"])
+def test_the_plan_meets_the_measured_cpu_peak_of_the_tiny_generator(tmp_path, mode):
+    """The validation table's generator rows, recomputed: one step after a warm-up, MemTracker's peak."""
+    from mmrl.bench.memory_check import generator_rows, GENERATOR_MODES
+
+    row = next(generator_rows(tmp_path, {mode: GENERATOR_MODES[mode]}))
+    assert row.ratio == pytest.approx(1.0, abs=0.15), (row.predicted, row.measured)
+
+
+def test_mmrl_plan_plans_a_generator():
+    r = CliRunner().invoke(app, ["plan", "diffusion/composition_tiny", "--gpu", "24GB"], prog_name="mmrl")
+    assert r.exit_code == 0, r.output
+    assert "64 image + 16 text tokens per sample (16 x 16 px)" in r.output and "fits as configured" in r.output
+    assert "+ gradient checkpointing" in r.output and "QLoRA" not in r.output  # a generator's base is never 4-bit

@@ -49,7 +49,7 @@ def measure(cfg) -> int:
 
     task = build_task(cfg)
     policy = make_policy(cfg, task)
-    if cfg.rollout.engine == "hf":  # every completion at full length, as the plan assumes
+    if hasattr(policy, "model") and cfg.rollout.engine == "hf":  # every completion at full length, as planned
         policy.model.generation_config.min_new_tokens = cfg.rollout.max_completion_length
     trainer = Trainer(cfg, policy, task)
     policy.configure_optimizer(cfg.train, cfg.train.steps)
@@ -61,26 +61,30 @@ def measure(cfg) -> int:
         batch, _ = trainer.rollout_step(2)
         trainer.update(batch, 2)
 
-    held = [m for m in (policy.model, policy.ref_module) if m is not None]
+    # the whole VLM; a generator's transformer and its frozen text encoder
+    model = getattr(policy, "model", None) or policy.module
+    encoder = getattr(getattr(policy, "pipe", None), "text_encoder", None)
+    held = [m for m in (model, encoder, policy.ref_module) if m is not None]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the tracker's module-hierarchy warning (its hooks are off)
         return tracked_peak_bytes(step, *held, policy.optimizer)["cpu"]
 
 
-def predicted(cfg) -> int:
+def predicted(cfg, modality: str = "vlm") -> int:
     from mmrl.cli.plan import configured_mode, shape_of
     from mmrl.core.memory_plan import plan
     from mmrl.core.precision import compute_dtype
 
-    return plan(shape_of(cfg), configured_mode(cfg), compute_dtype(cfg.model.dtype), 80 * 10**9).peak
+    return plan(shape_of(cfg, modality), configured_mode(cfg), compute_dtype(cfg.model.dtype), 80 * 10**9).peak
 
 
-def run_row(row: Row, model_path: str | Path, out_dir: Path, base: list[str]) -> Row:
+def run_row(row: Row, model_path: str | Path, out_dir: Path, base: list[str],
+            recipe: str = "vlm/counting_tiny") -> Row:
     from mmrl.config import builtin_config_path, load_config
 
-    cfg = load_config(builtin_config_path("vlm/counting_tiny"),
+    cfg = load_config(builtin_config_path(recipe),
                       [*STEP, f"model.path={model_path}", f"log.output_dir={out_dir}", *base, *row.overrides])
-    row.predicted = predicted(cfg)
+    row.predicted = predicted(cfg, "diffusion" if recipe.startswith("diffusion/") else "vlm")
     row.measured = measure(cfg)
     return row
 
@@ -97,6 +101,23 @@ MODES = {
     "8-bit AdamW": ["train.optim=adamw_bnb_8bit"],
     "QLoRA r=16 (4-bit base)": ["model.lora.enabled=true", "model.load_in_4bit=true"],
 }
+
+
+# The tiny generator (composition_tiny, float32): 4 prompts x 8 images, the update in one micro-batch of 32.
+GENERATOR = ["train.prompts_per_step=4", "rollout.num_generations=8", "rollout.batch_size=32",
+             "train.micro_batch_size=32"]
+GENERATOR_MODES = {
+    "AWM, adamw_torch": [],
+    "AWM + gradient checkpointing": ["train.gradient_checkpointing=true"],
+    "Flow-GRPO (clip), LoRA r=16": ["algo.loss_type=clip", "model.lora.enabled=true"],
+}
+
+
+def generator_rows(out_dir: Path, modes: dict[str, list[str]] = GENERATOR_MODES):
+    """The tiny generator's validation rows (one step after a warm-up, as the VLM rows)."""
+    for name, ov in modes.items():
+        yield run_row(Row("tiny generator", name, list(ov)), "tiny", Path(out_dir) / "runs", GENERATOR,
+                      "diffusion/composition_tiny")
 
 
 def shaped_model(out_dir: Path) -> Path:
@@ -121,10 +142,13 @@ def rows(which: str, out_dir: Path, modes: dict[str, list[str]] = MODES):
         yield run_row(Row(which, name, list(ov)), path, out_dir / "runs", base)
 
 
-if __name__ == "__main__":  # python -m mmrl.bench.memory_check tiny|0.5b OUT_DIR [MODE ...]
+if __name__ == "__main__":  # python -m mmrl.bench.memory_check tiny|0.5b|generator OUT_DIR [MODE ...]
     import sys
 
-    chosen = {k: v for k, v in MODES.items() if k in sys.argv[3:]} if sys.argv[3:] else MODES
-    for r in rows(sys.argv[1], Path(sys.argv[2]), chosen):
+    every = GENERATOR_MODES if sys.argv[1] == "generator" else MODES
+    chosen = {k: v for k, v in every.items() if k in sys.argv[3:]} if sys.argv[3:] else every
+    found = generator_rows(Path(sys.argv[2]), chosen) if sys.argv[1] == "generator" else \
+        rows(sys.argv[1], Path(sys.argv[2]), chosen)
+    for r in found:
         print(f"| {r.model} | {r.mode} | {r.predicted / 2**20:.1f} | {r.measured / 2**20:.1f} | {r.ratio:.2f} |",
               flush=True)

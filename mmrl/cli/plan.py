@@ -3,9 +3,8 @@ each memory mode, before anything loads, and the knobs that make it fit; the one
 ``mmrl train`` when the plan says the run will not fit its CUDA device.
 
 The accounting is :mod:`mmrl.core.memory_plan`'s; a VLM's shape is read by
-:mod:`mmrl.vlm.memory_shape`. Generators are not planned yet: their step's memory is that of a
-diffusers transformer over the latent tokens of every trained denoising step, which no reader here
-counts (refused with that reason, rather than a table of guesses).
+:mod:`mmrl.vlm.memory_shape`, a generator's (an SD3-architecture transformer over one denoising step's
+latent tokens) by :mod:`mmrl.diffusion.memory_shape`.
 """
 
 from __future__ import annotations
@@ -20,10 +19,13 @@ EIGHT_BIT = "adamw_bnb_8bit"  # transformers' name of bitsandbytes' 8-bit AdamW
 
 
 def shape_of(cfg, modality: str = "vlm", prompt_text: int | None = None, images: int = 1):
-    """The plan's shape of ``cfg`` (:mod:`mmrl.vlm.memory_shape`)."""
+    """The plan's shape of ``cfg`` (:mod:`mmrl.vlm.memory_shape`, :mod:`mmrl.diffusion.memory_shape`)."""
+    if modality == "diffusion":
+        from mmrl.diffusion.memory_shape import generator_shape
+
+        return generator_shape(cfg)
     if modality != "vlm":
-        raise ValueError(f"mmrl plan covers VLM runs only: a {modality} run's memory (a diffusers transformer over "
-                         "the latents of every trained denoising step) is not modelled yet")
+        raise ValueError(f"mmrl plan covers VLM and generator runs: a {modality} run's memory is not modelled yet")
     from mmrl.vlm.memory_shape import PROMPT_TEXT_TOKENS, vlm_shape
 
     return vlm_shape(cfg, PROMPT_TEXT_TOKENS if prompt_text is None else prompt_text, images)
@@ -36,7 +38,7 @@ def configured_mode(cfg) -> Mode:
                 double_quant=cfg.model.use_bnb_nested_quant)
 
 
-def modes(cfg, gpus: int) -> list[Mode]:
+def modes(cfg, gpus: int, modality: str = "vlm") -> list[Mode]:
     """As configured, then each knob on top (gradient checkpointing on from the second row), in the
     order a user would reach for them: exact and cheap first, changing what is trained last."""
     base = configured_mode(cfg)
@@ -60,7 +62,7 @@ def modes(cfg, gpus: int) -> list[Mode]:
     if full:
         out.append(dataclasses.replace(ck, name=f"LoRA r={cfg.model.lora.r}", lora=True,
                                        overrides=f"{ov} model.lora.enabled=true"))
-    if not base.load_in_4bit:
+    if not base.load_in_4bit and modality == "vlm":  # a generator's base is never 4-bit
         out.append(dataclasses.replace(ck, name=f"QLoRA r={cfg.model.lora.r} (4-bit base)", lora=True,
                                        load_in_4bit=True, double_quant=True,
                                        overrides=f"{ov} model.lora.enabled=true model.load_in_4bit=true "
@@ -74,7 +76,7 @@ def plans(cfg, card: int, gpus: int = 1, modality: str = "vlm", prompt_text: int
 
     shape = shape_of(cfg, modality, prompt_text, images)
     dtype = compute_dtype(cfg.model.dtype)
-    return shape, [plan(shape, m, dtype, card) for m in modes(cfg, gpus)]
+    return shape, [plan(shape, m, dtype, card) for m in modes(cfg, gpus, modality)]
 
 
 def largest_micro_batch(shape, mode: Mode, dtype, card: int) -> int:
@@ -105,9 +107,10 @@ def describe(cfg, shape, rows: list[Plan], card: int, gpus: int) -> list[str]:
     from mmrl.core.precision import compute_dtype
 
     out = [f"{cfg.model.path}: {shape.params / 1e9:.2f}B parameters ({shape.trainable / 1e9:.2f}B trained in full "
-           f"fine-tuning, {shape.adapter / 1e6:.1f}M with LoRA r={cfg.model.lora.r}); micro-batch {shape.micro_batch} "
-           f"of {shape.prompt} prompt + {shape.completion} completion tokens"
-           + (f" ({shape.images} image of {shape.image_tokens} tokens)" if shape.images else "")
+           f"fine-tuning, {shape.adapter / 1e6:.1f}M with LoRA r={cfg.model.lora.r}); "
+           + (shape.summary if hasattr(shape, "summary") else
+              f"micro-batch {shape.micro_batch} of {shape.prompt} prompt + {shape.completion} completion tokens"
+              + (f" ({shape.images} image of {shape.image_tokens} tokens)" if shape.images else ""))
            + f"; predicted peak GiB per GPU on {gpus} x {card / GIB:.0f} GiB"
            + ("" if rows[0].mode.checkpointing else " (the rows under the first add gradient checkpointing)")
            + ":", *table(shape, rows)]
@@ -133,12 +136,12 @@ def fit_warning(cfg, modality: str, device) -> str | None:
     on a CPU, when it fits, and where no plan is made: a generator)."""
     import torch
 
-    if device.type != "cuda" or modality != "vlm":
+    if device.type != "cuda" or modality not in ("vlm", "diffusion"):
         return None
     from mmrl.core.precision import compute_dtype
 
     card = torch.cuda.get_device_properties(device).total_memory
-    p = plan(shape_of(cfg), configured_mode(cfg), compute_dtype(cfg.model.dtype), card)
+    p = plan(shape_of(cfg, modality), configured_mode(cfg), compute_dtype(cfg.model.dtype), card)
     if p.fits:
         return None
     return (f"mmrl plan predicts a peak of {p.peak / GIB:.1f} GiB per GPU (one process, unsharded), more than "

@@ -1,10 +1,10 @@
 """The predicted peak memory of a training step on one GPU, before anything loads (``mmrl plan``).
 
-Modality-free accounting. A modality's reader (:mod:`mmrl.vlm.memory_shape`; generators have none
-yet) reads the checkpoint's config and the run's config into a :class:`Shape`: parameter counts,
-and the bytes of one micro-batch's activations and of the rollout under a :class:`Mode`. Here they
-become the rows a user reads (weights, gradients, optimizer state, activations, logits, the
-reference copy, the vision tower, the rollout's KV cache or vLLM share) and the peak: the largest
+Modality-free accounting. A modality's reader (:mod:`mmrl.vlm.memory_shape`,
+:mod:`mmrl.diffusion.memory_shape`) reads the checkpoint's config and the run's config into a
+:class:`Shape`: parameter counts, and the bytes of one micro-batch's activations and of the
+rollout under a :class:`Mode`. Here they become the rows a user reads (weights, gradients,
+optimizer state, activations, logits, the reference copy, the vision tower, the rollout's KV cache or vLLM share) and the peak: the largest
 of three phases, the update (all but the rollout's), the optimizer step (weights without the
 autocast copies, gradients, state and the step's temporaries) and the rollout (weights, state and
 the cache; gradients are freed after each optimizer step). A colocated vLLM holds its share of the
