@@ -54,6 +54,9 @@ def modes(cfg, gpus: int, modality: str = "vlm") -> list[Mode]:
     if full and EIGHT_BIT in [name for name, _ in OPTIMIZERS.items()] and base.optim != EIGHT_BIT:
         out.append(dataclasses.replace(ck, name="+ 8-bit AdamW", optim=EIGHT_BIT,
                                        overrides=f"{ov} train.optim={EIGHT_BIT}"))
+    if modality != "vlm":  # a generator's frozen encoders and VAE stay on each GPU, which sharding's rows leave out
+        return out + ([dataclasses.replace(ck, name=f"LoRA r={cfg.model.lora.r}", lora=True,
+                                           overrides=f"{ov} model.lora.enabled=true")] if full else [])
     if gpus > 1:
         out.append(dataclasses.replace(ck, name=f"+ FSDP2 / ZeRO-3 over {gpus}", shard=gpus,
                                        overrides=f"{ov}, launched with configs/accelerate/fsdp2.yaml"))
