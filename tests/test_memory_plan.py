@@ -216,3 +216,23 @@ def test_mmrl_plan_plans_a_generator():
     assert r.exit_code == 0, r.output
     assert "64 image + 16 text tokens per sample (16 x 16 px)" in r.output and "fits as configured" in r.output
     assert "+ gradient checkpointing" in r.output and "QLoRA" not in r.output  # a generator's base is never 4-bit
+
+
+def test_the_generator_reader_counts_the_tiny_generator_as_it_loads():
+    """Parity: the meta-device counts are the loaded pipeline's; the token counts its latents' (16 x 16 px,
+    2-px patches: 64 image tokens; 16 prompt tokens)."""
+    from mmrl.config import builtin_config_path, load_config
+    from mmrl.diffusion.loading import load_generator
+    from mmrl.diffusion.memory_shape import generator_shape
+
+    cfg = load_config(builtin_config_path("diffusion/composition_tiny"), ["algo.beta=0.04", "algo.loss_type=clip"])
+    shape = generator_shape(cfg)
+    pipe = load_generator("tiny", torch.device("cpu"), torch.float32)
+    transformer = sum(p.numel() for p in pipe.transformer.parameters())
+    assert shape.trainable == shape.reference_params == transformer
+    assert shape.params == transformer + sum(p.numel() for p in pipe.text_encoder.parameters())
+    assert (shape.image_tokens, shape.text_tokens, shape.width, shape.blocks, shape.cfg_factor) == (64, 16, 96, 3, 1)
+    bf16 = widths("adamw_torch", torch.bfloat16)
+    # the KL's reference: a bf16 copy of the transformer alone; none under LoRA (its adapters are turned off)
+    assert shape.activations(Mode("m", "adamw_torch"), bf16)["reference model"] == 2 * transformer
+    assert shape.activations(Mode("l", "adamw_torch", lora=True), bf16)["reference model"] == 0
