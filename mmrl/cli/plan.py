@@ -136,7 +136,7 @@ def describe(cfg, shape, rows: list[Plan], card: int, gpus: int) -> list[str]:
 
 def fit_warning(cfg, modality: str, device) -> str | None:
     """``mmrl train``'s one line when the plan of ``cfg`` exceeds the CUDA ``device``'s memory (None
-    on a CPU, when it fits, and where no plan is made: a generator)."""
+    on a CPU, when it fits, and for a modality no reader plans)."""
     import torch
 
     if device.type != "cuda" or modality not in ("vlm", "diffusion"):
