@@ -5,6 +5,10 @@ None), so mmrl reads the verdict of its step (mmrl/core/zero.py)."""
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -64,17 +68,27 @@ def test_deepspeed_settings_under_which_its_step_judges_nothing_are_refused(conf
 
 
 @pytest.mark.slow  # DeepSpeed's import and four engines: ~10 s
-def test_deepspeeds_step_skips_a_non_finite_update_and_mmrl_reads_its_verdict(tmp_path, monkeypatch):
+def test_deepspeeds_step_skips_a_non_finite_update_and_mmrl_reads_its_verdict(tmp_path):
     """One process, one gloo group (DeepSpeed keeps the first it joins), the engine as
     :func:`mmrl.core.zero.configure` sets it (mmrl steps it, clipping at 1), ZeRO-2 and ZeRO-3, in
     float32 and bf16: a finite step is applied (the weights move, the engine's norm is the
     gradient's, nothing named); a NaN loss, and a finite loss whose gradient is inf, leave the
     weights as they were, and the verdict names the loss, or the norm; the next finite step applies."""
-    deepspeed = pytest.importorskip("deepspeed", reason="DeepSpeed is in the fit extra")
+    pytest.importorskip("deepspeed", reason="DeepSpeed is in the fit extra")
+    # A fresh interpreter: DeepSpeed keeps the first process group it joins for the life of the
+    # process, and an earlier test's (tests/test_library_internals.py) is gone by now.
+    env = {**os.environ, "LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1"}  # what DeepSpeed reads of a launcher
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+            f"import test_strategy_checks as t; t.deepspeed_step_cases({str(tmp_path)!r})")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
 
-    for name, value in {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1"}.items():
-        monkeypatch.setenv(name, value)  # what DeepSpeed reads of a launcher
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+
+def deepspeed_step_cases(folder: str) -> None:
+    """The cases of the test above, in the process that runs them."""
+    import deepspeed
+
+    dist.init_process_group("gloo", init_method=f"file://{Path(folder) / 'store'}", rank=0, world_size=1)
     try:
         deepspeed.comm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
         for stage in (2, 3):

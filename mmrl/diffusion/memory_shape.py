@@ -137,7 +137,7 @@ def _meta_model(where: Path, library: str, cls_name: str):
             cls = getattr(diffusers, cls_name)
             return cls.from_config(cls.load_config(where))
         config = transformers.AutoConfig.from_pretrained(where)
-        return getattr(transformers, cls_name)._from_config(config)
+        return getattr(transformers, cls_name)(config)  # the constructor: parameters on the meta device
 
 
 def generator_shape(cfg) -> GeneratorShape:
