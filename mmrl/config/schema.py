@@ -65,7 +65,11 @@ class VLMConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: str = "hf"  # a registered rollout engine: hf (transformers generate) | vllm (colocated vLLM)
+    engine: str = "hf"  # a registered rollout engine: hf (transformers generate) | vllm (colocated vLLM) | vllm_server
+    # -- rollout.engine=vllm_server (vLLM's own server, `mmrl rollout-server`; TRL's vllm_server_* in spirit) --
+    server_urls: list[str] = field(default_factory=list)  # base URLs of the servers, e.g. ["http://127.0.0.1:8000"]
+    server_timeout: float = 240.0  # seconds one request may take before it is retried (TRL's vllm_server_timeout)
+    server_retries: int = 3  # failed requests retried on another server this many times, then the step fails
     # -- rollout.engine=vllm (TRL's names; vLLM runs in the training process) ------------------------
     vllm_gpu_memory_utilization: float = 0.3  # share of GPU memory for vLLM's weights + KV cache
     vllm_max_model_length: Optional[int] = None  # prompt + completion tokens; None = the checkpoint's
@@ -260,6 +264,11 @@ class TrainConfig:
     # steps in a row with a skipped update stop the run with a checkpoint of the last good weights
     # (0: never stop).
     max_consecutive_skipped_steps: int = 5
+    # Asynchronous training: rollouts of the next steps are generated (by an engine holding its own
+    # weights, rollout.engine=vllm_server) while a step trains; a batch is at most max_staleness policy
+    # versions old (older samples are dropped and counted). false: the on-policy loop.
+    async_rollouts: bool = False
+    max_staleness: int = 1
     # any transformers scheduler name, or mmrl's linear_horizon (mmrl/core/optimizer.py)
     lr_scheduler_type: str = "constant_with_warmup"
     lr_scheduler_kwargs: dict[str, Any] = field(default_factory=dict)  # the schedule's own options

@@ -32,6 +32,11 @@ class RolloutEngine:
     ``rollout.use_engine_logprobs``); ``sync_weights`` is called after every optimizer step (an
     engine that holds its own copy of the weights reloads them there)."""
 
+    # True: ``generate`` may run in a background thread while the trainer updates (asynchronous
+    # training, ``train.async_rollouts``), because the engine generates from its own copy of the
+    # weights, which only :meth:`push_weights` changes.
+    concurrent = False
+
     def __init__(self, policy):
         self.policy = policy
 
@@ -51,6 +56,15 @@ class RolloutEngine:
 
     def sync_weights(self) -> None:
         """Nothing to do for an engine that generates from the policy's own module."""
+
+    def push_weights(self) -> None:
+        """The policy's current weights into the engine's own copy now (an engine that holds one);
+        called from the training thread between optimizer steps, never during a ``generate``."""
+
+    def take_stats(self) -> dict[str, float]:
+        """Counters since the last call, logged with the step's metrics (a server engine's retries
+        and errors); none by default."""
+        return {}
 
     def completion_length(self, completion: torch.Tensor, stop: Sequence[str] = ()) -> tuple[int, bool]:
         """Tokens up to and including the first stop token, or the token that completes the first
