@@ -70,6 +70,7 @@ class RolloutConfig:
     server_urls: list[str] = field(default_factory=list)  # base URLs of the servers, e.g. ["http://127.0.0.1:8000"]
     server_timeout: float = 240.0  # seconds one request may take before it is retried (TRL's vllm_server_timeout)
     server_retries: int = 3  # failed requests retried on another server this many times, then the step fails
+    weight_sync_dir: Optional[str] = None  # vllm_server's pushed weights go to a private dir made in here (None: the temp dir); the servers read it
     # -- rollout.engine=vllm (TRL's names; vLLM runs in the training process) ------------------------
     vllm_gpu_memory_utilization: float = 0.3  # share of GPU memory for vLLM's weights + KV cache
     vllm_max_model_length: Optional[int] = None  # prompt + completion tokens; None = the checkpoint's
