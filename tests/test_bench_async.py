@@ -28,13 +28,16 @@ def test_one_step_off_hides_generation_up_to_the_update():
     assert predict(c, Layout(1, 1), "k=2").step_s == pytest.approx(3.0)
 
 
-def test_the_push_holds_the_trainer():
-    # gen 3, update 1, push 0.5: sync 3 + 1 + 0.5 = 4.5 s; k=1 max(3, 1 + 0.5) = 3 s, the trainer
-    # waits 3 - 1.5 = 1.5 s of 3 (half)
+def test_the_push_holds_both_sides():
+    # gen 3, update 1, push 0.5. Sync: 0.5 + 3 + 1 = 4.5 s, the trainer busy 1.5 of them (idle 2/3).
+    # k=1: the push waits for the batch in flight, then pauses the generator: max(3, 1) + 0.5 = 3.5 s;
+    # the trainer idles 3 - 1 = 2 s of 3.5 (4/7), the generator the 0.5 s push (1/7)
     c = Costs(3.0, 1.0, sync_s=0.5)
-    assert predict(c, Layout(1, 1), "sync").step_s == pytest.approx(4.5)
+    sync = predict(c, Layout(1, 1), "sync")
+    assert sync.step_s == pytest.approx(4.5) and sync.trainer_idle == pytest.approx(2 / 3)
     k1 = predict(c, Layout(1, 1), "k=1")
-    assert k1.step_s == pytest.approx(3.0) and k1.trainer_idle == pytest.approx(0.5)
+    assert k1.step_s == pytest.approx(3.5) and k1.trainer_idle == pytest.approx(4 / 7)
+    assert k1.rollout_idle == pytest.approx(1 / 7)
     # trainer-bound: gen 1, update 3: k=1 takes 3 s, the trainer never waits, the generator waits 2 of 3
     t = predict(Costs(1.0, 3.0), Layout(1, 1), "k=1")
     assert t.step_s == pytest.approx(3.0) and t.trainer_idle == pytest.approx(0.0)
@@ -56,30 +59,29 @@ def test_devices_scale_each_side():
         Layout.parse("8")
 
 
-def test_a_deeper_queue_absorbs_a_slow_batch():
-    # generation 1 s a batch except batch 4 (5 s), update 2 s, no push. By hand:
+def test_a_slow_batch_delays_the_push_that_waits_for_it():
+    # generation 1 s a batch except batch 4 (5 s), update 2 s, no push cost. By hand:
     # sync: 3 x 6 steps + (5 + 2) = 25 s.
-    # k=1: batch 4 starts at 5 (weights of step 2), ends at 10; step 4 trains 10-12 (the trainer waited
-    #      10 - 7 = 3 s), steps 5-7 follow every 2 s: 18 s.
-    # k=2: batch 4 needs step 1's weights (ready at 3) and starts when batch 3 is done (3), ends at 8;
-    #      step 4 trains 8-10 (waited 1 s): 16 s.
+    # k=1: batch 4 (from step 2's weights, published at 5) runs 5-10; step 3 trains 5-7 and waits for
+    #      batch 4 until 10 before it publishes; steps 4-7 follow every 2 s: 18 s.
+    # k=2: batch 4 (step 1's weights, at 3) runs 3-8; step 2 (3-5) waits for it before publishing at 8;
+    #      batch 5 (step 2's weights) runs 8-9; steps 3-7 every 2 s from 8: 18 s too. The queue is
+    #      deeper but each push still waits for the batch k steps ahead.
     gens, updates = [1, 1, 1, 5, 1, 1, 1], [2] * 7
-    assert schedule(gens, updates, 0.0, 0).train_end[-1] == 25
+    assert schedule(gens, updates, 0.0, 0).push_end[-1] == 25
     k1, k2 = schedule(gens, updates, 0.0, 1), schedule(gens, updates, 0.0, 2)
-    assert k1.train_end == [3, 5, 7, 12, 14, 16, 18] and k1.gen_start[3] == 5 and k1.train_start[3] == 10
-    assert k2.train_end == [3, 5, 7, 10, 12, 14, 16] and k2.gen_start[3] == 3
+    assert k1.push_end == [3, 5, 10, 12, 14, 16, 18] and k1.gen_start[3] == 5 and k1.push_start[2] == 10
+    assert k2.push_end == [3, 8, 10, 12, 14, 16, 18] and k2.gen_start[3] == 3 and k2.push_start[1] == 8
 
 
-def test_variation_costs_the_one_step_queue_more_than_a_deeper_one():
-    # balanced costs (gen = update): constant, k=1 runs at 1 s a step; with 50% variation a step waits
-    # for the slower side, and k=2 recovers part of it. Seeded draws: the same numbers every run.
-    flat = simulate(1.0, 1.0, 0.0, 1, steps=2000)
-    assert flat["step_s"] == pytest.approx(1.0)
+def test_variation_slows_the_overlap_and_seeded_draws_repeat():
+    # balanced costs (gen = update = 1 s): constant, k=1 runs at 1 s a step (sync: 2 s); with 50%
+    # variation each step waits for the slower side: E[max] > 1
+    assert simulate(1.0, 1.0, 0.0, 1, steps=2000)["step_s"] == pytest.approx(1.0)
+    assert simulate(1.0, 1.0, 0.0, 0, steps=2000)["step_s"] == pytest.approx(2.0)
     k1 = simulate(1.0, 1.0, 0.0, 1, steps=2000, gen_cv=0.5, update_cv=0.5, seed=3)
-    k2 = simulate(1.0, 1.0, 0.0, 2, steps=2000, gen_cv=0.5, update_cv=0.5, seed=3)
-    assert k1["step_s"] > 1.05 and k2["step_s"] < k1["step_s"]
-    assert simulate(1.0, 1.0, 0.0, 1, steps=2000, gen_cv=0.5, seed=3) == simulate(1.0, 1.0, 0.0, 1, steps=2000,
-                                                                                   gen_cv=0.5, seed=3)
+    assert 1.1 < k1["step_s"] < 1.5
+    assert k1 == simulate(1.0, 1.0, 0.0, 1, steps=2000, gen_cv=0.5, update_cv=0.5, seed=3)
 
 
 def test_per_token_costs_and_rescaled_batches():
@@ -126,9 +128,10 @@ def test_older_runs_rollout_time_is_read_and_async_runs_give_no_costs(tmp_path):
     old = read_run(_run(tmp_path, [{"step": 1, "reward": 0.0, "step_time": 2.0, "rollout_time": 1.5}], name="old"),
                    warmup=0)
     assert old.trainer_idle == pytest.approx(0.75) and old.costs().gen_s == pytest.approx(1.5)
-    rows = [{"step": 1, "reward": 0.0, "step_time": 2.0, "rollout_wait_time": 0.2, "async/staleness": 1.0}]
+    rows = [{"step": 1, "reward": 0.0, "step_time": 2.0, "rollout_wait_time": 0.2, "rollout_time": 0.5,
+             "async/staleness": 1.0}]
     a = read_run(_run(tmp_path, rows, asynchronous=True, name="async"), warmup=0)
-    assert a.asynchronous and a.staleness == [1.0]
+    assert a.asynchronous and a.staleness == [1.0] and a.scoring_s == [pytest.approx(0.3)]
     with pytest.raises(RunReadError, match="sync run"):
         a.costs()
     with pytest.raises(RunReadError, match="no training steps after the first 1"):
@@ -157,3 +160,44 @@ def test_simulate_prints_the_table_from_flags_and_from_a_run(tmp_path):
 
     bad = mmrl_in_process("bench", "async", "--simulate")
     assert bad.returncode == 2 and "--from RUN" in bad.stdout + bad.stderr
+
+
+def test_the_bench_table_from_measured_runs():
+    # per seed, 2 measured steps of 8 samples. Sync: 4 s a step, 3 s waiting: 2 samples/s, idle 0.75.
+    # Async (k=1): 3 s a step, 1 s waiting, 0.5 s of the trainer's log-prob passes: 8/3 samples/s,
+    # idle 1/3; async / sync = 4/3. Model: gen = 3 - 0.5 = 2.5 s, update = 1 + 0.5 = 1.5 s, no push:
+    # k=1 predicted max(2.5, 1.5) = 2.5 s a step, 3.2 samples/s, the trainer idle 1 s of 2.5.
+    from mmrl.bench.async_bench import report_lines, summarize
+    from mmrl.bench.async_costs import RunMeasure
+
+    def run(mode, seed, step, wait, after, **kw):
+        return RunMeasure(f"out/{mode}-seed{seed}", 8, mode == "async", 1, [step] * 2, [wait] * 2,
+                          after={"accuracy": after}, **kw)
+
+    runs = {"sync": [run("sync", 0, 4.0, 3.0, 0.70), run("sync", 1, 4.0, 3.0, 0.74)],
+            "async": [run("async", s, 3.0, 1.0, a, scoring_s=[0.5, 0.5], staleness=[1.0, 1.0])
+                      for s, a in ((0, 0.72), (1, 0.73))]}
+    summary = summarize(runs, "accuracy", 1)
+    assert summary["modes"]["sync"]["samples_per_s"] == [2.0, 2.0]
+    assert summary["modes"]["async"]["trainer_idle"] == [pytest.approx(1 / 3)] * 2
+    assert summary["ratio"] == [pytest.approx(4 / 3)] * 2
+    assert summary["costs"]["gen_s"] == pytest.approx(2.5) and summary["costs"]["update_s"] == pytest.approx(1.5)
+    assert summary["predicted"]["async"]["samples_per_s"] == pytest.approx(3.2)
+    assert summary["predicted"]["async"]["trainer_idle"] == pytest.approx(0.4)
+    assert summary["predicted"]["sync"]["samples_per_s"] == pytest.approx(2.0)
+    text = "\n".join(report_lines(summary, [0, 1], 1))
+    assert "| async (k=1) | 2.67 ± 0 | 3 ± 0 | 0.33 ± 0.00 | 0.720, 0.730 | 1.00 ± 0.00 | 3.2 | 0.40 |" in text
+    assert "async / sync samples/s: 1.33 ± 0.00" in text
+    assert "accuracy after: async mean 0.725, sync seeds 0.700-0.740 (inside" in text
+
+
+def test_each_runs_overrides_make_a_valid_config(tmp_path):
+    from mmrl.bench.async_bench import run_overrides
+    from mmrl.config import builtin_config_path, load_config
+
+    for mode, asynchronous in (("sync", False), ("async", True)):
+        cfg = load_config(builtin_config_path("vlm/counting_tiny"),
+                          run_overrides(mode, 2, 5, 1, "http://127.0.0.1:8011", tmp_path))
+        assert cfg.rollout.engine == "vllm_server" and cfg.rollout.server_urls == ["http://127.0.0.1:8011"]
+        assert cfg.train.async_rollouts is asynchronous and cfg.train.seed == 2 and cfg.train.steps == 5
+        assert cfg.log.run_name == f"{mode}-seed2" and cfg.log.log_every == 1

@@ -6,7 +6,11 @@ Per step, ``metrics.jsonl`` holds ``step_time`` (the whole step) and ``rollout_w
 seconds the trainer waited for the step's rollouts: in a sync run the whole rollout stage, runs
 from before asynchronous training wrote ``rollout_time``); an engine with its own copy of the
 weights reports its push as ``rollout/weight_sync_time`` (in a sync run it happens inside the
-rollout stage: the next generate pushes first). ``summary.json`` holds the held-out metrics
+rollout stage: the next generate pushes first). The trainer's own log-prob passes (old log-probs for
+the engine correction, the reference's for the KL) are part of a sync run's rollout stage; an
+asynchronous run computes them when it trains the batch, inside ``rollout_time`` after the wait
+(``rollout_time - rollout_wait_time``): :meth:`RunMeasure.costs` moves them from generation to the
+update when told how long they take. ``summary.json`` holds the held-out metrics
 after training; ``config.yaml`` the samples per step (``train.prompts_per_step`` x
 ``rollout.num_generations``) and whether the run was asynchronous.
 """
@@ -45,6 +49,7 @@ class RunMeasure:
     wait_s: list[float]
     sync_s: list[float] = field(default_factory=list)  # empty when the engine does not report it
     staleness: list[float] = field(default_factory=list)
+    scoring_s: list[float] = field(default_factory=list)  # asynchronous runs: rollout_time - rollout_wait_time
     after: dict[str, Any] = field(default_factory=dict)  # summary.json's held-out metrics after training
 
     @property
@@ -56,17 +61,18 @@ class RunMeasure:
         """sum(rollout_wait_time) / sum(step_time): the share of the step the trainer waited."""
         return sum(self.wait_s) / sum(self.step_s)
 
-    def costs(self, sync_s: float | None = None) -> Costs:
-        """A sync run's steps as the model's costs on one device of each kind: update = step -
-        wait; gen = wait - the push the run reported (0 when it reported none); the model's push
-        is ``sync_s`` when given, else the run's. Variation: std / mean over the steps."""
+    def costs(self, sync_s: float | None = None, scoring_s: float = 0.0) -> Costs:
+        """A sync run's steps as the model's costs on one device of each kind: gen = wait - the push
+        the run reported (0 when it reported none) - ``scoring_s`` (the trainer's log-prob passes,
+        which asynchronous training does on the trainer); update = step - wait + ``scoring_s``; the
+        model's push is ``sync_s`` when given, else the run's. Variation: std / mean over the steps."""
         if self.asynchronous:
             raise RunReadError(f"{self.run_dir}: an asynchronous run (train.async_rollouts=true) cannot give "
                                "the model its costs (its rollouts overlap its updates); give a sync run's directory")
         measured_sync = statistics.fmean(self.sync_s) if self.sync_s else 0.0
         pushes = self.sync_s if len(self.sync_s) == len(self.wait_s) else [measured_sync] * len(self.wait_s)
-        gens = [w - p for w, p in zip(self.wait_s, pushes)]
-        updates = [t - w for t, w in zip(self.step_s, self.wait_s)]
+        gens = [w - p - scoring_s for w, p in zip(self.wait_s, pushes)]
+        updates = [t - w + scoring_s for t, w in zip(self.step_s, self.wait_s)]
         return Costs(gen_s=max(statistics.fmean(gens), 0.0), update_s=max(statistics.fmean(updates), 0.0),
                      sync_s=measured_sync if sync_s is None else sync_s, samples=self.samples_per_step,
                      gen_cv=_cv(gens), update_cv=_cv(updates))
@@ -106,5 +112,7 @@ def read_run(run_dir: Path | str, warmup: int = 1) -> RunMeasure:
         wait_s=[float(next(r[k] for k in WAIT_KEYS if k in r)) for r in rows],
         sync_s=[float(r[SYNC_TIME_KEY]) for r in rows if SYNC_TIME_KEY in r],
         staleness=[float(r[STALENESS_KEY]) for r in rows if STALENESS_KEY in r],
+        scoring_s=[float(r["rollout_time"]) - float(r["rollout_wait_time"]) for r in rows
+                   if "rollout_time" in r and "rollout_wait_time" in r] if train.get("async_rollouts") else [],
         after=after,
     )

@@ -14,15 +14,16 @@ batch) and N training devices (DDP/FSDP2). n devices do a step's work ``1 + (n -
 times as fast: efficiency 1 is linear scaling; below 1, each added device adds less (an assumption
 the caller states, not a measurement).
 
-The schedule (the asynchronous trainer's): batch s is generated from the weights published after
-step ``s - 1 - k`` (version 0 is the start); its generation starts once those weights are published
-and the generator is free; step s trains once batch s is generated and step s - 1 is done, then
-the trainer pushes its weights (``sync_s``) and publishes them. k = 0 is sync training: generate,
-update, push, one after another, ``step = gen + update + sync`` and the trainer idles for ``gen``.
-With constant costs and k >= 1 the steady state is ``step = max(gen, update + sync)`` and the
-trainer idles ``max(0, gen - update - sync)`` a step: one-step-off training ("one step off-policy",
-verl's one_step_off_policy recipe; AReaL: "A Large-Scale Asynchronous Reinforcement Learning
-System for Language Reasoning" for k > 1). Costs that vary from step to step (completion lengths
+The schedule is the asynchronous trainer's (:mod:`mmrl.core.async_rollouts`): batch s is generated
+from the weights published after step ``s - 1 - k`` (version 0 is the start), as soon as those are
+published and the generator is free; step s trains once batch s is generated and step s - 1 is
+done; then, once batch ``s + k`` is generated, the trainer pushes its weights (``sync_s``, the
+generator paused meanwhile) and publishes them. k = 0 is sync training: push, generate, update,
+one after another, ``step = sync + gen + update``, the trainer idle for ``gen``. With constant
+costs and k >= 1 the steady state is ``step = max(gen, update) + sync``: the trainer idles
+``max(0, gen - update)`` a step and the generator ``max(0, update - gen) + sync``. k = 1 is
+one-step-off training (verl's one_step_off_policy recipe); k > 1 as in "AReaL: A Large-Scale
+Asynchronous Reinforcement Learning System for Language Reasoning" (Fu et al., 2025). Costs that vary from step to step (completion lengths
 do) need a queue deeper than one to hide: :func:`simulate` draws each step's costs from a gamma
 distribution of the given coefficient of variation and plays the schedule step by step.
 
@@ -139,12 +140,13 @@ def _draw(rng: random.Random, mean: float, cv: float) -> float:
 
 @dataclass(frozen=True)
 class Timeline:
-    """When each batch's generation and each step's training began and ended (index s - 1 for step s)."""
+    """When each batch was generated and each step trained and pushed (index s - 1 for step s)."""
 
     gen_start: list[float]
     gen_end: list[float]
     train_start: list[float]
-    train_end: list[float]  # the step's update and push done: its weights are published
+    push_start: list[float]  # the update is done; the push waits for batch s + k (then holds both sides)
+    push_end: list[float]  # the weights of step s published
 
 
 def schedule(gens: Sequence[float], updates: Sequence[float], sync_s: float, k: int) -> Timeline:
@@ -154,14 +156,17 @@ def schedule(gens: Sequence[float], updates: Sequence[float], sync_s: float, k: 
         raise ValueError(f"max_staleness k is >= 0, got {k}")
     if len(gens) != len(updates):
         raise ValueError(f"one generation and one update cost per step, got {len(gens)} and {len(updates)}")
-    t = Timeline([], [], [], [])
-    for s, (gen, update) in enumerate(zip(gens, updates), 1):
-        version = s - 1 - k  # batch s comes from the weights published after this step (0: the start)
-        published = t.train_end[version - 1] if version >= 1 else 0.0
-        t.gen_start.append(max(published, t.gen_end[-1] if t.gen_end else 0.0))
-        t.gen_end.append(t.gen_start[-1] + gen)
-        t.train_start.append(max(t.gen_end[-1], t.train_end[-1] if t.train_end else 0.0))
-        t.train_end.append(t.train_start[-1] + update + sync_s)
+    steps = len(gens)
+    t = Timeline([], [], [], [], [])
+    for s in range(1, steps + 1):
+        while len(t.gen_end) < min(s + k, steps):  # batches up to s + k, each from version b - 1 - k
+            b = len(t.gen_end) + 1
+            published = t.push_end[b - 2 - k] if b - 1 - k >= 1 else 0.0
+            t.gen_start.append(max(published, t.gen_end[-1] if t.gen_end else 0.0))
+            t.gen_end.append(t.gen_start[-1] + gens[b - 1])
+        t.train_start.append(max(t.gen_end[s - 1], t.push_end[-1] if t.push_end else 0.0))
+        t.push_start.append(max(t.train_start[-1] + updates[s - 1], t.gen_end[min(s + k, steps) - 1]))
+        t.push_end.append(t.push_start[-1] + sync_s)
     return t
 
 
@@ -169,19 +174,24 @@ def simulate(gen_s: float, update_s: float, sync_s: float, k: int, steps: int = 
              update_cv: float = 0.0, seed: int = 0) -> dict[str, float]:
     """:func:`schedule` over ``steps`` steps whose costs are drawn around the means (gamma, the
     given coefficients of variation, seeded). Returns ``step_s`` (mean seconds a step),
-    ``trainer_idle`` and ``rollout_idle`` (shares of the time each waited), measured from the end
-    of step ``k + 1`` to the last (the start-up, when the generator runs ahead on the first
-    weights, left out)."""
-    warm = k + 1
-    if steps < warm + 1:
-        raise ValueError(f"simulate at least {warm + 1} steps for k={k}, got {steps}")
+    ``trainer_idle`` (the share of the time the trainer neither updates nor pushes) and
+    ``rollout_idle`` (the share the generator does not generate), from the end of step ``k + 1``
+    to the end of step ``steps - k``: the start-up (the generator runs ahead on the first weights)
+    and the end (nothing left to generate ahead) left out."""
+    warm, end = k + 1, steps - k  # the start-up and the last k steps (nothing left to generate ahead)
+    if end <= warm:
+        raise ValueError(f"simulate at least {2 * k + 2} steps for k={k}, got {steps}")
     rng = random.Random(seed)
     costs = [(_draw(rng, gen_s, gen_cv), _draw(rng, update_s, update_cv)) for _ in range(steps)]
-    t = schedule([g for g, _ in costs], [u for _, u in costs], sync_s, k)
-    window = t.train_end[-1] - t.train_end[warm - 1]
-    trainer_wait = sum(t.train_start[i] - t.train_end[i - 1] for i in range(warm, steps))
-    rollout_wait = sum(t.gen_start[i] - t.gen_end[i - 1] for i in range(warm, steps))
-    return {"step_s": window / (steps - warm), "trainer_idle": trainer_wait / window,
+    updates = [u for _, u in costs]
+    t = schedule([g for g, _ in costs], updates, sync_s, k)
+    window = t.push_end[end - 1] - t.push_end[warm - 1]
+    # step s's gaps (waiting for its batch, then for batch s + k before its push) and batch s's gap
+    # (waiting for its weights, or paused by a push)
+    trainer_wait = sum(t.train_start[i] - t.push_end[i - 1] + t.push_start[i] - t.train_start[i] - updates[i]
+                       for i in range(warm, end))
+    rollout_wait = sum(t.gen_start[i] - t.gen_end[i - 1] for i in range(warm, end))
+    return {"step_s": window / (end - warm), "trainer_idle": trainer_wait / window,
             "rollout_idle": rollout_wait / window}
 
 

@@ -242,7 +242,9 @@ def bench_async(
     staleness_k: int = typer.Option(1, "--max-staleness", help="measurement: train.max_staleness of the async runs"),
     out: Path = typer.Option(Path("runs/bench-async"), help="measurement: output directory (a run per mode and "
                              "seed, async.json, async.md, the server's log)"),
-    port: int = typer.Option(8011, help="measurement: the rollout server's port on 127.0.0.1"),
+    port: int = typer.Option(0, help="measurement: the rollout server's port on 127.0.0.1 (0: a free one)"),
+    vllm: Optional[str] = typer.Option(None, help="measurement: the vLLM environment or its `vllm` executable "
+                                       "(default: $MMRL_VLLM_ENV, else `vllm` on the PATH)"),
     run: Optional[Path] = typer.Option(None, "--from", help="simulate: a sync run's directory; its metrics.jsonl "
                                        "gives the costs (rollout_wait_time, step_time)"),
     gen_s: Optional[float] = typer.Option(None, help="simulate: seconds to generate one step's batch on one device"),
@@ -255,6 +257,9 @@ def bench_async(
                                           "--from, the run's costs are scaled to it)"),
     sync_s: Optional[float] = typer.Option(None, help="simulate: seconds one weight push holds the trainer "
                                            "(default: the run's rollout/weight_sync_time, else 0)"),
+    scoring_s: float = typer.Option(0.0, help="simulate with --from: seconds of the trainer's log-prob passes in "
+                                    "the sync run's rollout stage, which asynchronous training does on the trainer "
+                                    "(an async run logs them as rollout_time - rollout_wait_time)"),
     gen_cv: Optional[float] = typer.Option(None, help="simulate: step-to-step variation of generation (std/mean; "
                                            "default: the run's, else 0)"),
     update_cv: Optional[float] = typer.Option(None, help="simulate: the same for the update"),
@@ -266,57 +271,22 @@ def bench_async(
     """Sync against asynchronous training (train.async_rollouts) with rollouts on a vLLM server: measured on
     this machine's two cores (server on one, trainer on the other), or with --simulate predicted for
     M rollout + N training devices from measured costs."""
+    from mmrl.bench.async_bench import DEFAULT_CONFIG, SimulateOptions, run_async_bench, simulate_report
+
     if simulate:
-        _run_bench(lambda: _simulate(run, warmup, gen_s, update_s, gen_ms_per_token, update_ms_per_token, tokens,
-                                     samples, sync_s, gen_cv, update_cv, layouts, staleness, rollout_efficiency,
-                                     train_efficiency))
+        opts = SimulateOptions(run=run, warmup=warmup, gen_s=gen_s, update_s=update_s, gen_ms=gen_ms_per_token,
+                               update_ms=update_ms_per_token, tokens=tokens, samples=samples, sync_s=sync_s,
+                               scoring_s=scoring_s, gen_cv=gen_cv, update_cv=update_cv, layouts=_names(layouts),
+                               staleness=_names(staleness), rollout_efficiency=rollout_efficiency,
+                               train_efficiency=train_efficiency)
+        _run_bench(lambda: print("\n".join(simulate_report(opts)), flush=True))
         return
-    from mmrl.bench.async_bench import DEFAULT_CONFIG, run_async_bench
 
     seed_list = _seeds(seeds)
     path, overrides = split_args(list(args or []))
     _run_bench(lambda: run_async_bench(path or DEFAULT_CONFIG, overrides, seeds=seed_list, steps=steps,
-                                       warmup=warmup, max_staleness=staleness_k, out_dir=out, port=port,
-                                       echo=lambda s: print(s, flush=True)))
-
-
-def _simulate(run, warmup, gen_s, update_s, gen_ms, update_ms, tokens, samples, sync_s, gen_cv, update_cv,
-              layouts, staleness, rollout_efficiency, train_efficiency) -> None:
-    from dataclasses import replace
-
-    from mmrl.bench.async_costs import read_run
-    from mmrl.bench.async_model import Costs, Layout, format_predictions, predict_table
-
-    given = [name for name, v in (("--from", run), ("--gen-s/--update-s", gen_s if gen_s is not None else update_s),
-                                  ("--gen-ms-per-token/--update-ms-per-token",
-                                   gen_ms if gen_ms is not None else update_ms)) if v is not None]
-    if len(given) != 1:
-        raise ValueError("--simulate needs the costs from exactly one source: --from RUN (a sync run), "
-                         "--gen-s and --update-s, or --gen-ms-per-token and --update-ms-per-token"
-                         + (f" (got {', '.join(given)})" if given else ""))
-    if run is not None:
-        costs = read_run(run, warmup).costs(sync_s)
-        source = f"{run} (sync run, {warmup} warm-up step(s) left out)"
-        if samples is not None:
-            costs = costs.with_samples(samples)
-    elif gen_s is not None:
-        if update_s is None:
-            raise ValueError("--gen-s needs --update-s")
-        costs, source = Costs(gen_s, update_s, sync_s or 0.0, samples or 1), "the flags"
-    else:
-        if gen_ms is None or update_ms is None:
-            raise ValueError("--gen-ms-per-token and --update-ms-per-token go together")
-        costs = Costs.per_token(gen_ms, update_ms, tokens, samples or 1, sync_s or 0.0)
-        source = f"the flags ({tokens} tokens a sample)"
-    costs = replace(costs, gen_cv=costs.gen_cv if gen_cv is None else gen_cv,
-                    update_cv=costs.update_cv if update_cv is None else update_cv)
-    rows = predict_table(costs, [Layout.parse(t, rollout_efficiency, train_efficiency) for t in _names(layouts)],
-                         [int(k) for k in _names(staleness)])
-    print(f"costs from {source}: {costs.describe()}")
-    print(f"scaling: each added rollout device adds {rollout_efficiency:g}, each added training device "
-          f"{train_efficiency:g} of one (1: linear); predictions, not measurements")
-    for line in format_predictions(rows):
-        print(line)
+                                       warmup=warmup, max_staleness=staleness_k, out_dir=out, port=port or None,
+                                       vllm=vllm, echo=lambda s: print(s, flush=True)))
 
 
 def _seeds(text: str) -> list[int]:
