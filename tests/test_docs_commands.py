@@ -58,6 +58,7 @@ BUDGET: dict[str, tuple[str, ...]] = {
             "train.device=cpu"),
     "eval": ("--num-examples", "1"),
     "bench algos": ("--steps", "1", "--seeds", "0", *_VLM[1:]),
+    "bench async": (),  # --simulate only: the measurement is in CANNOT_RUN
     "bench diffusion": ("--steps", "1", *_GENERATOR[1:]),
     "bench speed": ("--prompts", "1", "--generations", "2", "--tokens", "2", "--steps", "1", "--warmup", "0",
                     "--repeats", "1", "--towers", "frozen", "--trl", "best"),  # one pair, two runs
@@ -132,9 +133,23 @@ COVERED_BY: dict[str, tuple[str, str]] = {
                              '["build-tiny", modality, "--out", str(tmp_path), "--steps", "2"]'),
 }
 
+_ASYNC_BENCH = ("the measurement: a vLLM server (the vLLM environment) and 6 training runs, minutes on both cores; "
+                "its parts are tested by tests/test_bench_async.py")
+_LAYOUT = ("a layout of vLLM servers and training processes on 8 or 16 GPUs (docs/distributed.md) for a recipe the "
+           "user writes; the server and the asynchronous trainer run on CPU in tests/test_vllm_server.py and "
+           "tests/test_async_rollouts.py")
 CANNOT_RUN: dict[str, str] = {
     "train vlm my_recipe.yaml": "a launch on 8 GPUs (accelerate / torchrun) of a recipe the user writes; the "
                                 "2-process CPU launch is run by tests/test_distributed.py",
+    "bench async": _ASYNC_BENCH,
+    "rollout-server my_recipe.yaml --port 8000": _LAYOUT,
+    "rollout-server my_recipe.yaml --port 8001": _LAYOUT,
+    "train vlm my_recipe.yaml rollout.engine=vllm_server rollout.server_urls=[http://127.0.0.1:8000,"
+    "http://127.0.0.1:8001] train.async_rollouts=true": _LAYOUT,
+    "train vlm my_recipe.yaml rollout.engine=vllm_server rollout.server_urls=[" + ",".join(
+        f"http://servers:800{i}" for i in range(8)) + "] rollout.weight_sync_dir=/shared/mmrl-weights "
+    "train.async_rollouts=true": _LAYOUT,
+    "bench async --vllm /path/to/venv-vllm --steps 40 --seeds 0,1 train.prompts_per_step=16": _ASYNC_BENCH,
 }
 
 
@@ -470,6 +485,8 @@ def _check(args, out: str, err: str, cwd: Path) -> None:
         assert re.search(r"^dynamic\s+\d", out, re.M) and re.search(r"^static\s+\d", out, re.M), out
     elif sub == "bench optimizers":
         assert "adamw_kahan" in out and "adamw_bf16_sr" in out
+    elif sub == "bench async":  # --simulate: the table
+        assert "predictions, not measurements" in out and re.search(r"^\S+\s+k=1\s+\d", out, re.M), out
     elif sub == "bench gpu":
         assert (cwd / "runs" / "bench-gpu" / "speed.md").is_file()
     elif sub == "demo":

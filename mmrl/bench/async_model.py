@@ -191,8 +191,8 @@ def simulate(gen_s: float, update_s: float, sync_s: float, k: int, steps: int = 
     trainer_wait = sum(t.train_start[i] - t.push_end[i - 1] + t.push_start[i] - t.train_start[i] - updates[i]
                        for i in range(warm, end))
     rollout_wait = sum(t.gen_start[i] - t.gen_end[i - 1] for i in range(warm, end))
-    return {"step_s": window / (end - warm), "trainer_idle": trainer_wait / window,
-            "rollout_idle": rollout_wait / window}
+    return {"step_s": window / (end - warm), "trainer_idle": max(trainer_wait / window, 0.0),  # -1e-17 is 0
+            "rollout_idle": max(rollout_wait / window, 0.0)}
 
 
 def predict(costs: Costs, layout: Layout, mode: str, steps: int = 400, seed: int = 0) -> Prediction:
