@@ -19,7 +19,7 @@ from mmrl.config.recipes import recipe_names
 REPO = Path(__file__).resolve().parents[1]
 COMMANDS = [["train"], ["eval"], ["report"], ["sft"], ["list"], ["build-tiny"], ["demo"],
             ["bench", "algos"], ["bench", "diffusion"], ["bench", "speed"], ["bench", "rollout"],
-            ["bench", "optimizers"]]
+            ["bench", "optimizers"], ["bench", "async"]]
 
 
 def _invoke(*args: str):
