@@ -201,3 +201,12 @@ def test_each_runs_overrides_make_a_valid_config(tmp_path):
         assert cfg.rollout.engine == "vllm_server" and cfg.rollout.server_urls == ["http://127.0.0.1:8011"]
         assert cfg.train.async_rollouts is asynchronous and cfg.train.seed == 2 and cfg.train.steps == 5
         assert cfg.log.run_name == f"{mode}-seed2" and cfg.log.log_every == 1
+
+
+def test_the_servers_own_cpu_time_is_not_counted_as_other_load():
+    # vLLM's engine polls while idle: its process tree (the API server, the engine core, its workers)
+    # is left out of "other processes keep N cores busy". Ticks: 10 -> 11 -> 12 the server's, 13 not.
+    from mmrl.bench.async_bench import _tree_ticks
+
+    procs = {10: (1, 5), 11: (10, 7), 12: (11, 100), 13: (1, 50)}
+    assert _tree_ticks(10, procs) == 112 and _tree_ticks(13, procs) == 50

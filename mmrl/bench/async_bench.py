@@ -16,8 +16,8 @@ log-prob passes, which asynchronous training moves onto the trainer, taken from 
 beside the measured asynchronous figures.
 
 Timings mean something only on an otherwise idle machine: how many cores other processes keep
-busy is sampled before each run (:func:`~mmrl.config.threads.busy_cores`), printed, written to
-``async.json`` and warned about above half a core.
+busy (the server's own polling left out, :func:`others_busy`) is sampled before each run, written
+to ``async.json`` and warned about above half a core.
 """
 
 from __future__ import annotations
@@ -151,6 +151,47 @@ def server_env(core: set[int] | None) -> dict[str, str]:
     return env
 
 
+def _proc_ticks() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, user + system clock ticks) of every process /proc lists."""
+    out = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        out[int(stat.parent.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+    return out
+
+
+def _tree_ticks(root: int, procs: dict[int, tuple[int, int]]) -> int:
+    tree, grew = {root}, True
+    while grew:
+        more = {pid for pid, (ppid, _) in procs.items() if ppid in tree} - tree
+        tree |= more
+        grew = bool(more)
+    return sum(procs[p][1] for p in tree if p in procs)
+
+
+def others_busy(server_pid: int, interval: float = 0.5) -> float | None:
+    """Cores' worth of CPU time used over ``interval`` seconds by processes other than this one and
+    the server's (vLLM's engine polls while idle): what :func:`~mmrl.config.threads.busy_cores`
+    measures, less the server's share. None where /proc cannot be read."""
+    def sample():
+        try:
+            fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        except (OSError, ValueError, IndexError):
+            return None
+        return sum(fields[:8]), fields[3] + fields[4], _tree_ticks(server_pid, _proc_ticks())
+
+    first = sample()
+    time.sleep(interval)
+    second = sample()
+    if first is None or second is None or second[0] <= first[0]:
+        return None
+    total, idle, server = (b - a for a, b in zip(first, second))
+    return max(total - idle - server, 0) / total * (os.cpu_count() or 1)
+
+
 def _mean_sd(values: Sequence[float]) -> tuple[float, float | None]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
 
@@ -231,7 +272,6 @@ def run_async_bench(config: str = DEFAULT_CONFIG, overrides: Sequence[str] = (),
     import mmrl
     from mmrl.cli.rollout_server import find_vllm, start_rollout_server, stop_rollout_server
     from mmrl.config import builtin_config_path, load_config
-    from mmrl.config.threads import busy_cores
     from mmrl.core.trainer import build_task
 
     if steps <= warmup:
@@ -269,7 +309,7 @@ def run_async_bench(config: str = DEFAULT_CONFIG, overrides: Sequence[str] = (),
             with pinned(trainer_cores):
                 torch.set_num_threads(1)
                 for i, (seed, mode) in enumerate(plans, 1):
-                    other = busy_cores()
+                    other = others_busy(proc.pid)
                     busy.append({"seed": seed, "mode": mode, "busy_cores": other})
                     note = "" if other is None or other < BUSY_WARNING else (
                         f"  warning: other processes keep {other:.1f} cores busy: these timings are not representative")
