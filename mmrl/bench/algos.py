@@ -72,7 +72,7 @@ __all__ = [  # the bench's API, from the modules of its concerns
     "write_report",
 ]
 
-def _clear_run_dir(run_dir: Path) -> None:
+def clear_run_dir(run_dir: Path) -> None:
     """A rerun of the bench replaces the variant's previous run (metrics.jsonl is appended to)."""
     if not run_dir.exists():
         return
@@ -143,7 +143,7 @@ def run_algo_bench(
     for i, (name, s, run_name, overrides) in enumerate(plans, 1):
         console.print(f"[bold][{i}/{len(plans)}] {run_name}[/]: "
                       f"{' '.join(variant_overrides(name, base_cfg, table, base)) or '(base)'}", highlight=False)
-        _clear_run_dir(out_dir / run_name)
+        clear_run_dir(out_dir / run_name)
         t0 = time.perf_counter()
         res = mmrl.train(config, overrides)
         runs[name].append(run_figures(name, s, res, steps, time.perf_counter() - t0, metric))

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import statistics
 import time
 from contextlib import contextmanager
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from .algo_report import markdown_rows
+from .algos import clear_run_dir
 from .async_costs import RunMeasure, read_run
 from .async_model import Costs, Layout, format_predictions, mode_name, predict, predict_table
 
@@ -252,13 +252,13 @@ def report_lines(summary: dict[str, Any], seeds: Sequence[int], k: int) -> list[
         lines.append(f"{metric} after: async mean {mean:.3f}, sync seeds {min(sync_after):.3f}-{max(sync_after):.3f} "
                      f"({'inside' if inside else 'outside'} the sync runs' spread)")
     return lines + [
-            f"model inputs from the sync runs: generation {c['gen_s']:.3g} s, update {c['update_s']:.3g} s "
-            f"(with the trainer's log-prob passes, {c['scoring_s']:.3g} s, measured in the async runs), "
-            f"weight push {c['sync_s']:.3g} s a step of {c['samples']} samples; variation {c['gen_cv']:.0%} / "
-            f"{c['update_cv']:.0%}",
-            "trainer idle: measured, sum(rollout_wait_time) / sum(step_time) (in a sync run the push and the "
-            "trainer's log-prob passes are inside the wait); predicted, the share of time the trainer neither "
-            "updates, computes log-probs nor pushes"]
+        f"model inputs from the sync runs: generation {c['gen_s']:.3g} s, update {c['update_s']:.3g} s "
+        f"(with the trainer's log-prob passes, {c['scoring_s']:.3g} s, measured in the async runs), "
+        f"weight push {c['sync_s']:.3g} s a step of {c['samples']} samples; variation {c['gen_cv']:.0%} / "
+        f"{c['update_cv']:.0%}",
+        "trainer idle: measured, sum(rollout_wait_time) / sum(step_time) (in a sync run the push and the "
+        "trainer's log-prob passes are inside the wait); predicted, the share of time the trainer neither "
+        "updates, computes log-probs nor pushes"]
 
 
 def run_async_bench(config: str = DEFAULT_CONFIG, overrides: Sequence[str] = (), seeds: Sequence[int] = (0, 1, 2),
@@ -315,8 +315,7 @@ def run_async_bench(config: str = DEFAULT_CONFIG, overrides: Sequence[str] = (),
                         f"  warning: other processes keep {other:.1f} cores busy: these timings are not representative")
                     echo(f"[{i}/{len(plans)}] {mode} seed {seed}" + note)
                     run_dir = out_dir / f"{mode}-seed{seed}"
-                    if run_dir.exists():
-                        shutil.rmtree(run_dir)
+                    clear_run_dir(run_dir)
                     mmrl.train(config, [*overrides, *run_overrides(mode, seed, steps, max_staleness, url, out_dir)])
                     runs[mode].append(read_run(run_dir, warmup))
         finally:

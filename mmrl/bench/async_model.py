@@ -23,9 +23,11 @@ one after another, ``step = sync + gen + update``, the trainer idle for ``gen``.
 costs and k >= 1 the steady state is ``step = max(gen, update) + sync``: the trainer idles
 ``max(0, gen - update)`` a step and the generator ``max(0, update - gen) + sync``. k = 1 is
 one-step-off training (verl's one_step_off_policy recipe); k > 1 as in "AReaL: A Large-Scale
-Asynchronous Reinforcement Learning System for Language Reasoning" (Fu et al., 2025). Costs that vary from step to step (completion lengths
-do) need a queue deeper than one to hide: :func:`simulate` draws each step's costs from a gamma
-distribution of the given coefficient of variation and plays the schedule step by step.
+Asynchronous Reinforcement Learning System for Language Reasoning" (Fu et al., 2025). Costs
+vary from step to step (completion lengths do): :func:`simulate` draws each step's costs from a
+gamma distribution of the given coefficient of variation and plays the schedule step by step. As
+each push waits for the batch k steps ahead, a deeper queue does not absorb a slow batch better
+than k = 1 under this schedule (tests/test_bench_async.py works one through by hand).
 
 ``colocated`` is the baseline without a split: every device generates, then every device trains
 (mmrl's hf or in-process vLLM engine), sync only, no push.
