@@ -130,7 +130,7 @@ def test_a_generate_call_past_max_time_stops_and_is_counted():
     exs, prompts = _prompts(2)
     batch = policy.rollout(exs, prompts, 2, "train")
     assert bool(batch.truncated.all()) and int(batch.action_mask.sum(1).max()) < 30
-    assert policy.take_generation_timeouts() == 4 and policy.take_generation_timeouts() == 0
+    assert policy.take_rollout_stats() == {"rollout_timeouts": 4.0} and policy.take_rollout_stats() == {"rollout_timeouts": 0.0}
     untimed = VLMPolicy(make_config("train.device=cpu", "rollout.max_completion_length=3"))
     untimed.rollout(exs, prompts, 2, "train")
-    assert untimed.take_generation_timeouts() == 0
+    assert untimed.take_rollout_stats() == {}

@@ -83,17 +83,24 @@ class StepSource(Protocol):
         """After the last evaluation, on every rank: what ``summary.json`` holds besides the
         metrics (the RL table's intervals, SFT's exported model); rank 0 prints its results."""
 
+    def close(self) -> None:
+        """The loop ended (finished, stopped or failed): stop what runs beside it (a generator thread)."""
+
 
 def run_name(cfg) -> str:
     return cfg.log.run_name or f"{cfg.task.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def begin_step(cfg, policy, step: int) -> None:
-    """The start of every step: reseed from ``(train.seed, step)`` (rank 0: salt 0), so the step
-    is the same whether the run got here in one go or resumed, and the policy's step (its
-    learning rate)."""
-    seed_everything(stream_seed(cfg.train.seed, step, "step", rank_salt=dist.rank_salt()))
+    """The start of every step: reseed (:func:`seed_step`) and the policy's step (its learning rate)."""
+    seed_step(cfg, step)
     policy.begin_step(step)
+
+
+def seed_step(cfg, step: int) -> None:
+    """Reseed the global generators from ``(train.seed, step)`` (rank 0: salt 0), so the step is
+    the same whether the run got here in one go or resumed."""
+    seed_everything(stream_seed(cfg.train.seed, step, "step", rank_salt=dist.rank_salt()))
 
 
 class RunLifecycle:
@@ -211,6 +218,7 @@ class RunLifecycle:
         except KeyboardInterrupt as exc:  # a second Ctrl-C, or one before the loop
             raise TrainingInterrupted(self.run_dir, self.step_done, self.ckpt.latest_step()) from exc
         finally:
+            steps.close()
             if logger is not None:
                 logger.close()
         if stopped:

@@ -250,9 +250,9 @@ class PolicyBase:
         return out
 
     # -- hooks with defaults ------------------------------------------------------------------
-    def take_generation_timeouts(self) -> int:
-        """Samples whose generation was cut by a time limit since the last call (``rollout.max_time``)."""
-        return 0
+    def take_rollout_stats(self) -> dict[str, float]:
+        """Counters of the rollouts since the last call (none by default)."""
+        return {}
 
     def after_optimizer_step(self) -> None:
         """Called after every optimizer step (e.g. a rollout engine reloads the new weights)."""

@@ -29,11 +29,13 @@ CAPABILITIES = {
     "multi_turn": "acts over several turns of an episode, one prompt per turn (environment tasks)",
     "turn_cache": "keeps what a trajectory's turns computed for the next turn while turn_cache() is open",
     "fused_loss": "computes the objective fused with its log-probs where configured (train.use_liger_loss)",
+    "async_rollouts": "rolls out from an engine's own weights copy, concurrently with training (train.async_rollouts)",
 }
 
 # Members of the protocol that only a policy declaring the capability has.
 OPTIONAL_MEMBERS = {"score": "scoring", "rollout_given": "teacher_forcing", "perturb": "image_inputs",
-                    "temporally_shuffled": "video_inputs", "turn_cache": "turn_cache"}
+                    "temporally_shuffled": "video_inputs", "turn_cache": "turn_cache",
+                    "publish_weights": "async_rollouts"}
 
 
 class Policy(Protocol):
@@ -96,8 +98,13 @@ class Policy(Protocol):
         only what is new; the same samples and log-probs, to float rounding. Closed, what was kept
         is freed (the agent loop holds it for one batch of trajectories, whose weights are fixed)."""
 
-    def take_generation_timeouts(self) -> int:
-        """Samples whose generation was cut by a time limit since the last call (``rollout.max_time``)."""
+    def take_rollout_stats(self) -> dict[str, float]:
+        """Counters of the rollouts since the last call, logged with the step's metrics (samples cut
+        by ``rollout.max_time``, a rollout server's retries and errors)."""
+
+    def publish_weights(self) -> None:
+        """Capability ``async_rollouts``: hand the current weights to the rollout engine now (the
+        training thread calls it between steps; rollouts generated afterwards use them)."""
 
     def configure_optimizer(self, train_cfg: Any, total_steps: int) -> None:
         """The optimizer and schedule over ``total_steps`` RL steps, prepared for this launch."""

@@ -12,9 +12,13 @@ need of the whole batch, and gradients are averaged by the backend (the policy b
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from ..config import check_unused_keys
 from ..measures.intervals import describe
@@ -22,9 +26,11 @@ from ..registry import TASKS, load_plugins
 from ..runs.terminal import print_before_after
 from ..task import Task
 from . import distributed as dist
+from .async_rollouts import RolloutsAhead, check_async, stale_groups, staleness_metrics
 from .batch import BatchBuilder
+from .batch.scoring import complete_logps
 from .evaluation import Evaluation, run_evaluation
-from .lifecycle import NonFiniteTrainingError, RunLifecycle, TrainResult, begin_step, run_name
+from .lifecycle import NonFiniteTrainingError, RunLifecycle, TrainResult, begin_step, run_name, seed_step
 from .reward_computer import make_reward_computer
 from .rollouts import Rollouts
 from .run_checks import check_eval_split, check_world
@@ -32,6 +38,8 @@ from .schedules import should_reset_reference
 from .update import PolicyUpdate
 
 __all__ = ["NonFiniteTrainingError", "TrainResult", "Trainer", "build_task", "run_name"]
+
+log = logging.getLogger(__name__)
 
 
 def build_task(cfg) -> Task:
@@ -58,6 +66,12 @@ class Trainer:
         self.rewards = make_reward_computer(self.task, cfg.task)
         self.batches = BatchBuilder(cfg, self.task, policy, self.rewards)
         self.updater = PolicyUpdate(cfg, policy, track_kl=self.batches.tracks_policy_kl)
+        check_async(cfg, policy, self.batches.tracks_policy_kl)
+        # train.async_rollouts: the next steps' batches are generated in a thread (mmrl.core.async_rollouts)
+        self.asynchronous = cfg.train.async_rollouts and cfg.train.max_staleness > 0
+        self.batches.defer_logps = self.asynchronous
+        self.ahead: RolloutsAhead | None = None
+        self.pending: dict[int, tuple] = {}  # generated batches a checkpoint held (asynchronous resume)
         self.splits = {"train": self.batches.train_examples, "eval": self.task.examples("eval")}
         check_world(cfg)
         self.lifecycle = RunLifecycle(cfg, policy, self, run_dir)
@@ -84,14 +98,61 @@ class Trainer:
 
     def train_step(self, step: int) -> dict[str, float]:
         """The step of the lifecycle: rollouts, then the update (and the reference reset it is due)."""
+        if self.asynchronous:
+            return self._train_step_async(step)
         t0 = time.perf_counter()
         batch, metrics = self.rollout_step(step)
-        metrics["rollout_time"] = time.perf_counter() - t0
+        metrics["rollout_time"] = metrics["rollout_wait_time"] = time.perf_counter() - t0
         metrics.update(self.update(batch, step))
         if should_reset_reference(step, self.cfg.algo.ref_reset_every):
             self.policy.reset_reference()
         self.last_batch = batch
         return metrics
+
+    # -- asynchronous training (train.async_rollouts) -----------------------------------------------
+    def _generate(self, step: int) -> tuple[Rollouts, dict[str, float]]:
+        """The batch of ``step`` in the generator thread: the step's seeds, then the batch stages
+        (the trainer's log-probs are left to :meth:`_train_step_async`)."""
+        seed_step(self.cfg, step)
+        return self.batches.build(step)
+
+    def _train_step_async(self, step: int) -> dict[str, float]:
+        """Train the batch generated ahead for ``step`` (its samples more than
+        ``train.max_staleness`` versions old dropped), then publish the new weights."""
+        cfg, algo, k = self.cfg, self.cfg.algo, self.cfg.train.max_staleness
+        self.policy.begin_step(step)  # the learning rate; the generator thread seeds its own steps
+        if self.ahead is None:
+            self.ahead = RolloutsAhead(self._generate, self.policy.publish_weights, k, step - 1, cfg.train.steps,
+                                       self.pending)
+        batch, metrics, versions, waited = self.ahead.take(step)
+        t0 = time.perf_counter()
+        stale = stale_groups(batch.group_ids, versions, step - 1, k)
+        dropped = int(stale.sum())
+        if dropped == len(batch):  # nothing fresh enough: this step rolls out on-policy
+            with self.ahead.paused():
+                seed_step(cfg, step)
+                batch, metrics = self.batches.build(step)
+            versions = torch.full((len(batch),), step - 1, dtype=torch.long)
+        elif dropped:
+            keep = (~stale).nonzero().flatten()
+            batch, versions = batch.select(keep), versions[keep]
+        complete_logps(batch, self.policy, algo.num_iterations > 1, algo.beta > 0,
+                       algo.vllm_importance_sampling_correction)
+        metrics["rollout_wait_time"] = waited
+        metrics["rollout_time"] = waited + time.perf_counter() - t0
+        metrics.update(staleness_metrics(versions, step - 1, dropped))
+        metrics.update(self.update(batch, step))
+        if should_reset_reference(step, algo.ref_reset_every):
+            self.policy.reset_reference()
+        self.ahead.publish(step)
+        self.last_batch = batch
+        return metrics
+
+    def close(self) -> None:
+        """The end of the loop (finished, stopped or failed): the generator thread stops."""
+        if self.ahead is not None:
+            self.ahead.close()
+            self.pending, self.ahead = self.ahead.pending(), None
 
     @property
     def skip_causes(self) -> list[str]:
@@ -99,10 +160,22 @@ class Trainer:
 
     # -- checkpoints ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return self.batches.state_dict()
+        """The data order's state and, asynchronous, the batches generated for the next steps (read
+        while the generator thread is idle, so both describe the same point of its schedule)."""
+        if self.ahead is None:
+            return {**self.batches.state_dict(), "async_pending": dict(self.pending)}
+        with self.ahead.paused():
+            return {**self.batches.state_dict(), "async_pending": self.ahead.pending()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.batches.load_state_dict(state)
+        pending = state.get("async_pending") or {}
+        if pending and not self.asynchronous:
+            log.warning("the checkpoint holds %d batch(es) generated ahead for steps %s (asynchronous training); "
+                        "this run is on-policy, so they are dropped and those steps roll out again", len(pending),
+                        ", ".join(map(str, sorted(pending))))
+            pending = {}
+        self.pending = dict(pending)
 
     # -- evaluation and results ---------------------------------------------------------------------
     def evaluate(self, **outputs: Any) -> dict[str, float]:
@@ -115,7 +188,8 @@ class Trainer:
         """The eval split's metrics; before and after training with their intervals and the
         contact sheet of the samples (``samples_before.png``, ``samples_after.png``)."""
         if when == "during":
-            return self.evaluation()
+            with self.ahead.paused() if self.ahead is not None else contextlib.nullcontext():
+                return self.evaluation()
         result = self.evaluation(grid_path=self.run_dir / f"samples_{when}.png", intervals=True)
         self.num_scored = result.num_scored
         return result

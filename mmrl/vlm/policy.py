@@ -125,6 +125,8 @@ class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
             raise ConfigError(f"rollout.engine={cfg.rollout.engine}: only Qwen-VL checkpoints are wired to it; "
                               f"{family.name} rolls out with rollout.engine=hf")
         self.engine = ENGINES.get(cfg.rollout.engine, "rollout.engine")(self)
+        if self.engine.concurrent:  # generates from its own weights: rollouts may run while a step trains
+            self.capabilities = type(self).capabilities | {"async_rollouts"}
 
     @property
     def model(self) -> torch.nn.Module:
@@ -211,7 +213,10 @@ class VLMPolicy(VLMSampling, VLMScoring, PolicyBase):
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
 
     def after_optimizer_step(self) -> None:
-        self.engine.sync_weights()
+        """The engine's copy of the weights is stale; asynchronous training publishes them itself
+        between steps (:meth:`publish_weights`), so the generator thread never reads a step's half."""
+        if "async_rollouts" not in self.capabilities or not self.cfg.train.async_rollouts:
+            self.engine.sync_weights()
 
     def check_shardable(self, backend: str) -> None:
         super().check_shardable(backend)

@@ -103,7 +103,8 @@ class VLMSampling:
         if samples and all(s.get("logprobs") is not None for s in samples):
             # The engine reported its own sampling log-probs (vLLM): either they are the old
             # log-probs (rollout.use_engine_logprobs), or the trainer's forward gives the old
-            # log-probs and the objective corrects for the mismatch (truncated IS).
+            # log-probs and the objective corrects for the mismatch (truncated IS; the core asks
+            # for those: mmrl.core.batch.scoring.complete_logps).
             engine = torch.zeros_like(mask)
             for i, s in enumerate(samples):
                 engine[i, :len(s["logprobs"])] = torch.as_tensor(s["logprobs"], dtype=engine.dtype)
@@ -112,7 +113,6 @@ class VLMSampling:
                 need_old_logps = False
             else:
                 batch.rollout_logps = engine
-                need_old_logps = need_old_logps or self.cfg.algo.vllm_importance_sampling_correction
         empty = torch.zeros(0, 0)
         if need_old_logps:
             batch.old_logps = self.score(batch, reference=False) if samples else empty
@@ -120,8 +120,15 @@ class VLMSampling:
             batch.ref_logps = self.score(batch, reference=True) if samples else empty
         return batch
 
-    def take_generation_timeouts(self) -> int:
-        return self.engine.take_timeouts()
+    def take_rollout_stats(self) -> dict[str, float]:
+        """Samples cut by ``rollout.max_time`` (when set) and the engine's counters (a server's
+        retries and errors) since the last call."""
+        stats = {"rollout_timeouts": float(self.engine.take_timeouts())} if self.cfg.rollout.max_time > 0 else {}
+        return {**stats, **self.engine.take_stats()}
+
+    def publish_weights(self) -> None:
+        """The current weights into the rollout engine's own copy now (asynchronous training)."""
+        self.engine.push_weights()
 
     def turn_cache(self):
         """While open, a rollout continuing the last one's sequences (the agent loop's next turn)

@@ -181,6 +181,9 @@ class SFTRun:
     def samples(self) -> None:
         return None  # the references are the task's: nothing sampled to show
 
+    def close(self) -> None:
+        """Nothing runs beside SFT's loop."""
+
     def finish(self, before: Evaluation, after: Evaluation) -> dict[str, Any]:
         """The trained weights as ``<run>/model`` (:meth:`export`), named in summary.json."""
         return {"model": str(self.export())}

@@ -48,7 +48,7 @@ from .metrics import observe, rollout_metrics
 from .perturbation import perturb_examples
 from .prompts import make_sampler
 from .references import with_references
-from .scoring import StepScorer
+from .scoring import StepScorer, complete_logps
 from .shaping import overlong_mask
 from .temporal import temporal_contrast
 from .whole import gather_whole
@@ -69,6 +69,9 @@ class BatchBuilder:
         self.estimator_options = estimator_options(algo.advantage, algo.advantage_kwargs, algo.scale_rewards)
         self.adv_state = make_advantage_state(algo.advantage)
         self.facts = RunFacts(dict(rewards.weights), {name: i for i, name in enumerate(sizes)})
+        # the trainer's log-probs are computed when the batch is trained, not when it is generated
+        # (asynchronous training: the generator thread never runs the trained module)
+        self.defer_logps = False
         self.score = StepScorer(rewards, policy.max_actions, algo.soft_overlong_buffer, algo.soft_overlong_penalty)
         check_stages(cfg, policy)
         check_estimator_inputs(algo.advantage, self.estimator_inputs, self.estimator_options)
@@ -119,8 +122,7 @@ class BatchBuilder:
         metrics = rollout_metrics(whole.rounds[0][0], self.score.mean_stats(), whole.extra)
         if is_episodic(self.task):
             metrics.update(self.task.rollout_metrics(whole.rounds[0][0]))
-        if cfg.rollout.max_time > 0:
-            metrics["rollout_timeouts"] = float(self.policy.take_generation_timeouts())
+        metrics.update(self.policy.take_rollout_stats())
         metrics.update(observe(self.sampler, whole.rounds, whole.trained))                       # 12
         return batch, metrics
 
@@ -154,15 +156,24 @@ class BatchBuilder:
             metrics.update(temporal_contrast(batch, self.policy, self.task, self.rewards, algo.temporal_grpo_kwargs,
                                              rng(stream_seed(cfg.train.seed, step, "temporal_shuffle", round, salt))))
         if k_ref:                                                                                 # 8
-            batch = with_references(batch, examples, k_ref, self.policy, self.task, self.score,
-                                    algo.num_iterations > 1, algo.beta > 0)
+            batch = with_references(batch, examples, k_ref, self.policy, self.task, self.score, *self.needed_logps())
         return batch, indices, metrics
 
     def sample(self, examples: list[dict], n: int) -> Rollouts:
         """Roll out ``n`` samples of each example (group i = ``examples[i]``) and score them."""
+        need_old, need_ref = self.needed_logps()
+        batch = rollout_task(self.policy, self.task, examples, n, "train", need_old_logps=need_old,
+                             need_ref_logps=need_ref)
+        if not self.defer_logps:
+            complete_logps(batch, self.policy, need_old, need_ref, self.cfg.algo.vllm_importance_sampling_correction)
+        return self.score(batch)
+
+    def needed_logps(self) -> tuple[bool, bool]:
+        """Whether the rollout must bring the trainer's old and reference log-probs: several
+        iterations, a KL term; neither when they are computed when the batch is trained
+        (``defer_logps``: asynchronous training)."""
         algo = self.cfg.algo
-        return self.score(rollout_task(self.policy, self.task, examples, n, "train",
-                                       need_old_logps=algo.num_iterations > 1, need_ref_logps=algo.beta > 0))
+        return (algo.num_iterations > 1 and not self.defer_logps, algo.beta > 0 and not self.defer_logps)
 
     def _advantages(self, batch: Rollouts):
         """The configured estimator's advantages of ``batch`` (stage 10)."""

@@ -38,3 +38,18 @@ class StepScorer:
     def mean_stats(self) -> dict[str, float]:
         """The step's reward stats, each the mean over its scoring calls."""
         return {k: v / max(self.calls, 1) for k, v in self.stats.items()}
+
+
+def complete_logps(batch: Rollouts, policy, need_old: bool, need_ref: bool, correct_engine: bool) -> Rollouts:
+    """``batch`` with the trainer's log-probs the objective needs that the rollout did not give
+    (in place): the old ones for several iterations (``need_old``) or to correct a rollout engine's
+    own log-probs (``correct_engine``: ``algo.vllm_importance_sampling_correction``), the
+    reference's for a KL term (``need_ref``). Called after the rollout (the on-policy loop) or when
+    an asynchronous batch is trained (:mod:`mmrl.core.async_rollouts`: with the weights of then)."""
+    if not len(batch):
+        return batch
+    if batch.old_logps is None and (need_old or (correct_engine and batch.rollout_logps is not None)):
+        batch.old_logps = policy.score(batch, reference=False)
+    if need_ref and batch.ref_logps is None:
+        batch.ref_logps = policy.score(batch, reference=True)
+    return batch
