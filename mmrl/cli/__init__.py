@@ -11,6 +11,7 @@
     mmrl bench rollout                                # HF generate vs vLLM samples/s (needs vLLM)
     mmrl bench optimizers                             # train.optim: bytes per parameter, small updates kept
     mmrl plan vlm/qwen2_5_vl_3b_counting --gpu 24GB   # predicted peak memory per GPU, and what makes it fit
+    mmrl rollout-server vlm/counting_tiny --port 8000  # a vLLM server for rollout.engine=vllm_server
     mmrl demo                                         # a Gradio app on http://127.0.0.1:7860 (needs mmrl[demo])
 """
 
@@ -238,6 +239,26 @@ def sft(args: Optional[List[str]] = typer.Argument(None, metavar=ARGS_METAVAR, h
     from mmrl.cli.sft import command
 
     command(list(args or []))
+
+
+@app.command(name="rollout-server", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+             epilog=examples(
+    "mmrl rollout-server vlm/counting_tiny --port 8000      # then: mmrl train vlm vlm/counting_tiny \\",
+    "    rollout.engine=vllm_server rollout.server_urls=[http://127.0.0.1:8000]",
+    "mmrl rollout-server vlm/counting_tiny --vllm /work/venv-vllm/bin/vllm -- --max-num-seqs 64"))
+def rollout_server(args: Optional[List[str]] = typer.Argument(None, metavar=ARGS_METAVAR, help=ARGS_HELP),
+                   port: int = typer.Option(8000, help="the port to serve on"),
+                   host: str = typer.Option("127.0.0.1", help="the address to bind (another one is warned about: "
+                                            "the weight-sync endpoints let any client reload the weights)"),
+                   vllm: Optional[str] = typer.Option(None, help="the vllm executable (default: "
+                                                      "$MMRL_VLLM_ENV/bin/vllm, else vllm on the PATH)")):
+    """Serve the recipe's model with vLLM for rollout.engine=vllm_server (weights pushed by the trainer);
+    arguments after the recipe's that start with - (or after --) go to vLLM."""
+    from mmrl.cli.rollout_server import command
+
+    with user_errors():
+        code = command(list(args or []), port, host, vllm, lambda line: console.print(escape(line), highlight=False))
+    raise typer.Exit(code)
 
 
 @app.command(name="build-tiny", epilog=examples(

@@ -42,11 +42,11 @@ import torch
 
 from mmrl.registry import register_engine
 
-from ...media.pixels import to_rgb
-from ..loading import resolve_model_path, vision_tower
-from ..lora_merge import merged_lora_weights
-from ..processing import split_patches
+from ..loading import resolve_model_path
 from .base import RolloutEngine, Sampling
+from .vllm_requests import (check_prompt_ids, draw_seeds, encode_requests, group_prompts, mm_processor_kwargs,
+                            refuse_hf_only_keys, to_samples)
+from .weight_sync import engine_weights
 
 INSTALL_HINT = ("rollout.engine=vllm needs vLLM, which cannot be imported here ({error}). Install it with "
                 "`pip install mmrl[vllm]` (CUDA), or on CPU build the vLLM environment with `.ci/vllm_env.sh` "
@@ -90,21 +90,8 @@ class VLLMEngine(RolloutEngine):
 
     def __init__(self, policy):
         super().__init__(policy)
-        from mmrl.config import ConfigError
-
         r = policy.cfg.rollout
-        # the hf engine's keys are refused, not ignored, like hf's refusal of the vllm_* keys
-        if not r.merge_lora_for_generation:
-            raise ConfigError("rollout.merge_lora_for_generation=false: read only by rollout.engine=hf (this run "
-                              "uses rollout.engine=vllm, which always receives LoRA merged into its weights); "
-                              "remove the key or set rollout.engine=hf")
-        if r.max_time > 0:
-            raise ConfigError("rollout.max_time: read only by rollout.engine=hf (transformers' max_time); remove "
-                              "the key or set rollout.engine=hf")
-        if r.cache_implementation == "static" or not r.compile_decode:
-            raise ConfigError("rollout.cache_implementation / rollout.compile_decode: read only by rollout.engine=hf "
-                              "(vLLM keeps its own paged KV cache and CUDA graphs); remove the keys or set "
-                              "rollout.engine=hf")
+        refuse_hf_only_keys(r, "vllm")
         self.vllm = import_vllm()  # fail at setup, not at the first rollout
         from vllm.platforms import current_platform
 
@@ -112,8 +99,6 @@ class VLLMEngine(RolloutEngine):
         if r.vllm_enable_sleep_mode and not current_platform.is_sleep_mode_available():
             raise ValueError(f"rollout.vllm_enable_sleep_mode=true: vLLM's sleep mode is not available on "
                              f"this platform ({current_platform.device_type}); set it to false")
-        if r.vllm_limit_images < 0:
-            raise ValueError(f"rollout.vllm_limit_images={r.vllm_limit_images} must be >= 0")
         self.llm = None
         self.stale = True  # the engine's weights are pushed before its first rollout
         self.sleeping = False
@@ -140,10 +125,9 @@ class VLLMEngine(RolloutEngine):
             # CUDA graphs on GPU; on CPU eager start-up is seconds instead of minutes of compiling.
             enforce_eager=self.platform.is_cpu(),
         )
-        v = policy.cfg.vlm
-        if v.min_pixels is not None or v.max_pixels is not None:
-            # The policy's processor resized its image budget; vLLM's must resize the same way.
-            kwargs["mm_processor_kwargs"] = {"size": dict(policy.processor.image_processor.size)}
+        resized = mm_processor_kwargs(policy.cfg.vlm, policy.processor)  # the policy's image budget
+        if resized is not None:
+            kwargs["mm_processor_kwargs"] = resized
         with preserved_rng_and_threads():
             self.llm = self.vllm.LLM(**kwargs)
         return self.llm
@@ -165,23 +149,11 @@ class VLLMEngine(RolloutEngine):
         rollout however many optimizer steps came between)."""
         self.stale = True
 
-    def weights(self) -> list[tuple[str, torch.Tensor]]:
-        """What the engine needs of the policy's weights, by checkpoint name: everything trained
-        (LoRA: the merged weights) and the vision tower only when it is trained."""
-        policy = self.policy
-        model = policy.module.get_base_model() if policy.lora else policy.module
-        tower = vision_tower(model)
-        skip = None
-        if tower is not None and not any(p.requires_grad for p in tower.parameters()):
-            skip = next(n for n, m in model.named_modules() if m is tower) + "."
-        items = merged_lora_weights(policy.module) if policy.lora else model.state_dict().items()
-        return [(n, t.detach()) for n, t in items if not (skip and n.startswith(skip))]
-
     def push_weights(self) -> None:
         """The policy's current weights into the engine, then the caches derived from the old ones
         dropped (vision encoder outputs, prefix KV blocks)."""
         llm = self.build()
-        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": self.weights()})
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": engine_weights(self.policy)})
         llm.llm_engine.reset_encoder_cache()
         llm.reset_prefix_cache()
         self.stale = False
@@ -189,32 +161,15 @@ class VLLMEngine(RolloutEngine):
 
     # -- generation -------------------------------------------------------------------------------
     def encode(self, prompts: Sequence[list[dict]], batch_size: int) -> list[dict]:
-        """Per prompt: the template text and images vLLM gets, and the ``prompt_ids``,
-        ``pixel_values`` and ``image_grid_thw`` the policy's processor makes (what is trained on)."""
-        policy = self.policy
-        out = []
-        for start in range(0, len(prompts), batch_size):
-            chunk = prompts[start:start + batch_size]
-            enc, images_per_sample = policy.encode_prompts(chunk)
-            patches = split_patches(enc, images_per_sample)
-            for i, messages in enumerate(chunk):
-                clean, images, videos = policy.split_messages(messages)
-                if videos:
-                    raise ValueError("rollout.engine=vllm takes image prompts only in this version; video "
-                                     "tasks roll out with rollout.engine=hf")
-                request: dict[str, Any] = {"prompt": policy.processor.apply_chat_template(clean)}
-                if len(images) > policy.cfg.rollout.vllm_limit_images:
-                    raise ValueError(
-                        f"a prompt has {len(images)} images but rollout.vllm_limit_images="
-                        f"{policy.cfg.rollout.vllm_limit_images} (vLLM's limit_mm_per_prompt): raise it; a "
-                        "tool-use task adds up to max_turns x max_calls_per_turn tool images to its prompt")
-                if images:
-                    images = [to_rgb(im) for im in images]
-                    request["multi_modal_data"] = {"image": images[0] if len(images) == 1 else images}
-                out.append({"request": request,
-                            "prompt_ids": enc["input_ids"][i][enc["attention_mask"][i].bool()],
-                            "pixel_values": patches[i][0], "image_grid_thw": patches[i][1], "video": None})
-        return out
+        """Per prompt: the template text and images vLLM gets (``request``), and what the policy's
+        processor makes of it (:func:`~.vllm_requests.encode_requests`)."""
+        def request(clean, images):
+            req: dict[str, Any] = {"prompt": self.policy.processor.apply_chat_template(clean)}
+            if images:
+                req["multi_modal_data"] = {"image": images[0] if len(images) == 1 else images}
+            return req
+
+        return encode_requests(self.policy, prompts, batch_size, "vllm", request)
 
     def sampling_params(self, sampling: Sampling, n: int, seed: int | None):
         policy = self.policy
@@ -234,12 +189,7 @@ class VLLMEngine(RolloutEngine):
         request with ``n`` samples, so the prompt and its image are processed once."""
         if not prompts:
             return []
-        groups: list[tuple[list[dict], int]] = []
-        for p in prompts:
-            if groups and groups[-1][0] is p:
-                groups[-1] = (p, groups[-1][1] + 1)
-            else:
-                groups.append((p, 1))
+        groups = group_prompts(prompts)
         llm = self.build()
         if self.sleeping:
             llm.wake_up()
@@ -247,37 +197,15 @@ class VLLMEngine(RolloutEngine):
         if self.stale:
             self.push_weights()
         encoded = self.encode([p for p, _ in groups], sampling.batch_size or len(groups))
-        # Seeds from the step-seeded global RNG: reproducible, and a request with n samples uses
-        # seeds s..s+n-1 (vLLM's parallel sampling), so requests take disjoint ranges.
-        base = int(torch.randint(0, 2**62, (1,)))
-        params, offset = [], 0
-        for _, n in groups:
-            params.append(self.sampling_params(sampling, n, base + offset))
-            offset += n
+        params = [self.sampling_params(sampling, n, seed) for (_, n), seed in zip(groups, draw_seeds(groups))]
         outputs = llm.generate([e["request"] for e in encoded], params, use_tqdm=False)
         if self.policy.cfg.rollout.vllm_enable_sleep_mode:
             llm.sleep(level=1)
             self.sleeping = True
         results: list[dict] = []
         for (_, n), enc, out in zip(groups, encoded, outputs):
-            if list(out.prompt_token_ids) != enc["prompt_ids"].tolist():
-                raise RuntimeError(
-                    "vLLM tokenized a prompt differently from the policy's processor "
-                    f"({len(out.prompt_token_ids)} vs {len(enc['prompt_ids'])} tokens), so its samples could not "
-                    "be re-scored; check that vlm.min_pixels/max_pixels and the checkpoint's "
-                    "preprocessor_config.json agree, or use rollout.engine=hf")
-            completions = out.outputs if len(out.outputs) == n else [out.outputs[0]] * n
-            for c in completions:
-                ids = torch.tensor(list(c.token_ids), dtype=torch.long)
-                length, stopped = self.completion_length(ids, sampling.stop)
-                logps = [float(lp[tok].logprob) for tok, lp in zip(c.token_ids[:length], c.logprobs)]
-                results.append({
-                    "prompt_ids": enc["prompt_ids"],
-                    "completion_ids": ids[:length].clone(),
-                    "truncated": not stopped,
-                    "pixel_values": enc["pixel_values"],
-                    "image_grid_thw": enc["image_grid_thw"],
-                    "video": enc["video"],
-                    "logprobs": torch.tensor(logps, dtype=torch.float32),
-                })
+            check_prompt_ids("vllm", out.prompt_token_ids, enc)
+            completions = [(c.token_ids, [lp[tok].logprob for tok, lp in zip(c.token_ids, c.logprobs)])
+                           for c in out.outputs]
+            results.extend(to_samples(self, sampling, n, enc, completions))
         return results
