@@ -249,3 +249,19 @@ def test_batches_older_than_a_resumed_runs_max_staleness_are_dropped_and_counted
     rows = _rows(resumed)
     assert [r["async/dropped_stale"] for r in rows] == [0.0, 0.0, 12.0, 12.0]
     assert [r["async/staleness"] for r in rows] == [0.0, 1.0, 0.0, 0.0]
+
+
+@pytest.mark.slow
+def test_a_tool_task_runs_its_agent_loop_in_the_generator_thread(tmp_path):
+    """The zoom tool recipe (two turns: a zoom_cell call, then the answer) trains asynchronously:
+    every turn of the generator thread's trajectories goes through the engine's own weights."""
+    import mmrl
+
+    run = mmrl.train("vlm/zoom_qa_tiny", [
+        *ASYNC, "train.max_staleness=1", "train.device=cpu", "train.steps=2", "train.prompts_per_step=2",
+        "rollout.num_generations=2", "eval.num_examples=2", "eval.before=false", "eval.every=0",
+        f"log.output_dir={tmp_path}", "log.run_name=run", "log.save_rollouts_every=0", "log.progress=false",
+        "log.tensorboard=false"]).run_dir
+    rows = _rows(run)
+    assert [r["async/staleness"] for r in rows] == [0.0, 1.0]
+    assert all(r["tool/calls"] > 0 and r["turns"] > 1.0 for r in rows), rows  # zoomed, then answered
