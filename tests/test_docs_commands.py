@@ -138,6 +138,8 @@ _ASYNC_BENCH = ("the measurement: a vLLM server (the vLLM environment) and 6 tra
 _LAYOUT = ("a layout of vLLM servers and training processes on 8 or 16 GPUs (docs/distributed.md) for a recipe the "
            "user writes; the server and the asynchronous trainer run on CPU in tests/test_vllm_server.py and "
            "tests/test_async_rollouts.py")
+_SERVER = ("a vLLM server (the vLLM environment, ~30 s to start) and a run against it: tests/test_vllm_server.py "
+           "starts servers with start_rollout_server (mmrl rollout-server's function) and runs mmrl train on one")
 CANNOT_RUN: dict[str, str] = {
     "train vlm my_recipe.yaml": "a launch on 8 GPUs (accelerate / torchrun) of a recipe the user writes; the "
                                 "2-process CPU launch is run by tests/test_distributed.py",
@@ -150,6 +152,8 @@ CANNOT_RUN: dict[str, str] = {
         f"http://servers:800{i}" for i in range(8)) + "] rollout.weight_sync_dir=/shared/mmrl-weights "
     "train.async_rollouts=true": _LAYOUT,
     "bench async --vllm /path/to/venv-vllm --steps 40 --seeds 0,1 train.prompts_per_step=16": _ASYNC_BENCH,
+    "rollout-server vlm/counting_tiny --port 8000": _SERVER,
+    "train vlm vlm/counting_tiny rollout.engine=vllm_server rollout.server_urls=[http://127.0.0.1:8000]": _SERVER,
 }
 
 
