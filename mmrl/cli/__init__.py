@@ -12,6 +12,7 @@
     mmrl bench optimizers                             # train.optim: bytes per parameter, small updates kept
     mmrl plan vlm/qwen2_5_vl_3b_counting --gpu 24GB   # predicted peak memory per GPU, and what makes it fit
     mmrl rollout-server vlm/counting_tiny --port 8000  # a vLLM server for rollout.engine=vllm_server
+    mmrl serve-reward composition --port 8100         # a reward over HTTP for the http reward
     mmrl demo                                         # a Gradio app on http://127.0.0.1:7860 (needs mmrl[demo])
 """
 
@@ -259,6 +260,29 @@ def rollout_server(args: Optional[List[str]] = typer.Argument(None, metavar=ARGS
     with user_errors():
         code = command(list(args or []), port, host, vllm, lambda line: console.print(escape(line), highlight=False))
     raise typer.Exit(code)
+
+
+@app.command(name="serve-reward", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+             epilog=examples(
+    "mmrl serve-reward composition --port 8100   # then: mmrl train diffusion task.rewards.http=1.0 \\",
+    "    task.reward_kwargs.http.url=http://127.0.0.1:8100",
+    "mmrl serve-reward image_scorer scorer=aesthetic_mlp path=/ckpt/aesthetic.pt --host 0.0.0.0 --token $T"))
+def serve_reward(name: str = typer.Argument(..., help="the registered reward to serve (mmrl list rewards)"),
+                 options: Optional[List[str]] = typer.Argument(None, metavar="[key=value ...]",
+                                                               help="the reward's options"),
+                 host: str = typer.Option("127.0.0.1", help="the address to bind; any other than loopback needs "
+                                          "--token"),
+                 port: int = typer.Option(8100, help="the port to serve on (0: a free one)"),
+                 token: Optional[str] = typer.Option(None, help="the bearer token requests must carry (default: "
+                                                     "$MMRL_REWARD_TOKEN)"),
+                 max_body_mb: float = typer.Option(64.0, help="requests with a larger body are refused unread"),
+                 threads: int = typer.Option(4, help="requests handled at once (the reward runs one at a time)")):
+    """Serve a registered reward over HTTP for the http reward (docs/plugins.md, "A reward as a service")."""
+    from mmrl.cli.serve_reward import command
+
+    with user_errors():
+        command(name, list(options or []), host, port, token, max_body_mb, threads,
+                lambda line: console.print(escape(line), highlight=False))
 
 
 @app.command(name="build-tiny", epilog=examples(
