@@ -158,7 +158,7 @@ def _weights(run, ckpt="step_00000004"):
     return weights
 
 
-ASYNC = ("rollout.engine=test_snapshot", "train.async_rollouts=true")
+ASYNC = ("rollout.engine=test_snapshot", "train.async_rollouts=true", "eval.every=2")  # an eval pauses the thread
 
 
 def test_engines_that_generate_from_the_trained_module_are_refused(tmp_path):
