@@ -27,6 +27,7 @@ from rich.markup import escape  # error texts may hold brackets (`pip install mm
 from mmrl.cli.errors import configure_threads, console, fail, interruptions, user_errors
 from mmrl.cli.eval import CONTEXT as EVAL_CONTEXT, EXAMPLES as EVAL_EXAMPLES, eval_
 from mmrl.cli.help import ARGS_HELP, ARGS_METAVAR, examples
+from mmrl.cli.serve_reward import SETTINGS as SERVE_REWARD, serve_reward
 from mmrl.config.recipes import DEFAULT_RECIPES, family_modality, split_args
 from mmrl.registry import TINY_MODELS
 
@@ -262,27 +263,7 @@ def rollout_server(args: Optional[List[str]] = typer.Argument(None, metavar=ARGS
     raise typer.Exit(code)
 
 
-@app.command(name="serve-reward", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-             epilog=examples(
-    "mmrl serve-reward composition --port 8100   # then: mmrl train diffusion task.rewards.http=1.0 \\",
-    "    task.reward_kwargs.http.url=http://127.0.0.1:8100",
-    "mmrl serve-reward image_scorer scorer=aesthetic_mlp path=/ckpt/aesthetic.pt --host 0.0.0.0 --token $T"))
-def serve_reward(name: str = typer.Argument(..., help="the registered reward to serve (mmrl list rewards)"),
-                 options: Optional[List[str]] = typer.Argument(None, metavar="[key=value ...]",
-                                                               help="the reward's options"),
-                 host: str = typer.Option("127.0.0.1", help="the address to bind; any other than loopback needs "
-                                          "--token"),
-                 port: int = typer.Option(8100, help="the port to serve on (0: a free one)"),
-                 token: Optional[str] = typer.Option(None, help="the bearer token requests must carry (default: "
-                                                     "$MMRL_REWARD_TOKEN)"),
-                 max_body_mb: float = typer.Option(64.0, help="requests with a larger body are refused unread"),
-                 threads: int = typer.Option(4, help="requests handled at once (the reward runs one at a time)")):
-    """Serve a registered reward over HTTP for the http reward (docs/plugins.md, "A reward as a service")."""
-    from mmrl.cli.serve_reward import command
-
-    with user_errors():
-        command(name, list(options or []), host, port, token, max_body_mb, threads,
-                lambda line: console.print(escape(line), highlight=False))
+app.command(**SERVE_REWARD)(serve_reward)
 
 
 @app.command(name="build-tiny", epilog=examples(

@@ -20,10 +20,14 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import Any, Callable
+from typing import Any, Callable, List, Optional
 
+import typer
 import yaml
+from rich.markup import escape
 
+from mmrl.cli.errors import console, user_errors
+from mmrl.cli.help import examples
 from mmrl.config.options import check_names
 from mmrl.demo.exposure import is_loopback
 from mmrl.media.wire import decode
@@ -191,3 +195,26 @@ def command(name: str, pairs: list[str], host: str, port: int, token: str | None
         pass
     finally:
         server.server_close()
+
+
+SETTINGS = dict(name="serve-reward", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+                epilog=examples(
+    "mmrl serve-reward composition --port 8100   # then: mmrl train diffusion task.rewards.http=1.0 \\",
+    "    task.reward_kwargs.http.url=http://127.0.0.1:8100",
+    "mmrl serve-reward image_scorer scorer=aesthetic_mlp path=/ckpt/aesthetic.pt --host 0.0.0.0 --token $T"))
+
+
+def serve_reward(name: str = typer.Argument(..., help="the registered reward to serve (mmrl list)"),
+                 options: Optional[List[str]] = typer.Argument(None, metavar="[key=value ...]",
+                                                               help="the reward's options"),
+                 host: str = typer.Option("127.0.0.1", help="the address to bind; any other than loopback needs "
+                                          "--token"),
+                 port: int = typer.Option(8100, help="the port to serve on (0: a free one)"),
+                 token: Optional[str] = typer.Option(None, help=f"the bearer token requests must carry (default: "
+                                                     f"${TOKEN_ENV})"),
+                 max_body_mb: float = typer.Option(64.0, help="requests with a larger body are refused unread"),
+                 threads: int = typer.Option(4, help="requests handled at once (the reward runs one at a time)")):
+    """Serve a registered reward over HTTP for the http reward (docs/plugins.md, "A reward as a service")."""
+    with user_errors():
+        command(name, list(options or []), host, port, token, max_body_mb, threads,
+                lambda line: console.print(escape(line), highlight=False))
