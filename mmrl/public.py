@@ -40,6 +40,7 @@ PUBLIC_MODULES: tuple[str, ...] = (
     "mmrl.media.coords",
     "mmrl.media.draw",
     "mmrl.media.video",
+    "mmrl.media.wire",  # completions and examples as JSON for reward services (the http reward)
     # dataset readers, image folders, synthetic scenes
     "mmrl.data.records",
     "mmrl.data.sequence",

@@ -139,7 +139,8 @@ def test_every_built_in_reward_declares_its_options():
 def test_every_built_in_reward_names_what_it_takes():
     """No built-in reward takes ``**kwargs``: its signature is its options and the context it uses.
     Only the three that compare a group's samples (Pixel Reasoner's curiosity bonus, TTRV's
-    agreement and entropy) name ``group_ids``, so only they are handed the trainer's groups."""
+    agreement and entropy) name ``group_ids``, so only they are handed the trainer's groups, and
+    ``http``, which forwards them to the reward it serves."""
     import inspect
 
     built_in = [name for name in REWARDS.names()
@@ -149,5 +150,5 @@ def test_every_built_in_reward_names_what_it_takes():
         params = inspect.signature(inspect.unwrap(REWARDS.get(name))).parameters.values()
         assert not any(p.kind is p.VAR_KEYWORD for p in params), name
     takes_groups = {name for name in built_in if REWARDS.get(name).reward_context}
-    assert takes_groups == {"pixel_reasoner_curiosity", "ttrv_agreement", "ttrv_low_entropy"}
+    assert takes_groups == {"pixel_reasoner_curiosity", "ttrv_agreement", "ttrv_low_entropy", "http"}
     assert all(REWARDS.get(name).reward_context == ("group_ids",) for name in takes_groups)

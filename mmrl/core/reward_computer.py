@@ -9,6 +9,14 @@ A configuration error, by contrast, stops the run at setup: each reward is calle
 :func:`mmrl.registry.register_reward`) and the per-call context it takes (:data:`REWARD_CONTEXT`),
 kept apart, so a misspelt option is an error naming the valid ones rather than a ``**ctx`` entry
 nobody reads.
+
+A reward computed elsewhere (a reward service, the ``http`` reward) returns
+``concurrent.futures.Future`` s in place of scores: :meth:`RewardComputer.start` sends every
+request, :meth:`PendingRewards.result` awaits them when the step needs the rewards (so the
+trainer's log-prob passes run meanwhile). A future that raises scores the minimum and is counted,
+``reward/<name>/late_frac`` for a time-out, ``reward/<name>/failed_frac`` for any other failure. A
+reward that takes a ``minimum`` option (a served reward, whose range only its service knows) is
+given that value for failed and unparsable samples instead of its registered minimum.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
+from concurrent.futures import Future
 from typing import Any, Sequence
 
 import torch
@@ -53,33 +62,83 @@ class RewardComputer:
         ``ctx``: the per-call context (:data:`REWARD_CONTEXT`; the trainer passes ``group_ids``
         (N,), so rewards that compare a group's samples can), each value given to the rewards that
         take it, after their options."""
+        return self.start(completions, examples, **ctx).result()
+
+    def start(self, completions: Sequence[str], examples: Sequence[dict], **ctx: Any) -> "PendingRewards":
+        """Call every reward now (a reward computed elsewhere sends its requests and returns
+        futures); what :meth:`__call__` returns comes from the result's ``result()``."""
         stray = sorted(set(ctx) - set(REWARD_CONTEXT))
         if stray:
             raise TypeError(f"reward context {', '.join(stray)} is not declared (mmrl.registry.REWARD_CONTEXT: "
                             f"{', '.join(REWARD_CONTEXT)})")
         n = len(completions)
-        components: dict[str, torch.Tensor] = {}
-        stats: dict[str, float] = {}
-        total = torch.zeros(n)
+        raws: dict[str, tuple[list, int]] = {}
         for name, fn in self.fns.items():
-            minimum = float(fn.reward_minimum)
             try:
                 context = {k: ctx[k] for k in fn.reward_context if k in ctx}
                 raw = list(fn(list(completions), list(examples), **self.kwargs.get(name, {}), **context))
                 if len(raw) != n:
                     raise ValueError(f"reward {name!r} returned {len(raw)} scores for {n} completions")
-                errors = 0
+                raws[name] = (raw, 0)
             except Exception as exc:  # a broken reward must not kill a long run
                 log.warning("reward %r raised %s: %s; scoring the batch at its minimum", name, type(exc).__name__, exc)
-                raw, errors = [None] * n, n
-            unparsable = sum(1 for r in raw if r is None or not math.isfinite(float(r)))
+                raws[name] = ([None] * n, n)
+        return PendingRewards(lambda: self._finish(raws, n))
+
+    def _minimum(self, name: str) -> float:
+        fn = self.fns[name]
+        if "minimum" in fn.reward_options:
+            return float(self.kwargs.get(name, {}).get("minimum", fn.reward_minimum))
+        return float(fn.reward_minimum)
+
+    def _finish(self, raws: dict[str, tuple[list, int]], n: int):
+        components: dict[str, torch.Tensor] = {}
+        stats: dict[str, float] = {}
+        total = torch.zeros(n)
+        for name, (raw, errors) in raws.items():
+            minimum = self._minimum(name)
+            remote = any(isinstance(r, Future) for r in raw)
+            raw, late, failed = _resolved(raw)
+            unparsable = sum(1 for r in raw if r is None or not math.isfinite(float(r))) - late - failed
             scores = torch.tensor([minimum if r is None or not math.isfinite(float(r)) else float(r) for r in raw])
             components[name] = scores
             total += self.weights[name] * scores
             stats[f"reward/{name}/unparsable_frac"] = (unparsable - errors) / max(n, 1)
             if errors:
                 stats[f"reward/{name}/errors"] = float(errors)
+            if remote:
+                stats[f"reward/{name}/late_frac"] = late / max(n, 1)
+                stats[f"reward/{name}/failed_frac"] = failed / max(n, 1)
         return total, components, stats
+
+
+class PendingRewards:
+    """Rewards whose computation has started: :meth:`result` awaits the scores computed elsewhere
+    and returns ``(total, components, stats)`` as :meth:`RewardComputer.__call__` does."""
+
+    def __init__(self, finish):
+        self._finish, self._result = finish, None
+
+    def result(self):
+        if self._result is None:
+            self._result = self._finish()
+        return self._result
+
+
+def _resolved(raw: list) -> tuple[list, int, int]:
+    """``raw`` with every future replaced by its score (None where it raised), and the counts of
+    futures that timed out and that failed otherwise."""
+    out, late, failed = [], 0, 0
+    for r in raw:
+        if isinstance(r, Future):
+            try:
+                r = r.result()
+            except TimeoutError:
+                r, late = None, late + 1
+            except Exception:  # a dead or refusing service: counted, never fatal
+                r, failed = None, failed + 1
+        out.append(r)
+    return out, late, failed
 
 
 class PerSourceRewards:
@@ -121,6 +180,10 @@ class PerSourceRewards:
                 owner.setdefault(name, source)
 
     def __call__(self, completions: Sequence[str], examples: Sequence[Example], **ctx: Any):
+        return self.start(completions, examples, **ctx).result()
+
+    def start(self, completions: Sequence[str], examples: Sequence[Example], **ctx: Any) -> PendingRewards:
+        """Each source's rewards started (see :meth:`RewardComputer.start`)."""
         n = len(completions)
         if len(examples) != n:
             raise ValueError(f"{n} completions but {len(examples)} examples")
@@ -133,15 +196,17 @@ class PerSourceRewards:
                     f"of {list(self.computers)} (examples of a mixture task carry it)"
                 )
             parts[source].append(i)
+        started = {source: (idx, self.computers[source].start([completions[i] for i in idx],
+                                                              [examples[i] for i in idx], **_rows(ctx, idx, n)))
+                   for source, idx in parts.items() if idx}
+        return PendingRewards(lambda: self._finish(started, n))
+
+    def _finish(self, started: dict[str, tuple[list[int], PendingRewards]], n: int):
         total = torch.zeros(n)
         components = {name: torch.zeros(n) for name in self.weights}
         stats: dict[str, float] = {}
-        for source, idx in parts.items():
-            if not idx:
-                continue
-            sub_total, sub_components, sub_stats = self.computers[source](
-                [completions[i] for i in idx], [examples[i] for i in idx], **_rows(ctx, idx, n)
-            )
+        for source, (idx, pending) in started.items():
+            sub_total, sub_components, sub_stats = pending.result()
             where = torch.tensor(idx, dtype=torch.long)
             total[where] = sub_total.to(total.dtype)
             for name, scores in sub_components.items():

@@ -7,7 +7,8 @@
         3. prepare      the policy records how to read its answers (coordinate frames)
         4. rollout      n samples per prompt (n episodes of an environment task, every step a row:
                         the task runs them, mmrl.core.episodes), scored by the rewards
-                        (+ DAPO's soft overlong penalty)                                .scoring
+                        (+ DAPO's soft overlong penalty; served rewards are awaited after
+                        the trainer's log-prob passes)                                  .scoring
         5. hints        Scaf-GRPO re-rolls unsolved groups with tiered hints (algo.scaffold)   .guidance
         6. re-rolls     DeepVideo-R1 re-rolls all-solved / all-failed groups harder / easier   .guidance
         7. temporal     T-GRPO: samples on shuffled frames; a bonus where order helped
@@ -164,9 +165,10 @@ class BatchBuilder:
         need_old, need_ref = self.needed_logps()
         batch = rollout_task(self.policy, self.task, examples, n, "train", need_old_logps=need_old,
                              need_ref_logps=need_ref)
-        if not self.defer_logps:
-            complete_logps(batch, self.policy, need_old, need_ref, self.cfg.algo.vllm_importance_sampling_correction)
-        return self.score(batch)
+        if self.defer_logps:
+            return self.score(batch)
+        correct = self.cfg.algo.vllm_importance_sampling_correction  # rewards served elsewhere: computed meanwhile
+        return self.score(batch, meanwhile=lambda: complete_logps(batch, self.policy, need_old, need_ref, correct))
 
     def needed_logps(self) -> tuple[bool, bool]:
         """Whether the rollout must bring the trainer's old and reference log-probs: several

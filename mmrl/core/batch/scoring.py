@@ -1,7 +1,14 @@
 """Scoring a generated batch: the rewards, plus DAPO's soft overlong penalty, and the reward
-computer's stats (unparsable fractions) accumulated over the step's scoring calls."""
+computer's stats (unparsable fractions) accumulated over the step's scoring calls.
+
+Rewards computed elsewhere (a reward service) are sent as soon as the samples exist and awaited
+only after the trainer's log-prob passes (``meanwhile``); ``reward_wait_time`` is the seconds the
+step spent in the reward computer beyond those passes (in process: the whole reward computation)."""
 
 from __future__ import annotations
+
+import time
+from typing import Callable, Optional
 
 from ..rollouts import Rollouts
 from .shaping import soft_overlong_penalty
@@ -19,10 +26,19 @@ class StepScorer:
     def start(self) -> None:
         self.stats: dict[str, float] = {}
         self.calls = 0
+        self.wait = 0.0  # seconds spent waiting for rewards this step
 
-    def __call__(self, batch: Rollouts) -> Rollouts:
-        """``batch`` with its rewards and reward components set (in place)."""
-        total, comps, stats = self.rewards(batch.completions, batch.examples, group_ids=batch.group_ids)
+    def __call__(self, batch: Rollouts, meanwhile: Optional[Callable[[], object]] = None) -> Rollouts:
+        """``batch`` with its rewards and reward components set (in place); ``meanwhile`` (the
+        trainer's log-prob passes) runs after the rewards are started and before they are awaited."""
+        began = time.perf_counter()
+        pending = self.rewards.start(batch.completions, batch.examples, group_ids=batch.group_ids)
+        self.wait += time.perf_counter() - began
+        if meanwhile is not None:
+            meanwhile()
+        began = time.perf_counter()
+        total, comps, stats = pending.result()
+        self.wait += time.perf_counter() - began
         if self.buffer:
             comps["overlong_penalty"] = soft_overlong_penalty(batch.action_mask.sum(1), self.max_actions,
                                                               self.buffer, self.penalty)
@@ -36,8 +52,9 @@ class StepScorer:
         return batch
 
     def mean_stats(self) -> dict[str, float]:
-        """The step's reward stats, each the mean over its scoring calls."""
-        return {k: v / max(self.calls, 1) for k, v in self.stats.items()}
+        """The step's reward stats, each the mean over its scoring calls, and ``reward_wait_time``
+        (this process's sum)."""
+        return {**{k: v / max(self.calls, 1) for k, v in self.stats.items()}, "reward_wait_time": self.wait}
 
 
 def complete_logps(batch: Rollouts, policy, need_old: bool, need_ref: bool, correct_engine: bool) -> Rollouts:

@@ -1,0 +1,212 @@
+"""Rewards as services (issue 55): the ``http`` reward against ``mmrl serve-reward`` and scripted
+stand-in servers on loopback.
+
+- the schema: images travel as PNG (the served reward sees the same pixels), the answer's scores
+  are the in-process reward's;
+- time-outs, retries with back-off, a refused token, the body cap: each counted, never raised;
+- rewards computed while the policy scores: the same rewards and advantages as in process, the
+  wait in ``reward_wait_time``;
+- a 2-step ``mmrl train diffusion`` with its reward served by ``mmrl serve-reward`` in another
+  process logs the rewards of the in-process run; with the server killed mid-run the run finishes
+  and counts the failures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+from PIL import Image
+from typer.testing import CliRunner
+
+import mmrl
+from mmrl.cli import app
+from mmrl.cli.serve_reward import make_server
+from mmrl.core.reward_computer import RewardComputer
+from mmrl.media.wire import decode, encode, encode_example
+
+SPEC = [{"count": 1, "color": "red", "shape": "square", "position": "left"}]
+
+
+def _image(color) -> Image.Image:
+    im = Image.new("RGB", (16, 16), (0, 0, 0))
+    for x in range(2, 8):
+        for y in range(5, 11):
+            im.putpixel((x, y), color)
+    return im
+
+
+@pytest.fixture
+def served():
+    """``served(name, **options)``: a running mmrl serve-reward server (in a thread) and its URL."""
+    servers = []
+
+    def start(name, options=None, **kw):
+        server = make_server(name, options or {}, port=0, **kw)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+class Script(BaseHTTPRequestHandler):
+    """A stand-in service: ``plan`` lists what each request gets (a status, "sleep", or "ok")."""
+
+    plan: list = []
+    seen: list = []
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        Script.seen.append((time.monotonic(), body, self.headers.get("Authorization")))
+        step = Script.plan.pop(0) if Script.plan else "ok"
+        if step == "sleep":
+            time.sleep(1.0)
+            step = "ok"
+        if step == "ok":
+            data = json.dumps({"scores": [float(len(c)) for c in body["completions"]]}).encode()
+            self.send_response(200)
+        else:
+            data = b'{"error": "scripted"}'
+            self.send_response(step)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.fixture
+def script():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Script)
+    server.daemon_threads = True
+    Script.plan, Script.seen = [], []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def _computer(url, **options):
+    return RewardComputer({"http": 1.0}, {"http": {"url": url, **options}})
+
+
+# -- the schema ------------------------------------------------------------------------------------
+
+def test_images_and_examples_cross_as_json_unchanged():
+    red = _image((255, 0, 0))
+    wire = json.loads(json.dumps(encode([red, "text", 3, None])))
+    back = decode(wire)
+    assert list(back[0].getdata()) == list(red.getdata()) and back[1:] == ["text", 3, None]
+    # the trainer's own keys (_index) and objects without a JSON form (a tensor) stay home
+    assert encode_example({"spec": SPEC, "_index": 4, "latents": torch.zeros(2), "prompt": "a"}) == \
+        {"spec": SPEC, "prompt": "a"}
+    assert encode_example({"spec": SPEC, "prompt": "a"}, fields=["prompt"]) == {"prompt": "a"}
+
+
+def test_a_served_reward_scores_as_in_process(served):
+    server = served("composition")
+    images = [_image((255, 0, 0)), _image((0, 0, 255)), "not an image"]
+    examples = [{"spec": SPEC, "prompt": "a red square on the left"}] * 3
+    local = RewardComputer({"composition": 1.0})(images, examples)
+    remote = _computer(server.url, batch_size=2)(images, examples)
+    assert torch.equal(remote[1]["http"], local[1]["composition"])
+    assert remote[1]["http"][0] == 1.0 and remote[1]["http"][1] < 1.0  # the red square passes every check
+    # the unparsable completion is the served reward's None: counted as unparsable, not as a failure
+    assert remote[2]["reward/http/unparsable_frac"] == pytest.approx(1 / 3)
+    assert remote[2]["reward/http/failed_frac"] == 0.0 and remote[2]["reward/http/late_frac"] == 0.0
+
+
+def test_the_schema_is_checked(served):
+    import urllib.error
+    import urllib.request
+
+    server = served("composition")
+
+    def post(body):
+        req = urllib.request.Request(server.url + "/score", data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    assert post({"completions": ["x"], "examples": []})[0] == 400
+    status, answer = post({"completions": ["x"], "examples": [{}], "plugins": ["evil.py"]})
+    assert status == 400 and "plugins" in answer["error"]  # no plugin loading, no options from a request
+    assert post({"completions": ["x"], "examples": [{"spec": SPEC}]}) == (200, {"scores": [None]})
+    with urllib.request.urlopen(server.url + "/health", timeout=10) as r:
+        assert json.loads(r.read())["reward"] == "composition"
+
+
+# -- failures: counted, never raised ---------------------------------------------------------------
+
+def test_a_dead_service_scores_the_minimum_and_is_counted():
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    began = time.monotonic()
+    total, comps, stats = _computer(f"http://127.0.0.1:{port}", retries=1, backoff=0.01, minimum=-1.0)(
+        ["a", "b"], [{}, {}])
+    assert time.monotonic() - began < 5
+    assert comps["http"].tolist() == [-1.0, -1.0]  # the option minimum, not the registered 0
+    assert stats["reward/http/failed_frac"] == 1.0 and stats["reward/http/unparsable_frac"] == 0.0
+
+
+def test_retries_back_off_then_succeed(script):
+    Script.plan = [503, 503]
+    total, comps, stats = _computer(script, retries=2, backoff=0.2)(["ab", "abc"], [{}, {}])
+    assert comps["http"].tolist() == [2.0, 3.0] and stats["reward/http/failed_frac"] == 0.0
+    times = [t for t, _, _ in Script.seen]
+    assert len(times) == 3
+    assert times[1] - times[0] >= 0.2 and times[2] - times[1] >= 0.4  # backoff * 2**i
+
+
+def test_a_late_score_is_counted_as_late(script):
+    Script.plan = ["sleep"]
+    total, comps, stats = _computer(script, retries=0, timeout=0.3, batch_size=1)(["ab", "abc"], [{}, {}])
+    # one request of two timed out: its sample scores the minimum, the other its score
+    assert sorted(comps["http"].tolist()) == [0.0, 3.0] or sorted(comps["http"].tolist()) == [0.0, 2.0]
+    assert stats["reward/http/late_frac"] == 0.5 and stats["reward/http/failed_frac"] == 0.0
+
+
+def test_the_token_is_required_beyond_loopback_and_checked(served, monkeypatch):
+    with pytest.raises(ValueError, match="--token"):
+        make_server("composition", {}, host="0.0.0.0", port=0)
+    server = served("composition", token="s3cret")
+    examples = [{"spec": SPEC}]
+    _, comps, stats = _computer(server.url, retries=3, backoff=0.01)([_image((255, 0, 0))], examples)
+    assert stats["reward/http/failed_frac"] == 1.0 and comps["http"].tolist() == [0.0]  # refused: not retried
+    monkeypatch.setenv("REWARD_TOKEN_TEST", "s3cret")
+    _, comps, stats = _computer(server.url, token_env="REWARD_TOKEN_TEST")([_image((255, 0, 0))], examples)
+    assert comps["http"].tolist() == [1.0] and stats["reward/http/failed_frac"] == 0.0
+
+
+def test_a_body_over_the_cap_is_refused(served):
+    server = served("composition", max_body_mb=0.001)  # 1048 bytes
+    examples = [{"spec": SPEC}] * 2
+    _, comps, stats = _computer(server.url, batch_size=1)(["x" * 2000, _image((255, 0, 0))], examples)
+    # the long request is refused unread (not retried), the short one scored
+    assert comps["http"].tolist() == [0.0, 1.0]
+    assert stats["reward/http/failed_frac"] == 0.5 and stats["reward/http/unparsable_frac"] == 0.0
+
+
+def test_misconfiguration_stops_the_run_at_setup():
+    with pytest.raises(ValueError, match="task.reward_kwargs.http.url"):
+        RewardComputer({"http": 1.0}, {"http": {}})
+    with pytest.raises(ValueError, match="token_env"):
+        RewardComputer({"http": 1.0}, {"http": {"url": "http://127.0.0.1:1", "token_env": "MMRL_NO_SUCH_VAR"}})
