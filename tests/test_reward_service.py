@@ -210,3 +210,109 @@ def test_misconfiguration_stops_the_run_at_setup():
         RewardComputer({"http": 1.0}, {"http": {}})
     with pytest.raises(ValueError, match="token_env"):
         RewardComputer({"http": 1.0}, {"http": {"url": "http://127.0.0.1:1", "token_env": "MMRL_NO_SUCH_VAR"}})
+
+
+# -- rewards computed while the policy works -------------------------------------------------------
+
+def test_served_rewards_are_awaited_after_the_log_prob_passes(script):
+    from mmrl.core.batch.scoring import StepScorer
+    from mmrl.core.rollouts import Rollouts
+
+    batch = Rollouts(group_ids=torch.tensor([0, 0]), action_mask=torch.ones(2, 3), completions=["ab", "abc"],
+                     examples=[{}, {}])
+    scorer = StepScorer(_computer(script, retries=0, timeout=5.0), max_actions=3, buffer=0, penalty=0.0)
+    Script.plan = ["sleep"]  # the service takes 1 s
+    passes = []
+    began = time.monotonic()
+    scorer(batch, meanwhile=lambda: (time.sleep(1.0), passes.append(len(Script.seen))))  # a 1 s log-prob pass
+    elapsed = time.monotonic() - began
+    assert passes == [1]  # the request was out before the pass ended
+    assert batch.rewards.tolist() == [2.0, 3.0]
+    assert elapsed < 1.8 and scorer.mean_stats()["reward_wait_time"] < 0.6  # 1 s + 1 s overlapped
+
+
+# -- the whole loop: mmrl train diffusion with its reward served by another process -----------------
+
+def _train(out, name, *extra) -> list[dict]:
+    """A few-second 2-step run of the tiny generator recipe (4 images a prompt, 4 denoising steps)."""
+    args = ["train", "diffusion", "diffusion/composition_tiny", "train.steps=2", "train.prompts_per_step=2",
+            "rollout.num_generations=4", "diffusion.num_steps=4", "diffusion.eval_num_steps=4", "eval.num_examples=4",
+            "eval.every=0", "train.threads=1", f"log.output_dir={out}", f"log.run_name={name}",
+            "log.progress=false", "log.tensorboard=false", "log.save_rollouts_every=0", "log.save_every=0", *extra]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, (result.output[-3000:], result.exception)
+    return [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def reward_process():
+    """``mmrl serve-reward composition`` in its own process; yields (process, url) once it answers."""
+    import urllib.request
+
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "mmrl", "serve-reward", "composition", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2):
+                break
+        except OSError:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "slow"
+            time.sleep(0.2)
+    yield proc, url
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=30)
+
+
+def test_a_served_reward_trains_as_in_process(reward_process, tmp_path):
+    _, url = reward_process
+    local = _train(tmp_path, "local")
+    served = _train(tmp_path, "served", "task.rewards.http=1.0", f"task.reward_kwargs.http.url={url}")
+    steps = lambda rows: [r for r in rows if "reward" in r]  # noqa: E731
+    assert [r["step"] for r in steps(served)] == [1, 2]
+    for a, b in zip(steps(local), steps(served)):
+        # the same rewards, hence the same advantages, loss and update
+        assert b["reward/http"] == a["reward/composition"] and b["reward"] == a["reward"]
+        assert b["reward_std"] == a["reward_std"] and b["loss"] == a["loss"] and b["grad_norm"] == a["grad_norm"]
+        assert b["reward/http/failed_frac"] == 0.0 and b["reward/http/late_frac"] == 0.0
+        assert b["reward_wait_time"] >= 0.0 and a["reward_wait_time"] >= 0.0
+    evals = lambda rows: [r["eval/reward"] for r in rows if "eval/reward" in r]  # noqa: E731
+    assert evals(served) == evals(local)
+
+
+def test_a_run_outlives_its_killed_reward_service(reward_process, tmp_path):
+    proc, url = reward_process
+    run = tmp_path / "killed"
+
+    def kill_after_step_one():  # the service dies once step 1 is logged
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            path = run / "metrics.jsonl"
+            if path.exists() and any('"reward"' in line for line in path.read_text().splitlines()):
+                proc.kill()
+                return
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=kill_after_step_one, daemon=True)
+    watcher.start()
+    began = time.monotonic()
+    rows = _train(tmp_path, "killed", "train.steps=3", "task.rewards.http=1.0", f"task.reward_kwargs.http.url={url}",
+                  "task.reward_kwargs.http.retries=1", "task.reward_kwargs.http.backoff=0.1")
+    watcher.join(timeout=10)
+    steps = {r["step"]: r for r in rows if "reward" in r}
+    assert sorted(steps) == [1, 2, 3] and proc.poll() is not None  # every step ran, the service is dead
+    assert steps[1]["reward/http/failed_frac"] == 0.0
+    assert steps[3]["reward/http/failed_frac"] == 1.0 and steps[3]["reward"] == 0.0  # counted, at the minimum
+    assert (run / "summary.json").exists() and time.monotonic() - began < 240
