@@ -30,11 +30,12 @@ from conftest import make_config
 from mmrl.vlm.engines.base import Sampling
 from mmrl.vlm.engines.server_client import ServerError, ServerPool
 from mmrl.vlm.engines.vllm_server import chat_body, chat_messages, parse_chat_response
-from mmrl.vlm.engines.weight_sync import buckets, write_buckets
+from mmrl.vlm.engines.weight_sync import base_weights, buckets, write_buckets
 
 TOL = 1e-4  # float32 server vs trainer log-probs on sampled tokens (measured: ~8e-6)
 SYNC_TOL = 1e-5  # after a weight push, on a fixed prompt (issue 54)
 SERVER = ("model.dtype=float32", "rollout.vllm_max_model_length=512", "train.device=cpu")
+LORA = ("model.lora.enabled=true", "model.lora.r=4")
 
 # A vLLM 0.32 chat-completions answer (n=2, 3 tokens, logprobs, return_token_ids), trimmed, the
 # choices listed out of order and their log-probs made distinct.
@@ -216,6 +217,8 @@ def test_server_command_follows_the_recipe(tmp_path):
     budget = server_command(make_config(*SERVER, "vlm.max_pixels=6272"), 8123, vllm=str(env / "vllm"), cpu=False)
     flag = budget.index("--mm-processor-kwargs")
     assert json.loads(budget[flag + 1])["size"]["longest_edge"] == 6272 and "--enforce-eager" not in budget
+    lora = server_command(make_config(*SERVER, *LORA), 8123, vllm=str(env / "vllm"), cpu=False)
+    assert lora[-5:] == ["--enable-lora", "--max-lora-rank", "8", "--max-loras", "1"]  # r=4: vLLM's next rank
     assert split_vllm_args(["vlm/counting_tiny", "train.seed=1", "--", "--max-num-seqs", "8"]) == (
         ["vlm/counting_tiny", "train.seed=1"], ["--max-num-seqs", "8"])
 
@@ -244,20 +247,21 @@ def _vllm() -> str:
     return str(Path(sys.executable).parent / "vllm")
 
 
-def _start(log: Path):
+def _start(log: Path, *overrides):
     from mmrl.cli.rollout_server import start_rollout_server
 
     env = {"OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     with open(log, "w") as out:
-        return start_rollout_server(make_config(*SERVER), vllm=_vllm(), env=env, output=out, timeout=300)
+        return start_rollout_server(make_config(*SERVER, *overrides), vllm=_vllm(), env=env, output=out, timeout=300)
 
 
 @pytest.fixture(scope="module")
 def server_process(tmp_path_factory):
-    """One vLLM server on the tiny default for the module: ``(process, URL)``; the last test kills it."""
+    """One vLLM server on the tiny default for the module, started as for a LoRA recipe (adapters
+    loaded at runtime; plain requests use the base): ``(process, URL)``; the last test kills it."""
     from mmrl.cli.rollout_server import stop_rollout_server
 
-    proc, url = _start(tmp_path_factory.mktemp("server") / "vllm.log")
+    proc, url = _start(tmp_path_factory.mktemp("server") / "vllm.log", *LORA)
     yield proc, url
     stop_rollout_server(proc)
 
@@ -362,17 +366,30 @@ def test_weight_sync_is_exact_after_an_optimizer_step(policy):
 
 
 @pytest.mark.vllm
-def test_lora_pushes_merged_weights(server):
-    """LoRA: the server gets ``W + B A * scale`` and its log-probs equal the adapted policy's (the
+def test_lora_pushes_the_base_once_then_the_adapters_alone(server):
+    """LoRA against a server that loads adapters at runtime: the first push sends the base and the
+    adapters, later ones the adapters alone (peft's files, a small fraction of the base); after a
+    step and a push the server's log-probs equal the adapted policy's within 1e-5 (the
     adapters-disabled base differs). A policy with another image budget than the server's is
     refused on the prompt ids (the budget is the server's: `mmrl rollout-server` passes the recipe's)."""
-    lora = _policy(server, "model.lora.enabled=true", "model.lora.r=4", "train.learning_rate=5e-2")
-    _step(lora, _rollout(lora, seed=3))
-    after = _rollout(lora, seed=4)
-    assert _gap(after) < TOL
+    lora = _policy(server, *LORA, "train.learning_rate=5e-2")
+    first = _rollout(lora, seed=3)
+    assert lora.engine.lora_mode == "adapters"
+    _step(lora, first)
+    lora.engine.push_weights()
+    pushed = {p.relative_to(lora.engine.current).as_posix(): p.stat().st_size
+              for p in lora.engine.current.rglob("*") if p.is_file()}
+    assert {"adapters/adapter_config.json", "adapters/adapter_model.safetensors"} <= set(pushed)
+    assert all(name.startswith("adapters/") for name in pushed)
+    base = sum(t.numel() * t.element_size() for _, t in base_weights(lora))
+    assert pushed["adapters/adapter_model.safetensors"] < base / 10
+    exs, ps = _prompts(1)
+    torch.manual_seed(4)
+    after = lora.rollout(exs[:1], ps[:1], 4, "train", need_old_logps=True, need_ref_logps=False)
+    assert _gap(after) < SYNC_TOL
     with lora.adapters_disabled():
-        base = lora.score(after, reference=False)
-    assert ((base - after.rollout_logps).abs() * after.action_mask).max().item() > 100 * TOL
+        unadapted = lora.score(after, reference=False)
+    assert ((unadapted - after.rollout_logps).abs() * after.action_mask).max().item() > 100 * TOL
     smaller = _policy(server, "vlm.max_pixels=6272")
     with pytest.raises(RuntimeError, match="tokenized a prompt differently.*vlm.min_pixels/max_pixels"):
         _rollout(smaller, seed=0)
@@ -393,7 +410,8 @@ def test_cli_train_with_the_server_engine(server, tmp_path):
 
 @pytest.mark.vllm
 def test_a_server_killed_mid_run_fails_over_and_all_dead_is_an_error(server_process, tmp_path, caplog):
-    """Two servers; the test kills one between rollouts: the next rollout completes on the other
+    """A LoRA run against a server without runtime LoRA pushes merged weights. Two servers; the
+    test kills one between rollouts: the next rollout completes on the other
     with the retries counted, and the next push leaves the dead one out. Then the last one dies:
     an error naming the URLs, within the time-out."""
     from mmrl.cli.rollout_server import stop_rollout_server
@@ -401,6 +419,9 @@ def test_a_server_killed_mid_run_fails_over_and_all_dead_is_an_error(server_proc
     server = server_process[1]
     proc, second = _start(tmp_path / "second.log")
     try:
+        merged = _policy(second, *LORA)  # a server without runtime LoRA: merged weights, with a warning
+        assert _gap(_rollout(merged, seed=8)) < TOL and merged.engine.lora_mode == "merged"
+        assert any("does not load LoRA adapters at runtime" in r.message for r in caplog.records)
         p = _policy([second, server], "rollout.server_timeout=20", "rollout.server_retries=2")
         first = _rollout(p, seed=5, prompts=3)  # 4 requests over both servers
         assert _gap(first) < TOL

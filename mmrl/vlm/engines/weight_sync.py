@@ -5,7 +5,9 @@ name; the vision tower only when it is trained; with LoRA the merged ``W + B A *
 (:mod:`mmrl.vlm.lora_merge`, computed out of place). The colocated engine hands them over as
 tensors; for servers they are written as safetensors files (:func:`write_buckets`) into a private
 directory that every server reloads (vLLM's ``reload_weights`` with ``weights_path``), in files of
-at most 256 MB (TRL's bucket size), so no more than one bucket's copy is held at a time.
+at most 256 MB (TRL's bucket size), so no more than one bucket's copy is held at a time. A LoRA run
+against servers that load adapters at runtime sends the base once (:func:`base_weights`) and then
+only the adapters (:func:`write_adapters`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,21 @@ def engine_weights(policy, everything: bool = False) -> list[tuple[str, torch.Te
         skip = next(n for n, m in model.named_modules() if m is tower) + "."
     items = merged_lora_weights(policy.module) if policy.lora else model.state_dict().items()
     return [(n, t.detach()) for n, t in items if not (skip and n.startswith(skip))]
+
+
+def base_weights(policy) -> list[tuple[str, torch.Tensor]]:
+    """A LoRA policy's frozen base weights by checkpoint name, adapters left out (what a server
+    that applies the adapters itself needs once)."""
+    base = policy.module.get_base_model()
+    return [(n.replace(".base_layer.", "."), t.detach()) for n, t in base.state_dict().items() if "lora_" not in n]
+
+
+def write_adapters(policy, directory: Path) -> None:
+    """The LoRA adapters alone in peft's format (``adapter_config.json``, ``adapter_model.safetensors``),
+    what vLLM's ``/v1/load_lora_adapter`` reads, in a private directory."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(directory, 0o700)
+    policy.module.save_pretrained(str(directory), safe_serialization=True)
 
 
 def buckets(weights: Iterable[tuple[str, torch.Tensor]], limit: int = BUCKET_BYTES) -> list[list[tuple[str, torch.Tensor]]]:
