@@ -36,6 +36,7 @@ TOL = 1e-4  # float32 server vs trainer log-probs on sampled tokens (measured: ~
 SYNC_TOL = 1e-5  # after a weight push, on a fixed prompt (issue 54)
 SERVER = ("model.dtype=float32", "rollout.vllm_max_model_length=512", "train.device=cpu")
 LORA = ("model.lora.enabled=true", "model.lora.r=4")
+TOOL_LIMITS = ("rollout.vllm_limit_images=3", "rollout.vllm_max_model_length=2048")  # a tool turn's images
 
 # A vLLM 0.32 chat-completions answer (n=2, 3 tokens, logprobs, return_token_ids), trimmed, the
 # choices listed out of order and their log-probs made distinct.
@@ -261,7 +262,7 @@ def server_process(tmp_path_factory):
     loaded at runtime; plain requests use the base): ``(process, URL)``; the last test kills it."""
     from mmrl.cli.rollout_server import stop_rollout_server
 
-    proc, url = _start(tmp_path_factory.mktemp("server") / "vllm.log", *LORA)
+    proc, url = _start(tmp_path_factory.mktemp("server") / "vllm.log", *LORA, *TOOL_LIMITS)
     yield proc, url
     stop_rollout_server(proc)
 
@@ -393,6 +394,60 @@ def test_lora_pushes_the_base_once_then_the_adapters_alone(server):
     smaller = _policy(server, "vlm.max_pixels=6272")
     with pytest.raises(RuntimeError, match="tokenized a prompt differently.*vlm.min_pixels/max_pixels"):
         _rollout(smaller, seed=0)
+
+
+@pytest.mark.vllm
+def test_a_later_turn_with_a_tool_image_rolls_out_through_the_server(server):
+    """A tool-use conversation's second turn (the question image, the model's zoom call, the zoomed
+    crop in a tool response) through the server: its log-probs equal the trainer's on the two-image
+    prompt; with the policy's limit at 1 image the error names rollout.vllm_limit_images."""
+    from mmrl import make_task
+    from mmrl.tools import ToolBudget, ToolState, run_turn
+    from mmrl.tools.interaction import conversation
+
+    policy = _policy(server, *TOOL_LIMITS)
+    task = make_task("zoom_qa", canvas_size=256, distractors=2, tools_in_prompt=False)
+    [ex] = policy.prepare_examples([task.examples("eval")[0]])
+    call = task.zoom_call(ex)
+    observations, records = run_turn(call, task.make_tools(), ToolState([ex["image"]], ex), ToolBudget())
+    assert [r["ok"] for r in records] == [True]
+    prompt = conversation(task, ex, [(call, observations)])
+    policy.engine.sync_weights()
+    torch.manual_seed(0)
+    batch = policy.rollout([ex], [prompt], 4, "train", need_old_logps=True, need_ref_logps=False)
+    assert len(batch.payload["image_grid_thw"][0]) == 2  # both images reached the trainer's forward
+    assert _gap(batch) < TOL
+    tight = _policy(server, "rollout.vllm_max_model_length=2048")
+    with pytest.raises(ValueError, match="rollout.vllm_limit_images=1"):
+        tight.rollout([ex], [prompt], 1, "train")
+
+
+@pytest.mark.vllm
+def test_the_server_stops_at_a_stop_text_as_the_hf_engine_does(policy):
+    """Seeded samples with and without a stop text (taken from a free sample): where the free
+    sample wrote it, the stopped sample is its tokens up to the one that completes it, not
+    truncated, with the server's log-probs equal to the trainer's; elsewhere the samples agree."""
+    exs, prompts = _prompts(1)
+    policy.engine.sync_weights()
+    torch.manual_seed(11)
+    free = policy.rollout(exs[:1], prompts[:1], 4, "train", need_old_logps=True, need_ref_logps=False)
+    longest = max(free.payload["completion_ids"], key=len)
+    assert len(longest) >= 6, "the tiny model stopped too early to test"
+    head = policy.decode(longest[:len(longest) // 2 + 1])
+    stop = next(head[-n:] for n in range(3, len(head) + 1) if head.find(head[-n:]) == len(head) - n)
+    torch.manual_seed(11)
+    stopped = policy.rollout(exs[:1], prompts[:1], 4, "train", need_old_logps=True, need_ref_logps=False,
+                             stop=(stop,))
+    hits = 0
+    for ids, got, trunc in zip(free.payload["completion_ids"], stopped.payload["completion_ids"],
+                               stopped.truncated.tolist()):
+        if stop in policy.decode(ids):
+            hits += 1
+            assert torch.equal(got, ids[:len(got)]) and not trunc
+            assert stop in policy.decode(got) and stop not in policy.decode(got[:-1])
+        else:
+            assert torch.equal(got, ids)
+    assert hits >= 1 and _gap(stopped) < TOL
 
 
 @pytest.mark.vllm
