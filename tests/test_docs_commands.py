@@ -131,6 +131,12 @@ COVERED_BY: dict[str, tuple[str, str]] = {
                              '["build-tiny", modality, "--out", str(tmp_path), "--steps", "2"]'),
     "build-tiny video-gen": ("tests/test_tiny_generator.py::test_shipped_generator_is_what_build_tiny_makes",
                              '["build-tiny", modality, "--out", str(tmp_path), "--steps", "2"]'),
+    # a reward service runs until stopped; the test starts one in its own process and trains against it
+    "serve-reward composition --port 8100": ("tests/test_reward_service.py::test_a_served_reward_trains_as_in_process",
+                                             '_serve_reward("serve-reward", "composition", "--port"'),
+    "train diffusion task.rewards.http=1.0 task.reward_kwargs.http.url=http://127.0.0.1:8100": (
+        "tests/test_reward_service.py::test_a_served_reward_trains_as_in_process",
+        '"task.rewards.http=1.0", f"task.reward_kwargs.http.url={url}"'),
 }
 
 _ASYNC_BENCH = ("the measurement: a vLLM server (the vLLM environment) and 6 training runs, minutes on both cores; "

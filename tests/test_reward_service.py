@@ -252,34 +252,41 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def reward_process():
-    """``mmrl serve-reward composition`` in its own process; yields (process, url) once it answers."""
+def _serve_reward(*args: str):
+    """``mmrl serve-reward ...`` in its own process; (process, url) once it answers."""
     import urllib.request
 
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "mmrl", "serve-reward", "composition", "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    port = args[args.index("--port") + 1]
+    proc = subprocess.Popen([sys.executable, "-m", "mmrl", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:
         try:
             with urllib.request.urlopen(url + "/health", timeout=2):
-                break
+                return proc, url
         except OSError:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "slow"
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"mmrl serve-reward did not start: {proc.stdout.read()}")
             time.sleep(0.2)
-    yield proc, url
+
+
+def _stop(proc) -> None:
     if proc.poll() is None:
         proc.kill()
     proc.wait(timeout=30)
 
 
-def test_a_served_reward_trains_as_in_process(reward_process, tmp_path):
-    _, url = reward_process
-    local = _train(tmp_path, "local")
-    served = _train(tmp_path, "served", "task.rewards.http=1.0", f"task.reward_kwargs.http.url={url}")
+def test_a_served_reward_trains_as_in_process(tmp_path):
+    # docs/plugins.md's commands, on a free port: mmrl serve-reward composition --port 8100, then
+    # mmrl train diffusion task.rewards.http=1.0 task.reward_kwargs.http.url=http://127.0.0.1:8100
+    proc, url = _serve_reward("serve-reward", "composition", "--port", str(_free_port()))
+    try:
+        local = _train(tmp_path, "local")
+        served = _train(tmp_path, "served", "task.rewards.http=1.0", f"task.reward_kwargs.http.url={url}")
+    finally:
+        _stop(proc)
     steps = lambda rows: [r for r in rows if "reward" in r]  # noqa: E731
     assert [r["step"] for r in steps(served)] == [1, 2]
     for a, b in zip(steps(local), steps(served)):
@@ -292,8 +299,8 @@ def test_a_served_reward_trains_as_in_process(reward_process, tmp_path):
     assert evals(served) == evals(local)
 
 
-def test_a_run_outlives_its_killed_reward_service(reward_process, tmp_path):
-    proc, url = reward_process
+def test_a_run_outlives_its_killed_reward_service(tmp_path):
+    proc, url = _serve_reward("serve-reward", "composition", "--port", str(_free_port()))
     run = tmp_path / "killed"
 
     def kill_after_step_one():  # the service dies once step 1 is logged
@@ -308,9 +315,13 @@ def test_a_run_outlives_its_killed_reward_service(reward_process, tmp_path):
     watcher = threading.Thread(target=kill_after_step_one, daemon=True)
     watcher.start()
     began = time.monotonic()
-    rows = _train(tmp_path, "killed", "train.steps=3", "task.rewards.http=1.0", f"task.reward_kwargs.http.url={url}",
-                  "task.reward_kwargs.http.retries=1", "task.reward_kwargs.http.backoff=0.1")
-    watcher.join(timeout=10)
+    try:
+        rows = _train(tmp_path, "killed", "train.steps=3", "task.rewards.http=1.0",
+                      f"task.reward_kwargs.http.url={url}", "task.reward_kwargs.http.retries=1",
+                      "task.reward_kwargs.http.backoff=0.1")
+    finally:
+        watcher.join(timeout=10)
+        _stop(proc)
     steps = {r["step"]: r for r in rows if "reward" in r}
     assert sorted(steps) == [1, 2, 3] and proc.poll() is not None  # every step ran, the service is dead
     assert steps[1]["reward/http/failed_frac"] == 0.0
