@@ -182,12 +182,22 @@ def command(args: Sequence[str], port: int, host: str, vllm: str | None, echo) -
         echo(f"warning: binding {host}: the server's development endpoints (VLLM_SERVER_DEV_MODE=1) let any client "
              f"that reaches port {port} reload its weights; keep it on a trusted network")
     echo(f"starting vLLM on {cfg.model.path} (port {port}) ...")
-    proc, url = start_rollout_server(cfg, port, host, vllm, extra)
-    echo(f"rollout server ready: {url}  ->  rollout.engine=vllm_server rollout.server_urls=[{url}]")
+    # the server runs in its own process group: a SIGTERM or SIGHUP to this command stops it too
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        echo("stopping the rollout server")
-        return 0
+        proc, url = start_rollout_server(cfg, port, host, vllm, extra)
+        echo(f"rollout server ready: {url}  ->  rollout.engine=vllm_server rollout.server_urls=[{url}]")
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            echo("stopping the rollout server")
+            return 0
+        finally:
+            stop_rollout_server(proc)
     finally:
-        stop_rollout_server(proc)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
