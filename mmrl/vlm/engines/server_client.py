@@ -4,7 +4,8 @@ trainer's environment needs neither vLLM nor an HTTP package for ``rollout.engin
 A request goes to the least-loaded server (fewest requests in flight; a server whose last request
 failed comes last). Connection errors, time-outs (``rollout.server_timeout``, on every request: a
 dead server never hangs the run) and HTTP 5xx answers are retried on another server, up to
-``rollout.server_retries`` times, each with a one-line warning naming the URL; past that the error
+``rollout.server_retries`` times (once every server failed it, after a pause of 0.5 s doubling up to
+4 s), each with a one-line warning naming the URL; past that the error
 names every URL tried and what to do. A 4xx answer is the request's fault and is raised at once
 with the server's message. Retries and failed attempts are counted for the step's metrics.
 """
@@ -15,6 +16,7 @@ import json
 import logging
 import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -94,6 +96,8 @@ class ServerPool:
         errors: list[str] = []
         for attempt in range(self.retries + 1):
             url = self.pick(set(tried))
+            if url in tried:  # every server failed this request once: give a busy or restarting one a moment
+                time.sleep(min(0.5 * 2 ** (attempt - len(self.urls)), 4.0))
             tried.append(url)
             try:
                 answer = self.call(url, "POST", path, body)
