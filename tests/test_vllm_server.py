@@ -243,6 +243,19 @@ def test_the_engine_needs_server_urls():
         VLMPolicy(make_config(*SERVER, "rollout.engine=vllm_server"))
 
 
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_other_engines_refuse_the_server_keys(engine):
+    """Runs everywhere (checked before vLLM is imported): a server key set for another engine."""
+    from mmrl.config import ConfigError
+    from mmrl.registry import load_plugins
+    from mmrl.vlm.policy import VLMPolicy
+
+    load_plugins()
+    with pytest.raises(ConfigError, match=r"rollout.server_urls=\['http://127.0.0.1:8000'\]: read only by "
+                                          rf"rollout.engine=vllm_server \(this run uses rollout.engine={engine}\)"):
+        VLMPolicy(make_config("train.device=cpu", f"rollout.engine={engine}", "rollout.server_urls=[http://127.0.0.1:8000]"))
+
+
 # -- real vLLM servers ------------------------------------------------------------------------------
 def _vllm() -> str:
     return str(Path(sys.executable).parent / "vllm")

@@ -23,6 +23,7 @@ from ..logprobs import split_head
 from ..lora_merge import merged_for_generation
 from ..turn_cache import TurnStore, kept, prefill, prompt_tokens, turn_cache_off
 from .base import RolloutEngine, Sampling
+from .vllm_server import refuse_server_keys
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,7 @@ class HFGenerate(RolloutEngine):
         if changed:  # unused keys are refused, not ignored: this engine reports no log-probs of its own
             raise ConfigError(f"{', '.join(changed)}: read only by rollout.engine=vllm (this run uses "
                               "rollout.engine=hf); remove the key(s) or set rollout.engine=vllm")
+        refuse_server_keys(r, "hf")
         # Sequences per generate call: out-of-memory errors cap it (train.oom_grow_back_steps).
         self.batch_backoff = OOMBackoff("sequences per generate call", policy.cfg.train.oom_grow_back_steps)
         self.timed_out = 0  # samples whose generate call reached rollout.max_time, since last taken

@@ -46,6 +46,7 @@ from ..loading import resolve_model_path
 from .base import RolloutEngine, Sampling
 from .vllm_requests import (check_prompt_ids, draw_seeds, encode_requests, group_prompts, mm_processor_kwargs,
                             refuse_hf_only_keys, to_samples)
+from .vllm_server import refuse_server_keys
 from .weight_sync import engine_weights
 
 INSTALL_HINT = ("rollout.engine=vllm needs vLLM, which cannot be imported here ({error}). Install it with "
@@ -92,6 +93,7 @@ class VLLMEngine(RolloutEngine):
         super().__init__(policy)
         r = policy.cfg.rollout
         refuse_hf_only_keys(r, "vllm")
+        refuse_server_keys(r, "vllm")
         self.vllm = import_vllm()  # fail at setup, not at the first rollout
         from vllm.platforms import current_platform
 

@@ -66,6 +66,21 @@ DEV_MODE_HINT = ("the server does not offer vLLM's development endpoints (/pause
                  "it with VLLM_SERVER_DEV_MODE=1 (`mmrl rollout-server` does)")
 
 
+SERVER_KEYS = ("server_urls", "server_timeout", "server_retries", "weight_sync_dir")
+
+
+def refuse_server_keys(r, engine: str) -> None:
+    """The server engine's keys set for another engine are refused, not ignored."""
+    from mmrl.config import ConfigError
+    from mmrl.config.schema import RolloutConfig
+
+    default = RolloutConfig()
+    changed = [f"rollout.{k}={getattr(r, k)!r}" for k in SERVER_KEYS if getattr(r, k) != getattr(default, k)]
+    if changed:
+        raise ConfigError(f"{', '.join(changed)}: read only by rollout.engine=vllm_server (this run uses "
+                          f"rollout.engine={engine}); remove the key(s) or set rollout.engine=vllm_server")
+
+
 def png_data_url(image) -> str:
     """A PIL image as a lossless PNG data URL (JPEG would change the pixels the trainer sees)."""
     buf = io.BytesIO()
