@@ -327,3 +327,30 @@ def test_a_run_outlives_its_killed_reward_service(tmp_path):
     assert steps[1]["reward/http/failed_frac"] == 0.0
     assert steps[3]["reward/http/failed_frac"] == 1.0 and steps[3]["reward"] == 0.0  # counted, at the minimum
     assert (run / "summary.json").exists() and time.monotonic() - began < 240
+
+
+def test_a_served_vlm_reward_overlaps_the_reference_pass_and_trains_as_in_process(tmp_path):
+    """The tiny VLM recipe has a KL term: its reference log-prob pass runs while the served
+    ``accuracy`` is computed, and the run matches the in-process one (rewards, loss, KL)."""
+    def train(name, *rewards):
+        args = ["train", "vlm", "vlm/counting_tiny", "train.steps=2", "train.prompts_per_step=2",
+                "rollout.num_generations=4", "rollout.max_completion_length=24", "eval.num_examples=2", "eval.every=0",
+                "eval.pass_k=0", "train.threads=1", f"log.output_dir={tmp_path}", f"log.run_name={name}",
+                "log.progress=false", "log.tensorboard=false", "log.save_rollouts_every=0", "log.save_every=0",
+                "task.rewards.format=0.5", *rewards]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, (result.output[-3000:], result.exception)
+        rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        return [r for r in rows if "reward" in r]
+
+    proc, url = _serve_reward("serve-reward", "accuracy", "--port", str(_free_port()))
+    try:
+        local = train("local", "task.rewards.accuracy=1.0")
+        served = train("served", "task.rewards.http=1.0", f"task.reward_kwargs.http.url={url}")
+    finally:
+        _stop(proc)
+    assert len(local) == len(served) == 2
+    for a, b in zip(local, served):
+        assert b["reward/http"] == a["reward/accuracy"] and b["reward"] == a["reward"]
+        assert b["reward/http/unparsable_frac"] == a["reward/accuracy/unparsable_frac"]
+        assert b["loss"] == a["loss"] and b["kl"] == a["kl"] and b["reward/http/failed_frac"] == 0.0

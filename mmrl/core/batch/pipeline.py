@@ -163,11 +163,13 @@ class BatchBuilder:
     def sample(self, examples: list[dict], n: int) -> Rollouts:
         """Roll out ``n`` samples of each example (group i = ``examples[i]``) and score them."""
         need_old, need_ref = self.needed_logps()
-        batch = rollout_task(self.policy, self.task, examples, n, "train", need_old_logps=need_old,
-                             need_ref_logps=need_ref)
+        # a policy that re-scores batches computes the log-probs while served rewards are computed
+        later = "scoring" in self.policy.capabilities and not is_episodic(self.task)
+        batch = rollout_task(self.policy, self.task, examples, n, "train", need_old_logps=need_old and not later,
+                             need_ref_logps=need_ref and not later)
         if self.defer_logps:
             return self.score(batch)
-        correct = self.cfg.algo.vllm_importance_sampling_correction  # rewards served elsewhere: computed meanwhile
+        correct = self.cfg.algo.vllm_importance_sampling_correction
         return self.score(batch, meanwhile=lambda: complete_logps(batch, self.policy, need_old, need_ref, correct))
 
     def needed_logps(self) -> tuple[bool, bool]:
