@@ -326,6 +326,8 @@ def test_a_run_outlives_its_killed_reward_service(tmp_path):
     assert sorted(steps) == [1, 2, 3] and proc.poll() is not None  # every step ran, the service is dead
     assert steps[1]["reward/http/failed_frac"] == 0.0
     assert steps[3]["reward/http/failed_frac"] == 1.0 and steps[3]["reward"] == 0.0  # counted, at the minimum
+    evals = [r for r in rows if "eval/reward" in r]  # before the run, and after it (the service dead)
+    assert evals[0]["eval/reward/http/failed_frac"] == 0.0 and evals[-1]["eval/reward/http/failed_frac"] == 1.0
     assert (run / "summary.json").exists() and time.monotonic() - began < 240
 
 

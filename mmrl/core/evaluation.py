@@ -61,7 +61,7 @@ def run_evaluation(policy, task: Task, rewards, cfg, num_examples: int | None = 
     if not is_episodic(task):  # an environment task's step examples are prepared as they happen
         examples = policy.prepare_examples(examples)
     batch = rollout_task(policy, task, examples, cfg.eval.num_generations, "eval")
-    total, comps, _ = rewards(batch.completions, batch.examples, group_ids=batch.group_ids)
+    total, comps, reward_stats = rewards(batch.completions, batch.examples, group_ids=batch.group_ids)
     completions, scored = batch.completions, batch.examples
     if dist.world_size() > 1:
         parts = dist.gather((completions, scored, total, comps))
@@ -78,6 +78,8 @@ def run_evaluation(policy, task: Task, rewards, cfg, num_examples: int | None = 
     out.update(passed)
     out["reward"] = float(total.mean())
     out.update({f"reward/{k}": float(v.mean()) for k, v in comps.items()})
+    # a served reward's failed and late scores (this process's), so a dead service shows in eval too
+    out.update({k: v for k, v in reward_stats.items() if k.endswith(("/failed_frac", "/late_frac"))})
     out["skipped"] = float(skipped)
     result = Evaluation(out, completions=completions, examples=scored, num_scored=num_scored)
     if intervals:
