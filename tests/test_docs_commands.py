@@ -160,6 +160,8 @@ CANNOT_RUN: dict[str, str] = {
     "bench async --vllm /path/to/venv-vllm --steps 40 --seeds 0,1 train.prompts_per_step=16": _ASYNC_BENCH,
     "rollout-server vlm/counting_tiny --port 8000": _SERVER,
     "train vlm vlm/counting_tiny rollout.engine=vllm_server rollout.server_urls=[http://127.0.0.1:8000]": _SERVER,
+    "train vlm vlm/counting_tiny rollout.engine=vllm_server rollout.server_urls=[http://127.0.0.1:8000] "
+    "train.async_rollouts=true train.max_staleness=1": _SERVER,
 }
 
 
