@@ -205,6 +205,19 @@ def test_a_body_over_the_cap_is_refused(served):
     assert stats["reward/http/failed_frac"] == 0.5 and stats["reward/http/unparsable_frac"] == 0.0
 
 
+def test_a_plugin_reward_is_served(served, tmp_path):
+    plugin = tmp_path / "length_plugin.py"
+    plugin.write_text("from mmrl import register_reward\n\n"
+                      "@register_reward('served_length_test', maximum=100.0)\n"
+                      "def served_length_test(completions, examples, scale: float = 1.0):\n"
+                      "    return [scale * len(c) for c in completions]\n")
+    server = served("served_length_test", {"scale": 2.0}, plugins=[str(plugin)])
+    _, comps, _ = _computer(server.url)(["ab", "abcd"], [{}, {}])
+    assert comps["http"].tolist() == [4.0, 8.0]
+    with pytest.raises(Exception, match="takes no sclae"):  # options checked at start, as a run's
+        make_server("served_length_test", {"sclae": 2.0}, port=0)
+
+
 def test_misconfiguration_stops_the_run_at_setup():
     with pytest.raises(ValueError, match="task.reward_kwargs.http.url"):
         RewardComputer({"http": 1.0}, {"http": {}})

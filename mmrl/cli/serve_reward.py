@@ -167,14 +167,17 @@ def parse_options(pairs: list[str]) -> dict[str, Any]:
 
 
 def make_server(name: str, options: dict, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-                max_body_mb: float = 64.0, threads: int = 4) -> RewardServer:
+                max_body_mb: float = 64.0, threads: int = 4, plugins: list[str] = ()) -> RewardServer:
     """A :class:`RewardServer` for the registered reward ``name`` with ``options`` (checked as a
-    run checks ``task.reward_kwargs``); refuses a bind beyond loopback without a token."""
+    run checks ``task.reward_kwargs``), after importing ``plugins`` (files or modules, as a run's
+    ``plugins`` key); refuses a bind beyond loopback without a token."""
+    from mmrl.plugins import load_plugins
     from mmrl.registry import REWARDS
 
     if not token and not is_loopback(host):
         raise ValueError(f"--host {host} would let every machine that can reach it use this reward service; give "
                          f"a token with --token (or the {TOKEN_ENV} environment variable, kept out of `ps`)")
+    load_plugins(list(plugins))
     fn = REWARDS.get(name)
     check_names(fn.reward_options, options, "mmrl serve-reward", f"the {name} reward")
     if fn.reward_check is not None:
@@ -183,10 +186,10 @@ def make_server(name: str, options: dict, host: str = "127.0.0.1", port: int = 0
 
 
 def command(name: str, pairs: list[str], host: str, port: int, token: str | None, max_body_mb: float,
-            threads: int, say: Callable[[str], None]) -> None:
+            threads: int, plugins: list[str], say: Callable[[str], None]) -> None:
     """Serve until interrupted, after printing the URL and how a run uses it."""
     server = make_server(name, parse_options(pairs), host, port, token or os.environ.get(TOKEN_ENV), max_body_mb,
-                         threads)
+                         threads, plugins)
     say(f"serving reward {name!r} on {server.url}  (in a run: task.rewards.http=1.0 "
         f"task.reward_kwargs.http.url={server.url})")
     try:
@@ -213,8 +216,10 @@ def serve_reward(name: str = typer.Argument(..., help="the registered reward to 
                  token: Optional[str] = typer.Option(None, help=f"the bearer token requests must carry (default: "
                                                      f"${TOKEN_ENV})"),
                  max_body_mb: float = typer.Option(64.0, help="requests with a larger body are refused unread"),
-                 threads: int = typer.Option(4, help="requests handled at once (the reward runs one at a time)")):
+                 threads: int = typer.Option(4, help="requests handled at once (the reward runs one at a time)"),
+                 plugin: Optional[List[str]] = typer.Option(None, help="a plugin file or module that registers the "
+                                                            "reward (repeatable; as a run's plugins key)")):
     """Serve a registered reward over HTTP for the http reward (docs/plugins.md, "A reward as a service")."""
     with user_errors():
-        command(name, list(options or []), host, port, token, max_body_mb, threads,
+        command(name, list(options or []), host, port, token, max_body_mb, threads, list(plugin or []),
                 lambda line: console.print(escape(line), highlight=False))
