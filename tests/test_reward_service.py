@@ -205,7 +205,14 @@ def test_a_body_over_the_cap_is_refused(served):
     assert stats["reward/http/failed_frac"] == 0.5 and stats["reward/http/unparsable_frac"] == 0.0
 
 
-def test_a_plugin_reward_is_served(served, tmp_path):
+def test_a_plugin_reward_is_served(served, tmp_path, monkeypatch):
+    import mmrl.registry
+    from mmrl.registry import REWARDS, Registry
+
+    registry = Registry("reward")  # a copy for this test: the fuzz test calls every registered reward
+    for name in REWARDS.names():
+        registry.register(name, REWARDS.get(name))
+    monkeypatch.setattr(mmrl.registry, "REWARDS", registry)
     plugin = tmp_path / "length_plugin.py"
     plugin.write_text("from mmrl import register_reward\n\n"
                       "@register_reward('served_length_test', maximum=100.0)\n"
