@@ -243,6 +243,18 @@ def test_the_engine_needs_server_urls():
         VLMPolicy(make_config(*SERVER, "rollout.engine=vllm_server"))
 
 
+def test_several_training_processes_are_refused(monkeypatch):
+    """Each process would push its weights to every server while the others' requests run."""
+    from mmrl.config import ConfigError
+    from mmrl.registry import load_plugins
+    from mmrl.vlm.policy import VLMPolicy
+
+    load_plugins()
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as a launcher sets it
+    with pytest.raises(ConfigError, match=r"rollout.engine=vllm_server trains in one process in this version"):
+        VLMPolicy(make_config(*SERVER, "rollout.engine=vllm_server", "rollout.server_urls=[http://127.0.0.1:9]"))
+
+
 @pytest.mark.parametrize("engine", ["hf", "vllm"])
 def test_other_engines_refuse_the_server_keys(engine):
     """Runs everywhere (checked before vLLM is imported): a server key set for another engine."""

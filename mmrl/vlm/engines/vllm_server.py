@@ -155,6 +155,12 @@ class VLLMServerEngine(RolloutEngine):
                               "rollout.server_urls=[http://127.0.0.1:8000]); start one with `mmrl rollout-server "
                               "RECIPE`, which prints its URL")
         refuse_hf_only_keys(r, "vllm_server")
+        from mmrl.core import distributed as dist
+
+        if dist.launched():  # every process would push the weights to every server, racing each other's requests
+            raise ConfigError("rollout.engine=vllm_server trains in one process in this version (with several, each "
+                              "would push its weights to every server while the others' requests run); launch one "
+                              "training process, or use rollout.engine=hf")
         if r.vllm_enable_sleep_mode:
             raise ConfigError("rollout.vllm_enable_sleep_mode: read only by rollout.engine=vllm (a server keeps its "
                               "memory); remove the key")
