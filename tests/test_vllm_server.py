@@ -245,14 +245,15 @@ def test_the_engine_needs_server_urls():
 
 def test_several_training_processes_are_refused(monkeypatch):
     """Each process would push its weights to every server while the others' requests run."""
-    from mmrl.config import ConfigError
-    from mmrl.registry import load_plugins
-    from mmrl.vlm.policy import VLMPolicy
+    from types import SimpleNamespace
 
-    load_plugins()
+    from mmrl.config import ConfigError
+    from mmrl.vlm.engines.vllm_server import VLLMServerEngine
+
+    cfg = make_config(*SERVER, "rollout.engine=vllm_server", "rollout.server_urls=[http://127.0.0.1:9]")
     monkeypatch.setenv("WORLD_SIZE", "2")  # as a launcher sets it
     with pytest.raises(ConfigError, match=r"rollout.engine=vllm_server trains in one process in this version"):
-        VLMPolicy(make_config(*SERVER, "rollout.engine=vllm_server", "rollout.server_urls=[http://127.0.0.1:9]"))
+        VLLMServerEngine(SimpleNamespace(cfg=cfg))
 
 
 @pytest.mark.parametrize("engine", ["hf", "vllm"])
