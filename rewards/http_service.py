@@ -57,7 +57,26 @@ def _check(url=None, batch_size=16, concurrency=4, timeout=60.0, retries=2, back
                          "export the reward service's token in it (the config never holds the token)")
 
 
-@register_reward("http", check=_check, maximum=float("inf"))
+def _check_at_setup(url=None, token_env=None, timeout=60.0, **options):
+    """The options (errors), then whether the service answers: a warning, not an error, when it does
+    not (it may start after the run; until it answers its samples score the minimum)."""
+    _check(url, token_env=token_env, timeout=timeout, **options)
+    token = os.environ.get(str(token_env)) if token_env else None
+    request = urllib.request.Request(str(url).rstrip("/") + "/health",
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=min(float(timeout), 10.0)):
+            pass
+    except urllib.error.HTTPError as exc:  # it answers; a service of another make may have no /health
+        if exc.code == 401:
+            log.warning("warning: the reward service %s refuses the token (task.reward_kwargs.http.token_env=%s); "
+                        "its samples will score the minimum", url, token_env)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        log.warning("warning: the reward service %s does not answer GET /health (%s); until it does, its samples "
+                    "score the minimum (start it with `mmrl serve-reward NAME`)", url, getattr(exc, "reason", exc))
+
+
+@register_reward("http", check=_check_at_setup, maximum=float("inf"))
 def http_reward(completions, examples, url: str | None = None, batch_size: int = 16, concurrency: int = 4,
                 timeout: float = 60.0, retries: int = 2, backoff: float = 0.5, token_env: str | None = None,
                 fields: list | None = None, minimum: float = 0.0, group_ids=None) -> list:

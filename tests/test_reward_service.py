@@ -376,3 +376,16 @@ def test_a_served_vlm_reward_overlaps_the_reference_pass_and_trains_as_in_proces
         assert b["reward/http"] == a["reward/accuracy"] and b["reward"] == a["reward"]
         assert b["reward/http/unparsable_frac"] == a["reward/accuracy/unparsable_frac"]
         assert b["loss"] == a["loss"] and b["kl"] == a["kl"] and b["reward/http/failed_frac"] == 0.0
+
+
+def test_a_service_that_does_not_answer_at_setup_is_warned_about(served, caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="mmrl"):
+        RewardComputer({"http": 1.0}, {"http": {"url": f"http://127.0.0.1:{_free_port()}"}})
+    assert "does not answer GET /health" in caplog.text
+    caplog.clear()
+    server = served("composition", token="s3cret")
+    with caplog.at_level(logging.WARNING, logger="mmrl"):
+        RewardComputer({"http": 1.0}, {"http": {"url": server.url}})
+    assert "refuses the token" in caplog.text
