@@ -173,9 +173,10 @@ class BatchBuilder:
         return self.score(batch, meanwhile=lambda: complete_logps(batch, self.policy, need_old, need_ref, correct))
 
     def needed_logps(self) -> tuple[bool, bool]:
-        """Whether the rollout must bring the trainer's old and reference log-probs: several
-        iterations, a KL term; neither when they are computed when the batch is trained
-        (``defer_logps``: asynchronous training)."""
+        """Whether the batch needs the trainer's old and reference log-probs now: several
+        iterations, a KL term (a policy that re-scores batches computes them while the rewards
+        are computed, others in the rollout); neither when they are computed when the batch is
+        trained (``defer_logps``: asynchronous training)."""
         algo = self.cfg.algo
         return (algo.num_iterations > 1 and not self.defer_logps, algo.beta > 0 and not self.defer_logps)
 
