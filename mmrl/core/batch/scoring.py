@@ -62,8 +62,10 @@ def complete_logps(batch: Rollouts, policy, need_old: bool, need_ref: bool, corr
     (in place): the old ones for several iterations (``need_old``) or to correct a rollout engine's
     own log-probs (``correct_engine``: ``algo.vllm_importance_sampling_correction``), the
     reference's for a KL term (``need_ref``). Called after the rollout (the on-policy loop) or when
-    an asynchronous batch is trained (:mod:`mmrl.core.async_rollouts`: with the weights of then)."""
-    if not len(batch):
+    an asynchronous batch is trained (:mod:`mmrl.core.async_rollouts`: with the weights of then).
+    A policy that cannot re-score a batch (no ``scoring`` capability: the generator's log-probs
+    come from its SDE trajectory, its reference inside the loss) gave what it has in the rollout."""
+    if not len(batch) or "scoring" not in policy.capabilities:
         return batch
     if batch.old_logps is None and (need_old or (correct_engine and batch.rollout_logps is not None)):
         batch.old_logps = policy.score(batch, reference=False)
