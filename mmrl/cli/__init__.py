@@ -9,7 +9,7 @@
     mmrl bench algos --variants grpo,dapo --steps 40  # compare RL algorithms on the same task and seed
     mmrl bench speed --prompts 2 --generations 4 --tokens 16  # mmrl vs TRL's GRPOTrainer, same work
     mmrl bench rollout                                # HF generate vs vLLM samples/s (needs vLLM)
-    mmrl bench optimizers                             # train.optim: bytes per parameter, small updates kept
+    mmrl bench async                                  # sync vs asynchronous training against a vLLM server
     mmrl plan vlm/qwen2_5_vl_3b_counting --gpu 24GB   # predicted peak memory per GPU, and what makes it fit
     mmrl rollout-server vlm/counting_tiny --port 8000  # a vLLM server for rollout.engine=vllm_server
     mmrl serve-reward composition --port 8100         # a reward over HTTP for the http reward

@@ -142,15 +142,19 @@ class RolloutsAhead:
             batch, metrics, version = self.ready.pop(step)
         return batch, metrics, torch.full((len(batch),), version, dtype=torch.long), time.perf_counter() - t0
 
-    def publish(self, version: int) -> None:
+    def publish(self, version: int) -> float:
         """After step ``version`` trained: once the batch of step ``version + k`` is generated
-        (from the previous weights), push these weights; the next batches are generated from them."""
+        (from the previous weights), push these weights; the next batches are generated from them.
+        Returns the seconds the trainer waited for that batch (idle, like waiting in :meth:`take`)."""
+        t0 = time.perf_counter()
         self._wait(lambda: self.next > min(version + self.k, self.last))
+        waited = time.perf_counter() - t0
         with self.lock:
             self.publish_fn()
         with self.changed:
             self.version = version
             self.changed.notify_all()
+        return waited
 
     @contextlib.contextmanager
     def paused(self):

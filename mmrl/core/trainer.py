@@ -144,7 +144,8 @@ class Trainer:
         metrics.update(self.update(batch, step))
         if should_reset_reference(step, algo.ref_reset_every):
             self.policy.reset_reference()
-        self.ahead.publish(step)
+        # the trainer also waits when the batch k steps on is not generated yet (its push waits for it)
+        metrics["rollout_wait_time"] += self.ahead.publish(step)
         self.last_batch = batch
         return metrics
 
