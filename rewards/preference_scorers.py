@@ -38,8 +38,8 @@ def pickscore_processor_dir(folder: Path) -> Path:
     ``preprocessor_config.json``, else ``folder/processor`` (the reference loads its processor from
     laion/CLIP-ViT-H-14-laion2B-s32B-b79K, a separate hub repository)."""
     for where in (folder, folder / "processor"):
-        if (where / "preprocessor_config.json").exists():
-            return where
+        if any((where / name).exists() for name in ("preprocessor_config.json", "processor_config.json")):
+            return where  # the hub's layout; transformers >= 5 saves processor_config.json
     raise FileNotFoundError(
         f"pickscore: no preprocessor_config.json in {folder} or {folder / 'processor'}. Put the files of "
         "laion/CLIP-ViT-H-14-laion2B-s32B-b79K's processor (preprocessor_config.json, tokenizer files) in "
