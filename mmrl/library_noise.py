@@ -50,6 +50,22 @@ _SCHEDULE_CALLER = r"mmrl\.core\.optimizer\Z"
 _BNB_CPU_KERNEL = "Failed to load CPU gemm_4bit_forward from kernels-community"
 
 
+# vLLM 0.32 logs "Following weights were not loaded from checkpoint: {...}" after every in-place weight reload
+# that leaves a weight out. mmrl's colocated engine pushes only the trained weights (mmrl.vlm.engines.weight_sync):
+# a frozen vision tower ("visual." in vLLM's Qwen-VL names) is left out on purpose and keeps the checkpoint's
+# values. Only a list made of the tower's names is dropped: any other weight left out is still reported.
+_VLLM_NOT_RELOADED = "Following weights were not loaded from checkpoint"
+
+
+def _not_vllm_frozen_tower(record: logging.LogRecord) -> bool:
+    """False (drop) for vLLM's reload line when every weight it lists is the vision tower's."""
+    if not str(record.msg).startswith(_VLLM_NOT_RELOADED) or not isinstance(record.args, tuple) or not record.args:
+        return True
+    names = record.args[0]
+    return not (isinstance(names, (set, frozenset, list, tuple)) and names
+                and all(str(n).startswith("visual.") for n in names))
+
+
 def _not_bnb_cpu_kernel(record: logging.LogRecord) -> bool:
     """False (drop) for bitsandbytes' line about its hub-fetched CPU kernel, True otherwise."""
     return not str(record.msg).startswith(_BNB_CPU_KERNEL)
@@ -74,6 +90,7 @@ def silence() -> None:
     logging.getLogger("torch.utils._pytree").addFilter(_not_torchao_enum)
     logging.getLogger("diffusers.quantizers.torchao.torchao_quantizer").addFilter(_not_torchao_tensors)
     logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_not_bnb_cpu_kernel)
+    logging.getLogger("vllm.model_executor.model_loader.reload.inplace").addFilter(_not_vllm_frozen_tower)
     warnings.filterwarnings("ignore", message=_PEFT_CHECKPOINTING, category=FutureWarning)
     warnings.filterwarnings("ignore", message=_SCHEDULE_ORDER, category=UserWarning, module=_SCHEDULE_CALLER)
     warnings.filterwarnings("ignore", module=re.escape(MODEL_TEXT_FILE) + r"\Z")

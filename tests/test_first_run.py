@@ -108,6 +108,20 @@ def test_torch_register_constant_line_is_dropped_for_torchao_enums_only():
     assert len(lines) == 1 and "YourMode" in lines[0] and "register_constant()" in lines[0]
 
 
+def test_vllms_reload_line_is_dropped_when_it_lists_the_frozen_vision_tower_only(caplog):
+    """The colocated engine leaves a frozen tower out of its pushes on purpose; any other weight
+    vLLM says it did not reload is still reported."""
+    import logging
+
+    library_noise.silence()
+    logger = logging.getLogger("vllm.model_executor.model_loader.reload.inplace")
+    message = "Following weights were not loaded from checkpoint: %s"
+    with caplog.at_level(logging.WARNING, logger=logger.name):
+        logger.warning(message, {"visual.blocks.0.attn.qkv.weight", "visual.merger.mlp.0.bias"})
+        logger.warning(message, {"visual.blocks.0.attn.qkv.weight", "model.layers.0.mlp.up_proj.weight"})
+    assert [r.getMessage().count("model.layers.0") for r in caplog.records] == [1]
+
+
 def test_peft_gradient_checkpointing_warning_is_silenced(random_tiny_dir):
     """peft 0.21 reads transformers 5.25's deprecated ``is_gradient_checkpointing`` when it wraps a model
     for LoRA: a FutureWarning nobody using mmrl can act on (shown here without mmrl's filters first)."""

