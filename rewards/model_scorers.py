@@ -20,6 +20,8 @@ called every step, a load costs seconds to minutes.
   Reinforcement Learning", Zheng et al., 2025) with its accuracy asked of a local chat model, on its
   judge prompt, through the public :class:`mmrl.vlm.judge.ChatJudge`.
 
+Both judges also run on an OpenAI-compatible server instead (``judge_url``: rewards/_judge_client.py).
+
 The first three are image rewards (``media="image"``): a clip's frames are scored in the same batch
 as the images and reduced per clip by ``frames`` (``mean`` | ``min``; :mod:`mmrl.media.clips`).
 """
@@ -38,6 +40,9 @@ from mmrl.vlm.judge import ChatJudge, VLMJudge, resolve_checkpoint
 from mmrl.measures.batch import check_batch
 from mmrl.measures.deepeyes_judge import JUDGE_SYSTEM, judge_prompt, parse_judgement
 from mmrl.measures.tool_use import deepeyes_answer, deepeyes_parts, deepeyes_total
+
+from ._judge_client import JudgeServer, check_served, replies, yes_probabilities
+from ._service import then
 
 _SCORERS: Registry[Callable] = Registry("image scorer")  # one registry implementation: mmrl's
 _CACHE: dict[tuple, object] = {}  # loaded models, per (kind, name, path, device)
@@ -145,8 +150,8 @@ def _check_scorer(scorer=None, path=None, **_):
     _require_path(path, "task.reward_kwargs.image_scorer.path")
 
 
-def _check_judge(path=None, **_):
-    if str(path) != "tiny":
+def _check_judge(path=None, judge_url=None, **options):
+    if not check_served("vlm_judge", "path", path, judge_url, **options) and str(path) != "tiny":
         _require_path(path, "task.reward_kwargs.vlm_judge.path")
 
 
@@ -278,10 +283,24 @@ DEFAULT_QUESTION = "Does this image show {prompt}? Answer yes or no."
 
 @register_reward("vlm_judge", check=_check_judge, media="image")
 def vlm_judge(completions, examples, path: str | None = None, question: str = DEFAULT_QUESTION,
-              device: str = "auto", dtype: str = "float32", batch_size: int = 8) -> list:
+              device: str = "auto", dtype: str = "float32", batch_size: int = 8, judge_url: str | None = None,
+              judge_model: str | None = None, judge_token_env: str | None = None, judge_timeout: float = 60.0,
+              judge_retries: int = 2, judge_concurrency: int = 8, judge_top_logprobs: int = 20) -> list:
     """P("yes") / (P("yes") + P("no")) of the VLM at ``path`` (a local checkpoint directory, or
     "tiny" for mmrl's built-in tiny Qwen2.5-VL) asked ``question`` about each image, with
-    ``{prompt}`` replaced by the example's prompt. In [0, 1]."""
+    ``{prompt}`` replaced by the example's prompt. In [0, 1]. With ``judge_url`` instead: the same
+    ratio from the server's ``judge_top_logprobs`` top log-probs of the first answer token (futures;
+    rewards/_judge_client.py)."""
+    if judge_url is not None:
+        valid = _valid(completions, examples, "vlm_judge")
+        server = JudgeServer.of(judge_url, judge_model, judge_token_env, judge_timeout, judge_retries,
+                                judge_concurrency)
+        questions = [question.replace("{prompt}", _prompt(examples[i])) for i in valid]
+        out: list = [None] * len(completions)
+        for i, future in zip(valid, yes_probabilities(server, [completions[i] for i in valid], questions,
+                                                      judge_top_logprobs)):
+            out[i] = future
+        return out
     key = "task.reward_kwargs.vlm_judge.path"
     if str(path) != "tiny":
         _require_path(path, key)
@@ -303,21 +322,25 @@ def vlm_judge(completions, examples, path: str | None = None, question: str = DE
 
 # -- DeepEyes' reward with its LLM judge ---------------------------------------------------------------
 
-def _check_deepeyes(judge=None, **_):
-    _require_path(judge, "task.reward_kwargs.deepeyes.judge")
+def _check_deepeyes(judge=None, judge_url=None, **options):
+    if not check_served("deepeyes", "judge", judge, judge_url, **options):
+        _require_path(judge, "task.reward_kwargs.deepeyes.judge")
 
 
 @register_reward("deepeyes", minimum=-0.2, maximum=2.0, check=_check_deepeyes)
 def deepeyes(completions, examples, judge: str | None = None, device: str = "auto", dtype: str = "float32",
-             temperature: float = 0.3, max_new_tokens: int = 8, batch_size: int = 8) -> list:
+             temperature: float = 0.3, max_new_tokens: int = 8, batch_size: int = 8, judge_url: str | None = None,
+             judge_model: str | None = None, judge_token_env: str | None = None, judge_timeout: float = 60.0,
+             judge_retries: int = 2, judge_concurrency: int = 8) -> list:
     """DeepEyes' ``compute_score`` with its LLM judge: 0.8 * accuracy + 0.2 * format + 1.2 * tool
     (:func:`mmrl.measures.tool_use.deepeyes_parts`), accuracy the verdict of the local chat model at
     ``judge`` (DeepEyes: Qwen2.5-72B-Instruct, sampled at temperature 0.3) on DeepEyes' judge prompt
     (:mod:`mmrl.measures.deepeyes_judge`: the answer, the ground truth and ``ex["question"]``). The
     rows of one trajectory share one verdict. ``deepeyes_rule_judge`` is the same formula with a rule
-    in place of the judge. None without ``ex["answer"]``."""
+    in place of the judge. None without ``ex["answer"]``. With ``judge_url`` instead of ``judge``:
+    the verdicts of the chat model on that server (futures; rewards/_judge_client.py)."""
     check_batch("deepeyes", completions, examples)
-    where = _require_path(judge, "task.reward_kwargs.deepeyes.judge")
+    where = None if judge_url is not None else _require_path(judge, "task.reward_kwargs.deepeyes.judge")
     asks = {}
     for i, (c, ex) in enumerate(zip(completions, examples)):
         answer = deepeyes_answer(c, ex)
@@ -326,9 +349,17 @@ def deepeyes(completions, examples, judge: str | None = None, device: str = "aut
     out: list = [None] * len(completions)
     if not asks:
         return out
+    prompts = list(dict.fromkeys(asks.values()))  # each trajectory (and each repeated case) asked once
+    if where is None:
+        server = JudgeServer.of(judge_url, judge_model, judge_token_env, judge_timeout, judge_retries,
+                                judge_concurrency)
+        asked = dict(zip(prompts, replies(server, prompts, JUDGE_SYSTEM, temperature, max_new_tokens)))
+        for i, prompt in asks.items():
+            out[i] = then(asked[prompt], lambda reply, i=i: deepeyes_total(
+                deepeyes_parts(completions[i], examples[i], accuracy=parse_judgement(reply))))
+        return out
     dev = _device(device)
     model = _cached(("chat_judge", str(where.resolve()), str(dev), dtype), lambda: ChatJudge(where, dev, dtype))
-    prompts = list(dict.fromkeys(asks.values()))  # each trajectory (and each repeated case) asked once
     verdicts = dict(zip(prompts, map(parse_judgement, model(prompts, JUDGE_SYSTEM, float(temperature),
                                                             int(max_new_tokens), int(batch_size)))))
     for i, prompt in asks.items():

@@ -15,6 +15,11 @@ from typing import Sequence
 from PIL import Image
 
 
+def answer_spellings(word: str) -> tuple[str, ...]:
+    """The spellings of an answer word the judge counts: ``word``, ``" " + word`` and their capitalised forms."""
+    return word, " " + word, word.capitalize(), " " + word.capitalize()
+
+
 def answer_token_ids(tokenizer, word: str) -> list[int]:
     """Ids of the single-token spellings of an answer word: ``word``, ``" " + word`` and their
     capitalised forms. The first answer token follows the chat template's "assistant\\n", so a
@@ -23,7 +28,7 @@ def answer_token_ids(tokenizer, word: str) -> list[int]:
     single-token spelling counts the answer however the model spells it. Multi-token spellings
     are skipped: their first piece (e.g. "y") says nothing about yes vs no."""
     ids = set()
-    for variant in (word, " " + word, word.capitalize(), " " + word.capitalize()):
+    for variant in answer_spellings(word):
         tokens = tokenizer.encode(variant, add_special_tokens=False)
         if len(tokens) == 1:
             ids.add(int(tokens[0]))
@@ -112,3 +117,16 @@ class ChatJudge:
                 out = self.model.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=pad, **sampling)
             replies += tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
         return replies
+
+
+def yes_share(top_logprobs) -> float | None:
+    """P(yes) / (P(yes) + P(no)) from a server's top log-probs of the first answer token (pairs of
+    token text and log-prob, e.g. an OpenAI-compatible answer's ``top_logprobs``): the ratio
+    :class:`VLMJudge` computes from the logits, over the same spellings (:func:`answer_spellings`).
+    A spelling outside the top counts as 0, so the ratio is exact when every spelling the model
+    gives weight is listed (ask for enough: vLLM's ``--max-logprobs``); None when neither answer is."""
+    import math
+
+    yes = sum(math.exp(lp) for token, lp in top_logprobs if token in answer_spellings("yes"))
+    no = sum(math.exp(lp) for token, lp in top_logprobs if token in answer_spellings("no"))
+    return yes / (yes + no) if yes + no > 0 else None
