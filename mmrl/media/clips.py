@@ -15,13 +15,17 @@ each clip's frame scores are reduced to one score by the reward kwarg ``frames``
 Set it per reward: ``task.reward_kwargs.<reward>.frames=min``. Still images pass through unchanged
 (a batch without clips calls the reward exactly as before). A clip scores None (the reward's
 minimum, counted as unparsable) when it has no frames or when the reward could not score one of
-its frames, so a half-broken clip is never averaged into a good score.
+its frames, so a half-broken clip is never averaged into a good score. A reward computed elsewhere
+(a served judge) returns futures: a clip's score is then a future of the reduction, raising when a
+frame's request failed (counted by the reward computer as that frame's failure).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import threading
+from concurrent.futures import Future
 from typing import Any, Callable, Sequence
 
 # Per-sample context the trainer passes to every reward, repeated per frame when clips are flattened.
@@ -73,10 +77,34 @@ def score_clips(fn: Callable[..., Sequence], completions: Sequence[Any], example
     per_clip: list[list] = [[] for _ in completions]
     for i, s in zip(owners, scores):
         per_clip[i].append(s)
-    out = []
-    for values in per_clip:
-        valid = values and all(v is not None and math.isfinite(float(v)) for v in values)
-        out.append(float(reduce([float(v) for v in values])) if valid else None)
+    return [_reduced(values, reduce) for values in per_clip]
+
+
+def _reduce(values: list, reduce: Callable[[Sequence[float]], float]):
+    valid = values and all(v is not None and math.isfinite(float(v)) for v in values)
+    return float(reduce([float(v) for v in values])) if valid else None
+
+
+def _reduced(values: list, reduce: Callable[[Sequence[float]], float]):
+    """A clip's score, or a future of it when a frame's score is a future (settled once all are)."""
+    pending = [v for v in values if isinstance(v, Future)]
+    if not pending:
+        return _reduce(values, reduce)
+    out: Future = Future()
+    left, lock = [len(pending)], threading.Lock()
+
+    def settle(_):
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        try:
+            out.set_result(_reduce([v.result() if isinstance(v, Future) else v for v in values], reduce))
+        except BaseException as exc:  # noqa: BLE001 (a frame's failure is the clip's, counted by the reward computer)
+            out.set_exception(exc)
+
+    for future in pending:
+        future.add_done_callback(settle)
     return out
 
 
