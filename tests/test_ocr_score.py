@@ -81,5 +81,6 @@ def test_paddleocr_adapter(monkeypatch, tmp_path):
     scores = REWARDS.get("ocr_score")(images, [{"prompt": 'say "Hello"'}] * 2, path=str(tmp_path), device="cpu")
     assert scores == [1.0, 0.0]
     assert made == [{"use_angle_cls": False, "lang": "en", "use_gpu": False, "show_log": False,
-                     "det_model_dir": str(tmp_path.resolve() / "det"), "rec_model_dir": str(tmp_path.resolve() / "rec")}]
+                     "det_model_dir": str(tmp_path.resolve() / "det"),
+                     "rec_model_dir": str(tmp_path.resolve() / "rec")}]
     clear_recognizers()

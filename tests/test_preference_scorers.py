@@ -204,11 +204,13 @@ def reference_state_dict(seed=0) -> dict:
     D, V, H, F = TINY_VIT["hidden_size"], TINY_MED["hidden_size"], TINY_MED["intermediate_size"], 64
     n = (32 // 8) ** 2 + 1
     shapes = {"blip.visual_encoder.cls_token": (1, 1, D), "blip.visual_encoder.pos_embed": (1, n, D),
-              "blip.visual_encoder.patch_embed.proj.weight": (D, 3, 8, 8), "blip.visual_encoder.patch_embed.proj.bias": (D,),
+              "blip.visual_encoder.patch_embed.proj.weight": (D, 3, 8, 8),
+              "blip.visual_encoder.patch_embed.proj.bias": (D,),
               "blip.visual_encoder.norm.weight": (D,), "blip.visual_encoder.norm.bias": (D,),
               "blip.text_encoder.embeddings.word_embeddings.weight": (40, V),
               "blip.text_encoder.embeddings.position_embeddings.weight": (40, V),
-              "blip.text_encoder.embeddings.LayerNorm.weight": (V,), "blip.text_encoder.embeddings.LayerNorm.bias": (V,),
+              "blip.text_encoder.embeddings.LayerNorm.weight": (V,),
+              "blip.text_encoder.embeddings.LayerNorm.bias": (V,),
               "blip.vision_proj.weight": (8, D), "blip.vision_proj.bias": (8,),
               "blip.text_proj.weight": (8, V), "blip.text_proj.bias": (8,)}
     for i in range(2):
@@ -227,7 +229,8 @@ def reference_state_dict(seed=0) -> dict:
         shapes.update({t + "intermediate.dense.weight": (H, V), t + "intermediate.dense.bias": (H,),
                        t + "output.dense.weight": (V, H), t + "output.dense.bias": (V,),
                        t + "output.LayerNorm.weight": (V,), t + "output.LayerNorm.bias": (V,)})
-    for i, (o, k) in zip((0, 2, 4, 6, 7), ((16, V), (8, 16), (4, 8), (2, 4), (1, 2))):  # MLP(input): Dropouts at 1, 3, 5
+    # ImageReward's MLP(input): Linears at 0, 2, 4, 6, 7, Dropouts at 1, 3, 5
+    for i, (o, k) in zip((0, 2, 4, 6, 7), ((16, V), (8, 16), (4, 8), (2, 4), (1, 2))):
         shapes.update({f"mlp.layers.{i}.weight": (o, k), f"mlp.layers.{i}.bias": (o,)})
     state = {k: 0.3 * torch.randn(s, generator=g) for k, s in shapes.items()}
     for k in state:
@@ -316,7 +319,8 @@ def test_image_reward_matches_the_reference_forward(tiny_image_reward):
 
     tokenizer = BertTokenizer.from_pretrained(tiny_image_reward / "tokenizer")
     tokens = tokenizer(PROMPTS, padding="max_length", truncation=True, max_length=35, return_tensors="pt")
-    assert tokens["input_ids"].shape == (3, 35) and tokens["input_ids"][0, :4].tolist() == [2, 5, 6, 7]  # [CLS] a red square
+    assert tokens["input_ids"].shape == (3, 35)
+    assert tokens["input_ids"][0, :4].tolist() == [2, 5, 6, 7]  # [CLS] a red square
     pixels = torch.stack([image_reward_transform(32)(im) for im in images()])
     expected = reference_image_reward(torch.load(tiny_image_reward / "ImageReward.pt", weights_only=True), pixels,
                                       tokens["input_ids"], tokens["attention_mask"])
