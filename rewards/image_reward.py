@@ -56,7 +56,11 @@ def blip_vision_state_dict(state: dict) -> dict:
 def image_reward_transform(size: int):
     """ImageReward.py's ``_transform(n_px)``: shortest side to ``size`` (bicubic, on the PIL
     image), centre crop, RGB, to [0, 1], OpenAI CLIP normalisation."""
-    from torchvision.transforms import CenterCrop, Compose, InterpolationMode, Normalize, Resize, ToTensor
+    try:
+        from torchvision.transforms import CenterCrop, Compose, InterpolationMode, Normalize, Resize, ToTensor
+    except ImportError as exc:
+        raise ImportError("the image_reward scorer needs torchvision: pip install 'mmrl[clip]' (open_clip brings "
+                          "it) or pip install torchvision") from exc
 
     return Compose([Resize(size, interpolation=InterpolationMode.BICUBIC), CenterCrop(size),
                     lambda im: im.convert("RGB"), ToTensor(), Normalize(OPENAI_MEAN, OPENAI_STD)])

@@ -137,6 +137,7 @@ def hpsv2_reference_transform(image, size):
 
 
 def test_hps_preprocess_is_hpsv2s_transform():
+    pytest.importorskip("torchvision")  # an optional dependency (open_clip brings it)
     for im in images():
         assert torch.equal(hps_preprocess(im, 32), hpsv2_reference_transform(im, 32))
     # 48 x 40 -> 32 x 27 (round(40 * 32 / 48) = 27): rows 0..1 and 29..31 are the zero padding, normalised
@@ -242,6 +243,7 @@ def reference_state_dict(seed=0) -> dict:
 
 @pytest.fixture
 def tiny_image_reward(tmp_path):
+    pytest.importorskip("torchvision")
     from transformers import BertTokenizer
 
     torch.save(reference_state_dict(), tmp_path / "ImageReward.pt")
@@ -302,6 +304,7 @@ def reference_image_reward(state, pixels, ids, mask):
 
 
 def test_image_reward_transform_is_the_references():
+    pytest.importorskip("torchvision")
     """ImageReward.py's _transform(n_px) written out: shortest side to 32 (torchvision's Resize on a
     PIL image: the long side int(32 * long / short), PIL bicubic), centre crop, RGB, [0, 1], OpenAI norm."""
     from mmrl.rewards.image_reward import image_reward_transform
