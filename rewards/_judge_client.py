@@ -42,10 +42,13 @@ def check_judge_url(reward: str, judge_url=None, judge_token_env=None, judge_tim
 
 
 def check_served(reward: str, local_key: str, local, judge_url, judge_token_env=None, judge_timeout=60.0,
-                 judge_retries=2, judge_concurrency=8, **_) -> bool:
+                 judge_retries=2, judge_concurrency=8, judge_top_logprobs=20, **_) -> bool:
     """Whether the judge is served (``judge_url``, checked; a local checkpoint too is an error)."""
     if judge_url is None:
         return False
+    if int(judge_top_logprobs) < 1:
+        raise ValueError(f"task.reward_kwargs.{reward}.judge_top_logprobs={judge_top_logprobs!r}: give at least 1 "
+                         "(20, the most an OpenAI-style API returns; a vLLM server up to its --max-logprobs)")
     if local is not None:
         raise ValueError(f"task.reward_kwargs.{reward}: set {local_key} (a local checkpoint) or judge_url (a "
                          "server), not both")

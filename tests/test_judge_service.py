@@ -185,6 +185,7 @@ def test_rubric_judge_fills_the_template_and_maps_the_score(judge):
     ({"judge_url": "http://x", "score_min": 5, "score_max": 5}, "must be above"),
     ({"judge_url": "http://x", "template": "{question"}, "rubric_judge.template"),
     ({"judge_url": "http://x", "judge_token_env": "MMRL_NO_SUCH_TOKEN"}, "rubric_judge.judge_token_env"),
+    ({"judge_url": "http://x", "judge_timeout": 0}, "judge_timeout must be > 0"),
 ])
 def test_rubric_judge_configuration_errors_name_the_key(options, match):
     with pytest.raises(ValueError, match=match):
@@ -196,6 +197,8 @@ def test_a_local_checkpoint_and_a_server_together_are_refused(tmp_path):
         RewardComputer({"vlm_judge": 1.0}, {"vlm_judge": {"path": "tiny", "judge_url": "http://127.0.0.1:1"}})
     with pytest.raises(ValueError, match="deepeyes: set judge .* or judge_url"):
         RewardComputer({"deepeyes": 1.0}, {"deepeyes": {"judge": str(tmp_path), "judge_url": "http://127.0.0.1:1"}})
+    with pytest.raises(ValueError, match="vlm_judge.judge_top_logprobs=0"):
+        RewardComputer({"vlm_judge": 1.0}, {"vlm_judge": {"judge_url": "http://127.0.0.1:1", "judge_top_logprobs": 0}})
 
 
 # -- failures ----------------------------------------------------------------------------------------------
