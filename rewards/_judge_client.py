@@ -18,14 +18,17 @@ A sample whose request failed scores the reward's minimum and is counted
 
 from __future__ import annotations
 
+import json
+import logging
 from concurrent.futures import Future
 from dataclasses import dataclass
 
 from mmrl.media.wire import IMAGE_TAG, encode_image
 
-from ._service import Refused, check_token_env, pool, post_json, submit, then, token_from
+from ._service import Refused, check_token_env, pool, post_json, probe, submit, then, token_from
 
 BACKOFF = 0.5  # seconds before the first retry, doubling
+log = logging.getLogger("mmrl")
 
 
 def check_judge_url(reward: str, judge_url=None, judge_token_env=None, judge_timeout=60.0, judge_retries=2,
@@ -41,8 +44,8 @@ def check_judge_url(reward: str, judge_url=None, judge_token_env=None, judge_tim
     check_token_env(judge_token_env, f"{key}.judge_token_env")
 
 
-def check_served(reward: str, local_key: str, local, judge_url, judge_token_env=None, judge_timeout=60.0,
-                 judge_retries=2, judge_concurrency=8, judge_top_logprobs=20, **_) -> bool:
+def check_served(reward: str, local_key: str, local, judge_url, judge_model=None, judge_token_env=None,
+                 judge_timeout=60.0, judge_retries=2, judge_concurrency=8, judge_top_logprobs=20, **_) -> bool:
     """Whether the judge is served (``judge_url``, checked; a local checkpoint too is an error)."""
     if judge_url is None:
         return False
@@ -53,7 +56,29 @@ def check_served(reward: str, local_key: str, local, judge_url, judge_token_env=
         raise ValueError(f"task.reward_kwargs.{reward}: set {local_key} (a local checkpoint) or judge_url (a "
                          "server), not both")
     check_judge_url(reward, judge_url, judge_token_env, judge_timeout, judge_retries, judge_concurrency)
+    _probe(reward, JudgeServer.of(judge_url, judge_model, judge_token_env, judge_timeout))
     return True
+
+
+def _probe(reward: str, server: "JudgeServer") -> None:
+    """Warnings, not errors, at setup: a judge that does not answer ``GET /v1/models`` (it may start
+    later; until then its samples score the minimum), refuses the token, or does not list ``judge_model``."""
+    key = f"task.reward_kwargs.{reward}"
+    status, body = probe(server.url + "/v1/models", token_from(server.token_env), min(server.timeout, 10.0))
+    if status is None:
+        log.warning("warning: the judge server %s does not answer GET /v1/models (%s); until it does, %s's samples "
+                    "score the minimum", server.url, body, reward)
+    elif status == 401:
+        log.warning("warning: the judge server %s refuses the token (%s.judge_token_env=%s); %s's samples will "
+                    "score the minimum", server.url, key, server.token_env, reward)
+    elif status == 200 and server.model:
+        try:
+            served = [m.get("id") for m in json.loads(body).get("data", [])]
+        except (ValueError, AttributeError):
+            return
+        if server.model not in served:
+            log.warning("warning: the judge server %s does not list %s.judge_model=%s (it serves %s)", server.url,
+                        key, server.model, ", ".join(map(str, served)) or "nothing")
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,19 @@ def then(future: Future, fn: Callable) -> Future:
     return out
 
 
+def probe(url: str, token, timeout: float) -> tuple[int | None, bytes | str]:
+    """``GET url`` at setup: ``(HTTP status, body)`` when the server answers (an error status
+    included), ``(None, why)`` when it does not."""
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, b""
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return None, str(getattr(exc, "reason", exc))
+
+
 def post_json(url: str, body: dict, token, timeout: float, retries: int, backoff: float,
               what: str = "reward service"):
     """The JSON answer of ``POST url``, retried as the module docstring says; raises TimeoutError

@@ -24,14 +24,12 @@ request over several rollout servers and names ``rollout.*`` keys in its errors 
 from __future__ import annotations
 
 import logging
-import urllib.error
-import urllib.request
 from concurrent.futures import Future
 
 from mmrl import register_reward
 from mmrl.media.wire import encode, encode_example
 
-from ._service import Refused, check_token_env, pool, post_json, submit, token_from
+from ._service import Refused, check_token_env, pool, post_json, probe, submit, token_from
 
 log = logging.getLogger("mmrl")
 
@@ -50,19 +48,13 @@ def _check_at_setup(url=None, token_env=None, timeout=60.0, **options):
     """The options (errors), then whether the service answers: a warning, not an error, when it does
     not (it may start after the run; until it answers its samples score the minimum)."""
     _check(url, token_env=token_env, timeout=timeout, **options)
-    token = token_from(token_env)
-    request = urllib.request.Request(str(url).rstrip("/") + "/health",
-                                     headers={"Authorization": f"Bearer {token}"} if token else {})
-    try:
-        with urllib.request.urlopen(request, timeout=min(float(timeout), 10.0)):
-            pass
-    except urllib.error.HTTPError as exc:  # it answers; a service of another make may have no /health
-        if exc.code == 401:
-            log.warning("warning: the reward service %s refuses the token (task.reward_kwargs.http.token_env=%s); "
-                        "its samples will score the minimum", url, token_env)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+    status, why = probe(str(url).rstrip("/") + "/health", token_from(token_env), min(float(timeout), 10.0))
+    if status == 401:  # any other answer will do: a service of another make may have no /health
+        log.warning("warning: the reward service %s refuses the token (task.reward_kwargs.http.token_env=%s); "
+                    "its samples will score the minimum", url, token_env)
+    elif status is None:
         log.warning("warning: the reward service %s does not answer GET /health (%s); until it does, its samples "
-                    "score the minimum (start it with `mmrl serve-reward NAME`)", url, getattr(exc, "reason", exc))
+                    "score the minimum (start it with `mmrl serve-reward NAME`)", url, why)
 
 
 @register_reward("http", check=_check_at_setup, maximum=float("inf"))

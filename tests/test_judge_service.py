@@ -54,6 +54,13 @@ class Judge(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
+    def do_GET(self):  # noqa: N802: the models it serves (asked at setup)
+        data = json.dumps({"object": "list", "data": [{"id": "judge-7b", "object": "model"}]}).encode()
+        self.send_response(200 if self.path == "/v1/models" else 404)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
     def do_POST(self):  # noqa: N802 (http.server's name)
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         Judge.seen.append((self.path, body, self.headers.get("Authorization")))
@@ -226,7 +233,14 @@ def test_a_judge_too_slow_is_late_and_bounded_by_its_timeout(judge):
     assert stats["reward/vlm_judge/late_frac"] == 1.0 and stats["reward/vlm_judge/failed_frac"] == 0.0
 
 
-def test_a_dead_judge_scores_the_minimum_and_is_counted():
+def test_setup_warns_of_a_model_the_server_does_not_list(judge, caplog):
+    RewardComputer({"rubric_judge": 1.0}, {"rubric_judge": {"judge_url": judge, "judge_model": "judge-7b"}})
+    assert "does not list" not in caplog.text
+    RewardComputer({"rubric_judge": 1.0}, {"rubric_judge": {"judge_url": judge, "judge_model": "judge-70b"}})
+    assert "does not list task.reward_kwargs.rubric_judge.judge_model=judge-70b (it serves judge-7b)" in caplog.text
+
+
+def test_a_dead_judge_scores_the_minimum_and_is_counted(caplog):
     import socket
 
     with socket.socket() as s:  # a port nothing listens on
@@ -234,7 +248,9 @@ def test_a_dead_judge_scores_the_minimum_and_is_counted():
         url = f"http://127.0.0.1:{s.getsockname()[1]}"
     rows = [trajectory("red", zoomed=True)] * 2
     options = {"judge_url": url, "judge_retries": 1}
-    _, parts, stats = RewardComputer({"deepeyes": 1.0}, {"deepeyes": options})(*zip(*rows))
+    computer = RewardComputer({"deepeyes": 1.0}, {"deepeyes": options})  # a warning at setup, not an error
+    assert f"the judge server {url} does not answer GET /v1/models" in caplog.text
+    _, parts, stats = computer(*zip(*rows))
     assert parts["deepeyes"].tolist() == [pytest.approx(-0.2)] * 2  # deepeyes' minimum
     assert stats["reward/deepeyes/failed_frac"] == 1.0
 
