@@ -15,8 +15,7 @@ import json
 import re
 from pathlib import Path
 
-from mmrl.rewards.model_scorers import mlp_from_state_dict, register_scorer
-from mmrl.rewards.preference_scorers import OPENAI_MEAN, OPENAI_STD
+from ._scorers import OPENAI_MEAN, OPENAI_STD, mlp_from_state_dict, register_scorer
 
 # ImageReward.py: ``rewards = (rewards - self.mean) / self.std``
 REWARD_MEAN = 0.16717362830052426

@@ -17,11 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mmrl.rewards.model_scorers import load_clip, register_scorer
-
-# OpenAI CLIP's normalisation (open_clip.constants.OPENAI_DATASET_MEAN/STD), HPSv2's for ViT-H-14
-OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
-OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
+from ._scorers import OPENAI_MEAN, OPENAI_STD, load_clip, register_scorer  # OPENAI_*: HPSv2's for ViT-H-14
 
 
 def _pooled(out):
