@@ -225,6 +225,28 @@ def test_a_plugin_reward_is_served(served, tmp_path, monkeypatch):
         make_server("served_length_test", {"sclae": 2.0}, port=0)
 
 
+def test_a_reward_that_answers_with_futures_is_served(served, tmp_path, monkeypatch):
+    """A judge on a server returns futures; the service settles them (a failed one: no score)."""
+    import mmrl.registry
+    from mmrl.registry import REWARDS, Registry
+
+    registry = Registry("reward")
+    for name in REWARDS.names():
+        registry.register(name, REWARDS.get(name))
+    monkeypatch.setattr(mmrl.registry, "REWARDS", registry)
+    plugin = tmp_path / "future_plugin.py"
+    plugin.write_text("from concurrent.futures import Future\nfrom mmrl import register_reward\n\n"
+                      "def _done(value):\n    f = Future()\n"
+                      "    f.set_exception(ConnectionError('judge down')) if value is None else f.set_result(value)\n"
+                      "    return f\n\n"
+                      "@register_reward('served_future_test', minimum=-1.0, maximum=100.0)\n"
+                      "def served_future_test(completions, examples):\n"
+                      "    return [_done(None if c == 'x' else float(len(c))) for c in completions]\n")
+    server = served("served_future_test", {}, plugins=[str(plugin)])
+    _, comps, _ = _computer(server.url)(["ab", "x", "abcd"], [{}, {}, {}])
+    assert comps["http"].tolist() == [2.0, 0.0, 4.0]  # no score: the http reward's minimum (its option, 0)
+
+
 def test_misconfiguration_stops_the_run_at_setup():
     with pytest.raises(ValueError, match="task.reward_kwargs.http.url"):
         RewardComputer({"http": 1.0}, {"http": {}})

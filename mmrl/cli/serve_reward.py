@@ -18,7 +18,7 @@ import json
 import math
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, Callable, List, Optional
 
@@ -93,7 +93,17 @@ class RewardServer(HTTPServer):
             raw = list(self.reward(completions, examples, **self.options, **context))
         if len(raw) != len(completions):
             raise RuntimeError(f"reward {self.name!r} returned {len(raw)} scores for {len(completions)} completions")
-        return [None if r is None or not math.isfinite(float(r)) else float(r) for r in raw]
+        return [None if r is None or not math.isfinite(float(r)) else float(r) for r in map(_settled, raw)]
+
+
+def _settled(score):
+    """A score, or the score a reward returned as a future (a judge on a server); None if it failed."""
+    if isinstance(score, Future):
+        try:
+            return score.result()
+        except Exception:  # the service behind this reward failed: the client counts a missing score
+            return None
+    return score
 
 
 class Handler(BaseHTTPRequestHandler):
