@@ -419,7 +419,8 @@ def test_episode_advantages_and_metrics_on_two_processes_equal_one(tmp_path):
     assert one["metrics"]["episode/invalid_actions"] == 4 / 28 and one["metrics"]["episode/return"] == 0.375
     assert one["metrics"].keys() == two["metrics"].keys()
     for key, value in one["metrics"].items():
-        assert abs(value - two["metrics"][key]) < 1e-6, key
+        if not key.endswith("_time"):  # wall times (reward_wait_time) differ by nature
+            assert abs(value - two["metrics"][key]) < 1e-6, key
 
 
 def test_a_rank_error_ends_every_process_with_its_message():

@@ -67,6 +67,9 @@ class ScriptedPolicy:
     def prepare_examples(self, examples):
         return [{**ex, "pred_space": "pixel"} for ex in examples]
 
+    def take_rollout_stats(self):
+        return {}
+
     def rollout(self, examples, prompts, n, mode, need_old_logps=False, need_ref_logps=False):
         texts = [p[-1]["content"][1]["text"] for p in prompts for _ in range(n)]
         self.prompts.append(texts)
