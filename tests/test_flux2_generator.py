@@ -1,0 +1,248 @@
+"""FLUX.2 (``Flux2Pipeline``) and FLUX.2 [klein] (``Flux2KleinPipeline``) through their adapters, on tiny
+random pipelines built locally (tests/flux2_builders.py), against diffusers:
+
+(a) mmrl's Euler loop over ``sigmas``/``velocity``/``decode`` gives the pipeline's own ``__call__`` output at
+    the same latents (1e-4, float32), the schedule included (FLUX.2's empirical mu);
+(b) a sampled trajectory's SDE log-probs re-scored by the training path equal the sampling ones (1e-5);
+(c) a LoRA RL step through ``mmrl train diffusion``;
+(d) a checkpoint round trip: equal weights and equal velocity in a fresh policy.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import make_config
+from flux2_builders import build_tiny_flux2, build_tiny_flux2_klein
+from mmrl.core.losses import Objective, ObjectiveConfig
+from mmrl.diffusion.adapters import load_pipeline
+from mmrl.diffusion.adapters.flux2 import Flux2Adapter, Flux2KleinAdapter
+from mmrl.diffusion.policy import DiffusionPolicy
+from mmrl.registry import GENERATOR_FAMILIES
+from test_diffusion_runs import cli, rows, t2i_overrides
+
+PROMPTS = ["a red cat", "two dogs on grass"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread(one_thread):
+    """The tiny pipelines run on one thread (see ``diffusion_fixtures.one_thread``)."""
+
+
+@pytest.fixture(scope="module")
+def flux2_dir(tmp_path_factory):
+    return build_tiny_flux2(tmp_path_factory.mktemp("tiny-flux2"))
+
+
+@pytest.fixture(scope="module")
+def klein_dir(tmp_path_factory):
+    return build_tiny_flux2_klein(tmp_path_factory.mktemp("tiny-flux2-klein"))
+
+
+@pytest.fixture(scope="module")
+def flux2(flux2_dir):
+    return load_pipeline(str(flux2_dir), "cpu", torch.float32)
+
+
+@pytest.fixture(scope="module")
+def klein(klein_dir):
+    return load_pipeline(str(klein_dir), "cpu", torch.float32)
+
+
+def _noise(shape, batch=2, seed=0):
+    return torch.randn(batch, *shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _euler(adapter, noise, prompts, guidance, steps=3):
+    """The deterministic flow sampler: x <- x + (sigma_next - sigma) v(x, sigma), then decode."""
+    sigmas = adapter.sigmas(steps, tuple(noise.shape[1:]))
+    x = noise.clone()
+    with torch.no_grad():
+        for i in range(steps):
+            x = x + (sigmas[i + 1] - sigmas[i]) * adapter.velocity(x, sigmas[i].expand(len(x)), prompts, guidance)
+        return adapter.decode(x), sigmas
+
+
+def _pipeline(adapter, noise, prompts, guidance, steps=3, size=16):
+    return adapter.pipe(prompt=prompts, height=size, width=size, num_inference_steps=steps, guidance_scale=guidance,
+                        latents=noise.clone(), generator=torch.Generator().manual_seed(0), output_type="pt").images
+
+
+# -- structure -----------------------------------------------------------------------------------
+
+
+def test_registered_and_shaped(flux2, klein):
+    assert GENERATOR_FAMILIES.get("Flux2Pipeline") == Flux2Adapter.from_pretrained
+    assert GENERATOR_FAMILIES.get("Flux2KleinPipeline") == Flux2KleinAdapter.from_pretrained
+    assert type(flux2) is Flux2Adapter and flux2.family == "flux2" and flux2.conditioning is None
+    assert type(klein) is Flux2KleinAdapter and klein.family == "flux2_klein"
+    # VAE scale 2 x 2x2 patches: 16 x 24 px -> (in_channels 8, 4, 6), rounded down to whole patches
+    assert flux2.latent_shape(16, 24) == (8, 4, 6) and flux2.latent_shape(18, 30) == (8, 4, 7)
+    assert flux2.default_guidance_scale == klein.default_guidance_scale == 4.0
+    assert flux2.text_encoder_out_layers == (10, 20, 30) and klein.text_encoder_out_layers == (9, 18, 27)
+    for adapter in (flux2, klein):
+        frozen = [m for name, m in adapter.pipe.components.items() if isinstance(m, torch.nn.Module)
+                  and name != "transformer"]
+        assert frozen and all(not p.requires_grad for m in frozen for p in m.parameters())
+        names = [name for name, _ in adapter.transformer.named_modules()]
+        for target in adapter.lora_targets:  # every LoRA target names a layer of both stream kinds' blocks
+            assert any(name.endswith("." + target) for name in names), target
+        # three hidden-state layers of the width-16 encoders, stacked: 48 wide; the prompt is not cut away
+        emb = adapter.prompt_cache.get(PROMPTS)["prompt_embeds"]
+        assert emb.shape == (2, 512, 48) and (emb[0] - emb[1]).abs().max() > 1e-4
+
+
+def test_too_shallow_text_encoder_is_refused(flux2):
+    with pytest.raises(ValueError, match=r"hidden states \(10, 20, 31\).*30 layers.*text_encoder"):
+        Flux2Adapter(flux2.pipe, text_encoder_out_layers=(10, 20, 31))
+
+
+@pytest.mark.parametrize("steps,size", [(4, 16), (7, 32)])
+def test_sigmas_are_the_pipelines(flux2, steps, size):
+    """FLUX.2's mu depends on the token count and the number of steps (compute_empirical_mu)."""
+    noise = _noise(flux2.latent_shape(size, size), batch=1)
+    flux2.pipe(prompt=PROMPTS[:1], height=size, width=size, num_inference_steps=steps, latents=noise.clone(),
+               output_type="latent")
+    sigmas = flux2.sigmas(steps, tuple(noise.shape[1:]))
+    assert sigmas.shape == (steps + 1,) and sigmas[-1] == 0.0
+    assert torch.allclose(sigmas, flux2.pipe.scheduler.sigmas.float(), atol=1e-7)
+
+
+# -- (a) parity with the diffusers pipelines -----------------------------------------------------
+
+
+def test_flux2_matches_pipeline(flux2):
+    noise = _noise(flux2.latent_shape(16, 16))
+    ref = _pipeline(flux2, noise, PROMPTS, 3.0)
+    image, sigmas = _euler(flux2, noise, PROMPTS, 3.0)
+    assert torch.allclose(sigmas, flux2.pipe.scheduler.sigmas.float())
+    assert image.shape == (2, 3, 16, 16) and image.dtype == torch.float32
+    assert torch.allclose(image, ref, atol=1e-4, rtol=0), (image - ref).abs().max()
+    other, _ = _euler(flux2, noise, PROMPTS, 1.0)
+    assert (other - ref).abs().max() > 1e-4  # the scale reached the guidance embedding
+
+
+def test_flux2_guidance_is_embedded_not_batched(flux2):
+    batches = []
+    hook = flux2.transformer.register_forward_pre_hook(
+        lambda module, args, kwargs: batches.append(kwargs["hidden_states"].shape[0]), with_kwargs=True)
+    try:
+        with torch.no_grad():
+            flux2.velocity(_noise(flux2.latent_shape(16, 16)), torch.tensor([0.5, 0.5]), PROMPTS, 4.0)
+    finally:
+        hook.remove()
+    assert batches == [2]
+
+
+def test_klein_true_cfg_matches_pipeline(klein):
+    noise = _noise(klein.latent_shape(16, 16))
+    ref = _pipeline(klein, noise, PROMPTS, 3.0)
+    image, _ = _euler(klein, noise, PROMPTS, 3.0)
+    assert torch.allclose(image, ref, atol=1e-4, rtol=0), (image - ref).abs().max()
+    unguided, _ = _euler(klein, noise, PROMPTS, 1.0)
+    assert (unguided - ref).abs().max() > 1e-4  # CFG with the empty prompt was really exercised
+    assert torch.allclose(unguided, _pipeline(klein, noise, PROMPTS, 1.0), atol=1e-4, rtol=0)
+
+
+def test_distilled_klein_ignores_guidance(klein):
+    """A step-distilled klein (``is_distilled``) takes no CFG: the pipeline ignores the scale, so does mmrl."""
+    from diffusers import Flux2KleinPipeline
+
+    components = {k: v for k, v in klein.pipe.components.items()}
+    distilled = Flux2KleinAdapter(Flux2KleinPipeline(**components, is_distilled=True))
+    assert distilled.default_guidance_scale == 1.0 and not distilled.true_cfg
+    noise = _noise(distilled.latent_shape(16, 16))
+    ref = _pipeline(distilled, noise, PROMPTS, 3.0)
+    image, _ = _euler(distilled, noise, PROMPTS, 3.0)
+    assert torch.allclose(image, ref, atol=1e-4, rtol=0), (image - ref).abs().max()
+    assert torch.allclose(image, _euler(distilled, noise, PROMPTS, 1.0)[0], atol=1e-6)
+
+
+# -- (b), (d): the policy over the adapter --------------------------------------------------------
+
+
+def policy_for(path, *overrides) -> DiffusionPolicy:
+    cfg = make_config(f"model.path={path}", "train.device=cpu", "task.name=composition", "diffusion.num_steps=3",
+                      "diffusion.eval_num_steps=2", "diffusion.height=16", "diffusion.width=16",
+                      "rollout.batch_size=64", "train.learning_rate=1e-3", *overrides)
+    policy = DiffusionPolicy(cfg)
+    policy.configure_optimizer(cfg.train, 10)
+    policy.begin_step(1)
+    return policy
+
+
+def _rollout(policy):
+    examples = [{"prompt": p, "_index": i} for i, p in enumerate(PROMPTS)]
+    batch = policy.rollout(examples, PROMPTS, 2, "train", need_old_logps=True, need_ref_logps=False)
+    batch.advantages = torch.linspace(-1, 1, len(batch))
+    return batch
+
+
+class Spy:
+    """The core objective, remembering the log-probs it was given."""
+
+    def __init__(self, policy):
+        self.cfg = ObjectiveConfig.from_algo(policy.cfg.algo)
+        self.calls = []
+
+    def __call__(self, logps, old_logps, *args, **kwargs):
+        self.calls.append((logps.detach().clone(), old_logps.clone()))
+        return Objective(self.cfg)(logps, old_logps, *args, **kwargs)
+
+
+def test_rescored_log_probs_equal_the_sampling_ones(flux2_dir):
+    policy = policy_for(flux2_dir)
+    batch = _rollout(policy)
+    assert batch.payload["latents"].shape == (4, 4, 8, 4, 4)  # (samples, steps + 1, latent shape)
+    assert batch.action_mask.sum() == 12 and torch.isfinite(batch.old_logps).all()
+    spy = Spy(policy)
+    policy.train_step(batch, spy, num_tokens=float(batch.action_mask.sum()), num_seqs=4.0)
+    assert len(spy.calls) == 3  # one per denoising step
+    for logps, old in spy.calls:
+        assert torch.allclose(logps, old, atol=1e-5), (logps - old).abs().max()
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_checkpoint_round_trip(flux2_dir, tmp_path, lora):
+    extra = ["model.lora.enabled=true", "model.lora.r=4"] if lora else []
+    policy = policy_for(flux2_dir, *extra)
+    policy.train_step(_rollout(policy), Objective(ObjectiveConfig()), 12.0, 4.0)
+    policy.save(tmp_path / "ckpt")
+    restored = policy_for(flux2_dir, *extra)
+    restored.load(tmp_path / "ckpt")
+    trained = policy.transformer.state_dict()
+    fresh = policy_for(flux2_dir, *extra).transformer.state_dict()
+    assert any(not torch.equal(trained[k], fresh[k]) for k in trained)  # the step changed something
+    for name, value in restored.transformer.state_dict().items():
+        assert torch.equal(value, trained[name]), name
+    x, sigma = _noise(policy.latent_shape()), torch.tensor([0.8, 0.3])
+    with torch.no_grad():
+        assert torch.equal(restored.velocity(x, sigma, PROMPTS, 4.0), policy.velocity(x, sigma, PROMPTS, 4.0))
+
+
+# -- (c) through the command line ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prompts") / "prompts.txt"
+    path.write_text("a red cat\ntwo dogs on grass\nblue sky at night\n")
+    return path
+
+
+@pytest.mark.parametrize("family", ["flux2", "klein"])
+def test_lora_step_through_the_cli(family, request, prompt_file, tmp_path):
+    from mmrl.runs.checkpoint import CheckpointManager
+    from safetensors.torch import load_file
+
+    model_dir = request.getfixturevalue(f"{family}_dir")
+    cli("train", "diffusion", *t2i_overrides(model_dir, prompt_file, tmp_path, family, 1, "model.lora.enabled=true",
+                                             "model.lora.r=4", "diffusion.guidance_scale=2.0"))
+    train = [r for r in rows(tmp_path / family) if "reward" in r]
+    assert [r["step"] for r in train] == [1]
+    assert 0 < train[0]["reward/brightness"] < 1 and train[0]["grad_norm"] > 0
+    adapters = load_file(str(CheckpointManager(tmp_path / family / "checkpoints").latest() / "policy"
+                             / "adapter_model.safetensors"))
+    trained = {k.split(".lora_B")[0].rsplit(".", 1)[-1] for k, v in adapters.items() if "lora_B" in k and v.any()}
+    assert {"to_qkv_mlp_proj", "to_q"} <= trained  # both stream kinds' blocks were trained
