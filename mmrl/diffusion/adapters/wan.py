@@ -1,4 +1,5 @@
-"""Wan 2.1 / single-transformer Wan 2.2 text-to-video (``WanPipeline``) as a FlowPipeline."""
+"""Wan 2.1 and Wan 2.2 text-to-video (``WanPipeline``: one transformer, or Wan 2.2 A14B's two noise-level
+experts) as a FlowPipeline."""
 
 from __future__ import annotations
 
@@ -8,12 +9,19 @@ import torch
 from torch import Tensor
 
 from .diffusers_base import DiffusersAdapter
+from .wan_experts import WanExperts
 
 
 class WanAdapter(DiffusersAdapter):
-    """Wan 2.1 text-to-video (``WanPipeline``): latents ``(C, F_lat, H/8, W/8)`` with
+    """Wan text-to-video (``WanPipeline``): latents ``(C, F_lat, H/8, W/8)`` with
     ``F_lat = (num_frames - 1) // 4 + 1``, timestep ``sigma * num_train_timesteps``, CFG with the empty prompt.
-    ``decode`` gives ``(B, F, 3, H, W)`` in [0, 1]."""
+    ``decode`` gives ``(B, F, 3, H, W)`` in [0, 1].
+
+    Wan 2.2 A14B (``transformer_2`` and ``boundary_ratio`` in the pipeline): the trained ``transformer`` is
+    :class:`~.wan_experts.WanExperts`, both experts behind one module, each timestep ``t = sigma * T`` denoised
+    by ``transformer`` when ``t >= boundary_ratio * T`` and by ``transformer_2`` below, as ``WanPipeline``
+    switches; LoRA goes on both. The low-noise expert's steps are guided by ``guidance_scale_2`` (the
+    pipeline's argument; None: ``guidance_scale``, as the pipeline), CFG on when ``guidance_scale > 1``."""
 
     family = "wan"
     pipeline_class_name = "WanPipeline"
@@ -26,16 +34,28 @@ class WanAdapter(DiffusersAdapter):
     default_num_frames = 81
     max_sequence_length = 512  # WanPipeline.__call__'s default
 
-    def __init__(self, pipe, device=None, max_sequence_length: int | None = None):
-        if getattr(pipe, "transformer_2", None) is not None or pipe.config.get("boundary_ratio") is not None:
-            raise NotImplementedError(
-                "Wan 2.2 two-expert pipelines (transformer_2 / boundary_ratio) are not supported; use a Wan 2.1 or "
-                "Wan 2.2 TI2V-5B (single transformer) checkpoint"
+    guidance_scale_2: float | None = None  # WanPipeline.__call__'s default
+
+    def __init__(self, pipe, device=None, max_sequence_length: int | None = None,
+                 guidance_scale_2: float | None = None):
+        boundary_ratio = pipe.config.get("boundary_ratio")
+        two_experts = getattr(pipe, "transformer_2", None) is not None
+        if (boundary_ratio is not None) != two_experts or (two_experts and getattr(pipe, "transformer", None) is None):
+            raise ValueError(
+                "a Wan 2.2 two-expert pipeline needs transformer/, transformer_2/ and boundary_ratio in its "
+                f"model_index.json (found transformer_2: {two_experts}, boundary_ratio: {boundary_ratio}); a "
+                "pipeline with one of them missing is not a checkpoint mmrl can train"
             )
         super().__init__(pipe, device, max_sequence_length)
         self.expand_timesteps = bool(pipe.config.get("expand_timesteps", False))
         self.vae_scale_factor_temporal = int(pipe.vae_scale_factor_temporal)
         self.vae_scale_factor_spatial = int(pipe.vae_scale_factor_spatial)
+        # WanPipeline: boundary_ratio * scheduler.config.num_train_timesteps
+        self.boundary_timestep = None if boundary_ratio is None else float(boundary_ratio) * self.num_train_timesteps
+        if two_experts:
+            self.transformer = WanExperts(pipe.transformer, pipe.transformer_2, self.boundary_timestep)
+        if guidance_scale_2 is not None:
+            self.guidance_scale_2 = float(guidance_scale_2)
 
     def latent_shape(self, height: int, width: int, num_frames: int | None = None) -> tuple[int, ...]:
         frames = self.default_num_frames if num_frames is None else int(num_frames)
@@ -70,7 +90,17 @@ class WanAdapter(DiffusersAdapter):
         out = self.transformer(
             hidden_states=x, timestep=timestep, encoder_hidden_states=emb["prompt_embeds"], return_dict=False,
         )[0].float()
-        return self._guide(out, guidance_scale) if cfg else out
+        return self.guide(out, timestep[:batch], guidance_scale) if cfg else out
+
+    def guide(self, out: Tensor, timestep: Tensor, guidance_scale: float) -> Tensor:
+        """Classifier-free guidance of the ``[uncond, cond]`` batch ``out`` at the samples' ``timestep``: with
+        two experts, the low-noise expert's samples (``t < boundary``) take ``guidance_scale_2``."""
+        if self.boundary_timestep is None or self.guidance_scale_2 is None:
+            return self._guide(out, guidance_scale)
+        t = timestep if timestep.dim() == 1 else timestep.flatten(1).amax(dim=1)
+        scale = torch.where(t >= self.boundary_timestep, float(guidance_scale), float(self.guidance_scale_2))
+        uncond, cond = out.chunk(2)
+        return uncond + scale.to(out.dtype).view(-1, *[1] * (out.dim() - 1)) * (cond - uncond)
 
     def decode(self, latents: Tensor) -> Tensor:
         cfg = self.vae.config
