@@ -41,7 +41,7 @@ from .registry import (
     register_task,
     register_tool,
 )
-from .task import SyntheticExamples, Task, image_prompt, make_task, video_prompt
+from .task import GenerationPrompt, SyntheticExamples, Task, image_prompt, make_task, video_prompt
 
 __version__ = "0.1.0"
 
@@ -63,6 +63,7 @@ __all__ = [
     "Task",
     "SyntheticExamples",
     "image_prompt",
+    "GenerationPrompt",
     "video_prompt",
     "register_task",
     "register_reward",

@@ -24,6 +24,7 @@ Rule-Based Visual Reinforcement Fine-Tuning"). The base class switches the promp
 from __future__ import annotations
 
 import zlib
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from .data.sequence import LazySequence
@@ -317,6 +318,20 @@ def held_out_prompt_examples(task: str, split: str, sample_spec: Callable[[Any],
                 return {"spec": spec, "prompt": prompt}
 
     return SyntheticExamples(make, sizes[split], seeds[split])
+
+
+@dataclass(frozen=True)
+class GenerationPrompt:
+    """A generator's prompt with an input image: the source image of an edit ("make the red circle
+    blue") or the first frame of an image-to-video clip (a generator task's ``prompt(ex)``).
+    ``str(prompt)`` is the text, so logs and text-only code read it as before; ``image`` is a PIL
+    image (None: text only)."""
+
+    text: str
+    image: Any = None
+
+    def __str__(self) -> str:
+        return self.text
 
 
 def image_prompt(image, text: str) -> list[dict]:

@@ -9,15 +9,32 @@ Conventions (rectified flow, as in diffusers' ``FlowMatchEulerDiscreteScheduler`
 ``x_sigma = (1 - sigma) * x0 + sigma * noise``, sigma runs from ~1 (noise) down to 0 (data),
 the model predicts the velocity ``v = noise - x0`` and one Euler step is
 ``x_next = x + (sigma_next - sigma) * v``.
+
+Conditioned generation (image editing, image-to-video): a task's prompt is a :class:`GenerationPrompt`
+(the text and an input image); a pipeline that takes one declares ``conditioning`` and receives the
+images, resized to the output, with every ``velocity`` call.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
+
+from ..task import GenerationPrompt  # noqa: F401  (a generator's prompt with an input image; re-exported)
+
+# What a conditioned pipeline is given besides the text (``FlowPipeline.conditioning``).
+CONDITIONINGS = ("image", "first_frame")
+
+
+def image_digest(image: Tensor) -> str:
+    """A key for a condition image tensor: the digest of its bytes (two samples of one source image
+    share an encoding; nothing is kept of the image itself)."""
+    data = image.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
 class PromptCache:
@@ -57,6 +74,44 @@ class PromptCache:
         self._store.clear()
 
 
+class ConditionCache:
+    """Per (prompt text, condition image) encodings, computed once, for pipelines whose conditioning
+    depends on the image (an edit model's VLM text encoder reads the source image; the image's VAE
+    latents). ``encode(texts, images)`` gets n texts and an (n, 3, H, W) tensor and returns one dict
+    of tensors with a leading axis of 1 per pair; ``get(texts, images)`` concatenates them in the
+    order asked, as :class:`PromptCache` does for text alone."""
+
+    def __init__(self, encode: Callable[[list[str], Tensor], list[dict[str, Tensor]]], max_size: int = 1024):
+        self._store = PromptCache(self._encode_keys, max_size)
+        self._encode = encode
+        self._pending: dict[tuple[str, str], Tensor] = {}
+
+    def _encode_keys(self, keys: list) -> list[dict[str, Tensor]]:
+        texts = [text for text, _ in keys]
+        return self._encode(texts, torch.stack([self._pending[key] for key in keys]))
+
+    def get(self, texts: Sequence[str], images: Tensor) -> dict[str, Tensor]:
+        if len(texts) != len(images):
+            raise ValueError(f"{len(texts)} prompts for {len(images)} condition images")
+        keys = [(str(text), image_digest(image)) for text, image in zip(texts, images)]
+        self._pending = dict(zip(keys, images))
+        try:
+            return self._store.get(keys)
+        finally:
+            self._pending = {}
+
+    @property
+    def hits(self) -> int:
+        return self._store.hits
+
+    @property
+    def misses(self) -> int:
+        return self._store.misses
+
+    def clear(self) -> None:
+        self._store.clear()
+
+
 class FlowPipeline:
     """A text-to-image (or -video) rectified-flow generator, as the diffusion policy sees it.
 
@@ -69,6 +124,9 @@ class FlowPipeline:
     transformer: torch.nn.Module
     lora_targets: list[str] = ["to_q", "to_k", "to_v", "to_out.0"]
     is_video: bool = False
+    # None: text only; "image": an editing model (the source image); "first_frame": image-to-video. A
+    # conditioned pipeline's ``velocity`` takes ``images`` (module docstring; CONDITIONINGS).
+    conditioning: str | None = None
     # The guidance scale of the checkpoint's own pipeline: what ``diffusion.guidance_scale: null`` uses.
     default_guidance_scale: float = 1.0
     default_height: int = 512
@@ -95,7 +153,12 @@ class FlowPipeline:
         """The flow's velocity (float32, shape of ``latents``) at per-sample noise levels ``sigma``
         (B,) for ``prompts`` (B strings). ``guidance_scale > 1``: classifier-free guidance with the
         empty prompt as the unconditional branch (FLUX-dev feeds it to its guidance embedding
-        instead). Gradients flow when called with grad enabled."""
+        instead). Gradients flow when called with grad enabled.
+
+        A conditioned pipeline (``conditioning`` set) takes a fifth argument ``images``: float32
+        (B, 3, H, W) in [0, 1], one per sample, at the output's height and width; its unconditional
+        branch keeps the image (only the text is emptied), as the diffusers edit and image-to-video
+        pipelines do."""
         raise NotImplementedError
 
     def decode(self, latents: Tensor) -> Tensor:

@@ -26,9 +26,7 @@ import contextlib
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
 import torch
-from PIL import Image
 
 from mmrl.registry import LOSSES, SDE_SAMPLERS, register_policy
 
@@ -38,6 +36,7 @@ from ..core.policy import PolicyBase
 from ..core.rollouts import Rollouts
 from ..core.seeding import seeded, step_seed
 from .base import FlowPipeline
+from .conditions import prompt_conditions, rows_of as _rows, to_pil
 from .loading import export_generator, load_generator
 from .losses import awm_log_likelihood, guard_log_ratio, nft_errors, noised
 from .plan import SDE_WINDOW_MODES, step_plan, trained_steps
@@ -49,13 +48,6 @@ LINEAR_AGG_MODES = ("token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm
 
 # What a loss may require that is computed on the final sample re-noised (not along the SDE chain).
 RENOISED_INPUTS = frozenset({"flow_matching_logps", "nft_errors"})
-
-def to_pil(pixels: torch.Tensor) -> Image.Image | list[Image.Image]:
-    """[0, 1] (3, H, W) -> an RGB image; (F, 3, H, W) -> a list of frames."""
-    if pixels.dim() == 4:
-        return [to_pil(f) for f in pixels]
-    array = (pixels.detach().float().clamp(0, 1).permute(1, 2, 0).cpu().numpy() * 255).round().astype(np.uint8)
-    return Image.fromarray(array)
 
 
 @register_policy("diffusion")
@@ -167,10 +159,12 @@ class DiffusionPolicy(PolicyBase):
         scale = d.eval_guidance_scale if eval_mode and d.eval_guidance_scale is not None else d.guidance_scale
         return float(self.pipe.default_guidance_scale if scale is None else scale)
 
+    def output_size(self) -> tuple[int, int]:
+        """(height, width) of a generated image or frame."""
+        return int(self.d.height or self.pipe.default_height), int(self.d.width or self.pipe.default_width)
+
     def latent_shape(self) -> tuple[int, ...]:
-        d = self.d
-        return self.pipe.latent_shape(d.height or self.pipe.default_height, d.width or self.pipe.default_width,
-                                      d.num_frames)
+        return self.pipe.latent_shape(*self.output_size(), self.d.num_frames)
 
     def _seed(self, *parts: int) -> int:
         # Evaluation (call -1) uses the same noise at every RL step: before/after compare like with like.
@@ -199,7 +193,10 @@ class DiffusionPolicy(PolicyBase):
         shape = self.latent_shape()
         sigmas = self.pipe.sigmas(num_steps, shape)
         group_ids = torch.arange(len(prompts)).repeat_interleave(n)
-        sample_prompts = [str(p) for p in prompts for _ in range(n)]
+        texts, images = prompt_conditions(prompts, self.pipe, self.output_size(), f"model.path={self.cfg.model.path}",
+                                          f"task {self.cfg.task.name!r}")
+        sample_prompts = [text for text in texts for _ in range(n)]
+        sample_images = None if images is None else images.repeat_interleave(n, dim=0)
         sample_examples = [examples[i] for i in group_ids.tolist()]
         keys = [(int(ex.get("_index", i)) if isinstance(ex, dict) else i, j)
                 for i, ex in enumerate(examples) for j in range(n)]
@@ -228,7 +225,7 @@ class DiffusionPolicy(PolicyBase):
                 latents[rows, 0] = x.cpu()
             for t in range(T):
                 s = torch.full((x.shape[0],), float(sigmas[t]))
-                v = self.velocity(x, s.to(self.device), sample_prompts[rows], guidance)
+                v = self.velocity(x, s.to(self.device), sample_prompts[rows], guidance, _rows(sample_images, rows))
                 if plan_sde[t]:
                     out = self._step(v, x, sigmas, t, noise=sde_noise[:, t].to(self.device))
                 else:
@@ -247,14 +244,16 @@ class DiffusionPolicy(PolicyBase):
         # A step with std 0 (CPS's last step) carries no log-prob: never an action.
         action_mask = train_mask * (std > 0).float() if not eval_mode else train_mask
         payload: dict[str, Any] = {"prompts": sample_prompts, "sigmas": sigmas.expand(N, -1).clone()}
+        if sample_images is not None:
+            payload["condition_images"] = sample_images
         if latents is not None:
             payload["latents"] = latents
         if old_means is not None:
             payload["old_means"] = old_means
         requires = set(LOSSES.get(algo.loss_type).loss_requires)
         if not eval_mode and requires & RENOISED_INPUTS:
-            payload.update(self._renoised_inputs(final, sample_prompts, sigmas, action_mask, keys, call, guidance,
-                                                 requires, need_old_logps))
+            payload.update(self._renoised_inputs(final, sample_prompts, sample_images, sigmas, action_mask, keys, call,
+                                                 guidance, requires, need_old_logps))
             old_logps = payload.pop("flow_matching_old_logps", old_logps)  # AWM's likelihood replaces the SDE one
         return Rollouts(group_ids=group_ids, action_mask=action_mask, completions=completions,
                         old_logps=old_logps if need_old_logps and not eval_mode else None,
@@ -266,7 +265,7 @@ class DiffusionPolicy(PolicyBase):
         return sde_step(d.sampler, v, x, float(sigmas[t]), float(sigmas[t + 1]), d.noise_level, noise=noise,
                         prev_sample=prev_sample, reduction=d.logp_reduction, **extra)
 
-    def _renoised_inputs(self, final, prompts, sigmas, mask, keys, call, guidance, requires, need_old) -> dict:
+    def _renoised_inputs(self, final, prompts, images, sigmas, mask, keys, call, guidance, requires, need_old) -> dict:
         """The losses on the final sample re-noised at the trained steps' sigmas (AWM's
         ``flow_matching_logps``, DiffusionNFT's ``nft_errors``): fresh noise per (sample, step), and
         the sampling policy's velocity there where the loss needs it (NFT's v_old; the old
@@ -289,17 +288,21 @@ class DiffusionPolicy(PolicyBase):
             s = float(sigmas[t])
             x_s = noised(final[rows], noise[rows, t], s).to(self.device)
             v = self.velocity(x_s, torch.full((len(rows),), s, device=self.device),
-                              [prompts[i] for i in rows.tolist()], guidance).cpu()
+                              [prompts[i] for i in rows.tolist()], guidance, _rows(images, rows)).cpu()
             if nft:
                 out["old_velocity"][rows, t] = v
             if fm_old:
                 out["flow_matching_old_logps"][rows, t] = awm_log_likelihood(v, final[rows], noise[rows, t])
         return out
 
-    def velocity(self, x, sigma, prompts, guidance: float):
+    def velocity(self, x, sigma, prompts, guidance: float, images: torch.Tensor | None = None):
         """The pipeline's velocity under the policy's autocast (float32 out, as the steps want)."""
         with self.autocast():
-            return self.pipe.velocity(x, sigma, prompts, guidance).float()
+            return self.pipe.velocity(x, sigma, prompts, guidance, *self._images_arg(images)).float()
+
+    def _images_arg(self, images: torch.Tensor | None) -> tuple:
+        """``velocity``'s fifth argument, for a conditioned pipeline only (text-only adapters take four)."""
+        return () if images is None else (images.to(self.device),)
 
     def loss_terms(self, batch: Rollouts, objective, num_tokens: float, num_seqs: float):
         """For every micro-batch and every trained denoising step, that step's loss with gradient
@@ -323,18 +326,20 @@ class DiffusionPolicy(PolicyBase):
         requires = set(objective.cfg.requires)
         p = batch.payload
         prompts = [p["prompts"][i] for i in rows.tolist()]
+        images = self._images_arg(_rows(p.get("condition_images"), rows))
         sigmas = p["sigmas"][int(rows[0])]
         dev = self.device
         old = None if batch.old_logps is None else batch.old_logps[rows, t].to(dev)
         logp, extra = None, {}
         if "logps" in requires:
-            logp, extra = self._sde_logps(p, rows, t, sigmas, prompts, guidance, old, objective.cfg.needs_reference)
+            logp, extra = self._sde_logps(p, rows, t, sigmas, prompts, images, guidance, old,
+                                          objective.cfg.needs_reference)
         if requires & RENOISED_INPUTS:
             x0 = p["latents"][rows, -1].to(dev)
             noise = p["fm_noise"][rows, t].to(dev)
             s = float(sigmas[t])
             v = self.forward(self.pipe.velocity, noised(x0, noise, s), torch.full((len(rows),), s, device=dev),
-                             prompts, guidance)
+                             prompts, guidance, *images)
             if "flow_matching_logps" in requires:
                 logp = awm_log_likelihood(v, x0, noise)
             if "nft_errors" in requires:
@@ -345,14 +350,15 @@ class DiffusionPolicy(PolicyBase):
         return objective(None if logp is None else logp[:, None], old, adv.to(dev),
                          torch.ones(len(rows), 1, device=dev), num_tokens=num_tokens, num_seqs=num_seqs, **extra)
 
-    def _sde_logps(self, p: dict, rows, t: int, sigmas, prompts, guidance: float, old, with_reference: bool):
+    def _sde_logps(self, p: dict, rows, t: int, sigmas, prompts, images: tuple, guidance: float, old,
+                   with_reference: bool):
         """``(logp, extra)``: the (B,) SDE step log-probs of the taken transitions x_t -> x_{t+1}
         recomputed with gradient (GRPO-Guard's RatioNorm applied when on) and, for the KL, the
         policy's and the reference's step Gaussians as ``extra["gaussians"]``."""
         dev = self.device
         x, x_next = p["latents"][rows, t].to(dev), p["latents"][rows, t + 1].to(dev)
         s = torch.full((len(rows),), float(sigmas[t]), device=dev)
-        v = self.forward(self.pipe.velocity, x, s, prompts, guidance)  # through the prepared module
+        v = self.forward(self.pipe.velocity, x, s, prompts, guidance, *images)  # through the prepared module
         out = self._step(v, x, sigmas, t, prev_sample=x_next)
         logp = out.log_prob
         if self.d.grpo_guard:
@@ -362,7 +368,7 @@ class DiffusionPolicy(PolicyBase):
         if not with_reference:
             return logp, {}
         with torch.no_grad(), self._reference_velocity():
-            ref = self._step(self.pipe.velocity(x, s, prompts, guidance), x, sigmas, t, prev_sample=x_next)
+            ref = self._step(self.pipe.velocity(x, s, prompts, guidance, *images), x, sigmas, t, prev_sample=x_next)
         return logp, {"gaussians": GaussianActions(out.mean[:, None], ref.mean[:, None], out.std[:, None])}
 
     # -- checkpoints (full fine-tuning; LoRA adapters are saved by the policy base) ---------------
@@ -384,3 +390,4 @@ class DiffusionPolicy(PolicyBase):
 
     def export_pretrained(self, out: Path, adapters: bool = False) -> None:
         export_generator(self, out, adapters)
+

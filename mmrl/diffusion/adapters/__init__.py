@@ -8,13 +8,18 @@ guidance, the scheduler's sigma schedule, VAE decoding), so that a deterministic
 ``x = x + (sigma_next - sigma) * velocity(x, sigma, prompts, g)`` over ``sigmas(num_steps, shape)``
 followed by ``decode`` gives the pipeline's own output (the tests check this against diffusers).
 
-One model family per file (sd3, flux, wan). Other modules register more generators in :data:`mmrl.registry.GENERATOR_FAMILIES` (``model_index.json`` ``_class_name`` ->
+One model family per module of this package: every :class:`DiffusersAdapter` subclass a module defines
+with its own ``pipeline_class_name`` is registered under that name when the package is imported (so a
+new family is one new file). Other code registers more generators in
+:data:`mmrl.registry.GENERATOR_FAMILIES` (``model_index.json`` ``_class_name`` ->
 ``loader(path, device, dtype) -> FlowPipeline``).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
+import pkgutil
 from pathlib import Path
 from typing import Callable
 
@@ -30,9 +35,21 @@ from .wan import WanAdapter
 
 Loader = Callable[[str, "torch.device | str", torch.dtype], FlowPipeline]
 
-# ``model_index.json`` ``_class_name`` -> loader(path, device, dtype); a plugin registers more the same way.
-for _adapter in (SD3Adapter, FluxAdapter, WanAdapter):
-    GENERATOR_FAMILIES.register(_adapter.pipeline_class_name, _adapter.from_pretrained)
+
+
+def _register_families() -> None:
+    """Every family module's adapters under their ``pipeline_class_name`` (module docstring)."""
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("_") or info.name == "diffusers_base":
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        for value in vars(module).values():
+            if (isinstance(value, type) and issubclass(value, DiffusersAdapter) and value.__module__ == module.__name__
+                    and value.__dict__.get("pipeline_class_name")):
+                GENERATOR_FAMILIES.register(value.pipeline_class_name, value.from_pretrained)
+
+
+_register_families()
 
 __all__ = ["DiffusersAdapter", "FluxAdapter", "SD3Adapter", "WanAdapter", "load_pipeline"]
 
