@@ -5,6 +5,7 @@ its trained transformer (:func:`export_generator`, for ``mmrl export``)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -14,7 +15,11 @@ from .base import FlowPipeline
 
 # model.path names of the shipped tiny generators: (asset directory, the command that rebuilds it)
 TINY_GENERATORS = {"tiny": ("tiny-flow-shapes", "mmrl build-tiny diffusion"),
-                   "tiny-t2v": ("tiny-wan-motion", "mmrl build-tiny video-gen")}
+                   "tiny-t2v": ("tiny-wan-motion", "mmrl build-tiny video-gen"),
+                   "tiny-i2v": ("tiny-wan-motion", "mmrl build-tiny video-gen")}
+# model.path names that load a shipped tiny generator's weights with a conditioning on: the tiny
+# video generator given first frames (image-to-video, mmrl/diffusion/tiny_video.py) needs no new asset.
+TINY_CONDITIONED = {"tiny-i2v": "first_frame"}
 
 
 def generator_dir(path: str, revision: str | None = None) -> str:
@@ -37,15 +42,20 @@ def generator_dir(path: str, revision: str | None = None) -> str:
 def load_generator(path: str, device: torch.device, dtype: torch.dtype,
                    revision: str | None = None) -> FlowPipeline:
     """``"tiny"`` (the shipped tiny image generator), ``"tiny-t2v"`` (the shipped tiny video
-    generator), a directory made by ``mmrl build-tiny diffusion | video-gen``, or a local diffusers
-    pipeline directory or hub id at ``revision`` (SD3 / SD3.5, FLUX, Wan)."""
+    generator), ``"tiny-i2v"`` (the same video generator given first frames), a directory made by
+    ``mmrl build-tiny diffusion | video-gen``, or a local diffusers pipeline directory or hub id at
+    ``revision`` (SD3 / SD3.5, FLUX, Wan)."""
     from .tiny import TinyFlowPipeline, is_tiny_dir, tiny_family
     from .tiny_video import FAMILY as TINY_VIDEO_FAMILY, TinyWanPipeline
 
+    conditioning = None if revision else TINY_CONDITIONED.get(path)
     path = generator_dir(path, revision)
     if is_tiny_dir(path):
         cls = TinyWanPipeline if tiny_family(path) == TINY_VIDEO_FAMILY else TinyFlowPipeline
-        return cls.from_pretrained(path, device, dtype)
+        pipe = cls.from_pretrained(path, device, dtype)
+        if conditioning is not None:
+            pipe.condition_on(conditioning)
+        return pipe
     from .adapters import load_pipeline
 
     return load_pipeline(path, device, dtype)
@@ -57,6 +67,7 @@ def export_generator(policy, out: Path, adapters: bool = False) -> None:
     adapter layers removed): what :func:`load_generator`, and for a diffusers pipeline
     ``DiffusionPipeline.from_pretrained``, reads. Adapters alone are not exported for generators."""
     from ..config import ConfigError
+    from .tiny import MARKER, is_tiny_dir
 
     if adapters:
         raise ConfigError("--adapters: generators are exported with the adapters merged (leave out --adapters)")
@@ -67,3 +78,7 @@ def export_generator(policy, out: Path, adapters: bool = False) -> None:
         transformer.fuse_lora()
         transformer.unload_lora()
     transformer.save_pretrained(out / "transformer")
+    if policy.pipe.conditioning is not None and is_tiny_dir(out):  # tiny-i2v: the export loads as image-to-video
+        marker = out / MARKER
+        marker.write_text(json.dumps({**json.loads(marker.read_text()), "conditioning": policy.pipe.conditioning},
+                                     indent=2))

@@ -11,20 +11,30 @@ the layout Wan's transformer takes, and ``decode`` gives ``(B, F, 3, H, W)`` as 
 Pretrained by :func:`mmrl.diffusion.pretrain.pretrain_tiny_video_generator` on the clips of
 :mod:`mmrl.data.motion_t2v` ("a red circle moving left") whose captions name the wrong direction
 half the time, so it draws moving shapes but follows the prompt's direction only about half the
-time; RL with the ``motion`` reward closes that gap (``configs/video/motion_t2v_tiny.yaml``).
+time; RL with the ``motion`` reward closes that gap (``configs/diffusion/motion_t2v_tiny.yaml``).
+
+The same weights do image-to-video (``model.path=tiny-i2v``, or ``"conditioning": "first_frame"`` in a
+directory's ``mmrl_generator.json``): the given first frame replaces the first frame of the
+transformer's input with timestep 0 on its tokens, and its velocity is pinned to land on the given
+frame, as Wan 2.2 TI2V conditions (:mod:`mmrl.diffusion.first_frame`). No new asset: Wan's
+transformer takes a timestep per token, and a clean frame at timestep 0 is what the model was
+pretrained to see at the end of every clip's denoising.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from torch import Tensor
 
 from ..data.motion_t2v import CLIP_SIZE, DIRECTIONS, NUM_FRAMES
 from ..data.shapes_t2i import COLORS, SHAPES
-from .tiny import MAX_PROMPT_TOKENS, TinyFlowPipeline, build_tokenizer, save_tiny
+from .first_frame import pinned_velocity, token_timesteps, with_first_frame
+from .tiny import MARKER, MAX_PROMPT_TOKENS, TinyFlowPipeline, build_tokenizer, save_tiny
 
 FAMILY = "tiny-wan"
+FIRST_FRAME = "first_frame"  # the one conditioning the tiny video generator takes
 VIDEO_WORDS = ["a", *COLORS, *SHAPES, "moving", *DIRECTIONS]
 
 
@@ -63,19 +73,46 @@ class TinyWanPipeline(TinyFlowPipeline):
     transformer_class = "WanTransformer3DModel"
     text_encoder_class = "UMT5EncoderModel"
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, transformer, text_encoder, tokenizer, scheduler, info: dict | None = None):
+        info = dict(info or {})
+        conditioning = info.pop("conditioning", None)  # the image generator's check knows only its own ("image")
+        super().__init__(transformer, text_encoder, tokenizer, scheduler, info)
         self.default_height = int(self.info.get("height", CLIP_SIZE))
         self.default_width = int(self.info.get("width", CLIP_SIZE))
         self.default_num_frames = int(self.info.get("num_frames", NUM_FRAMES))
+        if conditioning is not None:
+            self.condition_on(conditioning)
+
+    def condition_on(self, conditioning: str) -> None:
+        """Generate from a given first frame (image-to-video) from now on (module docstring)."""
+        if conditioning != FIRST_FRAME:
+            raise ValueError(f"{MARKER}: conditioning {conditioning!r} is not one the tiny video generator takes; "
+                             f"use {FIRST_FRAME!r} (image-to-video) or leave it out (text-to-video)")
+        self.conditioning = conditioning
 
     def encode_text(self, prompts) -> dict[str, Tensor]:
         ids = self.tokenize(prompts)
         return {"hidden": self.text_encoder(input_ids=ids).last_hidden_state}
 
     def transformer_output(self, latents: Tensor, timestep: Tensor, embeds: dict[str, Tensor]) -> Tensor:
+        """Image-to-video: ``embeds["image"]``, the first frames in [-1, 1] (B, 3, H, W) that the shared
+        ``velocity`` adds, replace the first frame, whose tokens get timestep 0."""
+        if "image" in embeds:
+            latents = with_first_frame(latents, embeds["image"][:, :, None])
+            timestep = token_timesteps(timestep, latents, tuple(self.transformer.config.patch_size[1:]))
         return self.transformer(hidden_states=latents, timestep=timestep, encoder_hidden_states=embeds["hidden"],
                                 return_dict=False)[0]
+
+    def velocity(self, latents: Tensor, sigma: Tensor, prompts, guidance_scale: float = 1.0,
+                 images: Tensor | None = None) -> Tensor:
+        """Text-to-video, or image-to-video (``conditioning``) given ``images`` (B, 3, H, W) in [0, 1], the
+        first frames: the transformer sees them as the first frame (``transformer_output``; guidance's
+        unconditional branch keeps them) and the first frame's velocity is pinned to them."""
+        v = super().velocity(latents, sigma, prompts, guidance_scale, images)
+        if images is None:
+            return v
+        sigma = torch.as_tensor(sigma, dtype=torch.float32, device=latents.device).expand(latents.shape[0])
+        return pinned_velocity(v, latents, self.encode_images(images.to(latents.device))[:, :, None], sigma)
 
     def latent_shape(self, height: int, width: int, num_frames: int | None = None) -> tuple[int, ...]:
         frames = self.default_num_frames if num_frames is None else int(num_frames)
@@ -86,9 +123,12 @@ class TinyWanPipeline(TinyFlowPipeline):
         return (latents.float() / 2 + 0.5).clamp(0, 1).permute(0, 2, 1, 3, 4).contiguous()
 
     def encode_images(self, clips: Tensor) -> Tensor:
-        """The inverse of ``decode``: clips (B, F, 3, H, W) in [0, 1] -> latents (B, 3, F, H, W)."""
+        """The inverse of ``decode``: clips (B, F, 3, H, W) in [0, 1] -> latents (B, 3, F, H, W); a frame
+        each (B, 3, H, W) (the first frames of image-to-video) -> (B, 3, H, W) in [-1, 1]."""
+        if clips.dim() == 4:
+            return clips.float() * 2 - 1
         return (clips.float() * 2 - 1).permute(0, 2, 1, 3, 4).contiguous()
 
 
-__all__ = ["FAMILY", "MAX_PROMPT_TOKENS", "TinyWanPipeline", "new_tiny_video_models", "save_tiny_video",
+__all__ = ["FAMILY", "FIRST_FRAME", "MAX_PROMPT_TOKENS", "TinyWanPipeline", "new_tiny_video_models", "save_tiny_video",
            "tiny_video_configs"]
