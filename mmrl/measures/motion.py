@@ -9,7 +9,8 @@ Generative Models", Huang et al., 2024) scores motion ("motion smoothness", "dyn
 learned optical-flow and frame-interpolation models; these scenes are flat palette shapes, so the
 tracker is programmatic (no weights) and its centroid displacement is exact.
 
-Used by the ``motion`` rewards (``rewards/motion.py``) and the ``motion_t2v`` task's metrics.
+Used by the ``motion`` rewards (``rewards/motion.py``) and the ``motion_t2v`` / ``motion_i2v`` tasks'
+metrics and galleries (:func:`motion_metrics`, :func:`motion_strip`).
 """
 
 from __future__ import annotations
@@ -21,8 +22,12 @@ from PIL import Image
 
 from mmrl.data.motion_t2v import DIRECTIONS, validate_motion_spec
 from mmrl.measures.composition import detect_objects
+from mmrl.media.draw import FOOTER, PRED, TRUE, draw_label, frame_strip
 
 CHECKS = ("color", "shape", "direction", "steady")
+STRIP_SCALE = 6  # a 16-px frame -> 96 px
+STRIP_FRAMES = 8
+GIVEN = (0, 90, 255)  # the border of a frame the generator was given (image-to-video)
 
 
 def as_frames(clip: Any) -> list[Image.Image]:
@@ -110,3 +115,52 @@ def motion_score(frames: Any, spec: dict, min_area: float | None = None, min_shi
     """The fraction of :func:`motion_checks` passed, in [0, 1] (strict: all of them passed)."""
     checks = motion_checks(frames, spec, min_area, min_shift)
     return sum(checks.values()) / len(checks)
+
+
+def checks_or_failed(completion: Any, spec: dict) -> dict[str, bool]:
+    """:func:`motion_checks` of one completion; all failed for one that is not a clip or an image."""
+    try:
+        return motion_checks(completion, spec)
+    except ValueError:
+        return dict.fromkeys(CHECKS, False)
+
+
+def motion_metrics(completions: Any, specs: list[dict]) -> dict[str, float]:
+    """A motion task's metrics: ``motion_accuracy`` (every check passed) and each check's pass rate."""
+    results = [checks_or_failed(c, spec) for c, spec in zip(completions, specs)]
+    out = {"motion_accuracy": float(np.mean([all(r.values()) for r in results])) if results else 0.0}
+    out.update({f"check/{k}": float(np.mean([r[k] for r in results])) if results else 0.0 for k in CHECKS})
+    return out
+
+
+def motion_strip(completion: Any, spec: dict, label: str, given_first: bool = False) -> Image.Image | None:
+    """A clip's gallery picture: its frames side by side, the tracked centroids as dots joined by a
+    line (green when the direction check passes, red otherwise), ``label`` below; with
+    ``given_first`` the first frame (the one an image-to-video model was given) framed in blue and
+    marked "given". None for a completion that is not a clip."""
+    try:
+        frames = as_frames(completion)
+    except ValueError:
+        return None
+    if not frames:
+        return None
+    ok = checks_or_failed(frames, spec)["direction"]
+    if len(frames) > STRIP_FRAMES:  # the frames a strip shows, tracked on those (the given first one stays first)
+        frames = [frames[round(i * (len(frames) - 1) / (STRIP_FRAMES - 1))] for i in range(STRIP_FRAMES)]
+    image, draw = frame_strip(frames, scale=STRIP_SCALE, max_frames=STRIP_FRAMES, footer=FOOTER)
+    side = frames[0].size[0] * STRIP_SCALE
+    pitch = side + 2  # frame_strip's frame width plus its 2-px gap
+    points = [(i * pitch + o["cx"] * STRIP_SCALE, o["cy"] * STRIP_SCALE)
+              for i, o in enumerate(track_object(frames, spec["color"])) if o is not None]
+    color = TRUE if ok else PRED
+    if len(points) > 1:
+        draw.line(points, fill=color, width=2)
+    for x, y in points:
+        draw.ellipse([x - 3, y - 3, x + 3, y + 3], fill=color, outline=(0, 0, 0))
+    if given_first:
+        height = frames[0].size[1] * STRIP_SCALE
+        draw.rectangle([0, 0, side - 1, height - 1], outline=GIVEN, width=3)
+        draw.rectangle([3, 3, 41, 14], fill=GIVEN)
+        draw.text((6, 3), "given", fill=(255, 255, 255))
+    draw_label(draw, label)
+    return image
