@@ -20,10 +20,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from diffusers import FlowMatchEulerDiscreteScheduler
 
 from ..data.motion_t2v import CLIP_SIZE, NUM_FRAMES, clip_array, motion_example
+from ..data.shape_edits import EDIT_SIZE, edit_example
 from ..data.shapes_t2i import example
-from .tiny import TinyFlowPipeline, new_tiny_models, save_tiny
+from .tiny import EDIT_WORDS, TinyFlowPipeline, new_tiny_models, save_tiny
 from .tiny_video import TinyWanPipeline, new_tiny_video_models, save_tiny_video
 
 
@@ -38,8 +40,10 @@ def shapes_dataset(size: int, seed: int, image_size: int = 32, caption_noise: fl
 
 
 def flow_matching_step(pipe: TinyFlowPipeline, images: torch.Tensor, prompts: list[str], generator: torch.Generator,
-                       drop_prob: float = 0.1, loss_space: str = "velocity") -> torch.Tensor:
-    """The rectified-flow loss of one batch (``images`` uint8), text encoder trained jointly.
+                       drop_prob: float = 0.1, loss_space: str = "velocity",
+                       conditions: torch.Tensor | None = None) -> torch.Tensor:
+    """The rectified-flow loss of one batch (``images`` uint8), text encoder trained jointly;
+    ``conditions`` (uint8, an editing generator's source images) are kept when the prompt is dropped.
 
     ``loss_space="velocity"``: the squared error of the velocity (SD3's objective). ``"sample"``: of
     the clean sample it implies, ``x_sigma - sigma v``, i.e. the velocity error weighted by sigma^2:
@@ -52,7 +56,10 @@ def flow_matching_step(pipe: TinyFlowPipeline, images: torch.Tensor, prompts: li
     prompts = ["" if d else p for p, d in zip(prompts, drop.tolist())]
     s = sigma.view(-1, *([1] * (x0.dim() - 1)))
     x_sigma = (1 - s) * x0 + s * noise
-    v = pipe.velocity_from_embeds(x_sigma, sigma, pipe.encode_text(prompts))
+    embeds = pipe.encode_text(prompts)
+    if conditions is not None:
+        embeds["image"] = pipe.encode_images(conditions.float() / 255.0)
+    v = pipe.velocity_from_embeds(x_sigma, sigma, embeds)
     if loss_space == "sample":
         return torch.mean((x_sigma - s * v - x0) ** 2)
     if loss_space != "velocity":
@@ -95,9 +102,10 @@ def pretrain_tiny_generator(out: str | Path, steps: int = 1500, batch_size: int 
 
 
 def fit_flow(pipe: TinyFlowPipeline, data: torch.Tensor, prompts: list[str], steps: int, batch_size: int, lr: float,
-             seed: int, log_every: int, ema_decay: float, loss_space: str = "velocity") -> None:
+             seed: int, log_every: int, ema_decay: float, loss_space: str = "velocity",
+             conditions: torch.Tensor | None = None) -> None:
     """Flow-match ``pipe``'s transformer and text encoder on ``data`` (uint8 images or clips) and
-    their ``prompts``: AdamW, 100 warm-up steps then linear decay, gradient clipping at 1, and the
+    their ``prompts`` (and ``conditions``, the source images of edits): AdamW, 100 warm-up steps then linear decay, gradient clipping at 1, and the
     EMA weights copied in at the end when ``ema_decay`` > 0. Leaves both models in eval mode."""
     pipe.text_encoder.requires_grad_(True).train()
     pipe.transformer.train()
@@ -110,7 +118,8 @@ def fit_flow(pipe: TinyFlowPipeline, data: torch.Tensor, prompts: list[str], ste
     t0, running = time.perf_counter(), 0.0
     for step in range(1, steps + 1):
         idx = torch.randint(0, len(data), (batch_size,), generator=g)
-        loss = flow_matching_step(pipe, data[idx], [prompts[i] for i in idx.tolist()], g, loss_space=loss_space)
+        loss = flow_matching_step(pipe, data[idx], [prompts[i] for i in idx.tolist()], g, loss_space=loss_space,
+                                  conditions=None if conditions is None else conditions[idx])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -128,6 +137,73 @@ def fit_flow(pipe: TinyFlowPipeline, data: torch.Tensor, prompts: list[str], ste
                 p.copy_(e)
     pipe.transformer.eval()
     pipe.text_encoder.requires_grad_(False).eval()
+
+
+def edit_dataset(size: int, seed: int, image_size: int = EDIT_SIZE,
+                 color_noise: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """``size`` synthetic edits (:mod:`mmrl.data.shape_edits`) as uint8 targets and sources (N, 3, H, W)
+    and their instructions (deterministic by seed)."""
+    targets, sources, instructions = [], [], []
+    for i in range(size):
+        ex = edit_example(np.random.default_rng([seed, i]), image_size, color_noise=color_noise)
+        targets.append(torch.from_numpy(np.array(ex["target"], dtype=np.uint8)).permute(2, 0, 1))
+        sources.append(torch.from_numpy(np.array(ex["source"], dtype=np.uint8)).permute(2, 0, 1))
+        instructions.append(ex["instruction"])
+    return torch.stack(targets), torch.stack(sources), instructions
+
+
+# The shipped tiny editing generator (assets/tiny-flow-edit): the shipped image generator ("tiny": 16x16,
+# 2-px patches, x-prediction) widened to take the source image on 3 more input channels and fine-tuned on
+# synthetic edits with EMA, the new colour wrong in half the instructions (recolour, add), so RL on the
+# pixel-verified edit reward has a gap to close.
+TINY_EDIT_GENERATOR_RECIPE: dict = {"steps": 1500, "base": "tiny", "ema_decay": 0.998, "color_noise": 0.5}
+
+
+def widen_for_edits(pipe: TinyFlowPipeline) -> TinyFlowPipeline:
+    """An editing generator (``conditioning: image``) made from a text-to-image one, as InstructPix2Pix
+    starts from Stable Diffusion: the patch embedding gets 3 more input channels for the source image,
+    their weights zero (so it first draws exactly what the base draws), and the tokenizer and text
+    encoder the words of the edit instructions (:data:`EDIT_WORDS`, new embedding rows random)."""
+    import diffusers
+
+    from .tiny import build_tokenizer
+
+    config = {**pipe.transformer.config, "in_channels": 6}
+    transformer = getattr(diffusers, pipe.transformer_class).from_config(config)
+    state = pipe.transformer.state_dict()
+    weight = state["pos_embed.proj.weight"]
+    state["pos_embed.proj.weight"] = torch.cat([weight, torch.zeros_like(weight)], dim=1)
+    transformer.load_state_dict(state)
+    words = [w for w in pipe.tokenizer.get_vocab() if not w.startswith("[")]
+    words = sorted(words, key=pipe.tokenizer.get_vocab().get) + [w for w in EDIT_WORDS if w not in words]
+    tokenizer = build_tokenizer(words)
+    text_encoder = pipe.text_encoder
+    text_encoder.resize_token_embeddings(len(words) + 3)
+    scheduler = FlowMatchEulerDiscreteScheduler.from_config(pipe.scheduler_config)
+    return TinyFlowPipeline(transformer.to(pipe.dtype), text_encoder, tokenizer, scheduler,
+                            {**pipe.info, "conditioning": "image"})
+
+
+def pretrain_tiny_edit_generator(out: str | Path, steps: int = 1500, batch_size: int = 64, lr: float = 1e-3,
+                                 dataset_size: int = 20000, seed: int = 0, log_every: int = 250, base: str = "tiny",
+                                 color_noise: float = 0.0, ema_decay: float = 0.0) -> Path:
+    """Widen the tiny image generator ``base`` (a ``model.path``: "tiny", or a directory made by
+    ``mmrl build-tiny diffusion``) into an editing generator (:func:`widen_for_edits`), fine-tune it on
+    synthetic edits at its size, save it to ``out``. The shipped one is
+    ``pretrain_tiny_edit_generator(out, **TINY_EDIT_GENERATOR_RECIPE)``."""
+    from .loading import generator_dir
+
+    pipe = widen_for_edits(TinyFlowPipeline.from_pretrained(generator_dir(base)))
+    size = pipe.default_height
+    targets, sources, instructions = edit_dataset(dataset_size, seed, size, color_noise)
+    torch.manual_seed(seed)
+    fit_flow(pipe, targets, instructions, steps, batch_size, lr, seed, log_every, ema_decay, conditions=sources)
+    recipe = {"steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed, "dataset_size": dataset_size,
+              "base": base, "color_noise": color_noise, "ema_decay": ema_decay}
+    info = {k: v for k, v in pipe.info.items() if k not in ("family", "height", "width", "guidance_scale")}
+    scheduler = FlowMatchEulerDiscreteScheduler.from_config(pipe.scheduler_config)
+    return save_tiny(out, pipe.transformer, pipe.text_encoder, pipe.tokenizer, scheduler,
+                     {**info, "pretrain": recipe, "base_pretrain": pipe.info.get("pretrain")})
 
 
 def motion_dataset(size: int, seed: int, clip_size: int = CLIP_SIZE, num_frames: int = NUM_FRAMES,

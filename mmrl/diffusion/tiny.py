@@ -9,6 +9,12 @@ pixel space (no VAE): a 16x16 or 32x32 image is already as small as a latent, an
 would cost more than it saves. The directory layout is diffusers-like (``transformer/``,
 ``text_encoder/``, ``tokenizer/``, ``scheduler/``) plus ``mmrl_generator.json``.
 
+``mmrl_generator.json`` may say ``"conditioning": "image"``: an editing generator. The source image
+(in [-1, 1]) is concatenated on channels to the noisy image, as InstructPix2Pix conditions ("InstructPix2Pix:
+Learning to Follow Image Editing Instructions", Brooks et al., 2023): the transformer takes 6 channels and
+outputs 3. ``velocity`` then takes the source images (``images``), the unconditional branch of guidance
+keeps them (the empty prompt, the same image).
+
 ``mmrl_generator.json`` may say ``"prediction": "sample"``: the transformer then outputs the clean
 image x0 and the pipeline turns it into the velocity ``(x - x0) / max(sigma, 0.05)`` ("Back to
 Basics: Let Denoising Generative Models Denoise", Li & He, 2025: in pixel space a small network
@@ -36,6 +42,9 @@ SIGMA_FLOOR = 0.05  # x-prediction's velocity divides by sigma; JiT clips the sa
 # Words of the synthetic prompts (mmrl.data.shapes_t2i); anything else maps to [UNK].
 VOCAB_WORDS = ["a", "one", "two", "three", "red", "green", "blue", "yellow", "circle", "circles",
                "square", "squares", "on", "the", "left", "right", "and"]
+# The editing generator's instructions (mmrl.data.shape_edits) add these.
+EDIT_WORDS = ["make", "move", "to", "add"]
+CONDITIONINGS = (None, "image")
 
 
 def build_tokenizer(words: Sequence[str] = tuple(VOCAB_WORDS)):
@@ -54,25 +63,26 @@ def build_tokenizer(words: Sequence[str] = tuple(VOCAB_WORDS)):
 
 
 def tiny_configs(width: int = 96, layers: int = 3, text_dim: int = 32, image_size: int = TINY_SIZE,
-                 patch_size: int = 4) -> dict:
-    """Configs of the tiny generator's models (sizes chosen so RL runs on a 2-core CPU)."""
+                 patch_size: int = 4, in_channels: int = 3, words: Sequence[str] = tuple(VOCAB_WORDS)) -> dict:
+    """Configs of the tiny generator's models (sizes chosen so RL runs on a 2-core CPU);
+    ``in_channels`` 6 for the editing generator (noisy image and source image), ``words`` its tokenizer's."""
     if image_size % patch_size:
         raise ValueError(f"image_size {image_size} is not a multiple of patch_size {patch_size}")
     from transformers import CLIPTextConfig
 
     heads = width // 32
-    transformer = dict(sample_size=image_size, patch_size=patch_size, in_channels=3, out_channels=3, num_layers=layers,
+    transformer = dict(sample_size=image_size, patch_size=patch_size, in_channels=in_channels, out_channels=3, num_layers=layers,
                        attention_head_dim=32, num_attention_heads=heads, joint_attention_dim=text_dim,
                        caption_projection_dim=width, pooled_projection_dim=text_dim, pos_embed_max_size=image_size // patch_size)
-    text = CLIPTextConfig(vocab_size=len(VOCAB_WORDS) + 3, hidden_size=text_dim, intermediate_size=2 * text_dim,
+    text = CLIPTextConfig(vocab_size=len(words) + 3, hidden_size=text_dim, intermediate_size=2 * text_dim,
                           num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=MAX_PROMPT_TOKENS,
                           projection_dim=text_dim, pad_token_id=0, bos_token_id=0, eos_token_id=2)
     return {"transformer": transformer, "text_encoder": text}
 
 
-def new_tiny_models(seed: int = 0, **sizes):
+def new_tiny_models(seed: int = 0, words: Sequence[str] = tuple(VOCAB_WORDS), **sizes):
     """Randomly initialised (transformer, text encoder, tokenizer, scheduler)."""
-    return TinyFlowPipeline.new_models(tiny_configs(**sizes), build_tokenizer(), seed)
+    return TinyFlowPipeline.new_models(tiny_configs(words=words, **sizes), build_tokenizer(words), seed)
 
 
 def save_tiny(out: Path, transformer, text_encoder, tokenizer, scheduler, info: dict | None = None) -> Path:
@@ -114,6 +124,9 @@ class TinyFlowPipeline(FlowPipeline):
         self.prediction = info.get("prediction", "velocity")
         if self.prediction not in PREDICTIONS:
             raise ValueError(f"{MARKER}: prediction must be one of {PREDICTIONS}, got {self.prediction!r}")
+        self.conditioning = info.get("conditioning")
+        if self.conditioning not in CONDITIONINGS:
+            raise ValueError(f"{MARKER}: conditioning must be one of {CONDITIONINGS}, got {self.conditioning!r}")
         self.prompt_cache = PromptCache(self._encode_each)
 
     @classmethod
@@ -167,7 +180,7 @@ class TinyFlowPipeline(FlowPipeline):
 
     # -- the FlowPipeline contract -------------------------------------------------------------------
     def latent_shape(self, height: int, width: int, num_frames: int | None = None) -> tuple[int, ...]:
-        return (self.transformer.config.in_channels, height, width)
+        return (self.transformer.config.out_channels, height, width)
 
     def sigmas(self, num_steps: int, latent_shape: tuple[int, ...]) -> Tensor:
         from diffusers import FlowMatchEulerDiscreteScheduler
@@ -177,7 +190,10 @@ class TinyFlowPipeline(FlowPipeline):
         return scheduler.sigmas.float().cpu()
 
     def transformer_output(self, latents: Tensor, timestep: Tensor, embeds: dict[str, Tensor]) -> Tensor:
-        """The transformer's raw output (a velocity or a clean sample, see ``prediction``)."""
+        """The transformer's raw output (a velocity or a clean sample, see ``prediction``); an
+        editing generator's ``embeds["image"]`` (the source in [-1, 1]) joins the noisy image on channels."""
+        if "image" in embeds:
+            latents = torch.cat([latents, embeds["image"].to(latents.dtype)], dim=1)
         return self.transformer(hidden_states=latents, timestep=timestep, encoder_hidden_states=embeds["hidden"],
                                 pooled_projections=embeds["pooled"], return_dict=False)[0]
 
@@ -190,12 +206,22 @@ class TinyFlowPipeline(FlowPipeline):
         s = sigma.float().clamp_min(SIGMA_FLOOR).view(-1, *([1] * (latents.dim() - 1)))
         return (latents.float() - out) / s
 
-    def velocity(self, latents: Tensor, sigma: Tensor, prompts: Sequence[str], guidance_scale: float = 1.0) -> Tensor:
+    def velocity(self, latents: Tensor, sigma: Tensor, prompts: Sequence[str], guidance_scale: float = 1.0,
+                 images: Tensor | None = None) -> Tensor:
+        """The contract's velocity; ``images`` (B, 3, H, W) in [0, 1], the source images of an
+        editing generator (required there, refused elsewhere)."""
         sigma = torch.as_tensor(sigma, dtype=torch.float32, device=latents.device).expand(latents.shape[0])
-        cond = self.prompt_cache.get(list(prompts))
+        cond = self.prompt_cache.get([str(p) for p in prompts])
+        if (images is None) != (self.conditioning is None):
+            raise ValueError(f"the tiny generator (conditioning {self.conditioning!r}) "
+                             + ("needs the source images" if images is None else "takes no images"))
+        if images is not None:
+            cond = {**cond, "image": self.encode_images(images.to(latents.device))}
         if guidance_scale <= 1.0:
             return self.velocity_from_embeds(latents, sigma, cond)
         uncond = self.prompt_cache.get([""] * len(prompts))
+        if images is not None:  # the unconditional branch keeps the image
+            uncond = {**uncond, "image": cond["image"]}
         v = self.velocity_from_embeds(torch.cat([latents, latents]), torch.cat([sigma, sigma]),
                                       {k: torch.cat([uncond[k], cond[k]]) for k in cond})
         v_uncond, v_cond = v.chunk(2)
