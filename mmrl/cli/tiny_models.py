@@ -57,5 +57,8 @@ for _name, _model in {
     "video-gen": TinyModel("tiny-wan-motion", "mmrl.diffusion.pretrain:pretrain_tiny_video_generator",
                            "mmrl.diffusion.pretrain:TINY_VIDEO_GENERATOR_RECIPE", "steps", "tiny video generator",
                            "the tiny text-to-video generator"),
+    "edit": TinyModel("tiny-flow-edit", "mmrl.diffusion.pretrain:pretrain_tiny_edit_generator",
+                      "mmrl.diffusion.pretrain:TINY_EDIT_GENERATOR_RECIPE", "steps", "tiny editing generator",
+                      "the tiny image generator widened to edit shape scenes"),
 }.items():
     TINY_MODELS.register(_name, _model)
