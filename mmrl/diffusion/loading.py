@@ -16,7 +16,8 @@ from .base import FlowPipeline
 # model.path names of the shipped tiny generators: (asset directory, the command that rebuilds it)
 TINY_GENERATORS = {"tiny": ("tiny-flow-shapes", "mmrl build-tiny diffusion"),
                    "tiny-t2v": ("tiny-wan-motion", "mmrl build-tiny video-gen"),
-                   "tiny-i2v": ("tiny-wan-motion", "mmrl build-tiny video-gen")}
+                   "tiny-i2v": ("tiny-wan-motion", "mmrl build-tiny video-gen"),
+                   "tiny-edit": ("tiny-flow-edit", "mmrl build-tiny edit")}
 # model.path names that load a shipped tiny generator's weights with a conditioning on: the tiny
 # video generator given first frames (image-to-video, mmrl/diffusion/tiny_video.py) needs no new asset.
 TINY_CONDITIONED = {"tiny-i2v": "first_frame"}
