@@ -26,6 +26,7 @@ PUBLIC_MODULES: tuple[str, ...] = (
     "mmrl.measures.jigsaw",
     "mmrl.measures.composition",
     "mmrl.measures.motion",
+    "mmrl.measures.edits",  # a synthetic edit verified from pixels; masked preservation
     "mmrl.measures.temporal",
     "mmrl.measures.video_r1",
     "mmrl.measures.video_answers",
@@ -49,6 +50,7 @@ PUBLIC_MODULES: tuple[str, ...] = (
     "mmrl.data.shapes_t2i",
     "mmrl.data.motion",
     "mmrl.data.motion_t2v",
+    "mmrl.data.shape_edits",  # synthetic image edits
     "mmrl.data.screenspot",
     "mmrl.data.gui_episodes",
     "mmrl.data.gui_steps",
