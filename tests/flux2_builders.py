@@ -161,3 +161,17 @@ def build_tiny_flux2_klein(path, distilled: bool = False) -> Path:
                               tokenizer=qwen3_tokenizer(), transformer=transformer, is_distilled=distilled)
     pipe.save_pretrained(path)
     return Path(path)
+
+
+def build_tiny_flux_kontext(path, schnell: bool = False) -> Path:
+    """FluxKontextPipeline over the tests' tiny FLUX.1 components (``diffusion_fixtures.build_tiny_flux``:
+    CLIP + T5, 1-channel VAE with scale factor 2, so 16 px -> latents (1, 8, 8) -> 16 packed tokens,
+    and 16 more for the source image). Kontext-dev style (guidance embedding, dynamic shifting), or with
+    ``schnell=True`` without the guidance embedding (true CFG)."""
+    from diffusers import FluxKontextPipeline, FluxPipeline
+
+    from diffusion_fixtures import build_tiny_flux
+
+    flux = FluxPipeline.from_pretrained(build_tiny_flux(Path(path) / "flux", schnell=schnell))
+    FluxKontextPipeline(**flux.components).save_pretrained(Path(path) / "kontext")
+    return Path(path) / "kontext"

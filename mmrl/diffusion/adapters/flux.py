@@ -66,11 +66,17 @@ class FluxAdapter(DiffusersAdapter):
         return flux_unpack_latents(packed, height * f, width * f, f)
 
     def velocity(self, latents: Tensor, sigma, prompts: Sequence[str], guidance_scale: float = 1.0) -> Tensor:
-        batch, _, height, width = latents.shape
         cfg = (not self.guidance_embeds) and guidance_scale > 1.0
+        return self._velocity(latents, sigma, self._embeddings(prompts, latents.shape[0], cfg), guidance_scale, cfg)
+
+    def _velocity(self, latents: Tensor, sigma, emb: dict[str, Tensor], guidance_scale: float, cfg: bool,
+                  context: Tensor | None = None, context_ids: Tensor | None = None) -> Tensor:
+        """The transformer's velocity for prompt embeddings ``emb`` (``[uncond, cond]`` when ``cfg``).
+        ``context``: packed tokens placed after the noisy ones (FLUX.1-Kontext's source image), ``(n, L, 4C)``
+        with their ``(L, 3)`` ids; the transformer's output is cut back to the noisy tokens, as the pipeline does."""
+        batch, _, height, width = latents.shape
         n = 2 * batch if cfg else batch
         timestep = self._sigma(sigma, batch).to(self.dtype)  # the pipeline passes t / 1000 = sigma
-        emb = self._embeddings(prompts, batch, cfg)
         x = self.pack(latents.to(self.device, self.dtype))
         img_ids = flux_latent_ids(batch, height // 2, width // 2, self.device, self.dtype)
         txt_ids = torch.zeros(emb["prompt_embeds"].shape[1], 3, device=self.device, dtype=self.dtype)
@@ -79,10 +85,13 @@ class FluxAdapter(DiffusersAdapter):
         )
         if cfg:
             x, timestep = torch.cat([x, x]), torch.cat([timestep, timestep])
+        tokens = x.shape[1]
+        if context is not None:
+            x, img_ids = torch.cat([x, context.to(self.dtype)], dim=1), torch.cat([img_ids, context_ids.to(self.dtype)])
         out = self.transformer(
             hidden_states=x, timestep=timestep, guidance=guidance, pooled_projections=emb["pooled_prompt_embeds"],
             encoder_hidden_states=emb["prompt_embeds"], txt_ids=txt_ids, img_ids=img_ids, return_dict=False,
-        )[0].float()
+        )[0][:, :tokens].float()
         if cfg:
             out = self._guide(out, guidance_scale)
         return self.unpack(out, height, width)
