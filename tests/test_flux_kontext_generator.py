@@ -2,7 +2,8 @@
 built locally (tests/flux2_builders.py), against diffusers: mmrl's Euler loop with the source images
 equals the pipeline's ``__call__`` (``_auto_resize=False``, the images at the output size; 1e-4, float32),
 with the guidance embedding (Kontext-dev) and with true CFG (the unconditional branch keeps the image);
-the SDE log-probs of a rollout re-scored equal (1e-5); a LoRA policy step trains."""
+the SDE log-probs of a rollout re-scored equal (1e-5); a LoRA policy step and its checkpoint round trip;
+a LoRA step through ``mmrl train diffusion`` on the image_edit task."""
 
 from __future__ import annotations
 
@@ -180,3 +181,26 @@ def test_lora_policy_step_trains_and_round_trips(kontext_dir, tmp_path):
     x, sigma, images = _noise(policy.latent_shape()), torch.tensor([0.8, 0.3]), as_tensor(sources())
     with torch.no_grad():
         assert torch.equal(restored.velocity(x, sigma, PROMPTS, 3.5, images), policy.velocity(x, sigma, PROMPTS, 3.5, images))
+
+
+def test_lora_step_through_the_cli(kontext_dir, tmp_path):
+    """``mmrl train diffusion`` with the image_edit task (its synthetic 16 px edits): every sample scored."""
+    from safetensors.torch import load_file
+
+    from mmrl.runs.checkpoint import CheckpointManager
+    from test_diffusion_runs import cli, rows
+
+    cli("train", "diffusion", f"model.path={kontext_dir}", "task.name=image_edit", "task.options.train_size=8",
+        "task.options.eval_size=2", "train.steps=1", "train.prompts_per_step=2", "rollout.num_generations=2",
+        "diffusion.num_steps=2", "diffusion.eval_num_steps=2", "diffusion.height=16", "diffusion.width=16",
+        "eval.num_examples=2", "eval.every=0", "train.learning_rate=1e-3", "train.threads=1",
+        f"log.output_dir={tmp_path}", "log.run_name=kontext", "log.progress=false", "log.tensorboard=false",
+        "log.save_rollouts_every=0", "model.lora.enabled=true", "model.lora.r=4")
+    train = [r for r in rows(tmp_path / "kontext") if "reward" in r]
+    assert [r["step"] for r in train] == [1] and train[0]["grad_norm"] > 0
+    for name in ("edit_score", "edit_preservation"):
+        assert train[0][f"reward/{name}/unparsable_frac"] == 0.0
+    assert 0 < train[0]["reward/edit_preservation"] < 1
+    adapters = load_file(str(CheckpointManager(tmp_path / "kontext" / "checkpoints").latest() / "policy"
+                             / "adapter_model.safetensors"))
+    assert any(v.any() for k, v in adapters.items() if "lora_B" in k)
