@@ -34,15 +34,16 @@ from pathlib import Path
 from PIL import Image
 
 from mmrl import register_reward
-from mmrl.vlm.judge import ChatJudge, VLMJudge, resolve_checkpoint
+from mmrl.vlm.judge import ChatJudge
 from mmrl.measures.batch import check_batch
 from mmrl.measures.deepeyes_judge import JUDGE_SYSTEM, judge_prompt, parse_judgement
 from mmrl.measures.tool_use import deepeyes_answer, deepeyes_parts, deepeyes_total
 
-from ._judge_client import JudgeServer, check_served, replies, yes_probabilities
+from ._judge_client import JudgeServer, check_served, replies
 from ._scorers import (_CACHE, _SCORERS, ClipModel, _cached, _device, _require_path, clear_cache, load_clip,  # noqa: F401
                        mlp_from_state_dict, register_scorer, scorer_names)
 from ._service import then
+from ._yes_judge import check_yes_judge, yes_scores
 
 def _valid(completions, examples, name: str) -> list[int]:
     """Indices of the completions that are PIL images (the others score None)."""
@@ -66,8 +67,7 @@ def _check_scorer(scorer=None, path=None, **_):
 
 
 def _check_judge(path=None, judge_url=None, **options):
-    if not check_served("vlm_judge", "path", path, judge_url, **options) and str(path) != "tiny":
-        _require_path(path, "task.reward_kwargs.vlm_judge.path")
+    check_yes_judge("vlm_judge", path, judge_url, **options)
 
 
 @register_reward("clip_score", minimum=-1.0, check=_check_clip, media="image")
@@ -154,31 +154,13 @@ def vlm_judge(completions, examples, path: str | None = None, question: str = DE
     ``{prompt}`` replaced by the example's prompt. In [0, 1]. With ``judge_url`` instead: the same
     ratio from the server's ``judge_top_logprobs`` top log-probs of the first answer token (futures;
     rewards/_judge_client.py)."""
-    if judge_url is not None:
-        valid = _valid(completions, examples, "vlm_judge")
-        server = JudgeServer.of(judge_url, judge_model, judge_token_env, judge_timeout, judge_retries,
-                                judge_concurrency)
-        questions = [question.replace("{prompt}", _prompt(examples[i])) for i in valid]
-        out: list = [None] * len(completions)
-        for i, future in zip(valid, yes_probabilities(server, [completions[i] for i in valid], questions,
-                                                      judge_top_logprobs)):
-            out[i] = future
-        return out
-    key = "task.reward_kwargs.vlm_judge.path"
-    if str(path) != "tiny":
-        _require_path(path, key)
-    try:
-        where = resolve_checkpoint(str(path))
-    except FileNotFoundError as exc:
-        raise FileNotFoundError(f"{key}={path!r}: {exc}") from None
     valid = _valid(completions, examples, "vlm_judge")
-    out: list = [None] * len(completions)
-    if not valid:
-        return out
-    dev = _device(device)
-    judge = _cached(("vlm_judge", str(where.resolve()), str(dev), dtype), lambda: VLMJudge(where, dev, dtype))
     questions = [question.replace("{prompt}", _prompt(examples[i])) for i in valid]
-    for i, s in zip(valid, judge([completions[i] for i in valid], questions, batch_size)):
+    scores = yes_scores("vlm_judge", [completions[i] for i in valid], questions, path, device, dtype, batch_size,
+                        judge_url, judge_model, judge_token_env, judge_timeout, judge_retries, judge_concurrency,
+                        judge_top_logprobs)
+    out: list = [None] * len(completions)
+    for i, s in zip(valid, scores):
         out[i] = s
     return out
 
