@@ -258,7 +258,7 @@ def test_every_builtin_recipe_builds_its_task():
                 task.target(examples[0])
             continue
         if task.modality == "diffusion":  # the true scene (or clip) of each prompt
-            draw = render_clip if cfg.task.name == "motion_t2v" else (lambda spec, rng: render(spec, rng, 16))
+            draw = render_clip if cfg.task.name in ("motion_t2v", "motion_i2v") else (lambda spec, rng: render(spec, rng, 16))
             answers = [draw(ex["spec"], np.random.default_rng(i)) for i, ex in enumerate(examples)]
         else:
             answers = [task.target(ex) for ex in examples]
