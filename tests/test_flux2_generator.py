@@ -221,6 +221,21 @@ def test_checkpoint_round_trip(flux2_dir, tmp_path, lora):
         assert torch.equal(restored.velocity(x, sigma, PROMPTS, 4.0), policy.velocity(x, sigma, PROMPTS, 4.0))
 
 
+def test_gradient_checkpointing_gives_the_same_gradients(flux2_dir):
+    """The recipes' train.gradient_checkpointing=true on FLUX.2's blocks: the same LoRA gradients."""
+    grads = []
+    for extra in ((), ("train.gradient_checkpointing=true",)):
+        policy = policy_for(flux2_dir, "model.lora.enabled=true", "model.lora.r=4", "train.learning_rate=0", *extra)
+        assert policy.transformer.gradient_checkpointing == bool(extra)
+        batch = _rollout(policy)
+        for _loss, _ in policy.loss_terms(batch, Objective(ObjectiveConfig()), 12.0, 4.0):
+            _loss.backward()
+        grads.append({n: p.grad.clone() for n, p in policy.transformer.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and any(g.abs().max() > 0 for g in grads[0].values())
+    for name, g in grads[0].items():
+        assert torch.allclose(g, grads[1][name], atol=1e-6), name
+
+
 # -- (c) through the command line ------------------------------------------------------------------
 
 
