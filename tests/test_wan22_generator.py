@@ -155,9 +155,10 @@ def test_sde_window_trains_the_experts_it_covers(wan22_dir, window, trained):
 
 
 def test_lora_step_through_the_cli(wan22_dir, prompt_file, tmp_path):  # noqa: F811
-    """2 steps: t = 1000 (high-noise expert) and t = 3 (low-noise): both experts' adapters are trained and saved."""
+    """2 steps: t = 1000 (high-noise expert) and t = 3 (low-noise): both experts' adapters are trained and saved
+    (with gradient checkpointing, which WanExperts switches on in both)."""
     cli("train", "diffusion", *t2i_overrides(wan22_dir, prompt_file, tmp_path, "wan22", 1, "model.lora.enabled=true",
-                                             "model.lora.r=4"))
+                                             "model.lora.r=4", "train.gradient_checkpointing=true"))
     run = tmp_path / "wan22"
     step = [r for r in rows(run) if "reward" in r][0]
     assert step["step"] == 1 and step["grad_norm"] > 0 and step["reward/brightness/unparsable_frac"] == 0.0

@@ -141,7 +141,8 @@ def test_rescored_log_probs_equal_the_sampling_ones(z_image_dir):
 
 def test_lora_step_through_the_cli(z_image_dir, prompt_file, tmp_path):  # noqa: F811
     cli("train", "diffusion", *t2i_overrides(z_image_dir, prompt_file, tmp_path, "z_image", 1, "model.lora.enabled=true",
-                                             "model.lora.r=4", "diffusion.guidance_scale=2.0"))
+                                             "model.lora.r=4", "diffusion.guidance_scale=2.0",
+                                             "train.gradient_checkpointing=true"))
     run = tmp_path / "z_image"
     step = [r for r in rows(run) if "reward" in r][0]
     assert step["step"] == 1 and step["grad_norm"] > 0 and step["reward/brightness/unparsable_frac"] == 0.0
