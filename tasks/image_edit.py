@@ -43,6 +43,7 @@ from mmrl.task import SyntheticExamples, is_held_out
 
 FORMATS = {"imgedit": {"image": "id", "instruction": "prompt"},
            "gedit": {"image": "input_image_raw", "instruction": "instruction"}}
+KEPT_KEYS = ("key", "edit_type", "task_type", "instruction_language")  # the benchmarks' categories, for reports
 VIS_SCALE = 6  # a 16-px image -> 96 px
 
 
@@ -93,7 +94,8 @@ class ImageEdit(Task):
         if not isinstance(text, str) or not text.strip():
             raise BadRecord("no 'instruction' text (another key can be named with task.options.fields.instruction, "
                             "or task.options.format: imgedit | gedit)")
-        return {"image": require_image(record), "instruction": text.strip(), "prompt": text.strip(),
+        kept = {k: record[k] for k in KEPT_KEYS if record.get(k) is not None}
+        return {**kept, "image": require_image(record), "instruction": text.strip(), "prompt": text.strip(),
                 "mask": record.get("mask")}
 
     def _finish(self, split: str):
