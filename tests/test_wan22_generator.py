@@ -154,6 +154,22 @@ def test_sde_window_trains_the_experts_it_covers(wan22_dir, window, trained):
     assert moved == trained
 
 
+def test_disabled_adapters_are_both_base_experts(wan22_dir):
+    """The KL's reference under LoRA (``algo.beta``): the trained module with its adapters disabled is the
+    base pipeline on both sides of the switch."""
+    base = load_pipeline(str(wan22_dir), "cpu", torch.float32)
+    policy = policy_for(wan22_dir, "model.lora.enabled=true", "model.lora.r=4", "algo.beta=0.01")
+    policy.train_step(rollout(policy), Objective(ObjectiveConfig.from_algo(policy.cfg.algo)), 16.0, 4.0)
+    noise, sigma = _noise(base), torch.tensor([0.95, 0.5])  # one sample per expert
+    with torch.no_grad():
+        expected = base.velocity(noise, sigma, PROMPTS, 4.0)
+        trained = policy.pipe.velocity(noise, sigma, PROMPTS, 4.0)
+        with policy.adapters_disabled():
+            disabled = policy.pipe.velocity(noise, sigma, PROMPTS, 4.0)
+    assert torch.allclose(disabled, expected, atol=1e-6)
+    assert ((trained - expected).flatten(1).abs().amax(dim=1) > 1e-6).all()  # each expert's LoRA moved
+
+
 def test_lora_step_through_the_cli(wan22_dir, prompt_file, tmp_path):  # noqa: F811
     """2 steps: t = 1000 (high-noise expert) and t = 3 (low-noise): both experts' adapters are trained and saved
     (with gradient checkpointing, which WanExperts switches on in both)."""

@@ -105,6 +105,15 @@ def test_prompts_are_variable_length_and_cached(z_image_dir):
     assert adapter.prompt_cache.misses == 3  # the two prompts and the empty one, each encoded once
 
 
+def test_bfloat16_velocity_and_decode_are_float32(z_image_dir):
+    adapter = load_pipeline(str(z_image_dir), "cpu", "bfloat16")
+    assert adapter.dtype == torch.bfloat16
+    with torch.no_grad():
+        v = adapter.velocity(_noise(adapter), torch.tensor([0.9, 0.4]), PROMPTS, 3.0)
+        image = adapter.decode(_noise(adapter))
+    assert v.dtype == image.dtype == torch.float32 and torch.isfinite(v).all() and torch.isfinite(image).all()
+
+
 def policy_for(path, *overrides) -> DiffusionPolicy:
     cfg = make_config(f"model.path={path}", "train.device=cpu", "task.name=composition", "diffusion.num_steps=3",
                       "diffusion.eval_num_steps=3", f"diffusion.height={SIZE}", f"diffusion.width={SIZE}",
