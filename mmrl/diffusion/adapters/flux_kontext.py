@@ -18,6 +18,7 @@ class FluxKontextAdapter(FluxAdapter):
     (``(vae(2x - 1).mode - shift) * scale``, packed in 2x2 patches) appended after the noisy tokens, their
     ids ``(1, row, column)``, and the output cut back to the noisy tokens. Kontext-dev embeds the guidance
     scale; a checkpoint without the embedding takes true CFG with the empty prompt and the SAME image.
+    Text embeddings are cached per text, the image latents per (text, image) pair.
 
     What it expects: ``images`` (B, 3, H, W) in [0, 1] at the OUTPUT's size (the policy resizes the
     task's image to ``diffusion.height`` x ``diffusion.width``), both multiples of 16. It never resizes:
@@ -34,14 +35,13 @@ class FluxKontextAdapter(FluxAdapter):
         self.condition_cache = ConditionCache(self._encode_conditions)
 
     def _encode_conditions(self, texts: list[str], images: Tensor) -> list[dict[str, Tensor]]:
-        """Per (text, image) pair: the text's embeddings (its own cache: one encoding per text) and the
-        image's packed VAE latents, as the pipeline's ``prepare_latents`` computes them."""
-        text = self.prompt_cache.get(texts)
+        """Per (text, image) pair: the image's packed VAE latents, as the pipeline's ``prepare_latents``
+        computes them (the text's embeddings stay in the prompt cache: one copy per text)."""
         cfg = self.vae.config
-        pixels = images.to(self.vae.device, self.vae.dtype) * 2 - 1  # VaeImageProcessor.normalize
+        pixels = (images.float() * 2 - 1).to(self.vae.device, self.vae.dtype)  # VaeImageProcessor.normalize
         latents = self.vae.encode(pixels).latent_dist.mode()  # retrieve_latents(sample_mode="argmax")
         latents = (latents - cfg.shift_factor) * cfg.scaling_factor
-        return self._split({**text, "image_latents": self.pack(latents)}, len(texts))
+        return self._split({"image_latents": self.pack(latents)}, len(texts))
 
     def velocity(self, latents: Tensor, sigma, prompts: Sequence[str], guidance_scale: float = 1.0,
                  images: Tensor | None = None) -> Tensor:
@@ -59,7 +59,8 @@ class FluxKontextAdapter(FluxAdapter):
         prompts = list(prompts)
         if cfg:  # the unconditional branch keeps the image: [("", image), (prompt, image)]
             prompts, images = [""] * batch + prompts, torch.cat([images, images])
-        emb = {k: v.to(self.device, self.dtype) for k, v in self.condition_cache.get(prompts, images).items()}
+        emb = {k: v.to(self.device, self.dtype) for k, v in self.prompt_cache.get(prompts).items()}
+        context = self.condition_cache.get(prompts, images)["image_latents"].to(self.device, self.dtype)
         ids = flux_latent_ids(batch, images.shape[-2] // f, images.shape[-1] // f, self.device, self.dtype)
         ids[..., 0] = 1  # the pipeline's image ids: the latent ids with the first coordinate 1
-        return self._velocity(latents, sigma, emb, guidance_scale, cfg, emb["image_latents"], ids)
+        return self._velocity(latents, sigma, emb, guidance_scale, cfg, context, ids)
