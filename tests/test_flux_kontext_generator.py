@@ -180,7 +180,8 @@ def test_lora_policy_step_trains_and_round_trips(kontext_dir, tmp_path):
         assert torch.equal(value, policy.transformer.state_dict()[name]), name
     x, sigma, images = _noise(policy.latent_shape()), torch.tensor([0.8, 0.3]), as_tensor(sources())
     with torch.no_grad():
-        assert torch.equal(restored.velocity(x, sigma, PROMPTS, 3.5, images), policy.velocity(x, sigma, PROMPTS, 3.5, images))
+        assert torch.equal(restored.velocity(x, sigma, PROMPTS, 3.5, images),
+                           policy.velocity(x, sigma, PROMPTS, 3.5, images))
 
 
 def test_lora_step_through_the_cli(kontext_dir, tmp_path):

@@ -57,8 +57,8 @@ class Flux2Adapter(DiffusersAdapter):
         from diffusers.pipelines.flux2.pipeline_flux2 import compute_empirical_mu
 
         h, w = latent_shape[-2:]
-        sigmas = None if self.scheduler.config.get("use_flow_sigmas", False) else np.linspace(1.0, 1 / num_steps,
-                                                                                             num_steps)
+        flow_sigmas = self.scheduler.config.get("use_flow_sigmas", False)  # the pipeline then lets the scheduler pick
+        sigmas = None if flow_sigmas else np.linspace(1.0, 1 / num_steps, num_steps)
         return self._schedule(num_steps, sigmas=sigmas, mu=compute_empirical_mu(h * w, num_steps))
 
     def _encode_prompts(self, prompts: list[str]) -> list[dict[str, Tensor]]:
@@ -95,7 +95,8 @@ class Flux2Adapter(DiffusersAdapter):
         x = self.pack(latents.to(self.device, self.dtype))
         img_ids = self.positions(1, height, width, 1, self.device)
         txt_ids = self.positions(1, 1, 1, emb["prompt_embeds"].shape[1], self.device)
-        guidance = torch.full([n], guidance_scale, device=self.device, dtype=torch.float32) if self.guidance_embeds else None
+        guidance = (torch.full([n], guidance_scale, device=self.device, dtype=torch.float32)
+                    if self.guidance_embeds else None)
         if cfg:
             x, timestep = torch.cat([x, x]), torch.cat([timestep, timestep])
         out = self.transformer(
@@ -113,7 +114,8 @@ class Flux2Adapter(DiffusersAdapter):
         x = latents.to(vae.device, vae.dtype)
         mean = vae.bn.running_mean.view(1, -1, 1, 1).to(x.device, x.dtype)
         std = torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1) + vae.config.batch_norm_eps).to(x.device, x.dtype)
-        x = F.pixel_shuffle(x * std + mean, 2)  # the pipeline's _unpatchify_latents: channel c*4 + 2i + j -> (2h+i, 2w+j)
+        # the pipeline's _unpatchify_latents: channel 4c + 2i + j -> pixel (2h + i, 2w + j) of channel c
+        x = F.pixel_shuffle(x * std + mean, 2)
         image = vae.decode(x, return_dict=False)[0]
         return (image.float() * 0.5 + 0.5).clamp(0, 1)
 
