@@ -95,7 +95,7 @@ def test_dynamic_shift_schedule_equals_the_pipeline(z_image_dir):
 def test_prompts_are_variable_length_and_cached(z_image_dir):
     adapter = load_pipeline(str(z_image_dir), "cpu", torch.float32)
     expected, _ = adapter.pipe.encode_prompt(list(PROMPTS), device="cpu", do_classifier_free_guidance=False)
-    captions = adapter._captions(PROMPTS)
+    captions = adapter.captions(PROMPTS)
     assert [c.shape[0] for c in captions] == [e.shape[0] for e in expected] and len({c.shape[0] for c in captions}) == 2
     assert all(torch.equal(c, e) for c, e in zip(captions, expected))
     noise = _noise(adapter)
@@ -149,9 +149,9 @@ def test_rescored_log_probs_equal_the_sampling_ones(z_image_dir):
 
 
 def test_lora_step_through_the_cli(z_image_dir, prompt_file, tmp_path):  # noqa: F811
-    cli("train", "diffusion", *t2i_overrides(z_image_dir, prompt_file, tmp_path, "z_image", 1, "model.lora.enabled=true",
-                                             "model.lora.r=4", "diffusion.guidance_scale=2.0",
-                                             "train.gradient_checkpointing=true"))
+    cli("train", "diffusion", *t2i_overrides(z_image_dir, prompt_file, tmp_path, "z_image", 1,
+                                             "model.lora.enabled=true", "model.lora.r=4",
+                                             "diffusion.guidance_scale=2.0", "train.gradient_checkpointing=true"))
     run = tmp_path / "z_image"
     step = [r for r in rows(run) if "reward" in r][0]
     assert step["step"] == 1 and step["grad_norm"] > 0 and step["reward/brightness/unparsable_frac"] == 0.0

@@ -69,7 +69,7 @@ class ZImageAdapter(DiffusersAdapter):
                                             max_sequence_length=self.max_sequence_length)
         return [{"prompt_embeds": e[None].detach().clone()} for e in embeds]  # (1, L_i, D): lengths differ
 
-    def _captions(self, prompts: Sequence[str]) -> list[Tensor]:
+    def captions(self, prompts: Sequence[str]) -> list[Tensor]:
         """One cached ``(L_i, D)`` embedding per prompt (variable lengths: fetched one by one)."""
         return [self.prompt_cache.get([p])["prompt_embeds"][0].to(self.device, self.dtype) for p in prompts]
 
@@ -93,10 +93,10 @@ class ZImageAdapter(DiffusersAdapter):
         g = self.guidance_scales(sigma, guidance_scale)
         guided = (g > 0).nonzero().flatten().tolist()
         x = list(latents.to(self.device, self.dtype).unsqueeze(2).unbind(0))
-        captions = self._captions(prompts)
+        captions = self.captions(prompts)
         time = self._time(sigma)
         if guided:  # the pipeline's order: conditional samples first, then the unconditional ones
-            uncond = self._captions([""] * len(guided))
+            uncond = self.captions([""] * len(guided))
             x, captions = x + [x[i] for i in guided], captions + uncond
             time = torch.cat([time, time[guided]])
         out = self.transformer(x, time, captions, return_dict=False)[0]
