@@ -72,7 +72,8 @@ def test_euler_loop_equals_the_pipeline_given_the_first_frame(which, size, guida
     video = _euler(adapter, noise, PROMPTS, guidance, images)
     assert video.shape == (2, 9, 3, size, size)
     assert torch.allclose(video, ref, atol=1e-4, rtol=0), (video - ref).abs().max()
-    other = _euler(adapter, noise, PROMPTS, guidance, condition_tensor(_frame(size, 1), size, size)[None].expand(2, -1, -1, -1))
+    other_frame = condition_tensor(_frame(size, 1), size, size)[None].expand(2, -1, -1, -1)
+    other = _euler(adapter, noise, PROMPTS, guidance, other_frame)
     assert (other - ref).abs().max() > 1e-5  # the frame conditions the clip (little, at random tiny weights)
 
 
@@ -125,9 +126,10 @@ def test_sampled_log_probs_re_score_equal(wan21_dir):
     images = batch.payload["condition_images"]
     with torch.no_grad():
         for t in range(3):
-            v = policy.velocity(latents[:, t], torch.full((4,), float(sigmas[t])), batch.payload["prompts"], 2.0, images)
-            out = policy._step(v, latents[:, t], sigmas, t, prev_sample=latents[:, t + 1])
-            assert torch.allclose(out.log_prob, batch.old_logps[:, t], atol=1e-5), (out.log_prob - batch.old_logps[:, t])
+            sigma = torch.full((4,), float(sigmas[t]))
+            v = policy.velocity(latents[:, t], sigma, batch.payload["prompts"], 2.0, images)
+            logp = policy._step(v, latents[:, t], sigmas, t, prev_sample=latents[:, t + 1]).log_prob
+            assert torch.allclose(logp, batch.old_logps[:, t], atol=1e-5), (logp - batch.old_logps[:, t])
 
 
 def test_checkpoint_round_trip(wan21_dir, tmp_path):

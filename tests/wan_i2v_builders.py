@@ -57,8 +57,10 @@ def build_tiny_wan21_i2v(path, shift: float = 7.0) -> Path:
         intermediate_size=16, patch_size=1,
     ))
     pipe = WanImageToVideoPipeline(
-        tokenizer=t5_tokenizer(), text_encoder=text_encoder, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(shift=shift),
-        image_processor=CLIPImageProcessor(crop_size=32, size=32), image_encoder=image_encoder, transformer=transformer,
+        tokenizer=t5_tokenizer(), text_encoder=text_encoder, vae=vae,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=shift),
+        image_processor=CLIPImageProcessor(crop_size=32, size=32),
+        image_encoder=image_encoder, transformer=transformer,
     )
     pipe.save_pretrained(path)
     return Path(path)
@@ -80,8 +82,8 @@ def build_tiny_wan22_ti2v(path, shift: float = 5.0) -> Path:
     torch.manual_seed(2)
     transformer = _transformer(48, 48, image_dim=None)
     pipe = WanImageToVideoPipeline(
-        tokenizer=t5_tokenizer(), text_encoder=text_encoder, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(shift=shift),
-        transformer=transformer, expand_timesteps=True,
+        tokenizer=t5_tokenizer(), text_encoder=text_encoder, vae=vae,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=shift), transformer=transformer, expand_timesteps=True,
     )
     pipe.save_pretrained(path)
     return Path(path)
