@@ -5,7 +5,8 @@ random pipelines built locally (tests/flux2_builders.py), against diffusers:
     the same latents (1e-4, float32), the schedule included (FLUX.2's empirical mu);
 (b) a sampled trajectory's SDE log-probs re-scored by the training path equal the sampling ones (1e-5);
 (c) a LoRA RL step through ``mmrl train diffusion``;
-(d) a checkpoint round trip: equal weights and equal velocity in a fresh policy.
+(d) a checkpoint round trip: equal weights and equal velocity in a fresh policy; an export (adapters merged)
+    loads back as FLUX.2 with the trained velocity.
 """
 
 from __future__ import annotations
@@ -219,6 +220,21 @@ def test_checkpoint_round_trip(flux2_dir, tmp_path, lora):
     x, sigma = _noise(policy.latent_shape()), torch.tensor([0.8, 0.3])
     with torch.no_grad():
         assert torch.equal(restored.velocity(x, sigma, PROMPTS, 4.0), policy.velocity(x, sigma, PROMPTS, 4.0))
+
+
+def test_lora_export_loads_as_a_flux2_pipeline(flux2_dir, tmp_path):
+    """``mmrl export`` of a LoRA policy: the pipeline directory with the adapters merged loads back as
+    FLUX.2 and gives the trained velocity."""
+    policy = policy_for(flux2_dir, "model.lora.enabled=true", "model.lora.r=4")
+    policy.train_step(_rollout(policy), Objective(ObjectiveConfig()), 12.0, 4.0)
+    x, sigma = _noise(policy.latent_shape()), torch.tensor([0.8, 0.3])
+    with torch.no_grad():
+        trained = policy.velocity(x, sigma, PROMPTS, 4.0)
+    policy.export_pretrained(tmp_path / "export")
+    exported = load_pipeline(str(tmp_path / "export"), "cpu", torch.float32)
+    assert type(exported) is Flux2Adapter and not any("lora" in k for k in exported.transformer.state_dict())
+    with torch.no_grad():
+        assert torch.allclose(exported.velocity(x, sigma, PROMPTS, 4.0), trained, atol=1e-5)
 
 
 def test_gradient_checkpointing_gives_the_same_gradients(flux2_dir):

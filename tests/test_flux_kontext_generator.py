@@ -2,7 +2,8 @@
 built locally (tests/flux2_builders.py), against diffusers: mmrl's Euler loop with the source images
 equals the pipeline's ``__call__`` (``_auto_resize=False``, the images at the output size; 1e-4, float32),
 with the guidance embedding (Kontext-dev) and with true CFG (the unconditional branch keeps the image);
-the SDE log-probs of a rollout re-scored equal (1e-5); a LoRA policy step and its checkpoint round trip;
+the SDE log-probs of a rollout re-scored equal (1e-5); a LoRA policy step, its checkpoint round trip and
+its export;
 a LoRA step through ``mmrl train diffusion`` on the image_edit task."""
 
 from __future__ import annotations
@@ -166,7 +167,7 @@ def test_rescored_log_probs_equal_the_sampling_ones(kontext_dir):
     assert not torch.allclose(other.payload["latents"][:, -1], batch.payload["latents"][:, -1], atol=1e-4)
 
 
-def test_lora_policy_step_trains_and_round_trips(kontext_dir, tmp_path):
+def test_lora_policy_step_trains_round_trips_and_exports(kontext_dir, tmp_path):
     lora = ["model.lora.enabled=true", "model.lora.r=4"]
     policy = policy_for(kontext_dir, *lora)
     metrics = policy.train_step(_rollout(policy, sources()), Objective(ObjectiveConfig()), 12.0, 4.0)
@@ -180,8 +181,13 @@ def test_lora_policy_step_trains_and_round_trips(kontext_dir, tmp_path):
         assert torch.equal(value, policy.transformer.state_dict()[name]), name
     x, sigma, images = _noise(policy.latent_shape()), torch.tensor([0.8, 0.3]), as_tensor(sources())
     with torch.no_grad():
-        assert torch.equal(restored.velocity(x, sigma, PROMPTS, 3.5, images),
-                           policy.velocity(x, sigma, PROMPTS, 3.5, images))
+        trained = policy.velocity(x, sigma, PROMPTS, 3.5, images)
+        assert torch.equal(restored.velocity(x, sigma, PROMPTS, 3.5, images), trained)
+    policy.export_pretrained(tmp_path / "export")  # mmrl export: the adapters merged, a Kontext pipeline again
+    exported = load_pipeline(str(tmp_path / "export"), "cpu", torch.float32)
+    assert type(exported) is FluxKontextAdapter
+    with torch.no_grad():
+        assert torch.allclose(exported.velocity(x, sigma, PROMPTS, 3.5, images), trained, atol=1e-5)
 
 
 def test_lora_step_through_the_cli(kontext_dir, tmp_path):
