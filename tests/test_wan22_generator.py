@@ -96,6 +96,24 @@ def test_a_mixed_batch_goes_to_each_samples_expert(wan22):
     assert torch.allclose(both, torch.cat([high, low]), atol=1e-6)
 
 
+def test_module_calls_reach_both_experts(wan22_dir):
+    """What the policy calls on its trained module besides LoRA: gradient checkpointing for both experts, and
+    ``from_config`` + ``load_state_dict`` (how a sharded run's gathered weights are written) rebuilding the pair."""
+    experts = load_pipeline(str(wan22_dir), "cpu", torch.float32).transformer
+    experts.enable_gradient_checkpointing()
+    assert experts.transformer.is_gradient_checkpointing and experts.transformer_2.is_gradient_checkpointing
+    copy = WanExperts.from_config(experts.config)
+    copy.load_state_dict(experts.state_dict())
+    assert copy.boundary_timestep == experts.boundary_timestep
+    assert [type(e) for e in copy.experts] == [type(e) for e in experts.experts]
+    x, text = _noise(load_pipeline(str(wan22_dir), "cpu", torch.float32)), torch.randn(2, 8, 32)
+    timestep = torch.tensor([900.0, 500.0])
+    with torch.no_grad():  # a model built from its config differs from a loaded one in float rounding only (~2e-7)
+        rebuilt = copy(hidden_states=x, timestep=timestep, encoder_hidden_states=text, return_dict=False)[0]
+        original = experts(hidden_states=x, timestep=timestep, encoder_hidden_states=text, return_dict=False)[0]
+    assert torch.allclose(rebuilt, original, atol=1e-6)
+
+
 def policy_for(path, *overrides, steps=4) -> DiffusionPolicy:
     cfg = make_config(f"model.path={path}", "train.device=cpu", "task.name=composition", f"diffusion.num_steps={steps}",
                       f"diffusion.eval_num_steps={steps}", "diffusion.height=16", "diffusion.width=16",

@@ -105,6 +105,19 @@ def test_prompts_are_variable_length_and_cached(z_image_dir):
     assert adapter.prompt_cache.misses == 3  # the two prompts and the empty one, each encoded once
 
 
+def test_each_sample_is_guided_at_its_own_noise_level(z_image_dir):
+    """Per-sample sigmas: a batch where one sample is past ``cfg_truncation`` and one is not gives each the
+    velocity it gets alone (the guided and unguided samples share one transformer call)."""
+    adapter = ZImageAdapter(load_pipeline(str(z_image_dir), "cpu", torch.float32).pipe, cfg_truncation=0.3,
+                            cfg_normalization=1.2)
+    noise, sigma = _noise(adapter), torch.tensor([0.9, 0.4])  # time 1 - sigma: 0.1 guided, 0.6 not
+    assert adapter.guidance_scales(sigma, 3.0).tolist() == [2.0, 0.0]
+    with torch.no_grad():
+        both = adapter.velocity(noise, sigma, PROMPTS, 3.0)
+        alone = torch.cat([adapter.velocity(noise[i:i + 1], sigma[i:i + 1], PROMPTS[i:i + 1], 3.0) for i in range(2)])
+    assert torch.allclose(both, alone, atol=1e-5), (both - alone).abs().max()
+
+
 def test_bfloat16_velocity_and_decode_are_float32(z_image_dir):
     adapter = load_pipeline(str(z_image_dir), "cpu", "bfloat16")
     assert adapter.dtype == torch.bfloat16
