@@ -324,6 +324,27 @@ def test_checkpoint_round_trip(qwen_dir, tmp_path, lora):
         assert torch.equal(restored.velocity(x, sigma, PROMPTS, 4.0), policy.velocity(x, sigma, PROMPTS, 4.0))
 
 
+def test_gradient_checkpointing_gives_the_same_lora_step(qwen_dir, monkeypatch):
+    """The recipe's ``train.gradient_checkpointing``: the dual-stream blocks are recomputed in the backward pass
+    (diffusers' checkpointing, through mmrl's checkpoint function) and the LoRA step is the same."""
+    import mmrl.core.activation_checkpointing as ac
+
+    calls = []
+    real = ac.checkpoint
+    monkeypatch.setattr(ac, "checkpoint", lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
+    lora = ["model.lora.enabled=true", "model.lora.r=4"]
+    plain = policy_for(qwen_dir, *lora)
+    batch = _rollout(plain, PROMPTS)
+    plain.train_step(batch, Objective(ObjectiveConfig()), 12.0, 4.0)
+    assert not calls
+    checkpointed = policy_for(qwen_dir, *lora, "train.gradient_checkpointing=true")
+    checkpointed.train_step(batch, Objective(ObjectiveConfig()), 12.0, 4.0)
+    assert len(calls) >= 2 * 3  # both blocks, every trained step
+    trained = plain.transformer.state_dict()
+    for name, value in checkpointed.transformer.state_dict().items():
+        assert torch.allclose(value, trained[name], atol=1e-6, rtol=0), name
+
+
 # -- (c) through the command line ------------------------------------------------------------------
 
 
