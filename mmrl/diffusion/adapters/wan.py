@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from .diffusers_base import DiffusersAdapter
-from .wan_experts import WanExperts
+from .wan_experts import WanExperts, high_noise
 
 
 class WanAdapter(DiffusersAdapter):
@@ -97,8 +97,8 @@ class WanAdapter(DiffusersAdapter):
         two experts, the low-noise expert's samples (``t < boundary``) take ``guidance_scale_2``."""
         if self.boundary_timestep is None or self.guidance_scale_2 is None:
             return self._guide(out, guidance_scale)
-        t = timestep if timestep.dim() == 1 else timestep.flatten(1).amax(dim=1)
-        scale = torch.where(t >= self.boundary_timestep, float(guidance_scale), float(self.guidance_scale_2))
+        scale = torch.where(high_noise(timestep, self.boundary_timestep), float(guidance_scale),
+                            float(self.guidance_scale_2))
         uncond, cond = out.chunk(2)
         return uncond + scale.to(out.dtype).view(-1, *[1] * (out.dim() - 1)) * (cond - uncond)
 

@@ -37,6 +37,13 @@ def _diffusers_class(name: str):
     return cls
 
 
+def high_noise(timestep: Tensor, boundary_timestep: float) -> Tensor:
+    """(B,) bool: the samples ``WanPipeline`` gives its high-noise expert (``t >= boundary``; a per-token timestep
+    (B, tokens) counts by its largest, the noisy tokens' t)."""
+    t = timestep if timestep.dim() == 1 else timestep.flatten(1).amax(dim=1)
+    return t >= boundary_timestep
+
+
 def sibling(path: str | Path) -> Path:
     """Where the low-noise expert of an expert pair saved at ``path`` lives: ``transformer`` ->
     ``transformer_2``, as in a Wan 2.2 pipeline directory."""
@@ -67,18 +74,11 @@ class WanExperts(torch.nn.Module):
     def device(self) -> torch.device:
         return self.transformer.device
 
-    # -- which expert -------------------------------------------------------------------------------
-    def high_noise(self, timestep: Tensor) -> Tensor:
-        """(B,) bool: the samples the high-noise expert denoises, as ``WanPipeline`` chooses (``t >= boundary``;
-        a per-token timestep (B, tokens) counts by its largest, the noisy tokens' t)."""
-        t = timestep if timestep.dim() == 1 else timestep.flatten(1).amax(dim=1)
-        return t >= self.boundary_timestep
-
     def forward(self, hidden_states: Tensor, timestep: Tensor, encoder_hidden_states: Tensor,
                 return_dict: bool = True, **kwargs: Any):
         """A Wan transformer's call, each sample through the expert of its timestep (a batch on both sides of
         the boundary runs each expert on its own samples)."""
-        high = self.high_noise(timestep)
+        high = high_noise(timestep, self.boundary_timestep)
         if bool(high.all()) or not bool(high.any()):
             expert = self.transformer if bool(high.all()) else self.transformer_2
             return expert(hidden_states=hidden_states, timestep=timestep, encoder_hidden_states=encoder_hidden_states,
