@@ -233,6 +233,19 @@ def test_condition_area_too_small_is_refused(edit_at):
     assert edit.condition_size(16, 20) == (16, 16)
 
 
+def test_bfloat16_velocity_and_decode_are_float32(qwen_dir, edit_dir):
+    qwen = load_pipeline(str(qwen_dir), "cpu", torch.bfloat16)
+    edit = QwenImageEditAdapter.from_pretrained(str(edit_dir), "cpu", "bfloat16", condition_area=None)
+    assert qwen.dtype == edit.dtype == torch.bfloat16
+    x, sigma = _noise(qwen.latent_shape(16, 16)), torch.tensor([0.9, 0.4])
+    with torch.no_grad():
+        for v in (qwen.velocity(x, sigma, PROMPTS, 4.0),
+                  edit.velocity(x, sigma, EDITS, 4.0, _tensor(_images(2, 16, 16)))):
+            assert v.dtype == torch.float32 and v.shape == x.shape and torch.isfinite(v).all()
+        image = qwen.decode(x)
+    assert image.dtype == torch.float32 and image.shape == (2, 3, 16, 16)
+
+
 # -- (b), (d): the policy over the adapter --------------------------------------------------------
 
 

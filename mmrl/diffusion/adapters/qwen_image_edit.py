@@ -56,8 +56,8 @@ class QwenImageEditAdapter(QwenImageAdapter):
 
         cond_width, cond_height, _ = calculate_dimensions(self.condition_area, width / height)
         if min(cond_width, cond_height) < 32:
-            raise ValueError(f"condition_area={self.condition_area} gives a {cond_width}x{cond_height} px condition for "
-                             f"a {width}x{height} image (calculate_dimensions rounds to multiples of 32): give an "
+            raise ValueError(f"condition_area={self.condition_area} gives a {cond_width}x{cond_height} px condition "
+                             f"for a {width}x{height} image (calculate_dimensions rounds to multiples of 32): give an "
                              "area of at least 32x32 px, or None to condition at the output size")
         return int(cond_height), int(cond_width)
 
@@ -97,3 +97,25 @@ class QwenImageEditAdapter(QwenImageAdapter):
         m = self.vae_scale_factor * 2
         height, width = self.condition_size(*images.shape[-2:])
         return self._denoise(latents, sigma, parts, guidance_scale, condition, (height // m, width // m))
+
+    # -- mmrl plan (mmrl.diffusion.memory_shape) ----------------------------------------------------------
+    VISION_PIXELS = 28  # Qwen2.5-VL: 14 px patches merged 2 x 2 per vision token of the prompt
+
+    @classmethod
+    def plan_condition(cls, height: int, width: int) -> tuple[int, int]:
+        """(height, width) in pixels of the condition at ``condition_area`` (:meth:`condition_size`)."""
+        from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit import calculate_dimensions
+
+        cond_width, cond_height, _ = calculate_dimensions(cls.condition_area, width / height)
+        return int(cond_height), int(cond_width)
+
+    @classmethod
+    def plan_inputs(cls, config: dict, batch: int, latent_shape: tuple, text_tokens: int, dtype, device,
+                    condition_grid: tuple[int, int] | None = None) -> dict:
+        """Qwen-Image's call with the source image's latent tokens at ``condition_area`` appended, and the
+        prompt embedding holding the image's vision tokens (Qwen2.5-VL's, one per 28 x 28 px) before the text."""
+        height, width = (8 * n for n in latent_shape[-2:])  # the VAE's factor of 8
+        cond_h, cond_w = cls.plan_condition(height, width)
+        vision = round(cond_h / cls.VISION_PIXELS) * round(cond_w / cls.VISION_PIXELS)
+        return super().plan_inputs(config, batch, latent_shape, text_tokens + vision, dtype, device,
+                                   (cond_h // 16, cond_w // 16))
