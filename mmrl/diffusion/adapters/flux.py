@@ -98,3 +98,29 @@ class FluxAdapter(DiffusersAdapter):
 
     def decode(self, latents: Tensor) -> Tensor:
         return self._decode_image(latents)
+
+    # -- mmrl plan (mmrl.diffusion.memory_shape): the transformer's call from configs alone ---------------
+    @classmethod
+    def plan_latent_shape(cls, configs: dict, height: int, width: int, num_frames: int | None = None) -> tuple:
+        """:meth:`latent_shape` from the components' configs (``{"transformer": {...}, "vae": {...}}``)."""
+        f = 2 ** len(configs["vae"]["block_out_channels"])  # the VAE's factor x the 2x2 packing
+        return (int(configs["transformer"]["in_channels"]) // 4, 2 * (int(height) // f), 2 * (int(width) // f))
+
+    @classmethod
+    def plan_text_tokens(cls, configs: dict) -> int:
+        """The prompt embedding's length the plan assumes: ``max_sequence_length`` (the longest prompt)."""
+        return cls.max_sequence_length
+
+    @classmethod
+    def plan_inputs(cls, config: dict, batch: int, latent_shape: tuple, text_tokens: int, dtype, device) -> dict:
+        """The transformer's forward kwargs as :meth:`velocity` passes them, at these shapes (random values)."""
+        tokens = (latent_shape[-2] // 2) * (latent_shape[-1] // 2)
+        return {"hidden_states": torch.randn(batch, tokens, int(config["in_channels"]), device=device, dtype=dtype),
+                "timestep": torch.rand(batch, device=device, dtype=dtype),
+                "guidance": torch.full([batch], 3.5, device=device) if config.get("guidance_embeds") else None,
+                "pooled_projections": torch.randn(batch, int(config["pooled_projection_dim"]), device=device,
+                                                  dtype=dtype),
+                "encoder_hidden_states": torch.randn(batch, text_tokens, int(config["joint_attention_dim"]),
+                                                     device=device, dtype=dtype),
+                "txt_ids": torch.zeros(text_tokens, 3, device=device, dtype=dtype),
+                "img_ids": torch.zeros(tokens, 3, device=device, dtype=dtype), "return_dict": False}

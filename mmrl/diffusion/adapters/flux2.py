@@ -119,6 +119,30 @@ class Flux2Adapter(DiffusersAdapter):
         image = vae.decode(x, return_dict=False)[0]
         return (image.float() * 0.5 + 0.5).clamp(0, 1)
 
+    # -- mmrl plan (mmrl.diffusion.memory_shape): the transformer's call from configs alone ---------------
+    @classmethod
+    def plan_latent_shape(cls, configs: dict, height: int, width: int, num_frames: int | None = None) -> tuple:
+        """:meth:`latent_shape` from the components' configs (``{"transformer": {...}, "vae": {...}}``)."""
+        f = 2 ** len(configs["vae"]["block_out_channels"])  # the VAE's factor x the 2x2 patches
+        return (int(configs["transformer"]["in_channels"]), int(height) // f, int(width) // f)
+
+    @classmethod
+    def plan_text_tokens(cls, configs: dict) -> int:
+        """The prompt embedding's length the plan assumes: ``max_sequence_length`` (the longest prompt)."""
+        return cls.max_sequence_length
+
+    @classmethod
+    def plan_inputs(cls, config: dict, batch: int, latent_shape: tuple, text_tokens: int, dtype, device) -> dict:
+        """The transformer's forward kwargs as :meth:`velocity` passes them, at these shapes (random values)."""
+        tokens = latent_shape[-2] * latent_shape[-1]
+        return {"hidden_states": torch.randn(batch, tokens, int(config["in_channels"]), device=device, dtype=dtype),
+                "timestep": torch.rand(batch, device=device, dtype=dtype),
+                "guidance": torch.full([batch], 4.0, device=device) if config.get("guidance_embeds", True) else None,
+                "encoder_hidden_states": torch.randn(batch, text_tokens, int(config["joint_attention_dim"]),
+                                                     device=device, dtype=dtype),
+                "txt_ids": torch.zeros(text_tokens, 4, device=device, dtype=torch.long),
+                "img_ids": torch.zeros(tokens, 4, device=device, dtype=torch.long), "return_dict": False}
+
 
 class Flux2KleinAdapter(Flux2Adapter):
     """FLUX.2 [klein] (``Flux2KleinPipeline``): FLUX.2's transformer without a guidance embedding, the

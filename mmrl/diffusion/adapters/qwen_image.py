@@ -141,3 +141,29 @@ class QwenImageAdapter(DiffusersAdapter):
         x = x / (1.0 / std) + mean  # as QwenImagePipeline (which divides by the reciprocal std)
         image = self.vae.decode(x, return_dict=False)[0][:, :, 0]
         return (image.float() * 0.5 + 0.5).clamp(0, 1)
+
+    # -- mmrl plan (mmrl.diffusion.memory_shape): the transformer's call from configs alone ---------------
+    @classmethod
+    def plan_latent_shape(cls, configs: dict, height: int, width: int, num_frames: int | None = None) -> tuple:
+        """:meth:`latent_shape` from the components' configs (``{"transformer": {...}, "vae": {...}}``)."""
+        f = 2 ** len(configs["vae"]["temperal_downsample"]) * 2  # the pipeline's vae_scale_factor x the 2x2 packing
+        return (int(configs["transformer"]["in_channels"]) // 4, 2 * (int(height) // f), 2 * (int(width) // f))
+
+    @classmethod
+    def plan_text_tokens(cls, configs: dict) -> int:
+        """The prompt embedding's length the plan assumes: ``max_sequence_length`` (the longest prompt)."""
+        return cls.max_sequence_length
+
+    @classmethod
+    def plan_inputs(cls, config: dict, batch: int, latent_shape: tuple, text_tokens: int, dtype, device,
+                    condition_grid: tuple[int, int] | None = None) -> dict:
+        """The transformer's forward kwargs as :meth:`_denoise` passes them, at these shapes (random values);
+        ``condition_grid``: an edit model's source-image tokens appended (rows, columns)."""
+        grid = (latent_shape[-2] // 2, latent_shape[-1] // 2)
+        shapes = [(1, *grid)] + ([(1, *condition_grid)] if condition_grid else [])
+        tokens = sum(rows * columns for _, rows, columns in shapes)
+        return {"hidden_states": torch.randn(batch, tokens, int(config["in_channels"]), device=device, dtype=dtype),
+                "timestep": torch.rand(batch, device=device, dtype=dtype),
+                "encoder_hidden_states": torch.randn(batch, text_tokens, int(config["joint_attention_dim"]),
+                                                     device=device, dtype=dtype),
+                "encoder_hidden_states_mask": None, "img_shapes": [shapes] * batch, "return_dict": False}

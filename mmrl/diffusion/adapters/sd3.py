@@ -69,3 +69,27 @@ class SD3Adapter(DiffusersAdapter):
 
     def decode(self, latents: Tensor) -> Tensor:
         return self._decode_image(latents)
+
+    # -- mmrl plan (mmrl.diffusion.memory_shape): the transformer's call from configs alone ---------------
+    @classmethod
+    def plan_latent_shape(cls, configs: dict, height: int, width: int, num_frames: int | None = None) -> tuple:
+        """:meth:`latent_shape` from the components' configs (``{"transformer": {...}, "vae": {...}}``)."""
+        f = 2 ** (len(configs["vae"]["block_out_channels"]) - 1)
+        return (int(configs["transformer"]["in_channels"]), int(height) // f, int(width) // f)
+
+    @classmethod
+    def plan_text_tokens(cls, configs: dict) -> int:
+        """The prompt embedding's length: 77 CLIP tokens joined to ``max_sequence_length`` T5 tokens."""
+        return 77 + cls.max_sequence_length
+
+    @classmethod
+    def plan_inputs(cls, config: dict, batch: int, latent_shape: tuple, text_tokens: int, dtype, device) -> dict:
+        """The transformer's forward kwargs as :meth:`velocity` passes them, at these shapes (random values)."""
+        return {"hidden_states": torch.randn(batch, int(config["in_channels"]), *latent_shape[1:], device=device,
+                                             dtype=dtype),
+                "timestep": torch.rand(batch, device=device) * 1000,
+                "encoder_hidden_states": torch.randn(batch, text_tokens, int(config["joint_attention_dim"]),
+                                                     device=device, dtype=dtype),
+                "pooled_projections": torch.randn(batch, int(config["pooled_projection_dim"]), device=device,
+                                                  dtype=dtype),
+                "return_dict": False}

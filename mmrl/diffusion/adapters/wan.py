@@ -110,3 +110,28 @@ class WanAdapter(DiffusersAdapter):
         x = x / (1.0 / std) + mean  # as WanPipeline (which divides by the reciprocal std)
         video = self.vae.decode(x, return_dict=False)[0]  # (B, 3, F, H, W) in [-1, 1]
         return (video.float() * 0.5 + 0.5).clamp(0, 1).permute(0, 2, 1, 3, 4).contiguous()
+
+    # -- mmrl plan (mmrl.diffusion.memory_shape): the transformer's call from configs alone ---------------
+    @classmethod
+    def plan_latent_shape(cls, configs: dict, height: int, width: int, num_frames: int | None = None) -> tuple:
+        """:meth:`latent_shape` from the components' configs (``{"transformer": {...}, "vae": {...}}``)."""
+        vae = configs["vae"]
+        frames = cls.default_num_frames if num_frames is None else int(num_frames)
+        s = int(vae.get("scale_factor_spatial") or 8)  # AutoencoderKLWan's defaults, as the pipeline reads them
+        return (int(configs["transformer"]["in_channels"]), (frames - 1) // int(vae.get("scale_factor_temporal") or 4)
+                + 1, int(height) // s, int(width) // s)
+
+    @classmethod
+    def plan_text_tokens(cls, configs: dict) -> int:
+        """The prompt embedding's length the plan assumes: ``max_sequence_length`` (the longest prompt)."""
+        return cls.max_sequence_length
+
+    @classmethod
+    def plan_inputs(cls, config: dict, batch: int, latent_shape: tuple, text_tokens: int, dtype, device) -> dict:
+        """The transformer's forward kwargs as :meth:`velocity` passes them, at these shapes (random values);
+        ``in_channels`` as the transformer takes them (an image-to-video model's condition channels included)."""
+        return {"hidden_states": torch.randn(batch, int(config["in_channels"]), *latent_shape[1:], device=device,
+                                             dtype=dtype),
+                "timestep": torch.rand(batch, device=device) * 1000,
+                "encoder_hidden_states": torch.randn(batch, text_tokens, int(config["text_dim"]), device=device,
+                                                     dtype=dtype), "return_dict": False}

@@ -108,3 +108,20 @@ class WanI2VAdapter(WanAdapter):
         )[0].float()
         v = self._guide(out, guidance_scale) if cfg else out
         return pinned_velocity(v, latents, cond["first"], s) if self.expand_timesteps else v
+
+    # -- mmrl plan (mmrl.diffusion.memory_shape) ----------------------------------------------------------
+    CLIP_TOKENS = 257  # Wan 2.1 I2V's CLIP ViT-H/14 at 224 px: 16 x 16 patches and the class token
+
+    @classmethod
+    def plan_latent_shape(cls, configs: dict, height: int, width: int, num_frames: int | None = None) -> tuple:
+        """:meth:`latent_shape` from the components' configs: the VAE's channels (the noisy latents)."""
+        return (int(configs["vae"]["z_dim"]), *super().plan_latent_shape(configs, height, width, num_frames)[1:])
+
+    @classmethod
+    def plan_inputs(cls, config: dict, batch: int, latent_shape: tuple, text_tokens: int, dtype, device) -> dict:
+        """Wan's call with the condition channels and, when the transformer takes them, the CLIP image features."""
+        inputs = super().plan_inputs(config, batch, latent_shape, text_tokens, dtype, device)
+        if config.get("image_dim") is not None:
+            inputs["encoder_hidden_states_image"] = torch.randn(batch, cls.CLIP_TOKENS, int(config["image_dim"]),
+                                                                device=device, dtype=dtype)
+        return inputs

@@ -116,3 +116,24 @@ class ZImageAdapter(DiffusersAdapter):
 
     def decode(self, latents: Tensor) -> Tensor:
         return self._decode_image(latents)
+
+    # -- mmrl plan (mmrl.diffusion.memory_shape): the transformer's call from configs alone ---------------
+    @classmethod
+    def plan_latent_shape(cls, configs: dict, height: int, width: int, num_frames: int | None = None) -> tuple:
+        """:meth:`latent_shape` from the components' configs (``{"transformer": {...}, "vae": {...}}``)."""
+        f = 2 ** len(configs["vae"]["block_out_channels"])  # the VAE's factor x the 2x2 patches
+        return (int(configs["transformer"]["in_channels"]), 2 * (int(height) // f), 2 * (int(width) // f))
+
+    @classmethod
+    def plan_text_tokens(cls, configs: dict) -> int:
+        """The prompt embedding's length the plan assumes: ``max_sequence_length`` (the longest prompt)."""
+        return cls.max_sequence_length
+
+    @classmethod
+    def plan_inputs(cls, config: dict, batch: int, latent_shape: tuple, text_tokens: int, dtype, device) -> dict:
+        """The transformer's arguments as :meth:`velocity` passes them (lists, one entry per sample; random values)."""
+        return {"x": [torch.randn(latent_shape[0], 1, *latent_shape[1:], device=device, dtype=dtype)
+                      for _ in range(batch)],
+                "t": torch.rand(batch, device=device, dtype=dtype),
+                "cap_feats": [torch.randn(text_tokens, int(config["cap_feat_dim"]), device=device, dtype=dtype)
+                              for _ in range(batch)], "return_dict": False}
