@@ -217,6 +217,9 @@ class DiffusionConfig:
     grpo_guard: bool = False  # GRPO-Guard RatioNorm: per-step re-centred, re-scaled log-ratio
     adv_clip_max: float = 5.0  # advantages clipped to +-adv_clip_max (Flow-GRPO); DiffusionNFT's A_max
     nft_beta: float = 1.0  # DiffusionNFT: v+ = b v + (1-b) v_old, v- = (1+b) v_old - b v
+    # A diffusers family's own options, passed to its adapter: Wan 2.2's guidance_scale_2 (the low-noise
+    # expert's guidance), Z-Image's cfg_normalization / cfg_truncation (docs/generators.md)
+    pipeline_options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -41,17 +41,23 @@ def generator_dir(path: str, revision: str | None = None) -> str:
 
 
 def load_generator(path: str, device: torch.device, dtype: torch.dtype,
-                   revision: str | None = None) -> FlowPipeline:
+                   revision: str | None = None, options: dict | None = None) -> FlowPipeline:
     """``"tiny"`` (the shipped tiny image generator), ``"tiny-t2v"`` (the shipped tiny video
     generator), ``"tiny-i2v"`` (the same video generator given first frames), a directory made by
     ``mmrl build-tiny diffusion | video-gen``, or a local diffusers pipeline directory or hub id at
-    ``revision`` (SD3 / SD3.5, FLUX, Wan)."""
+    ``revision`` (any family of :mod:`mmrl.diffusion.adapters`, given its ``options``:
+    ``diffusion.pipeline_options``)."""
     from .tiny import TinyFlowPipeline, is_tiny_dir, tiny_family
     from .tiny_video import FAMILY as TINY_VIDEO_FAMILY, TinyWanPipeline
 
     conditioning = None if revision else TINY_CONDITIONED.get(path)
     path = generator_dir(path, revision)
     if is_tiny_dir(path):
+        if options:
+            from ..config import ConfigError
+
+            raise ConfigError(f"diffusion.pipeline_options={dict(options)}: the tiny generators take no options "
+                              "(they are a diffusers family's own, e.g. Wan 2.2's guidance_scale_2)")
         cls = TinyWanPipeline if tiny_family(path) == TINY_VIDEO_FAMILY else TinyFlowPipeline
         pipe = cls.from_pretrained(path, device, dtype)
         if conditioning is not None:
@@ -59,7 +65,7 @@ def load_generator(path: str, device: torch.device, dtype: torch.dtype,
         return pipe
     from .adapters import load_pipeline
 
-    return load_pipeline(path, device, dtype)
+    return load_pipeline(path, device, dtype, options)
 
 
 def export_generator(policy, out: Path, adapters: bool = False) -> None:
@@ -73,7 +79,7 @@ def export_generator(policy, out: Path, adapters: bool = False) -> None:
     if adapters:
         raise ConfigError("--adapters: generators are exported with the adapters merged (leave out --adapters)")
     base = Path(generator_dir(policy.cfg.model.path, policy.cfg.model.revision))
-    shutil.copytree(base, out, dirs_exist_ok=True, ignore=shutil.ignore_patterns("transformer"))
+    shutil.copytree(base, out, dirs_exist_ok=True, ignore=shutil.ignore_patterns("transformer", "transformer_2"))
     transformer = policy.transformer
     if policy.lora:
         transformer.fuse_lora()

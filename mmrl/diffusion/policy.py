@@ -65,7 +65,8 @@ class DiffusionPolicy(PolicyBase):
         super().__init__(cfg, device)
         self.d = cfg.diffusion
         self._check_config(cfg)
-        self.pipe = pipeline or load_generator(cfg.model.path, self.device, self.compute_dtype, cfg.model.revision)
+        self.pipe = pipeline or load_generator(cfg.model.path, self.device, self.compute_dtype, cfg.model.revision,
+                                               self.d.pipeline_options)
         self.transformer = self.module = self.pipe.transformer
         if self.lora:
             self._apply_lora(cfg.model.lora)

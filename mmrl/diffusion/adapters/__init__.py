@@ -18,6 +18,7 @@ new family is one new file). Other code registers more generators in
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import pkgutil
 from pathlib import Path
@@ -54,8 +55,10 @@ _register_families()
 __all__ = ["DiffusersAdapter", "FluxAdapter", "SD3Adapter", "WanAdapter", "load_pipeline"]
 
 
-def load_pipeline(path: str, device="cpu", dtype=torch.float32) -> FlowPipeline:
-    """The adapter for the local diffusers pipeline directory ``path``, on ``device`` in ``dtype``."""
+def load_pipeline(path: str, device="cpu", dtype=torch.float32, options: dict | None = None) -> FlowPipeline:
+    """The adapter for the local diffusers pipeline directory ``path``, on ``device`` in ``dtype``,
+    constructed with the family's own ``options`` (``diffusion.pipeline_options``; checked against
+    the adapter's arguments before anything loads)."""
     root = Path(path).expanduser()
     index = root / "model_index.json"
     if not index.is_file() and (root / "config.json").is_file() and (root / "tokenizer_config.json").is_file():
@@ -77,4 +80,20 @@ def load_pipeline(path: str, device="cpu", dtype=torch.float32) -> FlowPipeline:
         raise ValueError(
             f"unsupported diffusers pipeline class {class_name!r} in {index}; supported: {', '.join(GENERATOR_FAMILIES.names())}"
         )
-    return loader(str(root), device, as_dtype(dtype))
+    options = dict(options or {})
+    _check_options(loader, class_name, options)
+    return loader(str(root), device, as_dtype(dtype), **options)
+
+
+def _check_options(loader: Loader, class_name: str, options: dict) -> None:
+    """Unknown ``diffusion.pipeline_options`` name the family's valid ones (an adapter's
+    ``from_pretrained`` passes them to its constructor)."""
+    adapter = getattr(loader, "__self__", None)
+    if not options or not isinstance(adapter, type):
+        return
+    accepted = [name for name, param in inspect.signature(adapter.__init__).parameters.items()
+                if name not in ("self", "pipe", "device") and param.kind is not param.VAR_KEYWORD]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ValueError(f"diffusion.pipeline_options: {class_name} ({adapter.__name__}) takes no {unknown}; "
+                         f"its options: {accepted or 'none'}")
