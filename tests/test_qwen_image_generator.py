@@ -151,15 +151,16 @@ def test_guidance_embedding_is_refused():
 # -- (a) parity with the diffusers pipelines -----------------------------------------------------
 
 
-def test_matches_pipeline(qwen):
+@pytest.mark.parametrize("height,width", [(32, 32), (32, 48)])
+def test_matches_pipeline(qwen, height, width):
     lengths = {qwen.prompt_cache.get([p])["prompt_embeds"].shape[1] for p in PROMPTS + [""]}
     assert len(lengths) == 3  # the batch is padded and masked, as the pipeline's
-    noise = _noise(qwen.latent_shape(32, 32))
+    noise = _noise(qwen.latent_shape(height, width))
     for guidance in (1.0, 4.0):
         ref = _pipeline(qwen, noise, PROMPTS, guidance)
         image, sigmas = _euler(qwen, noise, PROMPTS, guidance)
         assert torch.allclose(sigmas, qwen.pipe.scheduler.sigmas.float())
-        assert image.shape == (2, 3, 32, 32) and image.dtype == torch.float32
+        assert image.shape == (2, 3, height, width) and image.dtype == torch.float32
         assert torch.allclose(image, ref, atol=1e-4, rtol=0), (guidance, (image - ref).abs().max())
     assert (image - _euler(qwen, noise, PROMPTS, 1.0)[0]).abs().max() > 1e-3  # CFG was really exercised
 
