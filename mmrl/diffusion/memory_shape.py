@@ -2,113 +2,77 @@
 ``model_index.json`` and each component's config, the models built on the meta device (parameter
 counts, no weights), and the run's config.
 
-What a generator run holds on the GPU: the transformer (trained, or frozen under LoRA on its
-attention), the text encoders and the VAE frozen in ``model.dtype``, the reference transformer for
-the KL when ``algo.beta > 0`` (a copy, or LoRA's disabled adapters), and one denoising step's
-activations per micro-batch (the per-timestep backward of :mod:`mmrl.diffusion.policy`); the
+What a generator run holds on the GPU: the transformer (trained, or frozen under LoRA; Wan 2.2's two
+experts both), the text encoders, image encoder and VAE frozen in ``model.dtype``, the reference
+transformer for the KL when ``algo.beta > 0`` (a copy, or LoRA's disabled adapters), and one denoising
+step's activations per micro-batch (the per-timestep backward of :mod:`mmrl.diffusion.policy`); the
 trajectory latents of every sample stay in host memory.
 
-Activations are counted per token of an SD3 MMDiT block ("Scaling Rectified Flow Transformers for
-High-Resolution Image Synthesis", Esser et al. 2024) from what its ops save, in units of one
-token's width ``D`` (measured with a saved-tensors hook on diffusers' ``SD3Transformer2DModel``,
-tests/test_memory_plan.py): each stream's adaptive LayerNorms keep their input, the normalised and
-the modulated tensor (2 x 3), q/k/v (3), the attention output and out-projection's input (2), the
-out-projection's output for its gate (1), the GELU MLP its 4D hidden before and after the GELU and
-its output for its gate (9): 21 per token of either stream; a q/k RMSNorm adds 4, a second
-(image-only) attention 10; under LoRA the frozen layers keep less (:data:`LORA`). The last block
-keeps the image stream and only the text stream's norm and q/k/v; the patch embedding and output
-layers about 3 per image token. Under gradient checkpointing each block keeps its two input streams (1 per token) and one block is recomputed at a
-time; the backward holds the gradients of a block's streams and its MLP hidden beside them (6 per
-token). Classifier-free guidance (``diffusion.guidance_scale > 1``) runs the transformer on twice
-the micro-batch.
+Activations are MEASURED, for every family alike (:mod:`mmrl.diffusion.measured_activations`): the
+family's adapter says how its transformer is called (``plan_latent_shape``, ``plan_text_tokens``,
+``plan_inputs``: packed tokens, ids, text embeddings, a source image's tokens, condition channels),
+the transformer runs once on the meta device at the micro-batch, and what autograd saves is counted, with
+fused attention, with or without gradient checkpointing; the backward's gradients of a block's streams
+and of its largest saved tensor come on top. Classifier-free guidance (``guidance_scale > 1`` on a
+transformer without a guidance embedding) doubles the micro-batch. Two experts: one expert's
+activations per step (each step runs one).
+
+The rollout (sampling without autograd) holds, per sample, the widest tensor of the transformer's
+forward and its input (two of them), or the VAE's decoding (the decoder's widest activation: its last
+block at full resolution, over the frames it decodes at once, with its input; a video's decoded
+frames), whichever is larger.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from mmrl.core.memory_plan import Mode, Widths
 
-
-
-@dataclass(frozen=True)
-class Units:
-    """Saved tensors per token of a stream, in units of the block's width (module docstring)."""
-
-    text: float  # a joint block, per text token
-    image: float  # per image token
-    qk_norm: float
-    dual: float  # a second, image-only attention
-    last_text: float  # the last block's text stream: its norm and q/k/v
-    outside: float  # per image token: the patch embedding, the output norm and projection
-    sample: float  # per sample and block: the modulation vectors
-
-
-FULL = Units(text=21, image=21, qk_norm=4, dual=10, last_text=6, outside=3, sample=18)
-# LoRA on the attention: the frozen linears keep no inputs, the frozen modulations no outputs: the
-# norms' inputs and the modulated input (2), q/k/v (3), the attention output and out-projection's
-# input (2), the GELU's input (4); measured 10 per text token, 12.5 per image token
-LORA = Units(text=10, image=12.5, qk_norm=2, dual=7, last_text=5.5, outside=0, sample=0)
-BACKWARD_UNITS = 6  # per token: the gradients a block's backward holds
-CLIP_TOKENS = 77  # SD3's CLIP prompts, joined to its T5 tokens
+from .measured_activations import Measured, block_modules, measure, widest_tensor
 
 
 @dataclass(frozen=True)
 class GeneratorShape:
-    params: int  # transformer, text encoders, VAE
-    trainable: int  # the transformer
+    params: int  # transformer(s), text encoders, image encoder, VAE
+    trainable: int  # the transformer(s)
     adapter: int
     quantizable: int
     largest_layer: int
     reference: bool  # False: the reference copy is the transformer's alone, counted by :meth:`activations`
     reference_params: int
     kl: bool  # algo.beta > 0
-    width: int
-    blocks: int
-    dual_blocks: int
-    qk_norm: bool
-    image_tokens: int
-    text_tokens: int
+    latent_shape: tuple[int, ...]  # one sample's latents at the run's size
+    text_tokens: int  # the prompt embedding's length the plan assumes
     micro_batch: int
     cfg_factor: int  # 2 under classifier-free guidance
     generate_batch: int
-    vae_pixels: int  # pixels of one decoded image x the VAE decoder's last width (0: no VAE)
+    forward_bytes: int  # one sample's widest tensor in a forward without autograd (module docstring)
+    vae_bytes: int  # one sample's VAE decoding (module docstring)
     summary: str
+    # (LoRA, samples) -> the measurement of one forward of that many samples (on the meta device: any batch is free)
+    measured: Callable[[bool, int], Measured] = field(repr=False, compare=False, default=None)
 
-    def stored(self, samples: int, c: int, checkpointing: bool, u: Units = FULL) -> int:
-        """Bytes one forward keeps for the backward (module docstring)."""
-        qk = u.qk_norm if self.qk_norm else 0
-        tokens = self.image_tokens + self.text_tokens
-        full = (u.image + qk) * self.image_tokens + (u.text + qk) * self.text_tokens + u.sample
-        dual = u.dual * self.image_tokens
-        last = (u.image + qk) * self.image_tokens + (u.last_text + qk) * self.text_tokens + u.sample
-        outside = u.outside * self.image_tokens
-        backward = BACKWARD_UNITS * tokens
-        if checkpointing:
-            units = self.blocks * tokens + outside + full + dual * (self.dual_blocks > 0) + backward
-        else:
-            units = (self.blocks - 1) * full + self.dual_blocks * dual + last + outside + backward
-        return int(samples * units * self.width * c)
+    def kept(self, mode: Mode, samples: int) -> int:
+        """Bytes the forward of ``samples`` keeps, with the backward's gradients (module docstring)."""
+        m = self.measured(mode.lora, samples)
+        return m.stored(mode.checkpointing) + m.backward
 
     def activations(self, mode: Mode, w: Widths) -> dict[str, int]:
-        units = LORA if mode.lora else FULL
-        acts = self.stored(self.micro_batch * self.cfg_factor, w.compute, mode.checkpointing, units)
+        acts = self.kept(mode, self.micro_batch * self.cfg_factor)
         # the KL's reference: a frozen copy of the transformer (LoRA's disabled adapters cost nothing)
         ref = self.reference_params * w.compute // mode.shard if self.kl and not mode.lora else 0
         return {"activations": int(acts), "logits": 0, "vision tower": 0, "reference model": ref}
 
     def rollout(self, mode: Mode, w: Widths, card: int) -> dict[str, int]:
-        """Sampling without autograd: a block's widest tensors (its MLP hidden and its GELU, 8 per
-        token) for the rollout batch, or the VAE's decoding of it (the decoder's last block at full
-        resolution, its input and output), whichever is larger; the latents go to host memory."""
-        n = self.generate_batch
-        transformer = 8 * n * self.cfg_factor * (self.image_tokens + self.text_tokens) * self.width * w.compute
-        vae = 2 * n * self.vae_pixels * w.compute
-        return {"KV cache": int(max(transformer, vae))}
+        transformer = 2 * self.forward_bytes * self.cfg_factor  # the widest tensor and its input
+        return {"KV cache": int(self.generate_batch * max(transformer, self.vae_bytes))}
 
 
 def _components(where: Path) -> dict[str, tuple[str, str]]:
@@ -117,7 +81,8 @@ def _components(where: Path) -> dict[str, tuple[str, str]]:
 
     if is_tiny_dir(where):
         if tiny_family(where) != TinyFlowPipeline.family:
-            raise ValueError(f"mmrl plan reads SD3-architecture generators; {where} is a {tiny_family(where)} one")
+            raise ValueError(f"mmrl plan reads the tiny image generator and diffusers pipelines; {where} is a tiny "
+                             f"{tiny_family(where)} one")
         return {"transformer": ("diffusers", TinyFlowPipeline.transformer_class),
                 "text_encoder": ("transformers", TinyFlowPipeline.text_encoder_class)}
     index = where / "model_index.json"
@@ -140,10 +105,63 @@ def _meta_model(where: Path, library: str, cls_name: str):
         return getattr(transformers, cls_name)(config)  # the constructor: parameters on the meta device
 
 
+def _in_dtype(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """``model`` as diffusers' ``from_pretrained(torch_dtype=dtype)`` loads it: the modules its class keeps in
+    float32 (``_keep_in_fp32_modules``, e.g. Wan's time embedding and norms) stay float32."""
+    keep = set(getattr(type(model), "_keep_in_fp32_modules", None) or ())
+    for name, p in model.named_parameters():
+        p.data = p.data.to(torch.float32 if keep & set(name.split(".")) else dtype)
+    return model
+
+
+def adapter_class(class_name: str, index: Path) -> type:
+    """The adapter class registered for a ``model_index.json`` ``_class_name``, found without loading weights."""
+    from .adapters import DiffusersAdapter
+
+    found, todo = {}, [DiffusersAdapter]
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if cls.__dict__.get("pipeline_class_name"):
+            found[cls.pipeline_class_name] = cls
+    if class_name not in found:
+        raise ValueError(f"mmrl plan: {index} names _class_name {class_name!r}, which no generator adapter "
+                         f"handles; planned: {', '.join(sorted(found))}")
+    return found[class_name]
+
+
+def _trainable(model: torch.nn.Module, lora: bool, lora_cfg, targets: list[str]) -> torch.nn.Module:
+    """``model`` trainable as the run trains it: every parameter, or peft LoRA adapters only."""
+    if not lora:
+        return model.requires_grad_(True)
+    from peft import LoraConfig
+
+    model.requires_grad_(False)
+    with torch.device("meta"):
+        model.add_adapter(LoraConfig(r=lora_cfg.r, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout,
+                                     target_modules=targets))
+    return model
+
+
+def _vae_bytes(vae: dict | None, latent_shape: tuple[int, ...], height: int, width: int, c: int) -> int:
+    """Bytes of one sample's VAE decoding (module docstring): an image VAE's last decoder block at full
+    resolution (``block_out_channels[0]``), a Wan-style video VAE's (``base_dim``) over the frames one
+    latent frame decodes to (its temporal factor), with the input of that block, and a video's frames."""
+    if vae is None:
+        return 0
+    if "base_dim" in vae:  # AutoencoderKLWan / AutoencoderKLQwenImage: causal, one latent frame at a time
+        frames = (len(latent_shape) == 4) * (latent_shape[1] - 1) * 4 + 1
+        chunk = 2 ** sum(vae.get("temperal_downsample") or ()) if len(latent_shape) == 4 else 1
+        return c * (2 * chunk * height * width * int(vae["base_dim"]) + 3 * frames * height * width)
+    return c * 2 * height * width * int(vae["block_out_channels"][0])
+
+
 def generator_shape(cfg) -> GeneratorShape:
     """The plan's shape of ``cfg``'s generator run (module docstring)."""
     from mmrl.config.hub import is_hub_id, resolve_checkpoint
+    from mmrl.core.precision import compute_dtype
 
+    from .adapters import SD3Adapter
     from .loading import generator_dir
     from .tiny import MARKER, MAX_PROMPT_TOKENS, is_tiny_dir
 
@@ -152,41 +170,62 @@ def generator_shape(cfg) -> GeneratorShape:
         where = Path(resolve_checkpoint(path, cfg.model.revision, only=["model_index.json", "*/config.json"]))
     else:
         where = Path(generator_dir(path, cfg.model.revision))
-    models = {k: _meta_model(where / k, lib, cls) for k, (lib, cls) in _components(where).items()}
-    transformer = models.get("transformer")
-    if transformer is None or not hasattr(transformer, "transformer_blocks") or \
-            type(transformer).__name__ != "SD3Transformer2DModel":
-        raise ValueError(f"mmrl plan reads SD3-architecture generators (SD3Transformer2DModel); the transformer of "
-                         f"{where} is {type(transformer).__name__}")
-    tc = transformer.config
+    components = _components(where)
+    if "transformer" not in components:
+        raise ValueError(f"mmrl plan: {where} has no transformer/config.json (a diffusers pipeline directory with "
+                         "model_index.json and each component's config.json is enough)")
+    models = {k: _meta_model(where / k, lib, cls) for k, (lib, cls) in components.items()}
+    configs = {k: dict(m.config) for k, m in models.items() if isinstance(m.config, dict)}  # diffusers' components
     tiny = is_tiny_dir(where)
-    vae = models.get("vae")
-    scale = 2 ** (len(vae.config.block_out_channels) - 1) if vae is not None else 1
     d = cfg.diffusion
-    if tiny:  # the size the tiny generator was trained at; a pipeline's default as its adapter picks it
-        default = int(json.loads((where / MARKER).read_text()).get("height", tc.sample_size))
+    if tiny:  # the tiny generator: an SD3 transformer in pixel space, its prompt's tokens
+        adapter, info = SD3Adapter, json.loads((where / MARKER).read_text())
+        height, width = int(d.height or info.get("height", 16)), int(d.width or d.height or info.get("width", 16))
+        latent = (int(configs["transformer"]["out_channels"]), height, width)
+        text_tokens, default_guidance = MAX_PROMPT_TOKENS, float(info.get("guidance_scale", 1.0))
     else:
-        default = min(512, int(tc.sample_size) * scale)
-    height, width = int(d.height or default), int(d.width or d.height or default)
-    patch = int(tc.patch_size)
-    image_tokens = (height // scale // patch) * (width // scale // patch)
-    text_tokens = MAX_PROMPT_TOKENS if tiny else CLIP_TOKENS + 256  # SD3Adapter.max_sequence_length T5 tokens
-    targets = set(cfg.model.lora.target_modules or ["to_k", "to_q", "to_v", "to_out.0"])
-    linears = [(n, m) for n, m in transformer.named_modules() if isinstance(m, torch.nn.Linear)]
-    adapted = [m for n, m in linears if any(n == t or n.endswith("." + t) for t in targets)]
+        index = where / "model_index.json"
+        adapter = adapter_class(json.loads(index.read_text()).get("_class_name"), index)
+        height = int(d.height or adapter.default_height)
+        width = int(d.width or d.height or adapter.default_width)
+        latent = tuple(adapter.plan_latent_shape(configs, height, width, d.num_frames))
+        text_tokens, default_guidance = adapter.plan_text_tokens(configs), adapter.default_guidance_scale
+    dtype = compute_dtype(cfg.model.dtype)
+    trained = [k for k in ("transformer", "transformer_2") if k in models]
+    targets = list(cfg.model.lora.target_modules or (SD3Adapter if tiny else adapter).lora_targets)
+    lib, cls_name = components["transformer"]
+
+    @functools.lru_cache(maxsize=None)
+    def trainable(lora: bool) -> torch.nn.Module:
+        return _trainable(_in_dtype(_meta_model(where / "transformer", lib, cls_name), dtype), lora, cfg.model.lora,
+                          targets)
+
+    @functools.lru_cache(maxsize=None)
+    def measured(lora: bool, samples: int) -> Measured:
+        return measure(trainable(lora), adapter.plan_inputs(configs["transformer"], samples, latent, text_tokens,
+                                                            dtype, "meta"))
+
+    transformer = models["transformer"]
+    with torch.no_grad():
+        frozen = _in_dtype(_meta_model(where / "transformer", lib, cls_name), dtype)
+        forward = widest_tensor(frozen, adapter.plan_inputs(configs["transformer"], 1, latent, text_tokens, dtype,
+                                                            "meta"))
+    vae = _vae_bytes(configs.get("vae"), latent, height, width, dtype.itemsize)
     counts = {k: sum(p.numel() for p in m.parameters()) for k, m in models.items()}
+    adapted = sum(m.in_features + m.out_features for k in trained for n, m in models[k].named_modules()
+                  if isinstance(m, torch.nn.Linear) and any(n == t or n.endswith("." + t) for t in targets))
     samples = cfg.train.prompts_per_step * cfg.rollout.num_generations
-    guidance = d.guidance_scale if d.guidance_scale is not None else (1.0 if tiny else 4.5)
-    width_d = int(tc.num_attention_heads * tc.attention_head_dim)
-    vae_pixels = height * width * vae.config.block_out_channels[0] if vae is not None else 0
-    summary = (f"{image_tokens} image + {text_tokens} text tokens per sample ({height} x {width} px), "
-               f"micro-batch {min(cfg.train.micro_batch_size, samples)}" + (" x 2 (guidance)" if guidance > 1 else ""))
+    guidance = d.guidance_scale if d.guidance_scale is not None else default_guidance
+    cfg_factor = 2 if guidance > 1 and not configs["transformer"].get("guidance_embeds") else 1
+    micro = min(cfg.train.micro_batch_size, samples)
+    summary = (f"latents {'x'.join(map(str, latent))} per sample ({height} x {width} px"
+               + (f", {d.num_frames} frames" if len(latent) == 4 else "") + f"), {text_tokens} text tokens, "
+               f"micro-batch {micro}" + (" x 2 (guidance)" if cfg_factor == 2 else "")
+               + (", one of two experts per step" if len(trained) == 2 else ""))
     return GeneratorShape(
-        params=sum(counts.values()), trainable=counts["transformer"],
-        adapter=cfg.model.lora.r * sum(m.in_features + m.out_features for m in adapted), quantizable=0,
-        largest_layer=max(sum(p.numel() for p in b.parameters()) for b in transformer.transformer_blocks),
-        reference=False, reference_params=counts["transformer"], kl=cfg.algo.beta > 0, width=width_d,
-        blocks=int(tc.num_layers), dual_blocks=len(tc.get("dual_attention_layers") or ()),
-        qk_norm=bool(tc.get("qk_norm")), image_tokens=image_tokens, text_tokens=text_tokens,
-        micro_batch=min(cfg.train.micro_batch_size, samples), cfg_factor=2 if guidance > 1 else 1,
-        generate_batch=min(cfg.rollout.batch_size or samples, samples), vae_pixels=vae_pixels, summary=summary)
+        params=sum(counts.values()), trainable=sum(counts[k] for k in trained), adapter=cfg.model.lora.r * adapted,
+        quantizable=0, largest_layer=max(sum(p.numel() for p in b.parameters()) for b in block_modules(transformer)),
+        reference=False, reference_params=sum(counts[k] for k in trained), kl=cfg.algo.beta > 0,
+        latent_shape=latent, text_tokens=text_tokens, micro_batch=micro, cfg_factor=cfg_factor,
+        generate_batch=min(cfg.rollout.batch_size or samples, samples), forward_bytes=forward, vae_bytes=vae,
+        summary=summary, measured=measured)
