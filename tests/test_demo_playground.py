@@ -156,3 +156,24 @@ def test_a_model_or_task_label_with_an_interpolation_is_refused(play):
     for label, task in (("tiny", "${oc.env:HOME}"), ("dir: ${oc.env:HOME}", "counting")):
         with pytest.raises(ValueError, match="OmegaConf interpolation"):
             play.load(label, task)
+
+
+def test_the_tiny_editing_generator_edits_an_uploaded_image(play):
+    """An uploaded image with an instruction in its record: the editing generator is given it (the
+    picture shows source | result), the preservation reward scores the result against it; a free-text
+    prompt without an image is refused with what to do."""
+    task = play.task("tiny-edit", "image_edit")
+    assert {"tiny-edit", "tiny-i2v"} <= set(play.model_choices("diffusion"))
+    assert {"image_edit", "motion_i2v"} <= set(play.task_choices("diffusion"))
+    ex = play.synthetic_example(task, 3)
+    upload = _upload(play, {"image": ex["source"]})
+    assert json.loads(play.record_template("tiny-edit", "image_edit", 3))["instruction"] == ex["instruction"]
+    out = play.sample("tiny-edit", "image_edit", 0, 2, 0.0, upload, json.dumps({"instruction": ex["instruction"]}))
+    assert out.input_text == ex["instruction"] and len(out.pictures) == 2
+    strip = out.pictures[0][0]
+    frame = ex["source"].width * 6  # the task's pictures draw a 16-px image at 96 px
+    assert 2 * frame <= strip.width < 3 * frame  # source | result (an upload has no target)
+    preservation = out.columns.index("edit_preservation")
+    assert all(0.5 < row[preservation] <= 1.0 for row in out.rows)  # the result keeps most of the source
+    with pytest.raises(DemoError, match="upload one, with the instruction"):
+        play.sample("tiny-edit", "image_edit", 0, 1, 0.0, prompt="make the red circle blue")

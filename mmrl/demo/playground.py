@@ -4,12 +4,14 @@ them with the task's own pictures. :mod:`mmrl.demo.app` only wires Gradio widget
 :class:`Playground`; the tests call it directly as well.
 
 Models are named by labels the page shows: a shipped tiny default (``tiny``, ``tiny-gui``,
-``tiny-video``; generators ``tiny``, ``tiny-t2v``), ``run: <name>`` (a run's latest checkpoint,
-trained from its own ``config.yaml``) or ``dir: <path>`` (a checkpoint directory under a
-``--models`` root). A task's settings come from its shipped tiny recipe when there is one, so the
-prompt, rewards and options are those a run of it uses. Loading goes through the same
-``make_policy`` as ``mmrl train``: native transformers / diffusers classes, never
-``trust_remote_code`` (a checkpoint's own Python code is not run).
+``tiny-video``; generators ``tiny``, ``tiny-t2v``, ``tiny-i2v`` (image-to-video), ``tiny-edit`` (image
+editing)), ``run: <name>`` (a run's latest checkpoint, trained from its own ``config.yaml``) or
+``dir: <path>`` (a checkpoint directory under a ``--models`` root: any generator family mmrl reads).
+A task's settings come from its shipped tiny recipe when there is one, so the prompt, rewards and
+options are those a run of it uses. Loading goes through the same ``make_policy`` as ``mmrl train``:
+native transformers / diffusers classes, never ``trust_remote_code`` (a checkpoint's own Python code
+is not run). An editing or image-to-video generator edits / animates an uploaded image (its record
+gives the instruction or prompt).
 
 An uploaded image or clip becomes an example through the task's own file reader: the upload and
 the record's other fields (question, answer, ...: the task's data format, see the README's "Data
@@ -40,7 +42,8 @@ from .runs_index import latest_checkpoint
 # The shipped tiny models by policy modality, and the task each was warm-started for.
 BUILTIN_MODELS = {"vlm": {"tiny": "counting", "tiny-gui": "screen_grounding",
                           "tiny-gui-grounding": "screen_grounding", "tiny-video": "video_qa"},
-                  "diffusion": {"tiny": "composition", "tiny-t2v": "motion_t2v"}}
+                  "diffusion": {"tiny": "composition", "tiny-t2v": "motion_t2v", "tiny-i2v": "motion_i2v",
+                                "tiny-edit": "image_edit"}}
 UPLOAD = "<the upload>"  # where Task.file_record puts the media path in an upload's record
 MAX_SAMPLES = 16
 
@@ -261,7 +264,10 @@ class Playground:
         n = max(1, min(int(n), MAX_SAMPLES))
         with self._lock:
             loaded = self.load(label, task_name, checkpoint)
-            free_text = bool(prompt.strip()) and loaded.task.modality == "diffusion"
+            free_text = bool(prompt.strip()) and loaded.task.modality == "diffusion" and not upload
+            if free_text and getattr(getattr(loaded.policy, "pipe", None), "conditioning", None):
+                raise DemoError(f"{label} edits or animates an image: upload one, with the instruction or prompt in "
+                                "its record")
             if free_text:
                 ex = {"prompt": prompt.strip()}
             elif upload:
