@@ -10,6 +10,7 @@ from conftest import make_config
 from mmrl.config import ConfigError
 from mmrl.diffusion.adapters import load_pipeline
 from mmrl.diffusion.policy import DiffusionPolicy
+from qwen_image_builders import build_tiny_qwen_image_edit
 from wan22_builders import build_tiny_wan22
 
 
@@ -25,6 +26,9 @@ def test_options_reach_the_adapter_and_unknown_ones_name_the_valid(sd3_dir, tmp_
         load_pipeline(str(sd3_dir), options={"guidance_scale_2": 3.0})
     wan22 = load_pipeline(str(build_tiny_wan22(tmp_path / "wan22")), options={"guidance_scale_2": 3.0})
     assert wan22.guidance_scale_2 == 3.0
+    # configs/diffusion/qwen_image_edit_lora.yaml: condition_area null conditions at the output size
+    edit = load_pipeline(str(build_tiny_qwen_image_edit(tmp_path / "edit")), options={"condition_area": None})
+    assert edit.condition_area is None and edit.condition_size(48, 32) == (48, 32)
 
 
 def test_the_policy_passes_the_configs_options(sd3_dir, tiny_flow_dir):
