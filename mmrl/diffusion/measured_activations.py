@@ -57,6 +57,8 @@ class FusedAttention(torch.autograd.Function):
     def forward(ctx, query, key, value, attn_mask, options):
         with torch.no_grad():
             out = _SDPA(query, key, value, attn_mask=attn_mask, **options)
+            if out.dim() == 4:  # laid out (batch, query, head, dim) as the fused kernels write it, whatever the
+                out = out.transpose(1, 2).contiguous().transpose(1, 2)  # device: a head merge after is a view
         lse = query.new_empty(query.shape[:-1], dtype=torch.float32)
         ctx.options, ctx.has_mask = options, attn_mask is not None
         ctx.save_for_backward(query, key, value, out, lse, *([attn_mask] if attn_mask is not None else []))
@@ -190,7 +192,8 @@ def measure(model: torch.nn.Module, inputs: dict) -> Measured:
             keys = {storage_key(t): t.untyped_storage().nbytes() for t in tensors}
             sizes.update({k: v for k, v in keys.items() if k not in sizes})
             block_inputs[i] |= set(keys)
-            streams[i] = sum({storage_key(t): t.untyped_storage().nbytes() for t in tensors if t.requires_grad}.values())
+            grads = {storage_key(t): t.untyped_storage().nbytes() for t in tensors if t.requires_grad}
+            streams[i] = sum(grads.values())
             current[0] = i
 
         def leave(module, args, kwargs, output):

@@ -186,6 +186,8 @@ def generator_shape(cfg) -> GeneratorShape:
     else:
         index = where / "model_index.json"
         adapter = adapter_class(json.loads(index.read_text()).get("_class_name"), index)
+        if d.pipeline_options:  # the family's options (max_sequence_length, condition_area, ...) are its attributes
+            adapter = type(adapter.__name__, (adapter,), dict(d.pipeline_options))
         height = int(d.height or adapter.default_height)
         width = int(d.width or d.height or adapter.default_width)
         latent = tuple(adapter.plan_latent_shape(configs, height, width, d.num_frames))
@@ -202,13 +204,13 @@ def generator_shape(cfg) -> GeneratorShape:
 
     @functools.lru_cache(maxsize=None)
     def measured(lora: bool, samples: int) -> Measured:
-        return measure(trainable(lora), adapter.plan_inputs(configs["transformer"], samples, latent, text_tokens,
+        return measure(trainable(lora), adapter.plan_inputs(configs, samples, latent, text_tokens,
                                                             dtype, "meta"))
 
     transformer = models["transformer"]
     with torch.no_grad():
         frozen = _in_dtype(_meta_model(where / "transformer", lib, cls_name), dtype)
-        forward = widest_tensor(frozen, adapter.plan_inputs(configs["transformer"], 1, latent, text_tokens, dtype,
+        forward = widest_tensor(frozen, adapter.plan_inputs(configs, 1, latent, text_tokens, dtype,
                                                             "meta"))
     vae = _vae_bytes(configs.get("vae"), latent, height, width, dtype.itemsize)
     counts = {k: sum(p.numel() for p in m.parameters()) for k, m in models.items()}

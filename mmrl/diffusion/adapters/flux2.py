@@ -132,8 +132,9 @@ class Flux2Adapter(DiffusersAdapter):
         return cls.max_sequence_length
 
     @classmethod
-    def plan_inputs(cls, config: dict, batch: int, latent_shape: tuple, text_tokens: int, dtype, device) -> dict:
+    def plan_inputs(cls, configs: dict, batch: int, latent_shape: tuple, text_tokens: int, dtype, device) -> dict:
         """The transformer's forward kwargs as :meth:`velocity` passes them, at these shapes (random values)."""
+        config = configs["transformer"]
         tokens = latent_shape[-2] * latent_shape[-1]
         return {"hidden_states": torch.randn(batch, tokens, int(config["in_channels"]), device=device, dtype=dtype),
                 "timestep": torch.rand(batch, device=device, dtype=dtype),

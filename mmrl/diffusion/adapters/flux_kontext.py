@@ -66,9 +66,9 @@ class FluxKontextAdapter(FluxAdapter):
         return self._velocity(latents, sigma, emb, guidance_scale, cfg, context, ids)
 
     @classmethod
-    def plan_inputs(cls, config: dict, batch: int, latent_shape: tuple, text_tokens: int, dtype, device) -> dict:
+    def plan_inputs(cls, configs: dict, batch: int, latent_shape: tuple, text_tokens: int, dtype, device) -> dict:
         """FLUX.1's call with the source image's tokens (at the output's size, as the policy gives it) appended."""
-        inputs = super().plan_inputs(config, batch, latent_shape, text_tokens, dtype, device)
+        inputs = super().plan_inputs(configs, batch, latent_shape, text_tokens, dtype, device)
         inputs["hidden_states"] = torch.cat([inputs["hidden_states"]] * 2, dim=1)
         inputs["img_ids"] = torch.cat([inputs["img_ids"]] * 2)
         return inputs

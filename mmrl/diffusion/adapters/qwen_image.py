@@ -155,10 +155,11 @@ class QwenImageAdapter(DiffusersAdapter):
         return cls.max_sequence_length
 
     @classmethod
-    def plan_inputs(cls, config: dict, batch: int, latent_shape: tuple, text_tokens: int, dtype, device,
+    def plan_inputs(cls, configs: dict, batch: int, latent_shape: tuple, text_tokens: int, dtype, device,
                     condition_grid: tuple[int, int] | None = None) -> dict:
         """The transformer's forward kwargs as :meth:`_denoise` passes them, at these shapes (random values);
         ``condition_grid``: an edit model's source-image tokens appended (rows, columns)."""
+        config = configs["transformer"]
         grid = (latent_shape[-2] // 2, latent_shape[-1] // 2)
         shapes = [(1, *grid)] + ([(1, *condition_grid)] if condition_grid else [])
         tokens = sum(rows * columns for _, rows, columns in shapes)

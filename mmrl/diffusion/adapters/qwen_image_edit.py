@@ -110,12 +110,12 @@ class QwenImageEditAdapter(QwenImageAdapter):
         return int(cond_height), int(cond_width)
 
     @classmethod
-    def plan_inputs(cls, config: dict, batch: int, latent_shape: tuple, text_tokens: int, dtype, device,
+    def plan_inputs(cls, configs: dict, batch: int, latent_shape: tuple, text_tokens: int, dtype, device,
                     condition_grid: tuple[int, int] | None = None) -> dict:
         """Qwen-Image's call with the source image's latent tokens at ``condition_area`` appended, and the
         prompt embedding holding the image's vision tokens (Qwen2.5-VL's, one per 28 x 28 px) before the text."""
-        height, width = (8 * n for n in latent_shape[-2:])  # the VAE's factor of 8
-        cond_h, cond_w = cls.plan_condition(height, width)
+        f = 2 ** len(configs["vae"]["temperal_downsample"])  # the pipeline's vae_scale_factor
+        cond_h, cond_w = cls.plan_condition(*(f * n for n in latent_shape[-2:]))
         vision = round(cond_h / cls.VISION_PIXELS) * round(cond_w / cls.VISION_PIXELS)
-        return super().plan_inputs(config, batch, latent_shape, text_tokens + vision, dtype, device,
-                                   (cond_h // 16, cond_w // 16))
+        return super().plan_inputs(configs, batch, latent_shape, text_tokens + vision, dtype, device,
+                                   (cond_h // (2 * f), cond_w // (2 * f)))

@@ -83,8 +83,9 @@ class SD3Adapter(DiffusersAdapter):
         return 77 + cls.max_sequence_length
 
     @classmethod
-    def plan_inputs(cls, config: dict, batch: int, latent_shape: tuple, text_tokens: int, dtype, device) -> dict:
+    def plan_inputs(cls, configs: dict, batch: int, latent_shape: tuple, text_tokens: int, dtype, device) -> dict:
         """The transformer's forward kwargs as :meth:`velocity` passes them, at these shapes (random values)."""
+        config = configs["transformer"]
         return {"hidden_states": torch.randn(batch, int(config["in_channels"]), *latent_shape[1:], device=device,
                                              dtype=dtype),
                 "timestep": torch.rand(batch, device=device) * 1000,

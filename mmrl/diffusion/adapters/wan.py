@@ -127,9 +127,10 @@ class WanAdapter(DiffusersAdapter):
         return cls.max_sequence_length
 
     @classmethod
-    def plan_inputs(cls, config: dict, batch: int, latent_shape: tuple, text_tokens: int, dtype, device) -> dict:
+    def plan_inputs(cls, configs: dict, batch: int, latent_shape: tuple, text_tokens: int, dtype, device) -> dict:
         """The transformer's forward kwargs as :meth:`velocity` passes them, at these shapes (random values);
         ``in_channels`` as the transformer takes them (an image-to-video model's condition channels included)."""
+        config = configs["transformer"]
         return {"hidden_states": torch.randn(batch, int(config["in_channels"]), *latent_shape[1:], device=device,
                                              dtype=dtype),
                 "timestep": torch.rand(batch, device=device) * 1000,

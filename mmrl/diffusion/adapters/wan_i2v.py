@@ -118,9 +118,10 @@ class WanI2VAdapter(WanAdapter):
         return (int(configs["vae"]["z_dim"]), *super().plan_latent_shape(configs, height, width, num_frames)[1:])
 
     @classmethod
-    def plan_inputs(cls, config: dict, batch: int, latent_shape: tuple, text_tokens: int, dtype, device) -> dict:
+    def plan_inputs(cls, configs: dict, batch: int, latent_shape: tuple, text_tokens: int, dtype, device) -> dict:
         """Wan's call with the condition channels and, when the transformer takes them, the CLIP image features."""
-        inputs = super().plan_inputs(config, batch, latent_shape, text_tokens, dtype, device)
+        config = configs["transformer"]
+        inputs = super().plan_inputs(configs, batch, latent_shape, text_tokens, dtype, device)
         if config.get("image_dim") is not None:
             inputs["encoder_hidden_states_image"] = torch.randn(batch, cls.CLIP_TOKENS, int(config["image_dim"]),
                                                                 device=device, dtype=dtype)

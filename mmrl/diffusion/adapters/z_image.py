@@ -130,8 +130,9 @@ class ZImageAdapter(DiffusersAdapter):
         return cls.max_sequence_length
 
     @classmethod
-    def plan_inputs(cls, config: dict, batch: int, latent_shape: tuple, text_tokens: int, dtype, device) -> dict:
+    def plan_inputs(cls, configs: dict, batch: int, latent_shape: tuple, text_tokens: int, dtype, device) -> dict:
         """The transformer's arguments as :meth:`velocity` passes them (lists, one entry per sample; random values)."""
+        config = configs["transformer"]
         return {"x": [torch.randn(latent_shape[0], 1, *latent_shape[1:], device=device, dtype=dtype)
                       for _ in range(batch)],
                 "t": torch.rand(batch, device=device, dtype=dtype),
