@@ -7,6 +7,7 @@ checkpoint round trip; and (slow) the shipped model learns to follow edit instru
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -144,3 +145,50 @@ def test_lora_step_through_the_cli(edit_dir, tmp_path):
     assert [r["step"] for r in rows if "eval/edit_success" in r] == [0, 1]
     saved = (tmp_path / "edit" / "rollouts" / "step_000001" / "rollouts.jsonl").read_text().splitlines()
     assert len(saved) == 2
+
+
+def test_shipped_editing_generator_is_what_build_tiny_makes(tmp_path, monkeypatch):
+    """``mmrl build-tiny edit`` builds what assets/tiny-flow-edit is: the recorded recipe, the same model
+    configs and weights of the same names and shapes (the real builder, shrunk to 2 steps of 4 samples)."""
+    from safetensors.torch import load_file
+
+    from mmrl.assets import asset_path
+    from mmrl.diffusion import pretrain
+    from mmrl.diffusion.tiny import MARKER
+
+    real = pretrain.pretrain_tiny_edit_generator
+    small = {"batch_size": 4, "dataset_size": 16}
+    monkeypatch.setattr(pretrain, "pretrain_tiny_edit_generator", lambda out, **kw: real(out, **{**kw, **small}))
+    result = CliRunner().invoke(app, ["build-tiny", "edit", "--out", str(tmp_path), "--steps", "2"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    shipped = asset_path("tiny-flow-edit")
+    info, built = json.loads((shipped / MARKER).read_text()), json.loads((tmp_path / MARKER).read_text())
+    assert {k: info["pretrain"][k] for k in pretrain.TINY_EDIT_GENERATOR_RECIPE} == pretrain.TINY_EDIT_GENERATOR_RECIPE
+    assert built["pretrain"] == {**info["pretrain"], "steps": 2, **small}
+    assert {k: v for k, v in built.items() if k != "pretrain"} == {k: v for k, v in info.items() if k != "pretrain"}
+    assert info["conditioning"] == "image"
+    for part in ("transformer/config.json", "tokenizer/tokenizer.json", "scheduler/scheduler_config.json"):
+        assert json.loads((tmp_path / part).read_text()) == json.loads((shipped / part).read_text()), part
+    for part in ("transformer", "text_encoder"):
+        weights = next((shipped / part).glob("*.safetensors")).name
+        a, b = load_file(str(shipped / part / weights)), load_file(str(tmp_path / part / weights))
+        assert {k: v.shape for k, v in a.items()} == {k: v.shape for k, v in b.items()}
+
+
+@pytest.mark.slow
+def test_the_shipped_editing_generator_learns_its_training_edits(tmp_path):
+    """The recipe (configs/diffusion/image_edit_tiny.yaml) on the shipped model, seed 0: the training reward
+    (the fraction of edit checks passed, on the instructions RL trains on) rises. Measured 0.71 -> 0.81
+    (mean of the first and last 5 of 40 steps). The held-out edit_success does NOT rise by the 0.15 the
+    issue asks (see docs/generators.md, 'Image editing'), so this test does not claim it. About 7 minutes
+    on a shared 2-core CPU."""
+    recipe = Path(__file__).resolve().parents[1] / "configs" / "diffusion" / "image_edit_tiny.yaml"
+    args = [str(recipe), "train.seed=0", f"log.output_dir={tmp_path}", "log.run_name=learn",
+            "log.progress=false", "log.tensorboard=false", "log.save_rollouts_every=0", "log.save_every=0",
+            "eval.every=0", "eval.num_examples=8"]
+    result = CliRunner().invoke(app, ["train", "diffusion", *args])
+    assert result.exit_code == 0, (result.output, result.exception)
+    rows = [json.loads(line) for line in (tmp_path / "learn" / "metrics.jsonl").read_text().splitlines()]
+    rewards = [r["reward"] for r in rows if "reward" in r]
+    assert len(rewards) == 40
+    assert sum(rewards[-5:]) / 5 - sum(rewards[:5]) / 5 >= 0.05, rewards
