@@ -16,8 +16,10 @@ Assumptions, each what a GPU step does:
   or meta dispatch would save. ``torch.nn.functional.scaled_dot_product_attention`` (which
   diffusers' attention dispatcher and processors call) is replaced during the measurement by
   :class:`FusedAttention`, an autograd function that saves exactly those;
-- the transformer runs in the compute dtype, LoRA adapters too (autocast's casts of the adapters'
-  inputs are not counted);
+- the transformer runs in the compute dtype without autocast (what the model itself upcasts, a float32
+  RMSNorm, is counted; autocast's own casts are not), its LoRA adapters in float32 as peft keeps them
+  beside a bfloat16 base: each adapted layer keeps a float32 copy of its input, where a run under autocast
+  keeps a compute-dtype one (up to twice what the run keeps there);
 - the plan measures at the micro-batch itself (twice it under classifier-free guidance, which the adapters
   batch): on the meta device a batch costs nothing to run, and what the batch shares (a positional table)
   counts once.

@@ -204,14 +204,10 @@ def generator_shape(cfg) -> GeneratorShape:
 
     @functools.lru_cache(maxsize=None)
     def measured(lora: bool, samples: int) -> Measured:
-        return measure(trainable(lora), adapter.plan_inputs(configs, samples, latent, text_tokens,
-                                                            dtype, "meta"))
+        return measure(trainable(lora), adapter.plan_inputs(configs, samples, latent, text_tokens, dtype, "meta"))
 
-    transformer = models["transformer"]
-    with torch.no_grad():
-        frozen = _in_dtype(_meta_model(where / "transformer", lib, cls_name), dtype)
-        forward = widest_tensor(frozen, adapter.plan_inputs(configs, 1, latent, text_tokens, dtype,
-                                                            "meta"))
+    transformer = _in_dtype(models["transformer"], dtype)  # counted below by numel: the dtype changes nothing
+    forward = widest_tensor(transformer, adapter.plan_inputs(configs, 1, latent, text_tokens, dtype, "meta"))
     vae = _vae_bytes(configs.get("vae"), latent, height, width, dtype.itemsize)
     counts = {k: sum(p.numel() for p in m.parameters()) for k, m in models.items()}
     adapted = sum(m.in_features + m.out_features for k in trained for n, m in models[k].named_modules()
@@ -221,7 +217,7 @@ def generator_shape(cfg) -> GeneratorShape:
     cfg_factor = 2 if guidance > 1 and not configs["transformer"].get("guidance_embeds") else 1
     micro = min(cfg.train.micro_batch_size, samples)
     summary = (f"latents {'x'.join(map(str, latent))} per sample ({height} x {width} px"
-               + (f", {d.num_frames} frames" if len(latent) == 4 else "") + f"), {text_tokens} text tokens, "
+               + (f", {d.num_frames} frames" if len(latent) == 4 and d.num_frames else "") + f"), {text_tokens} text tokens, "
                f"micro-batch {micro}" + (" x 2 (guidance)" if cfg_factor == 2 else "")
                + (", one of two experts per step" if len(trained) == 2 else ""))
     return GeneratorShape(
