@@ -177,9 +177,9 @@ def test_shipped_editing_generator_is_what_build_tiny_makes(tmp_path, monkeypatc
 
 @pytest.mark.slow
 def test_the_shipped_editing_generator_learns_its_training_edits(tmp_path):
-    """The recipe (configs/diffusion/image_edit_tiny.yaml) on the shipped model, seed 0: the training reward
-    (the fraction of edit checks passed, on the instructions RL trains on) rises. Measured 0.71 -> 0.81
-    (mean of the first and last 5 of 40 steps). The held-out edit_success does NOT rise by the 0.15 the
+    """The recipe (configs/diffusion/image_edit_tiny.yaml) on the shipped model, seed 0: the training reward's
+    edit_score (the fraction of edit checks passed, on the instructions RL trains on) rises. Measured
+    0.70 -> 0.81 (mean of the first and last 5 of 40 steps; 0.71 -> 0.81 without edit_preservation). The held-out edit_success does NOT rise by the 0.15 the
     issue asks (see docs/generators.md, 'Image editing'), so this test does not claim it. About 7 minutes
     on a shared 2-core CPU."""
     recipe = Path(__file__).resolve().parents[1] / "configs" / "diffusion" / "image_edit_tiny.yaml"
@@ -189,6 +189,6 @@ def test_the_shipped_editing_generator_learns_its_training_edits(tmp_path):
     result = CliRunner().invoke(app, ["train", "diffusion", *args])
     assert result.exit_code == 0, (result.output, result.exception)
     rows = [json.loads(line) for line in (tmp_path / "learn" / "metrics.jsonl").read_text().splitlines()]
-    rewards = [r["reward"] for r in rows if "reward" in r]
+    rewards = [r["reward/edit_score"] for r in rows if "reward" in r]
     assert len(rewards) == 40
     assert sum(rewards[-5:]) / 5 - sum(rewards[:5]) / 5 >= 0.05, rewards
