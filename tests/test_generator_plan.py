@@ -190,6 +190,7 @@ RECIPES = {  # recipe -> (family, published shape)
     "flux1_kontext_edit": ("FLUX.1-Kontext", "flux1_kontext_dev"),
     "z_image_turbo_lora": ("Z-Image", "z_image_turbo"),
     "qwen_image_lora": ("Qwen-Image", "qwen_image"),
+    "qwen_image_edit_lora": ("Qwen-Image-Edit", "qwen_image_edit"),
     "flux2_dev_lora": ("FLUX.2", "flux2_dev"),
     "wan2_2_t2v_a14b_lora": ("Wan 2.2 T2V", "wan2_2_t2v_a14b"),
     "wan2_1_i2v_lora": ("Wan 2.1 I2V", "wan2_1_i2v_14b_480p"),
@@ -234,7 +235,7 @@ def _tables() -> dict[str, dict[str, str]]:
     return found
 
 
-SIZES = {"qwen_image": "20.43", "flux2_dev": "32.22", "z_image_turbo": "6.15", "wan2_1_i2v_14b_480p": "16.39",
+SIZES = {"qwen_image": "20.43", "qwen_image_edit": "20.43", "flux2_dev": "32.22", "z_image_turbo": "6.15", "wan2_1_i2v_14b_480p": "16.39",
          "flux1_kontext_dev": "11.90", "wan2_2_t2v_a14b": "28.58", "sd3_5_medium": "2.24"}  # billions, published
 
 

@@ -102,9 +102,13 @@ class QwenImageEditAdapter(QwenImageAdapter):
     VISION_PIXELS = 28  # Qwen2.5-VL: 14 px patches merged 2 x 2 per vision token of the prompt
 
     @classmethod
-    def plan_condition(cls, height: int, width: int) -> tuple[int, int]:
-        """(height, width) in pixels of the condition at ``condition_area`` (:meth:`condition_size`)."""
+    def plan_condition(cls, height: int, width: int, multiple: int = 16) -> tuple[int, int]:
+        """(height, width) in pixels of the condition at ``condition_area`` (:meth:`condition_size`; None: the
+        output's size in multiples of ``multiple``, the VAE's factor x the 2x2 packing)."""
         from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit import calculate_dimensions
+
+        if cls.condition_area is None:
+            return height // multiple * multiple, width // multiple * multiple
 
         cond_width, cond_height, _ = calculate_dimensions(cls.condition_area, width / height)
         return int(cond_height), int(cond_width)
@@ -115,7 +119,7 @@ class QwenImageEditAdapter(QwenImageAdapter):
         """Qwen-Image's call with the source image's latent tokens at ``condition_area`` appended, and the
         prompt embedding holding the image's vision tokens (Qwen2.5-VL's, one per 28 x 28 px) before the text."""
         f = 2 ** len(configs["vae"]["temperal_downsample"])  # the pipeline's vae_scale_factor
-        cond_h, cond_w = cls.plan_condition(*(f * n for n in latent_shape[-2:]))
+        cond_h, cond_w = cls.plan_condition(*(f * n for n in latent_shape[-2:]), 2 * f)
         vision = round(cond_h / cls.VISION_PIXELS) * round(cond_w / cls.VISION_PIXELS)
         return super().plan_inputs(configs, batch, latent_shape, text_tokens + vision, dtype, device,
                                    (cond_h // (2 * f), cond_w // (2 * f)))
