@@ -3,8 +3,8 @@ each memory mode, before anything loads, and the knobs that make it fit; the one
 ``mmrl train`` when the plan says the run will not fit its CUDA device.
 
 The accounting is :mod:`mmrl.core.memory_plan`'s; a VLM's shape is read by
-:mod:`mmrl.vlm.memory_shape`, a generator's (an SD3-architecture transformer over one denoising step's
-latent tokens) by :mod:`mmrl.diffusion.memory_shape`.
+:mod:`mmrl.vlm.memory_shape`, a generator's (any family with an adapter: one denoising step's
+activations measured on the meta device) by :mod:`mmrl.diffusion.memory_shape`.
 """
 
 from __future__ import annotations
