@@ -56,6 +56,21 @@ class DiffusersAdapter(FlowPipeline):
         return cls(pipe, device=device, **kwargs)
 
     @property
+    def component_configs(self) -> dict[str, dict]:
+        """The pipeline's models' configs by component (``{"transformer": {...}, "vae": {...}, ...}``): what
+        the family's shapes are computed from, here and in ``mmrl plan`` (which has the configs alone)."""
+        return {name: dict(module.config) for name, module in self.pipe.components.items()
+                if isinstance(module, torch.nn.Module) and isinstance(getattr(module, "config", None), dict)}
+
+    def latent_shape(self, height: int, width: int, num_frames: int | None = None) -> tuple[int, ...]:
+        """One sample's latents, as the family's ``plan_latent_shape`` computes them from its configs."""
+        return tuple(self.plan_latent_shape(self.component_configs, height, width, num_frames))
+
+    @classmethod
+    def plan_latent_shape(cls, configs: dict, height: int, width: int, num_frames: int | None = None) -> tuple:
+        raise NotImplementedError
+
+    @property
     def scheduler(self):
         """The pipeline's scheduler (never stepped here: ``sigmas`` works on a copy)."""
         return self.pipe.scheduler

@@ -49,10 +49,6 @@ class Flux2Adapter(DiffusersAdapter):
         size = min(512, int(getattr(pipe, "default_sample_size", 64)) * self.vae_scale_factor)
         self.default_height = self.default_width = size
 
-    def latent_shape(self, height: int, width: int, num_frames: int | None = None) -> tuple[int, ...]:
-        f = self.vae_scale_factor * 2
-        return (int(self.transformer_config.in_channels), int(height) // f, int(width) // f)
-
     def sigmas(self, num_steps: int, latent_shape: tuple[int, ...]) -> Tensor:
         from diffusers.pipelines.flux2.pipeline_flux2 import compute_empirical_mu
 

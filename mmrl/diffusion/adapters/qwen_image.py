@@ -52,10 +52,6 @@ class QwenImageAdapter(DiffusersAdapter):
         # The pipeline's default is 1024 px (default_sample_size 128); RL trains at 512 at most by default.
         self.default_height = self.default_width = min(512, int(pipe.default_sample_size) * self.vae_scale_factor)
 
-    def latent_shape(self, height: int, width: int, num_frames: int | None = None) -> tuple[int, ...]:
-        f = self.vae_scale_factor * 2
-        return (int(self.transformer_config.in_channels) // 4, 2 * (int(height) // f), 2 * (int(width) // f))
-
     def sigmas(self, num_steps: int, latent_shape: tuple[int, ...]) -> Tensor:
         from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
 

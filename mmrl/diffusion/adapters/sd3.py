@@ -28,10 +28,6 @@ class SD3Adapter(DiffusersAdapter):
         size = min(512, int(self.transformer_config.sample_size) * self.vae_scale_factor)
         self.default_height = self.default_width = size
 
-    def latent_shape(self, height: int, width: int, num_frames: int | None = None) -> tuple[int, ...]:
-        f = self.vae_scale_factor
-        return (int(self.transformer_config.in_channels), int(height) // f, int(width) // f)
-
     def sigmas(self, num_steps: int, latent_shape: tuple[int, ...]) -> Tensor:
         config = self.scheduler.config
         kwargs = {}

@@ -57,14 +57,6 @@ class WanAdapter(DiffusersAdapter):
         if guidance_scale_2 is not None:
             self.guidance_scale_2 = float(guidance_scale_2)
 
-    def latent_shape(self, height: int, width: int, num_frames: int | None = None) -> tuple[int, ...]:
-        frames = self.default_num_frames if num_frames is None else int(num_frames)
-        s = self.vae_scale_factor_spatial
-        return (
-            int(self.transformer_config.in_channels), (frames - 1) // self.vae_scale_factor_temporal + 1,
-            int(height) // s, int(width) // s,
-        )
-
     def sigmas(self, num_steps: int, latent_shape: tuple[int, ...]) -> Tensor:
         return self._schedule(num_steps)  # WanPipeline: scheduler.set_timesteps(num_inference_steps)
 

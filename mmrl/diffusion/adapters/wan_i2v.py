@@ -49,10 +49,6 @@ class WanI2VAdapter(WanAdapter):
                              "download the checkpoint's image_encoder/ and image_processor/ folders too")
         self.condition_cache = ConditionCache(self._encode_conditions)
 
-    def latent_shape(self, height: int, width: int, num_frames: int | None = None) -> tuple[int, ...]:
-        # The noisy latents have the VAE's channels; Wan 2.1's transformer takes 36 (with the condition).
-        return (int(self.vae.config.z_dim), *super().latent_shape(height, width, num_frames)[1:])
-
     def _encode_conditions(self, keys: list[str], images: Tensor) -> list[dict[str, Tensor]]:
         """Per first frame: ``first`` (its latent, expand_timesteps) or ``condition`` (mask + latents of the
         frame and black frames) and ``image_embeds`` (CLIP). ``keys`` are ``"frames=N"``."""

@@ -46,13 +46,6 @@ class ZImageAdapter(DiffusersAdapter):
         if cfg_truncation is not None:
             self.cfg_truncation = float(cfg_truncation)
 
-    def latent_shape(self, height: int, width: int, num_frames: int | None = None) -> tuple[int, ...]:
-        f = self.vae_scale_factor * 2
-        if int(height) % f or int(width) % f:
-            raise ValueError(f"Z-Image generates sizes that are multiples of {f} (VAE x 2x2 patches), got "
-                             f"{height}x{width}: set diffusion.height and diffusion.width to multiples of {f}")
-        return (int(self.transformer_config.in_channels), 2 * (int(height) // f), 2 * (int(width) // f))
-
     def sigmas(self, num_steps: int, latent_shape: tuple[int, ...]) -> Tensor:
         from diffusers.pipelines.z_image.pipeline_z_image import calculate_shift, get_default_z_image_sigmas
 
@@ -122,6 +115,9 @@ class ZImageAdapter(DiffusersAdapter):
     def plan_latent_shape(cls, configs: dict, height: int, width: int, num_frames: int | None = None) -> tuple:
         """:meth:`latent_shape` from the components' configs (``{"transformer": {...}, "vae": {...}}``)."""
         f = 2 ** len(configs["vae"]["block_out_channels"])  # the VAE's factor x the 2x2 patches
+        if int(height) % f or int(width) % f:
+            raise ValueError(f"Z-Image generates sizes that are multiples of {f} (VAE x 2x2 patches), got "
+                             f"{height}x{width}: set diffusion.height and diffusion.width to multiples of {f}")
         return (int(configs["transformer"]["in_channels"]), 2 * (int(height) // f), 2 * (int(width) // f))
 
     @classmethod
