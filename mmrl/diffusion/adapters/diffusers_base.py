@@ -124,6 +124,15 @@ class DiffusersAdapter(FlowPipeline):
     def _image_vae_scale(self) -> int:
         return 2 ** (len(self.vae.config.block_out_channels) - 1)
 
+    def _latent_statistics(self, like: Tensor) -> tuple[Tensor, Tensor]:
+        """A Wan-style VAE's (Wan, Qwen-Image) per-channel ``latents_mean`` and ``latents_std``, shaped
+        (1, C, 1, 1, 1) on ``like``'s device and dtype: latents are normalised with them after encoding
+        and before decoding."""
+        cfg = self.vae.config
+        mean = torch.tensor(cfg.latents_mean).view(1, cfg.z_dim, 1, 1, 1).to(like.device, like.dtype)
+        std = torch.tensor(cfg.latents_std).view(1, cfg.z_dim, 1, 1, 1).to(like.device, like.dtype)
+        return mean, std
+
     def _decode_image(self, latents: Tensor) -> Tensor:
         cfg = self.vae.config
         shift = getattr(cfg, "shift_factor", None) or 0.0

@@ -124,13 +124,6 @@ class QwenImageAdapter(DiffusersAdapter):
         f = self.vae_scale_factor
         return flux_unpack_latents(out, height * f, width * f, f)
 
-    def _latent_statistics(self, like: Tensor) -> tuple[Tensor, Tensor]:
-        """The VAE's per-channel ``latents_mean`` and ``latents_std`` shaped (1, C, 1, 1, 1) like ``like``."""
-        cfg = self.vae.config
-        mean = torch.tensor(cfg.latents_mean).view(1, cfg.z_dim, 1, 1, 1).to(like.device, like.dtype)
-        std = torch.tensor(cfg.latents_std).view(1, cfg.z_dim, 1, 1, 1).to(like.device, like.dtype)
-        return mean, std
-
     def decode(self, latents: Tensor) -> Tensor:
         x = latents.to(self.vae.device, self.vae.dtype).unsqueeze(2)  # one frame: (B, C, 1, h, w)
         mean, std = self._latent_statistics(x)

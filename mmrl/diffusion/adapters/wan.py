@@ -95,10 +95,8 @@ class WanAdapter(DiffusersAdapter):
         return uncond + scale.to(out.dtype).view(-1, *[1] * (out.dim() - 1)) * (cond - uncond)
 
     def decode(self, latents: Tensor) -> Tensor:
-        cfg = self.vae.config
         x = latents.to(self.vae.device, self.vae.dtype)
-        mean = torch.tensor(cfg.latents_mean).view(1, cfg.z_dim, 1, 1, 1).to(x.device, x.dtype)
-        std = torch.tensor(cfg.latents_std).view(1, cfg.z_dim, 1, 1, 1).to(x.device, x.dtype)
+        mean, std = self._latent_statistics(x)
         x = x / (1.0 / std) + mean  # as WanPipeline (which divides by the reciprocal std)
         video = self.vae.decode(x, return_dict=False)[0]  # (B, 3, F, H, W) in [-1, 1]
         return (video.float() * 0.5 + 0.5).clamp(0, 1).permute(0, 2, 1, 3, 4).contiguous()

@@ -56,8 +56,8 @@ class WanI2VAdapter(WanAdapter):
 
         out = []
         vae = self.vae
-        mean = torch.tensor(vae.config.latents_mean).view(1, vae.config.z_dim, 1, 1, 1)
-        inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, vae.config.z_dim, 1, 1, 1)
+        mean, std = self._latent_statistics(torch.empty(0, device=self.device))  # float32, as the pipeline's
+        inv_std = 1.0 / std
         for key, image in zip(keys, images):
             frames = int(key.removeprefix("frames="))
             pixels = (image.float() * 2 - 1)[None, :, None].to(self.device)  # (1, 3, 1, H, W) in [-1, 1]
