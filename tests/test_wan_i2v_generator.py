@@ -21,7 +21,7 @@ from mmrl.diffusion.adapters import load_pipeline
 from mmrl.diffusion.adapters.wan_i2v import WanI2VAdapter
 from mmrl.diffusion.conditions import condition_tensor
 from mmrl.diffusion.policy import DiffusionPolicy
-from wan_i2v_builders import build_tiny_wan21_i2v, build_tiny_wan22_ti2v
+from wan_i2v_builders import build_tiny_wan21_i2v, build_tiny_wan22_i2v_a14b, build_tiny_wan22_ti2v
 
 PROMPTS = ["a red cat", "two dogs on grass"]
 
@@ -41,6 +41,11 @@ def ti2v_dir(tmp_path_factory):
     return build_tiny_wan22_ti2v(tmp_path_factory.mktemp("tiny-wan22-ti2v"))
 
 
+@pytest.fixture(scope="module")
+def a14b_dir(tmp_path_factory):
+    return build_tiny_wan22_i2v_a14b(tmp_path_factory.mktemp("tiny-wan22-i2v-a14b"))
+
+
 def _frame(size: int, seed: int = 0) -> Image.Image:
     rng = np.random.default_rng(seed)
     return Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8), "RGB")
@@ -56,14 +61,18 @@ def _euler(adapter, noise, prompts, guidance, images, steps=3):
         return adapter.decode(x)
 
 
-@pytest.mark.parametrize("which, size, guidance", [("wan21", 16, 2.0), ("wan21", 16, 1.0), ("ti2v", 32, 2.0)])
-def test_euler_loop_equals_the_pipeline_given_the_first_frame(which, size, guidance, wan21_dir, ti2v_dir):
-    adapter = load_pipeline(str(wan21_dir if which == "wan21" else ti2v_dir), "cpu", torch.float32)
+@pytest.mark.parametrize("which, size, guidance", [("wan21", 16, 2.0), ("wan21", 16, 1.0), ("ti2v", 32, 2.0),
+                                                   ("a14b", 16, 2.0)])
+def test_euler_loop_equals_the_pipeline_given_the_first_frame(which, size, guidance, request):
+    adapter = load_pipeline(str(request.getfixturevalue(f"{which}_dir")), "cpu", torch.float32)
     assert isinstance(adapter, WanI2VAdapter) and adapter.conditioning == "first_frame"
     assert adapter.expand_timesteps == (which == "ti2v")
+    if which == "a14b":  # both experts take steps: timesteps 1000 (high noise), 857 and 600 (low) at the boundary 875
+        t = adapter.sigmas(3, adapter.latent_shape(size, size, 9))[:3] * 1000
+        assert adapter.boundary_timestep == 875.0 and (t >= 875).tolist() == [True, False, False]
     frame = _frame(size)  # at the output size: the pipeline's resize is the identity
     shape = adapter.latent_shape(size, size, num_frames=9)
-    assert shape == ((16, 3, 2, 2) if which == "wan21" else (48, 3, 2, 2))
+    assert shape == ((48, 3, 2, 2) if which == "ti2v" else (16, 3, 2, 2))
     noise = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
     ref = adapter.pipe(image=frame, prompt=PROMPTS, negative_prompt="", height=size, width=size, num_frames=9,
                        num_inference_steps=3, guidance_scale=guidance, latents=noise.clone(),

@@ -4,7 +4,8 @@ The configs are diffusers' own ``get_dummy_components`` of ``tests/pipelines/wan
 (Wan 2.1 I2V: a 36-channel transformer with ``image_dim``, a CLIP vision encoder and its processor;
 ``CLIPVisionModel``, the class the pipeline declares, where the dummy uses the projection variant) and of
 ``test_wan_22_image_to_video.py``'s ``Wan225BImageToVideoPipelineFastTests`` (Wan 2.2 TI2V-5B: the
-48-channel Wan 2.2 VAE with 16x spatial compression, ``expand_timesteps``), except that the text encoder
+48-channel Wan 2.2 VAE with 16x spatial compression, ``expand_timesteps``) and
+``Wan22ImageToVideoPipelineFastTests`` (Wan 2.2 I2V A14B: two experts, no image encoder), except that the text encoder
 is a tiny UMT5 with a locally built tokenizer (as ``tests/diffusion_fixtures.build_tiny_wan``) and the
 scheduler is the flow-matching Euler one mmrl samples with. Each builder saves the pipeline with
 ``save_pretrained(dir)`` and returns ``dir``.
@@ -84,6 +85,30 @@ def build_tiny_wan22_ti2v(path, shift: float = 5.0) -> Path:
     pipe = WanImageToVideoPipeline(
         tokenizer=t5_tokenizer(), text_encoder=text_encoder, vae=vae,
         scheduler=FlowMatchEulerDiscreteScheduler(shift=shift), transformer=transformer, expand_timesteps=True,
+    )
+    pipe.save_pretrained(path)
+    return Path(path)
+
+
+def build_tiny_wan22_i2v_a14b(path, shift: float = 3.0, boundary_ratio: float = 0.875) -> Path:
+    """Wan 2.2 I2V A14B shape (``Wan22ImageToVideoPipelineFastTests``): two 36 -> 16 experts split at
+    ``boundary_ratio``, no image encoder; 9 frames of 16x16 -> latents (16, 3, 2, 2). At shift 3 and 3 steps
+    the timesteps are 1000, 857, 600: one high-noise step, two low-noise ones."""
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanImageToVideoPipeline
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                           temperal_downsample=[False, True, True])
+    torch.manual_seed(1)
+    text_encoder = _umt5()
+    torch.manual_seed(2)
+    transformer = _transformer(36, 16, image_dim=None)
+    torch.manual_seed(3)
+    transformer_2 = _transformer(36, 16, image_dim=None)
+    pipe = WanImageToVideoPipeline(
+        tokenizer=t5_tokenizer(), text_encoder=text_encoder, vae=vae,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=shift), transformer=transformer, transformer_2=transformer_2,
+        boundary_ratio=boundary_ratio,
     )
     pipe.save_pretrained(path)
     return Path(path)

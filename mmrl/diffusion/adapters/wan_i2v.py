@@ -30,8 +30,9 @@ class WanI2VAdapter(WanAdapter):
     Both are cached per image with a :class:`ConditionCache` (the VAE and CLIP encoders run once per
     first frame, keyed also by the frame count, which shapes the conditioning video). Guidance's
     unconditional branch is the empty prompt with the same image, as the pipeline's (with
-    ``negative_prompt=""``). Not covered: Wan 2.2 I2V A14B (two experts, ``transformer_2`` /
-    ``boundary_ratio``: refused as by the text-to-video adapter) and ``last_image`` (first-last-frame).
+    ``negative_prompt=""``). Wan 2.2 I2V A14B (two experts, ``transformer_2`` / ``boundary_ratio``, no CLIP)
+    goes through the text-to-video adapter's expert routing and ``guide`` (``guidance_scale_2``).
+    Not covered: ``last_image`` (first-last-frame).
     The CLIP encoder sees the frame at the output size (the policy resizes it), where the pipeline
     resizes the original image for CLIP: the same only when the frame is given at the output size.
     """
@@ -102,7 +103,7 @@ class WanI2VAdapter(WanAdapter):
             hidden_states=x, timestep=timestep, encoder_hidden_states=emb["prompt_embeds"],
             encoder_hidden_states_image=image_embeds, return_dict=False,
         )[0].float()
-        v = self._guide(out, guidance_scale) if cfg else out
+        v = self.guide(out, timestep[:batch], guidance_scale) if cfg else out
         return pinned_velocity(v, latents, cond["first"], s) if self.expand_timesteps else v
 
     # -- mmrl plan (mmrl.diffusion.memory_shape) ----------------------------------------------------------
