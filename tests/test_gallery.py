@@ -242,3 +242,25 @@ def test_a_caption_in_any_script_is_drawn_not_raised():
     odd, _ = contact_sheet(tiles, [WRONG], "t\u4e2d", ["000 wrong r=0.00: J\u4e2d 52\x01\u00e9"], width=200)
     plain, _ = contact_sheet(tiles, [WRONG], "t?", ["000 wrong r=0.00: J? 52\x01\u00e9"], width=200)
     assert odd.tobytes() == plain.tobytes()
+
+
+def test_a_conditioned_generators_before_after_sheet_shows_the_input(tmp_path):
+    """A generator given an input image: the before/after sheet shows the task's picture of each sample
+    (an edit's source | result | target), captioned with the instruction, not the result alone; a
+    text-to-image generator's grid stays the generated images."""
+    load_plugins()
+    task = TASKS.get("image_edit")()
+    exs = [task.examples("eval")[i] for i in range(3)]
+    drawn = []
+    visualize = task.visualize
+    task.visualize = lambda ex, c: drawn.append(ex["instruction"]) or visualize(ex, c)
+    made = [exs[0]["target"], exs[1]["source"], exs[2]["target"]]  # the second: no edit made
+    save_samples_grid(tmp_path / "edits.png", task, made, exs, [1.5, 0.5, 1.5])
+    assert drawn == [ex["instruction"] for ex in exs]
+    sheet = Image.open(tmp_path / "edits.png").convert("RGB")
+    assert sheet_marks(sheet, TITLE + 6)[:3] == [True, False, True]
+    plain = TASKS.get("composition")()
+    plain.visualize = lambda ex, c: drawn.append("t2i")
+    scenes = [plain.examples("eval")[i] for i in range(2)]
+    save_samples_grid(tmp_path / "t2i.png", plain, [render(ex["spec"], 0, 16) for ex in scenes], scenes, [1.0, 0.0])
+    assert "t2i" not in drawn

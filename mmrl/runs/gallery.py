@@ -225,10 +225,13 @@ def save_samples_grid(path: Path, task, completions: Sequence[Any], examples: Se
     """The before/after look at a run: generated images (clips: their middle frame) captioned with
     their prompts, or for text answers a :func:`sample_sheet` of the first samples' pictures
     (boxes drawn, clips as frame strips), marked as the gallery marks them (``best``: the best
-    reward, for a task without per-example success; None: the best here)."""
-    if completions and is_generated_media(completions[0]):
+    reward, for a task without per-example success; None: the best here). A generator given an
+    input image (an edit's source, an image-to-video clip's first frame) gets the sheet too: the
+    task's picture shows the input beside what was made of it."""
+    prompts = [task.prompt(ex) for ex in examples] if completions and is_generated_media(completions[0]) else []
+    if prompts and all(getattr(p, "image", None) is None for p in prompts):
         images = [_still(c) for c in completions]
-        captions = [str(task.prompt(ex)) for ex in examples]  # a generator task's prompt is its text
+        captions = [str(p) for p in prompts]  # a generator task's prompt is its text
         return save_image_grid(path, images, captions, rewards)
     path = Path(path)
     rows = []  # the samples with a picture, as far as a sheet shows them
@@ -244,7 +247,8 @@ def save_samples_grid(path: Path, task, completions: Sequence[Any], examples: Se
     pictures, shown, scored, scores = (list(column) for column in zip(*rows))
     best = max(scores) if best is None else best
     right, by_success = marks(task, shown, scored, scores, best)
-    captions = [sample_caption(i, ok, r, str(c)) for i, (ok, r, c) in enumerate(zip(right, scores, shown))]
+    texts = [str(task.prompt(ex)) if prompts else str(c) for c, ex in zip(shown, scored)]  # a generator's: its prompt
+    captions = [sample_caption(i, ok, r, t) for i, (ok, r, t) in enumerate(zip(right, scores, texts))]
     title = (f"{sum(right)} of {len(right)} right - {marked_by(task, by_success, best)}"
              f"; the first {len(right)} of {len(completions)} samples")
     path.parent.mkdir(parents=True, exist_ok=True)
