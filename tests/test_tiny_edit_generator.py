@@ -2,12 +2,12 @@
 image (InstructPix2Pix's channel concatenation), on a small random model built here
 (tests/edit_builders.py): widening keeps the base generator exactly, the source image and guidance
 reach the velocity, SDE log-probs re-scored equal, a LoRA step through ``mmrl train diffusion``, a
-checkpoint round trip; and (slow) the shipped model learns to follow edit instructions."""
+checkpoint round trip; the shipped model is what `mmrl build-tiny edit` makes. (It does not learn held-out
+edits: docs/generators.md, "Image editing".)"""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -173,22 +173,3 @@ def test_shipped_editing_generator_is_what_build_tiny_makes(tmp_path, monkeypatc
         weights = next((shipped / part).glob("*.safetensors")).name
         a, b = load_file(str(shipped / part / weights)), load_file(str(tmp_path / part / weights))
         assert {k: v.shape for k, v in a.items()} == {k: v.shape for k, v in b.items()}
-
-
-@pytest.mark.slow
-def test_the_shipped_editing_generator_learns_its_training_edits(tmp_path):
-    """The recipe (configs/diffusion/image_edit_tiny.yaml) on the shipped model, seed 0: the training reward's
-    edit_score (the fraction of edit checks passed, on the instructions RL trains on) rises. Measured
-    0.70 -> 0.81 (mean of the first and last 5 of 40 steps; 0.71 -> 0.81 without edit_preservation). The held-out edit_success does NOT rise by the 0.15 the
-    issue asks (see docs/generators.md, 'Image editing'), so this test does not claim it. About 7 minutes
-    on a shared 2-core CPU."""
-    recipe = Path(__file__).resolve().parents[1] / "configs" / "diffusion" / "image_edit_tiny.yaml"
-    args = [str(recipe), "train.seed=0", f"log.output_dir={tmp_path}", "log.run_name=learn",
-            "log.progress=false", "log.tensorboard=false", "log.save_rollouts_every=0", "log.save_every=0",
-            "eval.every=0", "eval.num_examples=8"]
-    result = CliRunner().invoke(app, ["train", "diffusion", *args])
-    assert result.exit_code == 0, (result.output, result.exception)
-    rows = [json.loads(line) for line in (tmp_path / "learn" / "metrics.jsonl").read_text().splitlines()]
-    rewards = [r["reward/edit_score"] for r in rows if "reward" in r]
-    assert len(rewards) == 40
-    assert sum(rewards[-5:]) / 5 - sum(rewards[:5]) / 5 >= 0.05, rewards

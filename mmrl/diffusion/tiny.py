@@ -44,7 +44,6 @@ VOCAB_WORDS = ["a", "one", "two", "three", "red", "green", "blue", "yellow", "ci
                "square", "squares", "on", "the", "left", "right", "and"]
 # The editing generator's instructions (mmrl.data.shape_edits) add these.
 EDIT_WORDS = ["make", "move", "to", "add"]
-CONDITIONINGS = (None, "image")
 
 
 def build_tokenizer(words: Sequence[str] = tuple(VOCAB_WORDS)):
@@ -109,6 +108,7 @@ class TinyFlowPipeline(FlowPipeline):
     family = "tiny"
     lora_targets = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj"]
     transformer_class = "SD3Transformer2DModel"  # a diffusers class
+    conditionings = (None, "image")  # what mmrl_generator.json's "conditioning" may say (None: text only)
     text_encoder_class = "CLIPTextModelWithProjection"  # a transformers class
 
     def __init__(self, transformer, text_encoder, tokenizer, scheduler, info: dict | None = None):
@@ -125,8 +125,8 @@ class TinyFlowPipeline(FlowPipeline):
         if self.prediction not in PREDICTIONS:
             raise ValueError(f"{MARKER}: prediction must be one of {PREDICTIONS}, got {self.prediction!r}")
         self.conditioning = info.get("conditioning")
-        if self.conditioning not in CONDITIONINGS:
-            raise ValueError(f"{MARKER}: conditioning must be one of {CONDITIONINGS}, got {self.conditioning!r}")
+        if self.conditioning not in self.conditionings:
+            raise ValueError(f"{MARKER}: conditioning must be one of {self.conditionings}, got {self.conditioning!r}")
         self.prompt_cache = PromptCache(self._encode_each)
 
     @classmethod

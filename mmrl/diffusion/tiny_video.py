@@ -73,16 +73,13 @@ class TinyWanPipeline(TinyFlowPipeline):
     lora_targets = ["to_q", "to_k", "to_v", "to_out.0"]  # WanAttention: self- (attn1) and cross-attention (attn2)
     transformer_class = "WanTransformer3DModel"
     text_encoder_class = "UMT5EncoderModel"
+    conditionings = (None, FIRST_FRAME)
 
     def __init__(self, transformer, text_encoder, tokenizer, scheduler, info: dict | None = None):
-        info = dict(info or {})
-        conditioning = info.pop("conditioning", None)  # the image generator's check knows only its own ("image")
         super().__init__(transformer, text_encoder, tokenizer, scheduler, info)
         self.default_height = int(self.info.get("height", CLIP_SIZE))
         self.default_width = int(self.info.get("width", CLIP_SIZE))
         self.default_num_frames = int(self.info.get("num_frames", NUM_FRAMES))
-        if conditioning is not None:
-            self.condition_on(conditioning)
 
     def condition_on(self, conditioning: str) -> None:
         """Generate from a given first frame (image-to-video) from now on (module docstring)."""
