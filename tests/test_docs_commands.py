@@ -71,7 +71,7 @@ BUDGET: dict[str, tuple[str, ...]] = {
 
 # What a command names that cannot exist here -> the stand-in of the same kind the suite builds
 # (resolved by the `stand_ins` fixture). Checkpoints: the random tiny Qwen2.5-VL (conftest), the tiny
-# SD3 pipeline (diffusion_fixtures); hub ids: the same, in an offline Hugging Face cache laid out as
+# SD3 pipeline (diffusion_fixtures), the tiny Wan 2.1 I2V pipeline (wan_i2v_builders); hub ids: the same, in an offline Hugging Face cache laid out as
 # tests/test_hub_ids.py lays it out; benchmark and data files: a few entries in each file layout, as
 # the readers' tests write them (ScreenSpot-v2 as test_benchmarks.py's command test, ScreenSpot-Pro
 # as test_screen_grounding.py, with boxes on their screenshots; AndroidControl: test_gui_episodes.py;
@@ -81,6 +81,8 @@ BUDGET: dict[str, tuple[str, ...]] = {
 STAND_INS: dict[str, str] = {
     "/models/Qwen2.5-VL-3B-Instruct": "tiny_vlm", "/models/Qwen2.5-VL-7B-Instruct": "tiny_vlm",
     "/models/sd3.5-medium": "tiny_sd3", "/models": "models_dir",
+    "/models/wan2.1-i2v-14b-480p": "tiny_wan21_i2v",
+    "plan /models/sd3.5-medium": "sd35_shape",  # `mmrl plan` measures the real shape: the tiny SD3 cannot run 512 px
     "Qwen/Qwen2.5-VL-3B-Instruct": "hub_vlm", "stabilityai/stable-diffusion-3.5-medium": "hub_generator",
     "prompts.txt": "prompts",
     "ScreenSpot-v2/": "screenspot_v2", "ScreenSpot-v2/screenspotv2_image": "screenspot_v2_images",
@@ -131,6 +133,8 @@ COVERED_BY: dict[str, tuple[str, str]] = {
                              '["build-tiny", modality, "--out", str(tmp_path), "--steps", "2"]'),
     "build-tiny video-gen": ("tests/test_tiny_generator.py::test_shipped_generator_is_what_build_tiny_makes",
                              '["build-tiny", modality, "--out", str(tmp_path), "--steps", "2"]'),
+    "build-tiny edit": ("tests/test_tiny_edit_generator.py::test_shipped_editing_generator_is_what_build_tiny_makes",
+                        '["build-tiny", "edit", "--out", str(tmp_path), "--steps", "2"]'),
     # a reward service runs until stopped; the test starts one in its own process and trains against it
     "serve-reward composition --port 8100": ("tests/test_reward_service.py::test_a_served_reward_trains_as_in_process",
                                              '_serve_reward("serve-reward", "composition", "--port"'),
@@ -237,7 +241,8 @@ def test_every_shown_command_has_a_runner():
     shown = {_text(a) for _, a, _ in COMMANDS}
     for table in (COVERED_BY, CANNOT_RUN, PRODUCERS):
         assert set(table) <= shown, f"entries for commands the docs no longer show: {sorted(set(table) - shown)}"
-    values = {v for _, args, _ in COMMANDS for a in args for v in (a, a.partition("=")[2])}
+    values = {w for _, args, _ in COMMANDS for a in args for v in (a, a.partition("=")[2])
+              for w in (v, f"{args[0]} {v}")}
     unused = (set(STAND_INS) | set(STAND_IN_RUNS)) - values
     assert not unused, f"stand-ins for nothing shown: {sorted(unused)}"
 
@@ -265,6 +270,24 @@ def test_covered_commands_name_a_test_that_runs_them(command):
 
 
 # --------------------------------------------------------------------------- stand-ins and workspace
+
+
+def write_sd35_medium_shape(path: Path) -> Path:
+    """tests/published_shapes/sd3_5_medium with its three text encoders' configs, as a download of
+    stabilityai/stable-diffusion-3.5-medium has them: CLIP-L (openai/clip-vit-large-patch14's text
+    model), OpenCLIP bigG's text model, and T5 v1.1 XXL's encoder (google/t5-v1_1-xxl)."""
+    from transformers import CLIPTextConfig, T5Config
+
+    shutil.copytree(REPO / "tests" / "published_shapes" / "sd3_5_medium", path)
+    clip = dict(vocab_size=49408, max_position_embeddings=77, architectures=["CLIPTextModelWithProjection"])
+    CLIPTextConfig(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+                   projection_dim=768, hidden_act="quick_gelu", **clip).save_pretrained(path / "text_encoder")
+    CLIPTextConfig(hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=20,
+                   projection_dim=1280, hidden_act="gelu", **clip).save_pretrained(path / "text_encoder_2")
+    T5Config(vocab_size=32128, d_model=4096, d_ff=10240, d_kv=64, num_heads=64, num_layers=24,
+             feed_forward_proj="gated-gelu", is_encoder_decoder=False,
+             architectures=["T5EncoderModel"]).save_pretrained(path / "text_encoder_3")
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -357,6 +380,22 @@ def stand_ins(request, tmp_path_factory, random_tiny_dir):
         return request.getfixturevalue("sd3_dir")
 
     out["tiny_sd3"] = sd3  # built only when a command needs it
+
+    def wan21_i2v():  # the tiny Wan 2.1 I2V pipeline of tests/test_wan_i2v_generator.py
+        from wan_i2v_builders import build_tiny_wan21_i2v
+
+        path = root / "wan2.1-i2v"
+        return path if (path / "model_index.json").is_file() else build_tiny_wan21_i2v(path)
+
+    out["tiny_wan21_i2v"] = wan21_i2v
+
+    def sd35_shape():  # SD3.5 Medium's published shape with its three text encoders: what a download has
+        path = root / "sd3.5-medium-shape"
+        if not path.is_dir():
+            write_sd35_medium_shape(path)
+        return path
+
+    out["sd35_shape"] = sd35_shape
     hub = root / "hub"
     hub.mkdir()
     out["hub_cache"] = hub  # HF_HUB_CACHE of every command, with HF_HUB_OFFLINE=1
@@ -375,11 +414,11 @@ def stand_ins(request, tmp_path_factory, random_tiny_dir):
 
 def _substituted(args, stand_ins) -> list[str]:
     """The arguments with each value :data:`STAND_INS` names (a whole argument, or a KEY=VALUE's value)
-    replaced by its stand-in."""
+    replaced by its stand-in (``"<subcommand> <value>"`` first: a stand-in for that subcommand only)."""
     out = []
     for a in args:
         key, sep, value = ("", "", a) if a in STAND_INS or "=" not in a else a.partition("=")
-        name = STAND_INS.get(value)
+        name = STAND_INS.get(f"{args[0]} {value}", STAND_INS.get(value))
         if name is not None:
             found = stand_ins[name]
             value = str(found() if callable(found) else found)
@@ -499,6 +538,8 @@ def _check(args, out: str, err: str, cwd: Path) -> None:
         assert "adamw_kahan" in out and "adamw_bf16_sr" in out
     elif sub == "bench async":  # --simulate: the table
         assert "predictions, not measurements" in out and re.search(r"^\S+\s+k=1\s+\d", out, re.M), out
+    elif sub == "plan":
+        assert "predicted peak GiB per GPU" in out and re.search(r"^as configured\s+\d", out, re.M), out[-2000:]
     elif sub == "bench gpu":
         assert (cwd / "runs" / "bench-gpu" / "speed.md").is_file()
     elif sub == "demo":

@@ -8,6 +8,7 @@ import ast
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from mmrl.core.library_internals import default_store, set_process_distributed_type, stochastic_rounding_adamw
@@ -181,6 +182,37 @@ def _foreign_private_uses(tree, own: set[str]) -> list[str]:
     return sorted(found, key=lambda f: int(f.split(":")[0].removeprefix("line ")))
 
 
+def test_storage_key_names_a_storage_on_the_meta_device():
+    """torch's private ``UntypedStorage._cdata`` (the plan's one use of a torch internal): the same for every
+    view of a storage, different for another, where every meta ``data_ptr`` is 0."""
+    from mmrl.core.library_internals import storage_key
+
+    a, b = torch.empty(4, 8, device="meta"), torch.empty(4, 8, device="meta")
+    assert a.data_ptr() == b.data_ptr() == 0
+    assert storage_key(a) == storage_key(a.t()) == storage_key(a[1:]) == storage_key(a.view(32))
+    assert storage_key(a) != storage_key(b)
+
+
+def test_diffusers_says_which_modules_it_loads_in_float32(tmp_path):
+    """``_keep_in_fp32_modules``: Wan's transformer names its time embedding and norms; what
+    ``from_pretrained(torch_dtype=bfloat16)`` loads in float32 is what the plan counts in float32."""
+    from diffusers import SD3Transformer2DModel, WanTransformer3DModel
+
+    from mmrl.core.library_internals import keep_in_fp32_modules
+
+    wan = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8, in_channels=4,
+                                out_channels=4, text_dim=8, freq_dim=8, ffn_dim=16, num_layers=1)
+    kept = keep_in_fp32_modules(wan)
+    assert "time_embedder" in kept and "norm3" in kept
+    wan.save_pretrained(tmp_path)
+    loaded = WanTransformer3DModel.from_pretrained(tmp_path, torch_dtype=torch.bfloat16)
+    dtypes = {n: p.dtype for n, p in loaded.named_parameters()}
+    assert all((dt == torch.float32) == bool(kept & set(n.split("."))) for n, dt in dtypes.items()), dtypes
+    assert keep_in_fp32_modules(SD3Transformer2DModel(num_layers=1, attention_head_dim=8, num_attention_heads=1,
+                                                      caption_projection_dim=8, joint_attention_dim=8,
+                                                      pooled_projection_dim=8, sample_size=8)) == set()
+
+
 def test_no_module_outside_the_adapters_uses_a_private_name_of_another_package():
     """What the module docstring promises: a new ``model.config._something`` elsewhere fails here,
     naming the file and line; move it into :mod:`mmrl.core.library_internals` with a test."""
@@ -206,6 +238,8 @@ def test_transformers_checkpointed_layers_keep_a_cache_only_when_told():
     training drops the cache it is handed unless ``_can_checkpoint_with_cache`` (False on the class)
     says it may keep it; :func:`cache_kept_under_checkpointing` sets it on the instances and restores
     the class's answer after."""
+    import functools
+
     import torch
 
     from transformers.modeling_layers import GradientCheckpointingLayer
@@ -218,7 +252,8 @@ def test_transformers_checkpointed_layers_keep_a_cache_only_when_told():
             return x * 2
 
     layer = Layer()
-    layer.gradient_checkpointing, layer._gradient_checkpointing_func = True, torch.utils.checkpoint.checkpoint
+    layer.gradient_checkpointing = True
+    layer._gradient_checkpointing_func = functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)
     x = torch.ones(2, requires_grad=True)
     assert GradientCheckpointingLayer._can_checkpoint_with_cache is False
     layer(x, cache="kv")
@@ -299,6 +334,10 @@ def test_deepspeeds_zero_partitions_take_an_optimizer_state_before_the_first_ste
 
     for name, value in {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1"}.items():
         monkeypatch.setenv(name, value)  # what DeepSpeed reads of a launcher
+    # ZeRO-3's engine replaces torch.nn.functional.linear and torch.manual_seed for the rest of the process
+    # (DeepSpeed's memory-efficient linear, its seeding): put them back after, or later tests run on them
+    monkeypatch.setattr(torch.nn.functional, "linear", torch.nn.functional.linear)
+    monkeypatch.setattr(torch, "manual_seed", torch.manual_seed)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         deepspeed.comm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)

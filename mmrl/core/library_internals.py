@@ -37,6 +37,20 @@ def no_split_modules(module) -> list[str] | None:
     return getattr(module, "_no_split_modules", None)
 
 
+def keep_in_fp32_modules(model) -> set[str]:
+    """The submodule names a diffusers / transformers class loads in float32 whatever ``torch_dtype``
+    asks (``_keep_in_fp32_modules``, e.g. Wan's time embedding and norms): ``mmrl plan`` counts those
+    weights as ``from_pretrained`` would load them (:mod:`mmrl.diffusion.memory_shape`)."""
+    return set(type(model)._keep_in_fp32_modules or ())  # declared (None) on ModelMixin and PreTrainedModel
+
+
+def storage_key(t) -> int:
+    """One key per storage, the same for every view of it, on the meta device too (where every
+    ``data_ptr`` is 0): the address of torch's ``StorageImpl`` (``UntypedStorage._cdata``: torch has no
+    public identity of a storage). :mod:`mmrl.diffusion.measured_activations` counts each saved storage once."""
+    return t.untyped_storage()._cdata
+
+
 def attention_implementation(config) -> str:
     """The attention kernel a transformers model runs ("eager", "sdpa", "flash_attention_2", ...;
     "" when unset): ``PretrainedConfig._attn_implementation``, a property transformers fills from

@@ -38,16 +38,11 @@ from typing import Iterator
 import torch
 from torch import Tensor
 
+from mmrl.core.library_internals import storage_key
+
 # The ModuleLists of blocks diffusers' transformers checkpoint one block at a time.
 BLOCK_LISTS = ("transformer_blocks", "single_transformer_blocks", "blocks", "layers", "noise_refiner",
                "context_refiner", "siglip_refiner")
-
-
-def storage_key(t: Tensor) -> int:
-    """One key per storage, the same for every view of it, on the meta device too (where every
-    ``data_ptr`` is 0): the address of torch's ``StorageImpl`` (``UntypedStorage._cdata``, private:
-    torch has no public identity of a storage; tests/test_generator_plan.py checks it)."""
-    return t.untyped_storage()._cdata
 
 
 class FusedAttention(torch.autograd.Function):

@@ -33,6 +33,7 @@ from typing import Callable
 
 import torch
 
+from mmrl.core.library_internals import keep_in_fp32_modules
 from mmrl.core.memory_plan import Mode, Widths
 
 from .measured_activations import Measured, block_modules, measure, widest_tensor
@@ -108,7 +109,7 @@ def _meta_model(where: Path, library: str, cls_name: str):
 def _in_dtype(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     """``model`` as diffusers' ``from_pretrained(torch_dtype=dtype)`` loads it: the modules its class keeps in
     float32 (``_keep_in_fp32_modules``, e.g. Wan's time embedding and norms) stay float32."""
-    keep = set(getattr(type(model), "_keep_in_fp32_modules", None) or ())
+    keep = keep_in_fp32_modules(model)
     for name, p in model.named_parameters():
         p.data = p.data.to(torch.float32 if keep & set(name.split(".")) else dtype)
     return model
