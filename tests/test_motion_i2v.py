@@ -111,11 +111,16 @@ def test_rl_step_exports_and_reloads_as_image_to_video(i2v_dir, task, tmp_path):
     examples = [{**task.examples("train")[i], "_index": i} for i in range(2)]
     prompts = [task.prompt(ex) for ex in examples]
     # Evaluation samples by the ODE: the first frame comes back as given (to the 8-bit rounding of a PNG).
-    # SDE rollouts add the sampler's noise to it as to every frame (diffusers' TI2V pipeline overwrites it).
     evaluated = policy.rollout(examples, prompts, 1, "eval")
     for clip, ex in zip(evaluated.completions, examples):
         assert np.abs(np.asarray(clip[0], dtype=np.int16) - np.asarray(ex["first_frame"], dtype=np.int16)).max() <= 1
+    # SDE rollouts: the last step's noise lands on the first frame as on every frame (the trajectory the
+    # log-probs score keeps it); the clip is decoded with the given frame put back, as diffusers' TI2V does
     batch = policy.rollout(examples, prompts, 2, "train", need_old_logps=True)
+    given = torch.stack([condition_tensor(ex["first_frame"], 16, 16) for ex in examples]).repeat_interleave(2, 0)
+    assert (batch.payload["latents"][:, -1, :, 0] - (given * 2 - 1)).abs().max() > 1e-2
+    for clip, ex in zip(batch.completions, [ex for ex in examples for _ in range(2)]):
+        assert np.abs(np.asarray(clip[0], dtype=np.int16) - np.asarray(ex["first_frame"], dtype=np.int16)).max() <= 1
     batch.advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
     assert batch.payload["condition_images"].shape == (4, 3, 16, 16)
     before = {k: v.clone() for k, v in policy.transformer.state_dict().items()}

@@ -102,6 +102,22 @@ def test_conditions_are_encoded_once_per_frame(wan21_dir, monkeypatch):
         adapter.velocity(x, torch.tensor([0.5] * 3), PROMPTS + PROMPTS[:1], 2.0)
 
 
+def test_ti2v_puts_the_given_frame_back_before_decoding(ti2v_dir, wan21_dir):
+    """``WanImageToVideoPipeline`` with ``expand_timesteps`` writes the frame's latent over the first latent
+    frame after the loop; ``final_latents`` does the same (an SDE last step leaves noise there), and Wan 2.1
+    I2V, which conditions through channels, leaves the latents as sampled."""
+    ti2v = load_pipeline(str(ti2v_dir), "cpu", torch.float32)
+    images = torch.stack([condition_tensor(_frame(32, i), 32, 32) for i in range(2)])
+    x = torch.randn(2, *ti2v.latent_shape(32, 32, 9), generator=torch.Generator().manual_seed(0))
+    out = ti2v.final_latents(x, images)
+    first = ti2v.condition_cache.get(["frames=9"] * 2, images)["first"]
+    assert torch.equal(out[:, :, 1:], x[:, :, 1:]) and torch.allclose(out[:, :, :1], first)
+    assert (x[:, :, :1] - first).abs().max() > 0.1
+    wan21 = load_pipeline(str(wan21_dir), "cpu", torch.float32)
+    y = torch.randn(2, *wan21.latent_shape(16, 16, 9), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(wan21.final_latents(y, torch.stack([condition_tensor(_frame(16), 16, 16)] * 2)), y)
+
+
 # -- through the policy and the command line ----------------------------------------------------------
 
 def _examples(n=2):

@@ -165,5 +165,11 @@ class FlowPipeline:
         """Pixels in [0, 1], float32: (B, 3, H, W) for images, (B, F, 3, H, W) for video."""
         raise NotImplementedError
 
+    def final_latents(self, latents: Tensor, images: Tensor | None = None) -> Tensor:
+        """The sampled latents as the checkpoint's pipeline hands them to the VAE: unchanged, but for
+        first-frame conditioning (:mod:`mmrl.diffusion.first_frame`), where diffusers puts the given
+        frame back over the first latent frame; a stochastic last step leaves noise there otherwise."""
+        return latents
+
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.transformer.parameters() if p.requires_grad]

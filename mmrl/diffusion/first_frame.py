@@ -3,11 +3,13 @@
 The given frame's latent replaces the first latent frame of the transformer's input, and that frame's
 tokens get timestep 0 (clean), while the other frames are denoised as usual; diffusers then puts the
 given frame back over the first frame before decoding. Here the policy owns the sampling loop and
-its initial noise, and ``decode`` sees no image, so instead of overwriting the latents the velocity
-of the first frame is *pinned*: ``(x - first) / sigma``, the exact flow velocity of a sample whose
-clean value is known to be ``first``. An Euler step along it stays on the straight line from the
-noise to ``first`` and the last step (to sigma 0) lands on ``first``, so the loop's output equals
-the pipeline's; the pinned part has no parameters, so it adds nothing to a log-ratio.
+its initial noise; the velocity of the first frame is *pinned*: ``(x - first) / sigma``, the exact
+flow velocity of a sample whose clean value is known to be ``first``. An Euler step along it stays
+on the straight line from the noise to ``first`` and the last step (to sigma 0) lands on ``first``,
+so the loop's output equals the pipeline's; the pinned part has no parameters, so it adds nothing to
+a log-ratio. A stochastic (SDE) last step adds its noise to the first frame as to every frame, so the
+pipeline's ``final_latents`` puts the frame back before decoding, as diffusers does (the trajectory
+the log-probs score is left as sampled).
 
 Used by the tiny video generator (:mod:`mmrl.diffusion.tiny_video`, ``model.path=tiny-i2v``) and by
 the Wan image-to-video adapter on a TI2V checkpoint (:mod:`mmrl.diffusion.adapters.wan_i2v`).

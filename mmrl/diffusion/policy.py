@@ -240,6 +240,10 @@ class DiffusionPolicy(PolicyBase):
                     old_means[rows, t] = out.mean.cpu()
             finals.append(x.cpu())
         final = torch.cat(finals)
+        if sample_images is not None:  # what the pipeline decodes (a first frame put back); the trajectory stays
+            final = torch.cat([self.pipe.final_latents(final[i:i + batch].to(self.device),
+                                                       sample_images[i:i + batch].to(self.device)).cpu()
+                               for i in range(0, N, batch)])
         pixels = torch.cat([self.pipe.decode(final[i:i + batch].to(self.device)).cpu() for i in range(0, N, batch)])
         completions = [to_pil(p) for p in pixels]
         # A step with std 0 (CPS's last step) carries no log-prob: never an action.

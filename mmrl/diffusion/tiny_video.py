@@ -112,6 +112,12 @@ class TinyWanPipeline(TinyFlowPipeline):
         sigma = torch.as_tensor(sigma, dtype=torch.float32, device=latents.device).expand(latents.shape[0])
         return pinned_velocity(v, latents, self.encode_images(images.to(latents.device))[:, :, None], sigma)
 
+    def final_latents(self, latents: Tensor, images: Tensor | None = None) -> Tensor:
+        """Image-to-video: the given frames put back over the first frame, as Wan 2.2 TI2V's pipeline does."""
+        if images is None:
+            return latents
+        return with_first_frame(latents, self.encode_images(images.to(latents.device))[:, :, None])
+
     def latent_shape(self, height: int, width: int, num_frames: int | None = None) -> tuple[int, ...]:
         frames = self.default_num_frames if num_frames is None else int(num_frames)
         return (self.transformer.config.in_channels, frames, height, width)

@@ -106,6 +106,15 @@ class WanI2VAdapter(WanAdapter):
         v = self.guide(out, timestep[:batch], guidance_scale) if cfg else out
         return pinned_velocity(v, latents, cond["first"], s) if self.expand_timesteps else v
 
+    def final_latents(self, latents: Tensor, images: Tensor | None = None) -> Tensor:
+        """Wan 2.2 TI2V (``expand_timesteps``): the given frame's latent put back over the first latent frame
+        before decoding, as ``WanImageToVideoPipeline`` does; Wan 2.1 / 2.2 I2V leave the latents as sampled."""
+        if not self.expand_timesteps or images is None:
+            return latents
+        frames = (latents.shape[2] - 1) * self.vae_scale_factor_temporal + 1
+        first = self.condition_cache.get([f"frames={frames}"] * latents.shape[0], images)["first"]
+        return with_first_frame(latents, first.to(latents.device)).float()
+
     # -- mmrl plan (mmrl.diffusion.memory_shape) ----------------------------------------------------------
     CLIP_TOKENS = 257  # Wan 2.1 I2V's CLIP ViT-H/14 at 224 px: 16 x 16 patches and the class token
 
