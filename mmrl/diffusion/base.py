@@ -71,7 +71,9 @@ class PromptCache:
         return out
 
     def clear(self) -> None:
+        """Forget the encodings and start counting afresh (the counters describe what is stored)."""
         self._store.clear()
+        self.hits = self.misses = 0
 
 
 class ConditionCache:

@@ -70,6 +70,11 @@ class DiffusersAdapter(FlowPipeline):
     def plan_latent_shape(cls, configs: dict, height: int, width: int, num_frames: int | None = None) -> tuple:
         raise NotImplementedError
 
+    @classmethod
+    def plan_text_tokens(cls, configs: dict) -> int:
+        """The prompt embedding's length ``mmrl plan`` assumes: ``max_sequence_length`` (the longest prompt)."""
+        return cls.max_sequence_length
+
     @property
     def scheduler(self):
         """The pipeline's scheduler (never stepped here: ``sigmas`` works on a copy)."""

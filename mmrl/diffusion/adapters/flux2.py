@@ -123,11 +123,6 @@ class Flux2Adapter(DiffusersAdapter):
         return (int(configs["transformer"]["in_channels"]), int(height) // f, int(width) // f)
 
     @classmethod
-    def plan_text_tokens(cls, configs: dict) -> int:
-        """The prompt embedding's length the plan assumes: ``max_sequence_length`` (the longest prompt)."""
-        return cls.max_sequence_length
-
-    @classmethod
     def plan_inputs(cls, configs: dict, batch: int, latent_shape: tuple, text_tokens: int, dtype, device) -> dict:
         """The transformer's forward kwargs as :meth:`velocity` passes them, at these shapes (random values)."""
         config = configs["transformer"]

@@ -139,11 +139,6 @@ class QwenImageAdapter(DiffusersAdapter):
         return (int(configs["transformer"]["in_channels"]) // 4, 2 * (int(height) // f), 2 * (int(width) // f))
 
     @classmethod
-    def plan_text_tokens(cls, configs: dict) -> int:
-        """The prompt embedding's length the plan assumes: ``max_sequence_length`` (the longest prompt)."""
-        return cls.max_sequence_length
-
-    @classmethod
     def plan_inputs(cls, configs: dict, batch: int, latent_shape: tuple, text_tokens: int, dtype, device,
                     condition_grid: tuple[int, int] | None = None) -> dict:
         """The transformer's forward kwargs as :meth:`_denoise` passes them, at these shapes (random values);

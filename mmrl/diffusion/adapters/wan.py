@@ -112,11 +112,6 @@ class WanAdapter(DiffusersAdapter):
                 + 1, int(height) // s, int(width) // s)
 
     @classmethod
-    def plan_text_tokens(cls, configs: dict) -> int:
-        """The prompt embedding's length the plan assumes: ``max_sequence_length`` (the longest prompt)."""
-        return cls.max_sequence_length
-
-    @classmethod
     def plan_inputs(cls, configs: dict, batch: int, latent_shape: tuple, text_tokens: int, dtype, device) -> dict:
         """The transformer's forward kwargs as :meth:`velocity` passes them, at these shapes (random values);
         ``in_channels`` as the transformer takes them (an image-to-video model's condition channels included)."""

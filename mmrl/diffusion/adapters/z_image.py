@@ -121,11 +121,6 @@ class ZImageAdapter(DiffusersAdapter):
         return (int(configs["transformer"]["in_channels"]), 2 * (int(height) // f), 2 * (int(width) // f))
 
     @classmethod
-    def plan_text_tokens(cls, configs: dict) -> int:
-        """The prompt embedding's length the plan assumes: ``max_sequence_length`` (the longest prompt)."""
-        return cls.max_sequence_length
-
-    @classmethod
     def plan_inputs(cls, configs: dict, batch: int, latent_shape: tuple, text_tokens: int, dtype, device) -> dict:
         """The transformer's arguments as :meth:`velocity` passes them (lists, one entry per sample; random values)."""
         config = configs["transformer"]
