@@ -168,7 +168,8 @@ def widen_for_edits(pipe: TinyFlowPipeline) -> TinyFlowPipeline:
 
     from .tiny import build_tokenizer
 
-    config = {**pipe.transformer.config, "in_channels": 6}
+    # the base's config without diffusers' private keys (its _name_or_path is where it was loaded from)
+    config = {**{k: v for k, v in pipe.transformer.config.items() if not k.startswith("_")}, "in_channels": 6}
     transformer = getattr(diffusers, pipe.transformer_class).from_config(config)
     state = pipe.transformer.state_dict()
     weight = state["pos_embed.proj.weight"]
@@ -180,7 +181,9 @@ def widen_for_edits(pipe: TinyFlowPipeline) -> TinyFlowPipeline:
     text_encoder = pipe.text_encoder
     text_encoder.resize_token_embeddings(len(words) + 3)
     scheduler = FlowMatchEulerDiscreteScheduler.from_config(pipe.scheduler_config)
-    return TinyFlowPipeline(transformer.to(pipe.dtype), text_encoder, tokenizer, scheduler,
+    if transformer.dtype != pipe.dtype:  # (diffusers warns on any dtype cast of a model)
+        transformer = transformer.to(pipe.dtype)
+    return TinyFlowPipeline(transformer, text_encoder, tokenizer, scheduler,
                             {**pipe.info, "conditioning": "image"})
 
 
