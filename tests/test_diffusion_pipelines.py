@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+from generator_checks import euler, latent_noise
 from mmrl.diffusion.base import FlowPipeline
 from mmrl.diffusion.adapters import FluxAdapter, SD3Adapter, WanAdapter, load_pipeline
 from mmrl.registry import GENERATOR_FAMILIES
@@ -39,20 +40,6 @@ def schnell(schnell_dir):
 @pytest.fixture(scope="module")
 def wan(wan_dir):
     return load_pipeline(str(wan_dir), "cpu", torch.float32)
-
-
-def _noise(shape, batch=2, seed=0):
-    return torch.randn(batch, *shape, generator=torch.Generator().manual_seed(seed))
-
-
-def _euler(adapter, noise, prompts, guidance, steps=3):
-    """The deterministic flow sampler: x <- x + (sigma_next - sigma) v(x, sigma), then decode."""
-    sigmas = adapter.sigmas(steps, tuple(noise.shape[1:]))
-    x = noise.clone()
-    with torch.no_grad():
-        for i in range(steps):
-            x = x + (sigmas[i + 1] - sigmas[i]) * adapter.velocity(x, sigmas[i].expand(len(x)), prompts, guidance)
-        return adapter.decode(x), sigmas
 
 
 def _gen():
@@ -124,7 +111,7 @@ def test_sigmas(name, request):
 
 
 def test_flux_pack_unpack_roundtrip(flux):
-    x = _noise(flux.latent_shape(16, 24))
+    x = latent_noise(flux.latent_shape(16, 24))
     packed = flux.pack(x)
     assert packed.shape == (2, 4 * 6, 4)
     assert torch.equal(flux.unpack(packed, 8, 12), x)
@@ -134,14 +121,14 @@ def test_flux_pack_unpack_roundtrip(flux):
 
 
 def test_sd3_matches_pipeline(sd3):
-    noise = _noise(sd3.latent_shape(16, 16))
+    noise = latent_noise(sd3.latent_shape(16, 16))
     ref = sd3.pipe(prompt=PROMPTS, height=16, width=16, num_inference_steps=3, guidance_scale=2.0,
                    latents=noise.clone(), generator=_gen(), output_type="pt").images
-    image, sigmas = _euler(sd3, noise, PROMPTS, 2.0)
+    image, sigmas = euler(sd3, noise, PROMPTS, 2.0)
     assert torch.allclose(sigmas, sd3.pipe.scheduler.sigmas.float())
     assert image.shape == (2, 3, 16, 16) and image.dtype == torch.float32
     assert torch.allclose(image, ref, atol=1e-4, rtol=0), (image - ref).abs().max()
-    unguided, _ = _euler(sd3, noise, PROMPTS, 1.0)
+    unguided, _ = euler(sd3, noise, PROMPTS, 1.0)
     assert (unguided - ref).abs().max() > 1e-3  # the guidance mattered: CFG was really exercised
 
 
@@ -153,10 +140,10 @@ def test_sd3_dynamic_shifting_matches_pipeline(sd3):
     sd3.pipe.scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, base_image_seq_len=4,
                                                          max_image_seq_len=64, base_shift=0.5, max_shift=1.5)
     try:
-        noise = _noise(sd3.latent_shape(16, 16))
+        noise = latent_noise(sd3.latent_shape(16, 16))
         ref = sd3.pipe(prompt=PROMPTS, height=16, width=16, num_inference_steps=3, guidance_scale=2.0,
                        latents=noise.clone(), generator=_gen(), output_type="pt").images
-        image, sigmas = _euler(sd3, noise, PROMPTS, 2.0)
+        image, sigmas = euler(sd3, noise, PROMPTS, 2.0)
         assert torch.allclose(sigmas, sd3.pipe.scheduler.sigmas.float())
         assert (sigmas - static).abs().max() > 1e-2  # mu from the latent size, not the static shift
         assert torch.allclose(image, ref, atol=1e-4, rtol=0), (image - ref).abs().max()
@@ -165,33 +152,33 @@ def test_sd3_dynamic_shifting_matches_pipeline(sd3):
 
 
 def test_flux_dev_matches_pipeline(flux):
-    noise = _noise(flux.latent_shape(16, 16))
+    noise = latent_noise(flux.latent_shape(16, 16))
     ref = flux.pipe(prompt=PROMPTS, height=16, width=16, num_inference_steps=3, guidance_scale=3.5,
                     latents=flux.pack(noise), generator=_gen(), output_type="pt").images
-    image, sigmas = _euler(flux, noise, PROMPTS, 3.5)
+    image, sigmas = euler(flux, noise, PROMPTS, 3.5)
     assert torch.allclose(sigmas, flux.pipe.scheduler.sigmas.float())
     assert image.shape == (2, 3, 16, 16)
     assert torch.allclose(image, ref, atol=1e-4, rtol=0), (image - ref).abs().max()
-    other, _ = _euler(flux, noise, PROMPTS, 1.0)
+    other, _ = euler(flux, noise, PROMPTS, 1.0)
     assert (other - ref).abs().max() > 1e-5  # the guidance scale reached the guidance embedding
 
 
 def test_flux_schnell_true_cfg_matches_pipeline(schnell):
-    noise = _noise(schnell.latent_shape(16, 16))
+    noise = latent_noise(schnell.latent_shape(16, 16))
     ref = schnell.pipe(prompt=PROMPTS, negative_prompt=["", ""], true_cfg_scale=2.0, height=16, width=16,
                        num_inference_steps=3, latents=schnell.pack(noise), generator=_gen(), output_type="pt").images
-    image, _ = _euler(schnell, noise, PROMPTS, 2.0)
+    image, _ = euler(schnell, noise, PROMPTS, 2.0)
     assert torch.allclose(image, ref, atol=1e-4, rtol=0), (image - ref).abs().max()
-    unguided, _ = _euler(schnell, noise, PROMPTS, 1.0)
+    unguided, _ = euler(schnell, noise, PROMPTS, 1.0)
     assert (unguided - ref).abs().max() > 1e-5
 
 
 def test_wan_matches_pipeline(wan):
-    noise = _noise(wan.latent_shape(16, 16, num_frames=9))
+    noise = latent_noise(wan.latent_shape(16, 16, num_frames=9))
     assert noise.shape == (2, 16, 3, 2, 2)
     ref = wan.pipe(prompt=PROMPTS, negative_prompt="", height=16, width=16, num_frames=9, num_inference_steps=3,
                    guidance_scale=2.0, latents=noise.clone(), generator=_gen(), output_type="pt").frames
-    video, sigmas = _euler(wan, noise, PROMPTS, 2.0)
+    video, sigmas = euler(wan, noise, PROMPTS, 2.0)
     assert torch.allclose(sigmas, wan.pipe.scheduler.sigmas.float())
     assert video.shape == (2, 9, 3, 16, 16) and video.dtype == torch.float32
     assert torch.isfinite(video).all() and video.min() >= 0 and video.max() <= 1
@@ -205,7 +192,7 @@ def test_wan_matches_pipeline(wan):
 def test_cfg_is_uncond_plus_scaled_difference(name, request):
     adapter = request.getfixturevalue(name)
     shape = adapter.latent_shape(16, 16, 9) if adapter.is_video else adapter.latent_shape(16, 16)
-    x, sigma = _noise(shape), torch.tensor([0.9, 0.4])
+    x, sigma = latent_noise(shape), torch.tensor([0.9, 0.4])
     with torch.no_grad():
         cond = adapter.velocity(x, sigma, PROMPTS, 1.0)
         uncond = adapter.velocity(x, sigma, ["", ""], 1.0)
@@ -221,7 +208,7 @@ def test_flux_dev_guidance_is_embedded_not_batched(flux):
         lambda module, args, kwargs: batches.append(kwargs["hidden_states"].shape[0]), with_kwargs=True
     )
     try:
-        x = _noise(flux.latent_shape(16, 16))
+        x = latent_noise(flux.latent_shape(16, 16))
         with torch.no_grad():
             a = flux.velocity(x, torch.tensor([0.5, 0.5]), PROMPTS, 1.0)
             b = flux.velocity(x, torch.tensor([0.5, 0.5]), PROMPTS, 4.0)
@@ -242,7 +229,7 @@ def test_prompt_cache_encodes_each_prompt_once(sd3, monkeypatch):
     monkeypatch.setattr(sd3.pipe, "encode_prompt", counting)
     sd3.prompt_cache.clear()
     assert sd3.prompt_cache.hits == sd3.prompt_cache.misses == 0  # the counters describe what is stored
-    x, sigma = _noise(sd3.latent_shape(16, 16)), torch.tensor([0.7, 0.3])
+    x, sigma = latent_noise(sd3.latent_shape(16, 16)), torch.tensor([0.7, 0.3])
     with torch.no_grad():
         first = sd3.velocity(x, sigma, PROMPTS, 2.0)
         # one call per missing prompt, the negative "" included: an embedding never depends on its batch
@@ -263,7 +250,7 @@ def test_prompt_cache_encodes_each_prompt_once(sd3, monkeypatch):
 
 
 def test_velocity_gives_transformer_gradients(sd3):
-    x, sigma = _noise(sd3.latent_shape(16, 16)), torch.tensor([0.8, 0.2])
+    x, sigma = latent_noise(sd3.latent_shape(16, 16)), torch.tensor([0.8, 0.2])
     sd3.transformer.zero_grad(set_to_none=True)
     sd3.velocity(x, sigma, PROMPTS, 2.0).square().mean().backward()
     grads = [p.grad for p in sd3.transformer.parameters()]
@@ -277,7 +264,7 @@ def test_lora_only_trains_adapters_and_can_be_disabled(builder, request):
 
     adapter = load_pipeline(str(request.getfixturevalue(builder)), "cpu", torch.float32)  # fresh: peft mutates it
     shape = adapter.latent_shape(16, 16, 9) if adapter.is_video else adapter.latent_shape(16, 16)
-    x, sigma = _noise(shape), torch.tensor([0.8, 0.3])
+    x, sigma = latent_noise(shape), torch.tensor([0.8, 0.3])
     guidance = 2.0
     with torch.no_grad():
         base = adapter.velocity(x, sigma, PROMPTS, guidance)
@@ -305,7 +292,7 @@ def test_lora_only_trains_adapters_and_can_be_disabled(builder, request):
 def test_bfloat16_velocity_and_decode_are_float32(sd3_dir):
     adapter = load_pipeline(str(sd3_dir), "cpu", "bfloat16")
     assert adapter.dtype == torch.bfloat16 and adapter.vae.dtype == torch.bfloat16
-    x = _noise(adapter.latent_shape(16, 16))
+    x = latent_noise(adapter.latent_shape(16, 16))
     with torch.no_grad():
         v = adapter.velocity(x, torch.tensor([0.5, 0.5]), PROMPTS, 2.0)
         image = adapter.decode(x)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from conftest import make_config
+from generator_checks import Spy, assert_rescored
 from mmrl.core.losses import Objective, ObjectiveConfig
 from mmrl.diffusion.policy import DiffusionPolicy
 from mmrl.diffusion.tiny import new_tiny_models, save_tiny
@@ -36,29 +37,12 @@ def rollout(policy, n=3, old=True):
     return batch
 
 
-class Spy:
-    """The core objective, remembering the log-probs it was given."""
-
-    def __init__(self, policy):
-        self.cfg = ObjectiveConfig.from_algo(policy.cfg.algo)
-        self.calls = []
-
-    def __call__(self, logps, old_logps, *args, **kwargs):
-        self.calls.append((None if logps is None else logps.detach().clone(),
-                           None if old_logps is None else old_logps.clone(), kwargs.get("inputs")))
-        return Objective(self.cfg)(logps, old_logps, *args, **kwargs)
-
-
 def test_recomputed_log_probs_equal_the_sampling_ones(generator_dir):
     """Importance ratio exactly 1 (to float error) when old and new parameters coincide."""
     policy = policy_for(generator_dir)
     batch = rollout(policy)
     assert batch.old_logps.shape == (6, 4) and torch.isfinite(batch.old_logps).all()
-    spy = Spy(policy)
-    policy.train_step(batch, spy, num_tokens=float(batch.action_mask.sum()), num_seqs=6.0)
-    assert len(spy.calls) == 4  # one call per denoising step (per-timestep backward)
-    for logps, old, _ in spy.calls:
-        assert torch.allclose(logps, old, atol=1e-5), (logps - old).abs().max()
+    assert_rescored(policy, batch, steps=4)
 
 
 def test_shared_noise_groups_differ_only_through_sde_noise(generator_dir):

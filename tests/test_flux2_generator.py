@@ -14,12 +14,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import make_config
 from flux2_builders import build_tiny_flux2, build_tiny_flux2_klein
+from generator_checks import assert_rescored, euler, latent_noise, policy_for, train_rollout
 from mmrl.core.losses import Objective, ObjectiveConfig
 from mmrl.diffusion.adapters import load_pipeline
 from mmrl.diffusion.adapters.flux2 import Flux2Adapter, Flux2KleinAdapter
-from mmrl.diffusion.policy import DiffusionPolicy
 from mmrl.registry import GENERATOR_FAMILIES
 from test_diffusion_runs import cli, rows, t2i_overrides
 
@@ -49,20 +48,6 @@ def flux2(flux2_dir):
 @pytest.fixture(scope="module")
 def klein(klein_dir):
     return load_pipeline(str(klein_dir), "cpu", torch.float32)
-
-
-def _noise(shape, batch=2, seed=0):
-    return torch.randn(batch, *shape, generator=torch.Generator().manual_seed(seed))
-
-
-def _euler(adapter, noise, prompts, guidance, steps=3):
-    """The deterministic flow sampler: x <- x + (sigma_next - sigma) v(x, sigma), then decode."""
-    sigmas = adapter.sigmas(steps, tuple(noise.shape[1:]))
-    x = noise.clone()
-    with torch.no_grad():
-        for i in range(steps):
-            x = x + (sigmas[i + 1] - sigmas[i]) * adapter.velocity(x, sigmas[i].expand(len(x)), prompts, guidance)
-        return adapter.decode(x), sigmas
 
 
 def _pipeline(adapter, noise, prompts, guidance, steps=3, size=16):
@@ -102,7 +87,7 @@ def test_too_shallow_text_encoder_is_refused(flux2):
 @pytest.mark.parametrize("steps,size", [(4, 16), (7, 32)])
 def test_sigmas_are_the_pipelines(flux2, steps, size):
     """FLUX.2's mu depends on the token count and the number of steps (compute_empirical_mu)."""
-    noise = _noise(flux2.latent_shape(size, size), batch=1)
+    noise = latent_noise(flux2.latent_shape(size, size), batch=1)
     flux2.pipe(prompt=PROMPTS[:1], height=size, width=size, num_inference_steps=steps, latents=noise.clone(),
                output_type="latent")
     sigmas = flux2.sigmas(steps, tuple(noise.shape[1:]))
@@ -114,13 +99,13 @@ def test_sigmas_are_the_pipelines(flux2, steps, size):
 
 
 def test_flux2_matches_pipeline(flux2):
-    noise = _noise(flux2.latent_shape(16, 16))
+    noise = latent_noise(flux2.latent_shape(16, 16))
     ref = _pipeline(flux2, noise, PROMPTS, 3.0)
-    image, sigmas = _euler(flux2, noise, PROMPTS, 3.0)
+    image, sigmas = euler(flux2, noise, PROMPTS, 3.0)
     assert torch.allclose(sigmas, flux2.pipe.scheduler.sigmas.float())
     assert image.shape == (2, 3, 16, 16) and image.dtype == torch.float32
     assert torch.allclose(image, ref, atol=1e-4, rtol=0), (image - ref).abs().max()
-    other, _ = _euler(flux2, noise, PROMPTS, 1.0)
+    other, _ = euler(flux2, noise, PROMPTS, 1.0)
     assert (other - ref).abs().max() > 1e-4  # the scale reached the guidance embedding
 
 
@@ -130,18 +115,18 @@ def test_flux2_guidance_is_embedded_not_batched(flux2):
         lambda module, args, kwargs: batches.append(kwargs["hidden_states"].shape[0]), with_kwargs=True)
     try:
         with torch.no_grad():
-            flux2.velocity(_noise(flux2.latent_shape(16, 16)), torch.tensor([0.5, 0.5]), PROMPTS, 4.0)
+            flux2.velocity(latent_noise(flux2.latent_shape(16, 16)), torch.tensor([0.5, 0.5]), PROMPTS, 4.0)
     finally:
         hook.remove()
     assert batches == [2]
 
 
 def test_klein_true_cfg_matches_pipeline(klein):
-    noise = _noise(klein.latent_shape(16, 16))
+    noise = latent_noise(klein.latent_shape(16, 16))
     ref = _pipeline(klein, noise, PROMPTS, 3.0)
-    image, _ = _euler(klein, noise, PROMPTS, 3.0)
+    image, _ = euler(klein, noise, PROMPTS, 3.0)
     assert torch.allclose(image, ref, atol=1e-4, rtol=0), (image - ref).abs().max()
-    unguided, _ = _euler(klein, noise, PROMPTS, 1.0)
+    unguided, _ = euler(klein, noise, PROMPTS, 1.0)
     assert (unguided - ref).abs().max() > 1e-4  # CFG with the empty prompt was really exercised
     assert torch.allclose(unguided, _pipeline(klein, noise, PROMPTS, 1.0), atol=1e-4, rtol=0)
 
@@ -153,62 +138,29 @@ def test_distilled_klein_ignores_guidance(klein):
     components = {k: v for k, v in klein.pipe.components.items()}
     distilled = Flux2KleinAdapter(Flux2KleinPipeline(**components, is_distilled=True))
     assert distilled.default_guidance_scale == 1.0 and not distilled.true_cfg
-    noise = _noise(distilled.latent_shape(16, 16))
+    noise = latent_noise(distilled.latent_shape(16, 16))
     ref = _pipeline(distilled, noise, PROMPTS, 3.0)
-    image, _ = _euler(distilled, noise, PROMPTS, 3.0)
+    image, _ = euler(distilled, noise, PROMPTS, 3.0)
     assert torch.allclose(image, ref, atol=1e-4, rtol=0), (image - ref).abs().max()
-    assert torch.allclose(image, _euler(distilled, noise, PROMPTS, 1.0)[0], atol=1e-6)
+    assert torch.allclose(image, euler(distilled, noise, PROMPTS, 1.0)[0], atol=1e-6)
 
 
 # -- (b), (d): the policy over the adapter --------------------------------------------------------
 
 
-def policy_for(path, *overrides) -> DiffusionPolicy:
-    cfg = make_config(f"model.path={path}", "train.device=cpu", "task.name=composition", "diffusion.num_steps=3",
-                      "diffusion.eval_num_steps=2", "diffusion.height=16", "diffusion.width=16",
-                      "rollout.batch_size=64", "train.learning_rate=1e-3", *overrides)
-    policy = DiffusionPolicy(cfg)
-    policy.configure_optimizer(cfg.train, 10)
-    policy.begin_step(1)
-    return policy
-
-
-def _rollout(policy):
-    examples = [{"prompt": p, "_index": i} for i, p in enumerate(PROMPTS)]
-    batch = policy.rollout(examples, PROMPTS, 2, "train", need_old_logps=True, need_ref_logps=False)
-    batch.advantages = torch.linspace(-1, 1, len(batch))
-    return batch
-
-
-class Spy:
-    """The core objective, remembering the log-probs it was given."""
-
-    def __init__(self, policy):
-        self.cfg = ObjectiveConfig.from_algo(policy.cfg.algo)
-        self.calls = []
-
-    def __call__(self, logps, old_logps, *args, **kwargs):
-        self.calls.append((logps.detach().clone(), old_logps.clone()))
-        return Objective(self.cfg)(logps, old_logps, *args, **kwargs)
-
-
 def test_rescored_log_probs_equal_the_sampling_ones(flux2_dir):
     policy = policy_for(flux2_dir)
-    batch = _rollout(policy)
+    batch = train_rollout(policy, PROMPTS)
     assert batch.payload["latents"].shape == (4, 4, 8, 4, 4)  # (samples, steps + 1, latent shape)
     assert batch.action_mask.sum() == 12 and torch.isfinite(batch.old_logps).all()
-    spy = Spy(policy)
-    policy.train_step(batch, spy, num_tokens=float(batch.action_mask.sum()), num_seqs=4.0)
-    assert len(spy.calls) == 3  # one per denoising step
-    for logps, old in spy.calls:
-        assert torch.allclose(logps, old, atol=1e-5), (logps - old).abs().max()
+    assert_rescored(policy, batch, steps=3)
 
 
 @pytest.mark.parametrize("lora", [False, True])
 def test_checkpoint_round_trip(flux2_dir, tmp_path, lora):
     extra = ["model.lora.enabled=true", "model.lora.r=4"] if lora else []
     policy = policy_for(flux2_dir, *extra)
-    policy.train_step(_rollout(policy), Objective(ObjectiveConfig()), 12.0, 4.0)
+    policy.train_step(train_rollout(policy, PROMPTS), Objective(ObjectiveConfig()), 12.0, 4.0)
     policy.save(tmp_path / "ckpt")
     restored = policy_for(flux2_dir, *extra)
     restored.load(tmp_path / "ckpt")
@@ -217,7 +169,7 @@ def test_checkpoint_round_trip(flux2_dir, tmp_path, lora):
     assert any(not torch.equal(trained[k], fresh[k]) for k in trained)  # the step changed something
     for name, value in restored.transformer.state_dict().items():
         assert torch.equal(value, trained[name]), name
-    x, sigma = _noise(policy.latent_shape()), torch.tensor([0.8, 0.3])
+    x, sigma = latent_noise(policy.latent_shape()), torch.tensor([0.8, 0.3])
     with torch.no_grad():
         assert torch.equal(restored.velocity(x, sigma, PROMPTS, 4.0), policy.velocity(x, sigma, PROMPTS, 4.0))
 
@@ -226,8 +178,8 @@ def test_lora_export_loads_as_a_flux2_pipeline(flux2_dir, tmp_path):
     """``mmrl export`` of a LoRA policy: the pipeline directory with the adapters merged loads back as
     FLUX.2 and gives the trained velocity."""
     policy = policy_for(flux2_dir, "model.lora.enabled=true", "model.lora.r=4")
-    policy.train_step(_rollout(policy), Objective(ObjectiveConfig()), 12.0, 4.0)
-    x, sigma = _noise(policy.latent_shape()), torch.tensor([0.8, 0.3])
+    policy.train_step(train_rollout(policy, PROMPTS), Objective(ObjectiveConfig()), 12.0, 4.0)
+    x, sigma = latent_noise(policy.latent_shape()), torch.tensor([0.8, 0.3])
     with torch.no_grad():
         trained = policy.velocity(x, sigma, PROMPTS, 4.0)
     policy.export_pretrained(tmp_path / "export")
@@ -243,7 +195,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(flux2_dir):
     for extra in ((), ("train.gradient_checkpointing=true",)):
         policy = policy_for(flux2_dir, "model.lora.enabled=true", "model.lora.r=4", "train.learning_rate=0", *extra)
         assert policy.transformer.gradient_checkpointing == bool(extra)
-        batch = _rollout(policy)
+        batch = train_rollout(policy, PROMPTS)
         for _loss, _ in policy.loss_terms(batch, Objective(ObjectiveConfig()), 12.0, 4.0):
             _loss.backward()
         grads.append({n: p.grad.clone() for n, p in policy.transformer.named_parameters() if p.grad is not None})

@@ -13,12 +13,11 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import make_config
 from flux2_builders import build_tiny_flux_kontext
+from generator_checks import assert_rescored, euler, latent_noise, policy_for, train_rollout
 from mmrl.core.losses import Objective, ObjectiveConfig
 from mmrl.diffusion.adapters import load_pipeline
 from mmrl.diffusion.adapters.flux_kontext import FluxKontextAdapter
-from mmrl.diffusion.policy import DiffusionPolicy
 from mmrl.registry import GENERATOR_FAMILIES
 from mmrl.task import GenerationPrompt
 
@@ -50,18 +49,13 @@ def as_tensor(images) -> torch.Tensor:
     return torch.stack([torch.from_numpy(np.asarray(im, dtype=np.float32) / 255).permute(2, 0, 1) for im in images])
 
 
-def _noise(shape, batch=2, seed=0):
-    return torch.randn(batch, *shape, generator=torch.Generator().manual_seed(seed))
+def _euler(adapter, noise, images, guidance):
+    """mmrl's Euler loop (generator_checks.euler) on PROMPTS with these source images."""
+    return euler(adapter, noise, PROMPTS, guidance, as_tensor(images))[0]
 
 
-def _euler(adapter, noise, images, guidance, steps=3):
-    sigmas = adapter.sigmas(steps, tuple(noise.shape[1:]))
-    x = noise.clone()
-    with torch.no_grad():
-        for i in range(steps):
-            v = adapter.velocity(x, sigmas[i].expand(len(x)), PROMPTS, guidance, as_tensor(images))
-            x = x + (sigmas[i + 1] - sigmas[i]) * v
-        return adapter.decode(x)
+def _edits(images) -> list[GenerationPrompt]:
+    return [GenerationPrompt(text, image) for text, image in zip(PROMPTS, images)]
 
 
 def _pipeline(adapter, noise, images, height=16, width=16, **kwargs):
@@ -78,7 +72,7 @@ def test_registered_as_an_editing_model(kontext):
 
 @pytest.mark.parametrize("height,width", [(16, 16), (16, 32)])
 def test_matches_pipeline_with_the_source_image(kontext, height, width):
-    noise = _noise(kontext.latent_shape(height, width))
+    noise = latent_noise(kontext.latent_shape(height, width))
     images = sources(height, width)
     ref = _pipeline(kontext, noise, images, height, width, guidance_scale=3.5)
     image = _euler(kontext, noise, images, 3.5)
@@ -91,7 +85,7 @@ def test_matches_pipeline_with_the_source_image(kontext, height, width):
 def test_true_cfg_keeps_the_image(tmp_path):
     adapter = load_pipeline(str(build_tiny_flux_kontext(tmp_path, schnell=True)), "cpu", torch.float32)
     assert not adapter.guidance_embeds and adapter.default_guidance_scale == 1.0
-    noise, images = _noise(adapter.latent_shape(16, 16)), sources()
+    noise, images = latent_noise(adapter.latent_shape(16, 16)), sources()
     ref = _pipeline(adapter, noise, images, negative_prompt=["", ""], true_cfg_scale=2.0)
     image = _euler(adapter, noise, images, 2.0)
     assert torch.allclose(image, ref, atol=1e-4, rtol=0), (image - ref).abs().max()
@@ -102,7 +96,7 @@ def test_condition_cache_encodes_each_text_once(kontext):
     kontext.condition_cache.clear()
     kontext.prompt_cache.clear()
     texts, pairs, hits = kontext.prompt_cache.misses, kontext.condition_cache.misses, kontext.condition_cache.hits
-    x, sigma = _noise(kontext.latent_shape(16, 16)), torch.tensor([0.7, 0.3])
+    x, sigma = latent_noise(kontext.latent_shape(16, 16)), torch.tensor([0.7, 0.3])
     with torch.no_grad():
         first = kontext.velocity(x, sigma, PROMPTS, 3.5, as_tensor(sources()))
         kontext.velocity(x, sigma, PROMPTS, 3.5, as_tensor(sources(seed=1)))  # same texts, new images
@@ -112,7 +106,7 @@ def test_condition_cache_encodes_each_text_once(kontext):
 
 
 def test_errors_say_what_to_give(kontext):
-    x, sigma = _noise(kontext.latent_shape(16, 16)), torch.tensor([0.5, 0.5])
+    x, sigma = latent_noise(kontext.latent_shape(16, 16)), torch.tensor([0.5, 0.5])
     with pytest.raises(ValueError, match="GenerationPrompt"):
         kontext.velocity(x, sigma, PROMPTS, 3.5)
     with pytest.raises(ValueError, match="diffusion.height and diffusion.width to multiples of 4"):
@@ -122,55 +116,21 @@ def test_errors_say_what_to_give(kontext):
 # -- the policy over the adapter --------------------------------------------------------------------
 
 
-def policy_for(path, *overrides) -> DiffusionPolicy:
-    cfg = make_config(f"model.path={path}", "train.device=cpu", "task.name=composition", "diffusion.num_steps=3",
-                      "diffusion.eval_num_steps=2", "diffusion.height=16", "diffusion.width=16",
-                      "rollout.batch_size=64", "train.learning_rate=1e-3", *overrides)
-    policy = DiffusionPolicy(cfg)
-    policy.configure_optimizer(cfg.train, 10)
-    policy.begin_step(1)
-    return policy
-
-
-def _rollout(policy, images):
-    examples = [{"prompt": p, "_index": i} for i, p in enumerate(PROMPTS)]
-    prompts = [GenerationPrompt(text, image) for text, image in zip(PROMPTS, images)]
-    batch = policy.rollout(examples, prompts, 2, "train", need_old_logps=True, need_ref_logps=False)
-    batch.advantages = torch.linspace(-1, 1, len(batch))
-    return batch
-
-
-class Spy:
-    """The core objective, remembering the log-probs it was given."""
-
-    def __init__(self, policy):
-        self.cfg = ObjectiveConfig.from_algo(policy.cfg.algo)
-        self.calls = []
-
-    def __call__(self, logps, old_logps, *args, **kwargs):
-        self.calls.append((logps.detach().clone(), old_logps.clone()))
-        return Objective(self.cfg)(logps, old_logps, *args, **kwargs)
-
-
 def test_rescored_log_probs_equal_the_sampling_ones(kontext_dir):
     policy = policy_for(kontext_dir)
-    batch = _rollout(policy, sources())
+    batch = train_rollout(policy, _edits(sources()))
     assert batch.payload["condition_images"].shape == (4, 3, 16, 16)
     assert batch.action_mask.sum() == 12 and torch.isfinite(batch.old_logps).all()
-    spy = Spy(policy)
-    policy.train_step(batch, spy, num_tokens=float(batch.action_mask.sum()), num_seqs=4.0)
-    assert len(spy.calls) == 3
-    for logps, old in spy.calls:
-        assert torch.allclose(logps, old, atol=1e-5), (logps - old).abs().max()
+    assert_rescored(policy, batch, steps=3)
     # the same noise with other source images: other samples (the log-probs were of the edits)
-    other = _rollout(policy_for(kontext_dir), sources(seed=1))
+    other = train_rollout(policy_for(kontext_dir), _edits(sources(seed=1)))
     assert not torch.allclose(other.payload["latents"][:, -1], batch.payload["latents"][:, -1], atol=1e-4)
 
 
 def test_lora_policy_step_trains_round_trips_and_exports(kontext_dir, tmp_path):
     lora = ["model.lora.enabled=true", "model.lora.r=4"]
     policy = policy_for(kontext_dir, *lora)
-    metrics = policy.train_step(_rollout(policy, sources()), Objective(ObjectiveConfig()), 12.0, 4.0)
+    metrics = policy.train_step(train_rollout(policy, _edits(sources())), Objective(ObjectiveConfig()), 12.0, 4.0)
     assert metrics["grad_norm"] > 0
     lora_b = {k: v for k, v in policy.transformer.state_dict().items() if "lora_B" in k}
     assert lora_b and sum(int(v.count_nonzero()) for v in lora_b.values()) > 0  # peft starts lora_B at zero
@@ -179,7 +139,7 @@ def test_lora_policy_step_trains_round_trips_and_exports(kontext_dir, tmp_path):
     restored.load(tmp_path / "ckpt")
     for name, value in restored.transformer.state_dict().items():
         assert torch.equal(value, policy.transformer.state_dict()[name]), name
-    x, sigma, images = _noise(policy.latent_shape()), torch.tensor([0.8, 0.3]), as_tensor(sources())
+    x, sigma, images = latent_noise(policy.latent_shape()), torch.tensor([0.8, 0.3]), as_tensor(sources())
     with torch.no_grad():
         trained = policy.velocity(x, sigma, PROMPTS, 3.5, images)
         assert torch.equal(restored.velocity(x, sigma, PROMPTS, 3.5, images), trained)

@@ -17,14 +17,13 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import make_config
 from mmrl.core.losses import Objective, ObjectiveConfig
 from mmrl.diffusion.adapters import load_pipeline
 from mmrl.diffusion.adapters.qwen_image import QwenImageAdapter
 from mmrl.diffusion.adapters.qwen_image_edit import QwenImageEditAdapter
-from mmrl.diffusion.policy import DiffusionPolicy
 from mmrl.registry import GENERATOR_FAMILIES
 from mmrl.task import GenerationPrompt
+from generator_checks import assert_rescored, euler, latent_noise, policy_for, train_rollout
 from qwen_image_builders import build_tiny_qwen_image, build_tiny_qwen_image_edit
 from test_diffusion_runs import cli, rows, t2i_overrides
 
@@ -52,10 +51,6 @@ def qwen(qwen_dir):
     return load_pipeline(str(qwen_dir), "cpu", torch.float32)
 
 
-def _noise(shape, batch=2, seed=0):
-    return torch.randn(batch, *shape, generator=torch.Generator().manual_seed(seed))
-
-
 def _images(batch, height, width, seed=0) -> list[Image.Image]:
     rng = np.random.default_rng(seed)
     return [Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)) for _ in range(batch)]
@@ -64,17 +59,6 @@ def _images(batch, height, width, seed=0) -> list[Image.Image]:
 def _tensor(images: list[Image.Image]) -> torch.Tensor:
     """The policy's condition images: (B, 3, H, W) in [0, 1] (mmrl.diffusion.conditions.condition_tensor)."""
     return torch.stack([torch.from_numpy(np.asarray(im, dtype=np.float32) / 255.0).permute(2, 0, 1) for im in images])
-
-
-def _euler(adapter, noise, prompts, guidance, *images, steps=3):
-    """The deterministic flow sampler: x <- x + (sigma_next - sigma) v(x, sigma), then decode."""
-    sigmas = adapter.sigmas(steps, tuple(noise.shape[1:]))
-    x = noise.clone()
-    with torch.no_grad():
-        for i in range(steps):
-            v = adapter.velocity(x, sigmas[i].expand(len(x)), prompts, guidance, *images)
-            x = x + (sigmas[i + 1] - sigmas[i]) * v
-        return adapter.decode(x), sigmas
 
 
 def _pipeline(adapter, noise, prompts, guidance, steps=3, **kwargs):
@@ -115,7 +99,7 @@ def test_prompt_embedding_is_the_text_after_the_template(qwen):
 
 
 def test_packing_is_the_pipelines(qwen):
-    x = _noise(qwen.latent_shape(32, 48))
+    x = latent_noise(qwen.latent_shape(32, 48))
     packed = qwen.pipe._pack_latents(x, 2, 4, 8, 12)
     v = torch.randn_like(packed)
     with torch.no_grad():  # velocity's own packing, seen through the transformer's input and output
@@ -133,7 +117,7 @@ def test_packing_is_the_pipelines(qwen):
 @pytest.mark.parametrize("steps,size", [(3, 32), (5, 64)])
 def test_sigmas_are_the_pipelines(qwen, steps, size):
     """Qwen-Image's schedule: dynamic exponential shift by the packed token count, stretched to end at 0.02."""
-    noise = _noise(qwen.latent_shape(size, size), batch=1)
+    noise = latent_noise(qwen.latent_shape(size, size), batch=1)
     _pipeline(qwen, noise, PROMPTS[:1], 1.0, steps=steps)
     sigmas = qwen.sigmas(steps, tuple(noise.shape[1:]))
     assert sigmas.shape == (steps + 1,) and sigmas[-1] == 0.0 and sigmas[-2] == pytest.approx(0.02)
@@ -155,20 +139,20 @@ def test_guidance_embedding_is_refused():
 def test_matches_pipeline(qwen, height, width):
     lengths = {qwen.prompt_cache.get([p])["prompt_embeds"].shape[1] for p in PROMPTS + [""]}
     assert len(lengths) == 3  # the batch is padded and masked, as the pipeline's
-    noise = _noise(qwen.latent_shape(height, width))
+    noise = latent_noise(qwen.latent_shape(height, width))
     for guidance in (1.0, 4.0):
         ref = _pipeline(qwen, noise, PROMPTS, guidance)
-        image, sigmas = _euler(qwen, noise, PROMPTS, guidance)
+        image, sigmas = euler(qwen, noise, PROMPTS, guidance)
         assert torch.allclose(sigmas, qwen.pipe.scheduler.sigmas.float())
         assert image.shape == (2, 3, height, width) and image.dtype == torch.float32
         assert torch.allclose(image, ref, atol=1e-4, rtol=0), (guidance, (image - ref).abs().max())
-    assert (image - _euler(qwen, noise, PROMPTS, 1.0)[0]).abs().max() > 1e-3  # CFG was really exercised
+    assert (image - euler(qwen, noise, PROMPTS, 1.0)[0]).abs().max() > 1e-3  # CFG was really exercised
 
 
 def test_cfg_keeps_the_conditional_norm(qwen):
     """The guided velocity is rescaled per packed token to the conditional velocity's norm (the pipeline's
     ``comb_pred * (cond_norm / noise_norm)``): the norms are the conditional ones, the direction the guided one."""
-    x, sigma = _noise(qwen.latent_shape(32, 32)), torch.tensor([0.9, 0.4])
+    x, sigma = latent_noise(qwen.latent_shape(32, 32)), torch.tensor([0.9, 0.4])
     with torch.no_grad():
         cond = qwen.pipe._pack_latents(qwen.velocity(x, sigma, PROMPTS, 1.0), 2, 4, 8, 8)
         uncond = qwen.pipe._pack_latents(qwen.velocity(x, sigma, ["", ""], 1.0), 2, 4, 8, 8)
@@ -197,12 +181,12 @@ def test_edit_matches_pipeline(edit_at):
     """Two edits at once, the source images already at the condition size (the pipeline's resize is the identity)."""
     edit = edit_at(32 * 32)
     assert edit.conditioning == "image" and edit.family == "qwen_image_edit" and edit.condition_size(32, 32) == (32, 32)
-    noise, sources = _noise(edit.latent_shape(32, 32)), _images(2, 32, 32)
+    noise, sources = latent_noise(edit.latent_shape(32, 32)), _images(2, 32, 32)
     for guidance in (1.0, 4.0):
         ref = _pipeline(edit, noise, EDITS, guidance, image=sources)
-        image, _ = _euler(edit, noise, EDITS, guidance, _tensor(sources))
+        image, _ = euler(edit, noise, EDITS, guidance, _tensor(sources))
         assert torch.allclose(image, ref, atol=1e-4, rtol=0), (guidance, (image - ref).abs().max())
-    other, _ = _euler(edit, noise, EDITS, guidance, _tensor(_images(2, 32, 32, seed=1)))
+    other, _ = euler(edit, noise, EDITS, guidance, _tensor(_images(2, 32, 32, seed=1)))
     assert (other - image).abs().max() > 1e-3  # the source image conditions the edit
 
 
@@ -213,9 +197,9 @@ def test_edit_resizes_the_source_as_the_pipeline(edit_at):
     unresized to the text encoder (only its VAE input is resized); the adapter follows the one-image path."""
     edit = edit_at(48 * 48)
     assert edit.condition_size(32, 48) == (32, 64)
-    noise, source = _noise(edit.latent_shape(32, 48), batch=1), _images(1, 32, 48)
+    noise, source = latent_noise(edit.latent_shape(32, 48), batch=1), _images(1, 32, 48)
     ref = _pipeline(edit, noise, EDITS[:1], 4.0, image=source[0])
-    image, _ = _euler(edit, noise, EDITS[:1], 4.0, _tensor(source))
+    image, _ = euler(edit, noise, EDITS[:1], 4.0, _tensor(source))
     assert torch.allclose(image, ref, atol=1e-4, rtol=0), (image - ref).abs().max()
     assert edit.condition_cache.get(EDITS[:1], _tensor(source))["image_latents"].shape == (1, 4 * 8, 16)
 
@@ -223,7 +207,7 @@ def test_edit_resizes_the_source_as_the_pipeline(edit_at):
 def test_edit_needs_images(edit_at):
     edit = edit_at(32 * 32)
     with pytest.raises(ValueError, match="edits a source image.*none"):
-        edit.velocity(_noise(edit.latent_shape(32, 32)), torch.tensor([0.5, 0.5]), EDITS, 1.0)
+        edit.velocity(latent_noise(edit.latent_shape(32, 32)), torch.tensor([0.5, 0.5]), EDITS, 1.0)
 
 
 def test_condition_area_too_small_is_refused(edit_at):
@@ -238,7 +222,7 @@ def test_bfloat16_velocity_and_decode_are_float32(qwen_dir, edit_dir):
     qwen = load_pipeline(str(qwen_dir), "cpu", torch.bfloat16)
     edit = QwenImageEditAdapter.from_pretrained(str(edit_dir), "cpu", "bfloat16", condition_area=None)
     assert qwen.dtype == edit.dtype == torch.bfloat16
-    x, sigma = _noise(qwen.latent_shape(16, 16)), torch.tensor([0.9, 0.4])
+    x, sigma = latent_noise(qwen.latent_shape(16, 16)), torch.tensor([0.9, 0.4])
     with torch.no_grad():
         for v in (qwen.velocity(x, sigma, PROMPTS, 4.0),
                   edit.velocity(x, sigma, EDITS, 4.0, _tensor(_images(2, 16, 16)))):
@@ -259,64 +243,28 @@ def small_conditions(monkeypatch):
                         partial(QwenImageEditAdapter.from_pretrained, condition_area=32 * 32))
 
 
-def policy_for(path, *overrides, task="composition") -> DiffusionPolicy:
-    cfg = make_config(f"model.path={path}", "train.device=cpu", f"task.name={task}", "diffusion.num_steps=3",
-                      "diffusion.eval_num_steps=2", "diffusion.height=16", "diffusion.width=16",
-                      "rollout.batch_size=64", "train.learning_rate=1e-3", *overrides)
-    policy = DiffusionPolicy(cfg)
-    policy.configure_optimizer(cfg.train, 10)
-    policy.begin_step(1)
-    return policy
-
-
-def _rollout(policy, prompts):
-    examples = [{"prompt": str(p), "_index": i} for i, p in enumerate(prompts)]
-    batch = policy.rollout(examples, prompts, 2, "train", need_old_logps=True, need_ref_logps=False)
-    batch.advantages = torch.linspace(-1, 1, len(batch))
-    return batch
-
-
 def _edits(seed=0) -> list[GenerationPrompt]:
     return [GenerationPrompt(text, image) for text, image in zip(EDITS, _images(2, 16, 16, seed))]
-
-
-class Spy:
-    """The core objective, remembering the log-probs it was given."""
-
-    def __init__(self, policy):
-        self.cfg = ObjectiveConfig.from_algo(policy.cfg.algo)
-        self.calls = []
-
-    def __call__(self, logps, old_logps, *args, **kwargs):
-        self.calls.append((logps.detach().clone(), old_logps.clone()))
-        return Objective(self.cfg)(logps, old_logps, *args, **kwargs)
-
-
-def _assert_rescored(policy, batch):
-    assert batch.action_mask.sum() == 12 and torch.isfinite(batch.old_logps).all()
-    spy = Spy(policy)
-    policy.train_step(batch, spy, num_tokens=float(batch.action_mask.sum()), num_seqs=4.0)
-    assert len(spy.calls) == 3  # one per denoising step
-    for logps, old in spy.calls:
-        assert torch.allclose(logps, old, atol=1e-5), (logps - old).abs().max()
 
 
 def test_rescored_log_probs_equal_the_sampling_ones(qwen_dir):
     """At the checkpoint's guidance (true CFG 4, the norm rescale inside the re-scored velocity)."""
     policy = policy_for(qwen_dir)
     assert policy.guidance(eval_mode=False) == 4.0
-    batch = _rollout(policy, PROMPTS)
+    batch = train_rollout(policy, PROMPTS)
     assert batch.payload["latents"].shape == (4, 4, 4, 4, 4)  # (samples, steps + 1, latent shape)
-    _assert_rescored(policy, batch)
+    assert batch.action_mask.sum() == 12
+    assert_rescored(policy, batch, steps=3)
 
 
 def test_edit_rescored_log_probs_equal_the_sampling_ones(edit_dir, small_conditions):
     policy = policy_for(edit_dir, task="image_edit")
-    batch = _rollout(policy, _edits())
+    batch = train_rollout(policy, _edits())
     assert batch.payload["condition_images"].shape == (4, 3, 16, 16)
-    _assert_rescored(policy, batch)
+    assert batch.action_mask.sum() == 12
+    assert_rescored(policy, batch, steps=3)
     # the same noise with other source images: other samples (the log-probs were of the edits)
-    other = _rollout(policy_for(edit_dir, task="image_edit"), _edits(seed=1))
+    other = train_rollout(policy_for(edit_dir, task="image_edit"), _edits(seed=1))
     assert not torch.allclose(other.payload["latents"][:, -1], batch.payload["latents"][:, -1], atol=1e-4)
 
 
@@ -324,7 +272,7 @@ def test_edit_rescored_log_probs_equal_the_sampling_ones(edit_dir, small_conditi
 def test_checkpoint_round_trip(qwen_dir, tmp_path, lora):
     extra = ["model.lora.enabled=true", "model.lora.r=4"] if lora else []
     policy = policy_for(qwen_dir, *extra)
-    policy.train_step(_rollout(policy, PROMPTS), Objective(ObjectiveConfig()), 12.0, 4.0)
+    policy.train_step(train_rollout(policy, PROMPTS), Objective(ObjectiveConfig()), 12.0, 4.0)
     policy.save(tmp_path / "ckpt")
     restored = policy_for(qwen_dir, *extra)
     restored.load(tmp_path / "ckpt")
@@ -333,7 +281,7 @@ def test_checkpoint_round_trip(qwen_dir, tmp_path, lora):
     assert any(not torch.equal(trained[k], fresh[k]) for k in trained)  # the step changed something
     for name, value in restored.transformer.state_dict().items():
         assert torch.equal(value, trained[name]), name
-    x, sigma = _noise(policy.latent_shape()), torch.tensor([0.8, 0.3])
+    x, sigma = latent_noise(policy.latent_shape()), torch.tensor([0.8, 0.3])
     with torch.no_grad():
         assert torch.equal(restored.velocity(x, sigma, PROMPTS, 4.0), policy.velocity(x, sigma, PROMPTS, 4.0))
 
@@ -348,7 +296,7 @@ def test_gradient_checkpointing_gives_the_same_lora_step(qwen_dir, monkeypatch):
     monkeypatch.setattr(ac, "checkpoint", lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
     lora = ["model.lora.enabled=true", "model.lora.r=4"]
     plain = policy_for(qwen_dir, *lora)
-    batch = _rollout(plain, PROMPTS)
+    batch = train_rollout(plain, PROMPTS)
     plain.train_step(batch, Objective(ObjectiveConfig()), 12.0, 4.0)
     assert not calls
     checkpointed = policy_for(qwen_dir, *lora, "train.gradient_checkpointing=true")

@@ -13,12 +13,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import make_config
 from edit_builders import build_tiny_edit, tiny_base
+from generator_checks import assert_rescored, policy_for, train_rollout
 from mmrl import make_task
 from mmrl.cli import app
 from mmrl.core.losses import Objective, ObjectiveConfig
-from mmrl.diffusion.policy import DiffusionPolicy
 from mmrl.diffusion.pretrain import widen_for_edits
 from mmrl.diffusion.tiny import TinyFlowPipeline
 from mmrl.plugins import load_plugins
@@ -74,32 +73,14 @@ def test_the_source_image_and_guidance_reach_the_velocity(edit_dir):
         text_only.velocity(x, sigma, prompts, images=images)
 
 
-def _policy(path, *overrides) -> DiffusionPolicy:
-    cfg = make_config(f"model.path={path}", "train.device=cpu", "task.name=image_edit", "diffusion.num_steps=4",
-                      "diffusion.eval_num_steps=5", "rollout.batch_size=64", "train.learning_rate=1e-3", *overrides)
-    policy = DiffusionPolicy(cfg)
-    policy.configure_optimizer(cfg.train, 10)
-    policy.begin_step(1)
-    return policy
+def _policy(path, *overrides):
+    return policy_for(path, "diffusion.num_steps=4", "diffusion.eval_num_steps=5", *overrides, task="image_edit")
 
 
 def _rollout(policy, n=3):
     task = make_task("image_edit")
     examples = [dict(task.examples("train")[i], _index=i) for i in range(2)]
-    batch = policy.rollout(examples, [task.build_prompt(ex) for ex in examples], n, "train", need_old_logps=True,
-                           need_ref_logps=False)
-    batch.advantages = torch.linspace(-1, 1, len(batch))
-    return batch
-
-
-class _Spy:
-    def __init__(self, policy):
-        self.cfg = ObjectiveConfig.from_algo(policy.cfg.algo)
-        self.calls = []
-
-    def __call__(self, logps, old_logps, *args, **kwargs):
-        self.calls.append((logps.detach().clone(), old_logps.clone()))
-        return Objective(self.cfg)(logps, old_logps, *args, **kwargs)
+    return train_rollout(policy, [task.build_prompt(ex) for ex in examples], n, examples=examples)
 
 
 def test_sde_log_probs_re_scored_equal(edit_dir):
@@ -107,11 +88,7 @@ def test_sde_log_probs_re_scored_equal(edit_dir):
     batch = _rollout(policy)
     assert batch.old_logps.shape == (6, 4) and torch.isfinite(batch.old_logps).all()
     assert batch.payload["condition_images"].shape == (6, 3, 16, 16)
-    spy = _Spy(policy)
-    policy.train_step(batch, spy, num_tokens=float(batch.action_mask.sum()), num_seqs=6.0)
-    assert len(spy.calls) == 4
-    for logps, old in spy.calls:
-        assert torch.allclose(logps, old, atol=1e-5), (logps - old).abs().max()
+    assert_rescored(policy, batch, steps=4)
 
 
 def test_checkpoint_round_trip_with_lora(edit_dir, tmp_path):

@@ -11,18 +11,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import make_config
+from generator_checks import assert_rescored, policy_for, train_rollout
 from mmrl.core.losses import Objective, ObjectiveConfig
 from mmrl.diffusion.adapters import WanAdapter, load_pipeline
 from mmrl.diffusion.adapters.wan_experts import WanExperts
 from mmrl.diffusion.loading import export_generator
-from mmrl.diffusion.policy import DiffusionPolicy
 from mmrl.runs.checkpoint import CheckpointManager
 from test_diffusion_runs import cli, prompt_file, rows, t2i_overrides  # noqa: F401  (prompt_file: a fixture)
 from wan22_builders import BOUNDARY_RATIO, wan22_dir  # noqa: F401  (wan22_dir: a fixture)
 
 PROMPTS = ["a red cat", "two dogs on grass"]
-EXAMPLES = [{"prompt": p, "_index": i} for i, p in enumerate(PROMPTS)]
 FRAMES = 9  # 16x16 pixels, 9 frames -> latents (16, 3, 2, 2)
 
 
@@ -114,45 +112,17 @@ def test_module_calls_reach_both_experts(wan22_dir):
     assert torch.allclose(rebuilt, original, atol=1e-6)
 
 
-def policy_for(path, *overrides, steps=4) -> DiffusionPolicy:
-    cfg = make_config(f"model.path={path}", "train.device=cpu", "task.name=composition", f"diffusion.num_steps={steps}",
-                      f"diffusion.eval_num_steps={steps}", "diffusion.height=16", "diffusion.width=16",
-                      f"diffusion.num_frames={FRAMES}", "diffusion.guidance_scale=4.0", "rollout.batch_size=64",
-                      "train.learning_rate=1e-3", *overrides)
-    policy = DiffusionPolicy(cfg)
-    policy.configure_optimizer(cfg.train, 10)
-    policy.begin_step(1)
-    return policy
-
-
-def rollout(policy):
-    batch = policy.rollout(EXAMPLES, PROMPTS, 2, "train", need_old_logps=True, need_ref_logps=False)
-    batch.advantages = torch.linspace(-1, 1, len(batch))
-    return batch
-
-
-class Recorder:
-    """The core objective, remembering the log-probs it was given."""
-
-    def __init__(self, policy):
-        self.cfg = ObjectiveConfig.from_algo(policy.cfg.algo)
-        self.calls = []
-
-    def __call__(self, logps, old_logps, *args, **kwargs):
-        self.calls.append((logps.detach().clone(), old_logps.clone()))
-        return Objective(self.cfg)(logps, old_logps, *args, **kwargs)
+def _policy(path, *overrides, steps=4):
+    return policy_for(path, f"diffusion.num_steps={steps}", f"diffusion.eval_num_steps={steps}",
+                      f"diffusion.num_frames={FRAMES}", "diffusion.guidance_scale=4.0", *overrides)
 
 
 def test_rescored_log_probs_equal_the_sampling_ones(wan22_dir):
-    policy = policy_for(wan22_dir)
+    policy = _policy(wan22_dir)
     policy.pipe.guidance_scale_2 = 3.0
-    batch = rollout(policy)
+    batch = train_rollout(policy, PROMPTS)
     assert batch.old_logps.shape == (4, 4) and torch.isfinite(batch.old_logps).all()
-    recorder = Recorder(policy)
-    policy.train_step(batch, recorder, num_tokens=float(batch.action_mask.sum()), num_seqs=4.0)
-    assert len(recorder.calls) == 4  # steps 0 (high-noise expert) and 1-3 (low-noise expert)
-    for logps, old in recorder.calls:
-        assert torch.allclose(logps, old, atol=1e-5, rtol=0), (logps - old).abs().max()
+    assert_rescored(policy, batch, steps=4)  # steps 0 (high-noise expert) and 1-3 (low-noise expert)
 
 
 @pytest.mark.parametrize("window,trained", [(2, {"transformer", "transformer_2"}), (1, {"transformer"})])
@@ -160,11 +130,11 @@ def test_sde_window_trains_the_experts_it_covers(wan22_dir, window, trained):
     """A window at steps 0-1 straddles the switch (t = 1000 high, 857 low): LoRA gradients reach both
     experts. A window at step 0 alone is wholly before it: only the high-noise expert learns (Adam moves a
     parameter exactly when its gradient is non-zero)."""
-    policy = policy_for(wan22_dir, "model.lora.enabled=true", "model.lora.r=4", f"diffusion.sde_window_size={window}",
+    policy = _policy(wan22_dir, "model.lora.enabled=true", "model.lora.r=4", f"diffusion.sde_window_size={window}",
                         "diffusion.sde_window_range=[0,0]")
     before = {e: _lora(policy.transformer, e) for e in ("transformer", "transformer_2")}
     assert all(before.values())
-    batch = rollout(policy)
+    batch = train_rollout(policy, PROMPTS)
     assert batch.action_mask[:, :window].all() and not batch.action_mask[:, window:].any()
     policy.train_step(batch, Objective(ObjectiveConfig.from_algo(policy.cfg.algo)), float(batch.action_mask.sum()), 4.0)
     after = {e: _lora(policy.transformer, e) for e in before}
@@ -176,8 +146,8 @@ def test_disabled_adapters_are_both_base_experts(wan22_dir):
     """The KL's reference under LoRA (``algo.beta``): the trained module with its adapters disabled is the
     base pipeline on both sides of the switch."""
     base = load_pipeline(str(wan22_dir), "cpu", torch.float32)
-    policy = policy_for(wan22_dir, "model.lora.enabled=true", "model.lora.r=4", "algo.beta=0.01")
-    policy.train_step(rollout(policy), Objective(ObjectiveConfig.from_algo(policy.cfg.algo)), 16.0, 4.0)
+    policy = _policy(wan22_dir, "model.lora.enabled=true", "model.lora.r=4", "algo.beta=0.01")
+    policy.train_step(train_rollout(policy, PROMPTS), Objective(ObjectiveConfig.from_algo(policy.cfg.algo)), 16.0, 4.0)
     noise, sigma = _noise(base), torch.tensor([0.95, 0.5])  # one sample per expert
     with torch.no_grad():
         expected = base.velocity(noise, sigma, PROMPTS, 4.0)
@@ -205,12 +175,12 @@ def test_lora_step_through_the_cli(wan22_dir, prompt_file, tmp_path):  # noqa: F
 @pytest.mark.parametrize("lora", [False, True])
 def test_checkpoint_round_trip(wan22_dir, tmp_path, lora):
     extra = ["model.lora.enabled=true", "model.lora.r=4"] if lora else []
-    policy = policy_for(wan22_dir, *extra)
-    policy.train_step(rollout(policy), Objective(ObjectiveConfig()), 16.0, 4.0)
+    policy = _policy(wan22_dir, *extra)
+    policy.train_step(train_rollout(policy, PROMPTS), Objective(ObjectiveConfig()), 16.0, 4.0)
     policy.save(tmp_path / "ckpt")
     if not lora:  # the pipeline's own layout: the experts in transformer/ and transformer_2/
         assert {p.name for p in (tmp_path / "ckpt").iterdir()} >= {"transformer", "transformer_2"}
-    restored = policy_for(wan22_dir, *extra)
+    restored = _policy(wan22_dir, *extra)
     untrained = {k: v.clone() for k, v in restored.transformer.state_dict().items()}
     restored.load(tmp_path / "ckpt")
     state = restored.transformer.state_dict()
@@ -229,8 +199,8 @@ def test_export_is_a_two_expert_pipeline(wan22_dir, tmp_path):
     of a directory diffusers' WanPipeline loads."""
     from diffusers import WanPipeline
 
-    policy = policy_for(wan22_dir, "model.lora.enabled=true", "model.lora.r=4", steps=2)
-    policy.train_step(rollout(policy), Objective(ObjectiveConfig()), 8.0, 4.0)
+    policy = _policy(wan22_dir, "model.lora.enabled=true", "model.lora.r=4", steps=2)
+    policy.train_step(train_rollout(policy, PROMPTS), Objective(ObjectiveConfig()), 8.0, 4.0)
     export_generator(policy, tmp_path / "out")
     exported = WanPipeline.from_pretrained(tmp_path / "out")
     base = WanPipeline.from_pretrained(wan22_dir)

@@ -14,13 +14,12 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import make_config
 from mmrl import GenerationPrompt
 from mmrl.core.losses import Objective, ObjectiveConfig
 from mmrl.diffusion.adapters import load_pipeline
 from mmrl.diffusion.adapters.wan_i2v import WanI2VAdapter
 from mmrl.diffusion.conditions import condition_tensor
-from mmrl.diffusion.policy import DiffusionPolicy
+from generator_checks import euler, policy_for, train_rollout
 from wan_i2v_builders import build_tiny_wan21_i2v, build_tiny_wan22_i2v_a14b, build_tiny_wan22_ti2v
 
 PROMPTS = ["a red cat", "two dogs on grass"]
@@ -51,16 +50,6 @@ def _frame(size: int, seed: int = 0) -> Image.Image:
     return Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8), "RGB")
 
 
-def _euler(adapter, noise, prompts, guidance, images, steps=3):
-    sigmas = adapter.sigmas(steps, tuple(noise.shape[1:]))
-    x = noise.clone()
-    with torch.no_grad():
-        for i in range(steps):
-            v = adapter.velocity(x, sigmas[i].expand(len(x)), prompts, guidance, images)
-            x = x + (sigmas[i + 1] - sigmas[i]) * v
-        return adapter.decode(x)
-
-
 @pytest.mark.parametrize("which, size, guidance", [("wan21", 16, 2.0), ("wan21", 16, 1.0), ("ti2v", 32, 2.0),
                                                    ("a14b", 16, 2.0)])
 def test_euler_loop_equals_the_pipeline_given_the_first_frame(which, size, guidance, request):
@@ -78,11 +67,11 @@ def test_euler_loop_equals_the_pipeline_given_the_first_frame(which, size, guida
                        num_inference_steps=3, guidance_scale=guidance, latents=noise.clone(),
                        generator=torch.Generator().manual_seed(0), output_type="pt").frames
     images = condition_tensor(frame, size, size)[None].expand(2, -1, -1, -1)
-    video = _euler(adapter, noise, PROMPTS, guidance, images)
+    video = euler(adapter, noise, PROMPTS, guidance, images)[0]
     assert video.shape == (2, 9, 3, size, size)
     assert torch.allclose(video, ref, atol=1e-4, rtol=0), (video - ref).abs().max()
     other_frame = condition_tensor(_frame(size, 1), size, size)[None].expand(2, -1, -1, -1)
-    other = _euler(adapter, noise, PROMPTS, guidance, other_frame)
+    other = euler(adapter, noise, PROMPTS, guidance, other_frame)[0]
     assert (other - ref).abs().max() > 1e-5  # the frame conditions the clip (little, at random tiny weights)
 
 
@@ -124,23 +113,15 @@ def _examples(n=2):
     return [{"prompt": PROMPTS[i], "first_frame": _frame(16, i), "_index": i} for i in range(n)]
 
 
-def _policy(path, *overrides) -> DiffusionPolicy:
-    cfg = make_config(f"model.path={path}", "train.device=cpu", "task.name=motion_i2v", "diffusion.num_steps=3",
-                      "diffusion.eval_num_steps=3", "diffusion.height=16", "diffusion.width=16",
-                      "diffusion.num_frames=9", "diffusion.guidance_scale=2.0", "rollout.batch_size=64",
-                      "train.learning_rate=1e-3", *overrides)
-    policy = DiffusionPolicy(cfg)
-    policy.configure_optimizer(cfg.train, 10)
-    policy.begin_step(1)
-    return policy
+def _policy(path, *overrides):
+    return policy_for(path, "diffusion.eval_num_steps=3", "diffusion.num_frames=9", "diffusion.guidance_scale=2.0",
+                      *overrides, task="motion_i2v")
 
 
 def _rollout(policy):
     examples = _examples()
     prompts = [GenerationPrompt(ex["prompt"], ex["first_frame"]) for ex in examples]
-    batch = policy.rollout(examples, prompts, 2, "train", need_old_logps=True, need_ref_logps=False)
-    batch.advantages = torch.linspace(-1, 1, len(batch))
-    return batch
+    return train_rollout(policy, prompts, examples=examples)
 
 
 def test_sampled_log_probs_re_score_equal(wan21_dir):

@@ -9,17 +9,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import make_config
+from generator_checks import assert_rescored, euler, policy_for, train_rollout
 from mmrl.core.losses import Objective, ObjectiveConfig
 from mmrl.diffusion.adapters import load_pipeline
 from mmrl.diffusion.adapters.z_image import ZImageAdapter
-from mmrl.diffusion.policy import DiffusionPolicy
 from mmrl.runs.checkpoint import CheckpointManager
 from test_diffusion_runs import cli, prompt_file, rows, t2i_overrides  # noqa: F401  (prompt_file: a fixture)
 from z_image_builders import z_image_dir  # noqa: F401  (a fixture)
 
 PROMPTS = ["a red cat", "two dogs on grass"]
-EXAMPLES = [{"prompt": p, "_index": i} for i, p in enumerate(PROMPTS)]
 SIZE = 32  # pixels: latents (16, 16, 16), 64 tokens of 2x2 patches
 
 
@@ -35,15 +33,6 @@ def z_image(z_image_dir):
 
 def _noise(adapter, seed=0):
     return torch.randn(2, *adapter.latent_shape(SIZE, SIZE), generator=torch.Generator().manual_seed(seed))
-
-
-def _euler(adapter, noise, guidance, steps=3):
-    sigmas = adapter.sigmas(steps, tuple(noise.shape[1:]))
-    x = noise.clone()
-    with torch.no_grad():
-        for i in range(steps):
-            x = x + (sigmas[i + 1] - sigmas[i]) * adapter.velocity(x, sigmas[i].expand(len(x)), PROMPTS, guidance)
-        return adapter.decode(x), sigmas
 
 
 def _pipeline(adapter, noise, guidance, steps=3, **options):
@@ -70,7 +59,7 @@ def test_euler_loop_equals_the_pipeline(z_image, guidance, options):
     noise = _noise(z_image)
     adapter = ZImageAdapter(z_image.pipe, **options)
     ref = _pipeline(z_image, noise, guidance, **options)
-    image, sigmas = _euler(adapter, noise, guidance)
+    image, sigmas = euler(adapter, noise, PROMPTS, guidance)
     assert torch.allclose(sigmas, z_image.pipe.scheduler.sigmas.float())
     assert image.shape == (2, 3, SIZE, SIZE) and image.dtype == torch.float32
     assert torch.allclose(image, ref, atol=1e-4, rtol=0), (image - ref).abs().max()
@@ -87,7 +76,7 @@ def test_dynamic_shift_schedule_equals_the_pipeline(z_image_dir):
                                                              max_image_seq_len=256, base_shift=0.5, max_shift=1.15)
     noise = _noise(adapter)
     ref = _pipeline(adapter, noise, 2.0)
-    image, sigmas = _euler(adapter, noise, 2.0)
+    image, sigmas = euler(adapter, noise, PROMPTS, 2.0)
     assert torch.allclose(sigmas, adapter.pipe.scheduler.sigmas.float())
     assert torch.allclose(image, ref, atol=1e-4, rtol=0), (image - ref).abs().max()
 
@@ -127,38 +116,16 @@ def test_bfloat16_velocity_and_decode_are_float32(z_image_dir):
     assert v.dtype == image.dtype == torch.float32 and torch.isfinite(v).all() and torch.isfinite(image).all()
 
 
-def policy_for(path, *overrides) -> DiffusionPolicy:
-    cfg = make_config(f"model.path={path}", "train.device=cpu", "task.name=composition", "diffusion.num_steps=3",
-                      "diffusion.eval_num_steps=3", f"diffusion.height={SIZE}", f"diffusion.width={SIZE}",
-                      "diffusion.guidance_scale=3.0", "rollout.batch_size=64", "train.learning_rate=1e-3", *overrides)
-    policy = DiffusionPolicy(cfg)
-    policy.configure_optimizer(cfg.train, 10)
-    policy.begin_step(1)
-    return policy
-
-
-class Recorder:
-    """The core objective, remembering the log-probs it was given."""
-
-    def __init__(self, policy):
-        self.cfg = ObjectiveConfig.from_algo(policy.cfg.algo)
-        self.calls = []
-
-    def __call__(self, logps, old_logps, *args, **kwargs):
-        self.calls.append((logps.detach().clone(), old_logps.clone()))
-        return Objective(self.cfg)(logps, old_logps, *args, **kwargs)
+def _policy(path, *overrides):
+    return policy_for(path, "diffusion.eval_num_steps=3", f"diffusion.height={SIZE}", f"diffusion.width={SIZE}",
+                      "diffusion.guidance_scale=3.0", *overrides)
 
 
 def test_rescored_log_probs_equal_the_sampling_ones(z_image_dir):
-    policy = policy_for(z_image_dir)
-    batch = policy.rollout(EXAMPLES, PROMPTS, 2, "train", need_old_logps=True, need_ref_logps=False)
-    batch.advantages = torch.linspace(-1, 1, len(batch))
-    assert batch.old_logps.shape == (4, 3) and torch.isfinite(batch.old_logps).all()
-    recorder = Recorder(policy)
-    policy.train_step(batch, recorder, num_tokens=float(batch.action_mask.sum()), num_seqs=4.0)
-    assert len(recorder.calls) == 3  # one per denoising step, each re-scored from the stored latents
-    for logps, old in recorder.calls:
-        assert torch.allclose(logps, old, atol=1e-5, rtol=0), (logps - old).abs().max()
+    policy = _policy(z_image_dir)
+    batch = train_rollout(policy, PROMPTS)
+    assert batch.old_logps.shape == (4, 3)
+    assert_rescored(policy, batch, steps=3)  # each step re-scored from the stored latents
 
 
 def test_lora_step_through_the_cli(z_image_dir, prompt_file, tmp_path):  # noqa: F811
@@ -177,12 +144,11 @@ def test_lora_step_through_the_cli(z_image_dir, prompt_file, tmp_path):  # noqa:
 @pytest.mark.parametrize("lora", [False, True])
 def test_checkpoint_round_trip(z_image_dir, tmp_path, lora):
     extra = ["model.lora.enabled=true", "model.lora.r=4"] if lora else []
-    policy = policy_for(z_image_dir, *extra)
-    batch = policy.rollout(EXAMPLES, PROMPTS, 2, "train", need_old_logps=True, need_ref_logps=False)
-    batch.advantages = torch.linspace(-1, 1, len(batch))
+    policy = _policy(z_image_dir, *extra)
+    batch = train_rollout(policy, PROMPTS)
     policy.train_step(batch, Objective(ObjectiveConfig()), 12.0, 4.0)
     policy.save(tmp_path / "ckpt")
-    restored = policy_for(z_image_dir, *extra)
+    restored = _policy(z_image_dir, *extra)
     untrained = {k: v.clone() for k, v in restored.transformer.state_dict().items()}
     restored.load(tmp_path / "ckpt")
     for (name, a), b in zip(policy.transformer.state_dict().items(), restored.transformer.state_dict().values()):
