@@ -85,6 +85,14 @@ def _origin(obj: Any) -> str:
 
 TASKS: Registry[type] = Registry("task")
 REWARDS: Registry[Callable[..., Any]] = Registry("reward")
+
+
+def registered_reward(name: str) -> str:
+    """The registered reward a ``task.rewards`` name calls: ``http@ocr`` -> ``http`` (a label after ``@``
+    tells two uses of one reward apart, :mod:`mmrl.core.reward_computer`); a plain name is itself."""
+    return name.split("@", 1)[0]
+
+
 ADVANTAGES: Registry[Callable[..., Any]] = Registry("advantage estimator")
 PROMPT_SAMPLERS: Registry[type] = Registry("data sampler")  # data.sampler: which prompts a step draws
 REWARD_MEDIA = ("any", "image", "video")  # register_reward(media=...): what a reward scores

@@ -128,6 +128,30 @@ def test_a_served_reward_scores_as_in_process(served):
     assert remote[2]["reward/http/failed_frac"] == 0.0 and remote[2]["reward/http/late_frac"] == 0.0
 
 
+def test_two_services_at_once_each_under_its_label(served):
+    """``http@<label>``: one reward used twice with other options (two services at once, as PickScore beside
+    an OCR service): each label has its own options, scores, counters and weight in the total."""
+    from mmrl.registry import UnknownNameError
+
+    composition, brightness = served("composition"), served("brightness", {"target": 0.25})
+    images = [_image((255, 0, 0)), _image((0, 0, 255)), "not an image"]
+    examples = [{"spec": SPEC, "prompt": "a red square on the left"}] * 3
+    local = RewardComputer({"composition": 1.0, "brightness": 1.0}, {"brightness": {"target": 0.25}})(images, examples)
+    remote = RewardComputer({"http@layout": 0.5, "http@light": 2.0},
+                            {"http@layout": {"url": composition.url}, "http@light": {"url": brightness.url}})
+    total, parts, stats = remote(images, examples)
+    assert torch.equal(parts["http@layout"], local[1]["composition"])
+    assert torch.equal(parts["http@light"], local[1]["brightness"])
+    assert not torch.equal(parts["http@layout"], parts["http@light"])
+    assert torch.allclose(total, 0.5 * parts["http@layout"] + 2.0 * parts["http@light"])
+    assert stats["reward/http@light/unparsable_frac"] == pytest.approx(1 / 3)
+    assert stats["reward/http@layout/failed_frac"] == stats["reward/http@light/failed_frac"] == 0.0
+    with pytest.raises(ValueError, match=r"task.reward_kwargs.http@light.url"):  # each label is checked
+        RewardComputer({"http@layout": 1.0, "http@light": 1.0}, {"http@layout": {"url": composition.url}})
+    with pytest.raises(UnknownNameError, match=r"unknown reward 'htp' for task.rewards.htp@layout"):
+        RewardComputer({"htp@layout": 1.0})
+
+
 def test_the_schema_is_checked(served):
     import urllib.error
     import urllib.request

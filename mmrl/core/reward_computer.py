@@ -17,6 +17,10 @@ trainer's log-prob passes run meanwhile). A future that raises scores the minimu
 ``reward/<name>/late_frac`` for a time-out, ``reward/<name>/failed_frac`` for any other failure. A
 reward that takes a ``minimum`` option (a served reward, whose range only its service knows) is
 given that value for failed and unparsable samples instead of its registered minimum.
+
+One reward used twice, with other options, takes a label after ``@`` (``http@ocr`` and ``http@pickscore``:
+two reward services; ``vlm_judge@style``): the label is its name in ``task.rewards``,
+``task.reward_kwargs`` and the metrics, the part before ``@`` the registered reward it calls.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import torch
 
 from mmrl.config.options import check_names
 from .example import Example
-from ..registry import REWARD_CONTEXT, REWARDS
+from ..registry import REWARD_CONTEXT, REWARDS, registered_reward
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +53,12 @@ class RewardComputer:
         unknown = set(self.kwargs) - set(self.weights)
         if unknown:
             raise ValueError(f"{key} names rewards that are not used: {sorted(unknown)}")
-        self.fns = {name: REWARDS.get(name) for name in self.weights}
+        self.fns = {name: REWARDS.get(registered_reward(name), f"task.rewards.{name}") for name in self.weights}
         for name, fn in self.fns.items():  # configuration errors now, not as minimum scores later
             # register_reward sets reward_options, reward_context, reward_check and reward_minimum
             check_names(fn.reward_options, self.kwargs.get(name, {}), f"{key}.{name}", f"the {name} reward")
             if fn.reward_check is not None:
-                fn.reward_check(**self.kwargs.get(name, {}))
+                _checked(fn, name, self.kwargs.get(name, {}), key)
 
     def __call__(self, completions: Sequence[str], examples: Sequence[dict], **ctx: Any):
         """Returns ``(total (N,), {name: (N,)}, stats)`` where stats counts unparsable/errors.
@@ -110,6 +114,19 @@ class RewardComputer:
                 stats[f"reward/{name}/late_frac"] = late / max(n, 1)
                 stats[f"reward/{name}/failed_frac"] = failed / max(n, 1)
         return total, components, stats
+
+
+def _checked(fn, name: str, options: dict, key: str) -> None:
+    """``fn``'s own check of its options; under a label (``http@ocr``) its message names the labelled key
+    (rewards name their options ``task.reward_kwargs.<reward>.<option>``)."""
+    base = registered_reward(name)
+    try:
+        fn.reward_check(**options)
+    except (ValueError, OSError) as exc:
+        message = str(exc).replace(f"task.reward_kwargs.{base}", f"{key}.{name}")
+        if message == str(exc) or type(exc) not in (ValueError, FileNotFoundError, NotADirectoryError, OSError):
+            raise
+        raise type(exc)(message) from None
 
 
 class PendingRewards:
