@@ -117,12 +117,20 @@ def _first_choice(url: str, answer) -> dict:
     return choices[0]
 
 
+def image_part(image) -> dict:
+    """An image as a chat message part: a PNG data URL (lossless, so the judge sees the pixels scored)."""
+    png = encode_image(image.convert("RGB"))[IMAGE_TAG]
+    return {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}}
+
+
 def replies(server: JudgeServer, prompts: list[str], system: str | None, temperature: float,
-            max_tokens: int) -> list[Future]:
-    """A future of the judge's reply text to each prompt (the user turn, after ``system`` when given)."""
+            max_tokens: int, images: list | None = None) -> list[Future]:
+    """A future of the judge's reply text to each prompt (the user turn, after ``system`` when given;
+    with ``images``, each prompt's image before its text)."""
     out = []
-    for prompt in prompts:
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    for k, prompt in enumerate(prompts):
+        content = prompt if images is None else [image_part(images[k]), {"type": "text", "text": prompt}]
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": content}]
         out.append(then(server.chat(messages, temperature=float(temperature), top_p=1.0, max_tokens=int(max_tokens)),
                         _content))
     return out
@@ -140,9 +148,7 @@ def yes_probabilities(server: JudgeServer, images: list, questions: list[str], t
 
     out = []
     for image, question in zip(images, questions):
-        png = encode_image(image.convert("RGB"))[IMAGE_TAG]
-        content = [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}},
-                   {"type": "text", "text": question}]
+        content = [image_part(image), {"type": "text", "text": question}]
         choice = server.chat([{"role": "user", "content": content}], max_tokens=1, temperature=0.0,
                              logprobs=True, top_logprobs=int(top_logprobs))
         out.append(then(choice, lambda c: yes_share(_first_token_top(c))))

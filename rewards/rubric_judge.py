@@ -10,6 +10,10 @@ reply (the last match), mapped to [0, 1] by ``(value - score_min) / (score_max -
 clipped. A reply without a match scores None (the minimum, counted as unparsable); a request that
 failed scores 0 and is counted in ``reward/rubric_judge/failed_frac`` / ``late_frac``. The server
 options (``judge_url``, ...) are those of rewards/_judge_client.py.
+
+``image_field`` (e.g. ``image``) sends the example's image with the prompt (a PNG data URL, before the
+text), for a vision-language judge grading an answer about that image; an example without a PIL image
+there is not sent and scores the minimum, counted as unparsable.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ KEY = "task.reward_kwargs.rubric_judge"
 
 
 def _check(judge_url=None, template=DEFAULT_TEMPLATE, pattern=DEFAULT_PATTERN, score_min=0.0, score_max=10.0,
-           max_tokens=64, **options):
+           max_tokens=64, image_field=None, **options):
     if judge_url is None:
         raise ValueError(f"{KEY}.judge_url is not set: give the judge server's base URL, e.g. http://127.0.0.1:8000 "
                          "(a vLLM server, `mmrl rollout-server`, or a hosted endpoint)")
@@ -47,6 +51,8 @@ def _check(judge_url=None, template=DEFAULT_TEMPLATE, pattern=DEFAULT_PATTERN, s
                          f"{DEFAULT_PATTERN!r})")
     if not float(score_max) > float(score_min):
         raise ValueError(f"{KEY}: score_max ({score_max}) must be above score_min ({score_min})")
+    if image_field is not None and (not isinstance(image_field, str) or not image_field):
+        raise ValueError(f"{KEY}.image_field={image_field!r}: give the example field that holds the image, e.g. image")
     if int(max_tokens) < 1:
         raise ValueError(f"{KEY}.max_tokens={max_tokens!r}: give at least 1")
     try:
@@ -80,9 +86,11 @@ def rubric_judge(completions, examples, judge_url: str | None = None, template: 
                  system: str = DEFAULT_SYSTEM, pattern: str = DEFAULT_PATTERN, score_min: float = 0.0,
                  score_max: float = 10.0, temperature: float = 0.0, max_tokens: int = 64,
                  judge_model: str | None = None, judge_token_env: str | None = None, judge_timeout: float = 60.0,
-                 judge_retries: int = 2, judge_concurrency: int = 8) -> list:
+                 judge_retries: int = 2, judge_concurrency: int = 8, image_field: str | None = None) -> list:
     """One future per text completion of the judge's score in [0, 1] (None: no score in the reply);
     None for a completion that is not text."""
+    from PIL import Image
+
     check_batch("rubric_judge", completions, examples)
     server = JudgeServer.of(judge_url, judge_model, judge_token_env, judge_timeout, judge_retries, judge_concurrency)
     out: list = [None] * len(completions)
@@ -93,7 +101,12 @@ def rubric_judge(completions, examples, judge_url: str | None = None, template: 
             prompts.append(str(template).format_map(_fields(completions[i], examples[i])))
         except KeyError as exc:
             raise ValueError(f"{KEY}.template names {{{exc.args[0]}}}, which example {i} does not have") from None
+    images = None
+    if image_field is not None:  # an example without its image is not sent: unparsable, counted
+        kept = [k for k, i in enumerate(rows) if isinstance(examples[i].get(image_field), Image.Image)]
+        rows, prompts = [rows[k] for k in kept], [prompts[k] for k in kept]
+        images = [examples[i][image_field] for i in rows]
     lo, hi = float(score_min), float(score_max)
-    for i, reply in zip(rows, replies(server, prompts, system or None, temperature, max_tokens)):
+    for i, reply in zip(rows, replies(server, prompts, system or None, temperature, max_tokens, images)):
         out[i] = then(reply, lambda text: score_of(text, str(pattern), lo, hi))
     return out

@@ -184,6 +184,24 @@ def test_rubric_judge_fills_the_template_and_maps_the_score(judge):
     assert (first["temperature"], first["max_tokens"]) == (0.0, 16)
 
 
+def test_rubric_judge_sends_the_examples_image_with_the_prompt(judge):
+    """``image_field``: the example's image goes before the prompt's text as a lossless PNG data URL (a
+    vision-language judge grades an answer about it); an example without one is not sent (unparsable)."""
+    Judge.answer = staticmethod(lambda body: _reply("Score: 10"))
+    red = Image.new("RGB", (5, 3), (200, 10, 10))
+    examples = [{"question": "What colour?", "answer": "red", "picture": red}, {"question": "What colour?"}]
+    options = {"judge_url": judge, "image_field": "picture", "template": "{question} {answer}"}
+    _, parts, stats = RewardComputer({"rubric_judge": 1.0}, {"rubric_judge": options})(["red", "red"], examples)
+    assert parts["rubric_judge"].tolist() == [1.0, 0.0] and stats["reward/rubric_judge/unparsable_frac"] == 0.5
+    (_, body, _), = Judge.seen
+    image, text = body["messages"][1]["content"]
+    assert text == {"type": "text", "text": "What colour? red"} and image["type"] == "image_url"
+    sent = Image.open(io.BytesIO(base64.b64decode(image["image_url"]["url"].removeprefix("data:image/png;base64,"))))
+    assert sent.size == (5, 3) and list(sent.getdata()) == list(red.getdata())
+    with pytest.raises(ValueError, match="rubric_judge.image_field"):
+        RewardComputer({"rubric_judge": 1.0}, {"rubric_judge": {"judge_url": judge, "image_field": ""}})
+
+
 @pytest.mark.parametrize("options, match", [
     ({}, "rubric_judge.judge_url is not set"),
     ({"judge_url": "127.0.0.1:8000"}, "rubric_judge.judge_url="),
