@@ -295,8 +295,9 @@ register_policy = _register_as(POLICIES, "modality")
 VLM_FAMILIES: Registry[Any] = Registry("VLM family (model_type)", modules=("mmrl.vlm.families",))
 GENERATOR_FAMILIES: Registry[Callable[..., Any]] = Registry("generator family (pipeline class)",
                                                             modules=("mmrl.diffusion.adapters",))
-# the shipped tiny models `mmrl build-tiny NAME` rebuilds (mmrl.cli.tiny_models.TinyModel)
-TINY_MODELS: Registry[Any] = Registry("tiny model", modules=("mmrl.cli.tiny_models",))
+# the shipped tiny models: the model.path names that load each, what `mmrl build-tiny NAME` rebuilds
+# (mmrl.config.tiny_models.TinyModel)
+TINY_MODELS: Registry[Any] = Registry("tiny model", modules=("mmrl.config.tiny_models",))
 
 # benchmark protocols (mmrl.eval_protocols): `mmrl eval --benchmark NAME`
 BENCHMARKS: Registry[Any] = Registry("benchmark", modules=("mmrl.eval_protocols.protocols",

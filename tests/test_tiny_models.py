@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from assets import asset_path
 from mmrl.cli import app
-from mmrl.cli.tiny_models import _named
+from mmrl.config.tiny_models import _named, tiny_checkpoints
 from mmrl.registry import TINY_MODELS
 
 
@@ -40,3 +40,20 @@ def test_steps_and_vision_steps_replace_the_recipe_values(monkeypatch, tmp_path)
 def test_an_unknown_tiny_model_lists_the_table():
     r = CliRunner().invoke(app, ["build-tiny", "nope"], prog_name="mmrl")
     assert r.exit_code == 2 and all(name in r.output for name in TINY_MODELS.names())
+
+
+@pytest.mark.parametrize("modality", ["vlm", "diffusion"])
+def test_each_model_path_name_loads_its_shipped_asset(modality):
+    """The ``model.path`` names of the shipped tiny models come from the same rows: each resolves, through
+    its policy's loader, to its row's asset, and names the command that rebuilds it; no name is claimed
+    twice within a modality."""
+    from mmrl.diffusion.loading import generator_dir
+    from mmrl.vlm.loading import resolve_model_path
+
+    rows = [model for _, model in TINY_MODELS.items() if model.modality == modality]
+    names = tiny_checkpoints(modality)
+    assert len(names) == sum(len(model.paths) for model in rows) and "tiny" in names
+    resolve = generator_dir if modality == "diffusion" else resolve_model_path
+    for path, (asset, command) in names.items():
+        assert str(resolve(path)) == str(asset_path(asset)), path
+        assert command.split()[:2] == ["mmrl", "build-tiny"] and TINY_MODELS.get(command.split()[2]).asset == asset

@@ -143,11 +143,9 @@ PATH = Kind("null or a path inside the directories this demo serves", _path_read
 
 def tiny_models(modality: str) -> tuple[str, ...]:
     """The ``model.path`` names of the shipped tiny models a ``modality`` recipe trains."""
-    if modality == "diffusion":
-        from ..diffusion.loading import TINY_GENERATORS
-        return tuple(TINY_GENERATORS)
-    from ..vlm.loading import TINY_MODELS
-    return tuple(TINY_MODELS)
+    from ..config.tiny_models import tiny_checkpoints
+
+    return tuple(tiny_checkpoints("diffusion" if modality == "diffusion" else "vlm"))
 
 
 def _model_read(text, roots, modality):

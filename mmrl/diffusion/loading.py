@@ -13,11 +13,6 @@ import torch
 
 from .base import FlowPipeline
 
-# model.path names of the shipped tiny generators: (asset directory, the command that rebuilds it)
-TINY_GENERATORS = {"tiny": ("tiny-flow-shapes", "mmrl build-tiny diffusion"),
-                   "tiny-t2v": ("tiny-wan-motion", "mmrl build-tiny video-gen"),
-                   "tiny-i2v": ("tiny-wan-motion", "mmrl build-tiny video-gen"),
-                   "tiny-edit": ("tiny-flow-edit", "mmrl build-tiny edit")}
 # model.path names that load a shipped tiny generator's weights with a conditioning on: the tiny
 # video generator given first frames (image-to-video, mmrl/diffusion/tiny_video.py) needs no new asset.
 TINY_CONDITIONED = {"tiny-i2v": "first_frame"}
@@ -27,13 +22,15 @@ def generator_dir(path: str, revision: str | None = None) -> str:
     """``model.path`` as a directory: the shipped tiny generators' names resolved to their assets, a
     hub id (a diffusers pipeline) at ``revision`` to its snapshot in the Hugging Face cache."""
     from mmrl.config.hub import resolve_checkpoint
+    from mmrl.config.tiny_models import tiny_checkpoints
     from .tiny import is_tiny_dir
 
-    if path not in TINY_GENERATORS or revision:
+    tiny = tiny_checkpoints("diffusion")  # the shipped tiny generators' model.path names
+    if path not in tiny or revision:
         return str(resolve_checkpoint(path, revision, pipeline=True))
     from ..assets import asset_path
 
-    name, command = TINY_GENERATORS[path]
+    name, command = tiny[path]
     path = str(asset_path(name))
     if not is_tiny_dir(path):
         raise FileNotFoundError(f"the tiny generator is missing from {path}; rebuild it with `{command}`")

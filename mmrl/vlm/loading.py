@@ -23,25 +23,19 @@ VISION_TOWER_NAMES = ("visual", "vision_tower", "vision_model")
 UNQUANTIZED = ("lm_head", rf"(?:.*\.)?(?:{'|'.join(VISION_TOWER_NAMES)})")
 
 
-# Built-in checkpoints by model.path name: (asset directory, the command that rebuilds it).
-TINY_MODELS = {"tiny": ("tiny-qwen2.5-vl", "mmrl build-tiny vlm"),
-               "tiny-video": ("tiny-qwen2.5-vl-video", "mmrl build-tiny video"),
-               "tiny-gui": ("tiny-qwen2.5-vl-gui", "mmrl build-tiny gui"),
-               "tiny-gui-grounding": ("tiny-qwen2.5-vl-gui-grounding", "mmrl build-tiny gui-grounding"),
-               "tiny-zoom": ("tiny-qwen2.5-vl-zoom", "mmrl build-tiny zoom")}
-
-
 def resolve_model_path(path: str, revision: str | None = None) -> Path:
     """``"tiny"`` is the built-in tiny Qwen2.5-VL, ``"tiny-video"`` the same warm-started on clips
     and ``"tiny-gui"`` on the synthetic phone's screens (``"tiny-gui-grounding"``: taught more
     clicks; ``"tiny-zoom"``: to zoom on a named cell, :mod:`mmrl.tools.tiny_zoom`); anything else is a local directory, or a hub id ``org/name`` at ``revision``: its
     snapshot in the Hugging Face cache (:func:`mmrl.config.hub.resolve_checkpoint`, downloaded unless offline)."""
     from mmrl.config.hub import resolve_checkpoint
+    from mmrl.config.tiny_models import tiny_checkpoints
 
-    if path in TINY_MODELS and not revision:
+    tiny = tiny_checkpoints("vlm")
+    if path in tiny and not revision:
         from mmrl.assets import asset_path
 
-        name, command = TINY_MODELS[path]
+        name, command = tiny[path]
         p = asset_path(name)
         if not (p / "config.json").exists():
             raise FileNotFoundError(f"the built-in {path} model is missing at {p}; rebuild it with `{command}`")

@@ -1,5 +1,5 @@
 """The shipped tiny VLMs' builders (``mmrl build-tiny vlm|video|gui|gui-grounding``, see
-:mod:`mmrl.cli.tiny_models`): each prepares its starting model (a random initialisation, a vision tower
+:mod:`mmrl.config.tiny_models`): each prepares its starting model (a random initialisation, a vision tower
 pre-trained on the synthetic cells or screens, or a shipped model) and warm-starts it by ``mmrl sft``
 (:class:`mmrl.vlm.sft_run.SFTRun`) on its recipe's task mixture. The tiny default follows the R1-style
 recipe: ``build_tiny_vlm`` trains the tokenizer, initialises a small Qwen2.5-VL, pre-trains its
