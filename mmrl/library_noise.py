@@ -50,6 +50,23 @@ _SCHEDULE_CALLER = r"mmrl\.core\.optimizer\Z"
 _BNB_CPU_KERNEL = "Failed to load CPU gemm_4bit_forward from kernels-community"
 
 
+# DeepSpeed 0.18 logs "[WARNING] ... Setting accelerator to CPU. If you have GPU or other accelerator, we were
+# unable to detect it." when it is imported on a machine where torch sees no CUDA device; with the fit extra
+# installed, every run imports it at its first checkpoint (transformers' save_pretrained unwraps the model
+# through accelerate, which imports DeepSpeed's engine class whenever DeepSpeed is installed). Where torch sees
+# no GPU, the CPU is the only accelerator there is: nothing to act on. With a GPU torch sees, it is not printed.
+_DEEPSPEED_CPU = "Setting accelerator to CPU"
+
+
+def _not_deepspeed_cpu(record: logging.LogRecord) -> bool:
+    """False (drop) for DeepSpeed's line about falling back to the CPU where torch sees no CUDA device."""
+    if not str(record.msg).startswith(_DEEPSPEED_CPU):
+        return True
+    import torch
+
+    return torch.cuda.is_available()
+
+
 # vLLM 0.32 logs "Following weights were not loaded from checkpoint: {...}" after every in-place weight reload
 # that leaves a weight out. mmrl's colocated engine pushes only the trained weights (mmrl.vlm.engines.weight_sync):
 # a frozen vision tower ("visual." in vLLM's Qwen-VL names) is left out on purpose and keeps the checkpoint's
@@ -90,6 +107,7 @@ def silence() -> None:
     logging.getLogger("torch.utils._pytree").addFilter(_not_torchao_enum)
     logging.getLogger("diffusers.quantizers.torchao.torchao_quantizer").addFilter(_not_torchao_tensors)
     logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_not_bnb_cpu_kernel)
+    logging.getLogger("DeepSpeed").addFilter(_not_deepspeed_cpu)
     logging.getLogger("vllm.model_executor.model_loader.reload.inplace").addFilter(_not_vllm_frozen_tower)
     warnings.filterwarnings("ignore", message=_PEFT_CHECKPOINTING, category=FutureWarning)
     warnings.filterwarnings("ignore", message=_SCHEDULE_ORDER, category=UserWarning, module=_SCHEDULE_CALLER)

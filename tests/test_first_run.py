@@ -24,8 +24,9 @@ from mmrl import library_noise
 from mmrl.core.optimizer import step_schedule
 
 # A Python warning as Python prints it ("path:line: FutureWarning: ..."), a torch/glog log line
-# ("W1206 07:14:27.727000 6309 site-packages/..."), or a library's line about something deprecated.
-_NOISE = re.compile(r"\b\w*Warning\b|^[IWE]\d{4} \d\d:\d\d:\d\d|deprecated", re.MULTILINE)
+# ("W1206 07:14:27.727000 6309 site-packages/..."), a library logger's "[WARNING]" line (DeepSpeed's format),
+# or a library's line about something deprecated.
+_NOISE = re.compile(r"\b\w*Warning\b|\[WARNING\]|^[IWE]\d{4} \d\d:\d\d:\d\d|deprecated", re.MULTILINE)
 
 
 def _noise(text: str) -> list[str]:
