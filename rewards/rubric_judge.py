@@ -94,18 +94,17 @@ def rubric_judge(completions, examples, judge_url: str | None = None, template: 
     check_batch("rubric_judge", completions, examples)
     server = JudgeServer.of(judge_url, judge_model, judge_token_env, judge_timeout, judge_retries, judge_concurrency)
     out: list = [None] * len(completions)
-    rows = [i for i, c in enumerate(completions) if isinstance(c, str) and isinstance(examples[i], dict)]
+    # text completions of examples that are records (and, with image_field, hold their image: an example
+    # without it is not sent, so it scores as unparsable and is counted)
+    rows = [i for i, c in enumerate(completions) if isinstance(c, str) and isinstance(examples[i], dict)
+            and (image_field is None or isinstance(examples[i].get(image_field), Image.Image))]
     prompts = []
     for i in rows:
         try:
             prompts.append(str(template).format_map(_fields(completions[i], examples[i])))
         except KeyError as exc:
             raise ValueError(f"{KEY}.template names {{{exc.args[0]}}}, which example {i} does not have") from None
-    images = None
-    if image_field is not None:  # an example without its image is not sent: unparsable, counted
-        kept = [k for k, i in enumerate(rows) if isinstance(examples[i].get(image_field), Image.Image)]
-        rows, prompts = [rows[k] for k in kept], [prompts[k] for k in kept]
-        images = [examples[i][image_field] for i in rows]
+    images = None if image_field is None else [examples[i][image_field] for i in rows]
     lo, hi = float(score_min), float(score_max)
     for i, reply in zip(rows, replies(server, prompts, system or None, temperature, max_tokens, images)):
         out[i] = then(reply, lambda text: score_of(text, str(pattern), lo, hi))

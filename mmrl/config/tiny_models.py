@@ -64,13 +64,14 @@ for _name, _model in {
                       paths=("tiny-zoom",)),
     "diffusion": TinyModel("tiny-flow-shapes", "mmrl.diffusion.pretrain:pretrain_tiny_generator",
                            "mmrl.diffusion.pretrain:TINY_GENERATOR_RECIPE", "steps", "tiny generator",
-                           "the tiny text-to-image generator", "diffusion", ("tiny",)),
+                           "the tiny text-to-image generator", modality="diffusion", paths=("tiny",)),
     "video-gen": TinyModel("tiny-wan-motion", "mmrl.diffusion.pretrain:pretrain_tiny_video_generator",
                            "mmrl.diffusion.pretrain:TINY_VIDEO_GENERATOR_RECIPE", "steps", "tiny video generator",
-                           "the tiny text-to-video generator (tiny-i2v: given first frames)", "diffusion",
-                           ("tiny-t2v", "tiny-i2v")),
+                           "the tiny text-to-video generator (tiny-i2v: given first frames)",
+                           modality="diffusion", paths=("tiny-t2v", "tiny-i2v")),
     "edit": TinyModel("tiny-flow-edit", "mmrl.diffusion.pretrain:pretrain_tiny_edit_generator",
                       "mmrl.diffusion.pretrain:TINY_EDIT_GENERATOR_RECIPE", "steps", "tiny editing generator",
-                      "the tiny image generator widened to edit shape scenes", "diffusion", ("tiny-edit",)),
+                      "the tiny image generator widened to edit shape scenes", modality="diffusion",
+                      paths=("tiny-edit",)),
 }.items():
     TINY_MODELS.register(_name, _model)

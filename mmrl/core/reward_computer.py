@@ -122,9 +122,9 @@ def _checked(fn, name: str, options: dict, key: str) -> None:
     base = registered_reward(name)
     try:
         fn.reward_check(**options)
-    except (ValueError, OSError) as exc:
+    except (ValueError, FileNotFoundError) as exc:  # what reward checks raise
         message = str(exc).replace(f"task.reward_kwargs.{base}", f"{key}.{name}")
-        if message == str(exc) or type(exc) not in (ValueError, FileNotFoundError, NotADirectoryError, OSError):
+        if message == str(exc) or type(exc) not in (ValueError, FileNotFoundError):
             raise
         raise type(exc)(message) from None
 

@@ -238,12 +238,9 @@ class DiffusionPolicy(PolicyBase):
                     latents[rows, t + 1] = x.cpu()
                 if old_means is not None:
                     old_means[rows, t] = out.mean.cpu()
-            finals.append(x.cpu())
+            # what the pipeline decodes (a given first frame put back); the stored trajectory stays as sampled
+            finals.append(self.pipe.final_latents(x, _rows(sample_images, rows)).cpu())
         final = torch.cat(finals)
-        if sample_images is not None:  # what the pipeline decodes (a first frame put back); the trajectory stays
-            final = torch.cat([self.pipe.final_latents(final[i:i + batch].to(self.device),
-                                                       sample_images[i:i + batch].to(self.device)).cpu()
-                               for i in range(0, N, batch)])
         pixels = torch.cat([self.pipe.decode(final[i:i + batch].to(self.device)).cpu() for i in range(0, N, batch)])
         completions = [to_pil(p) for p in pixels]
         # A step with std 0 (CPS's last step) carries no log-prob: never an action.

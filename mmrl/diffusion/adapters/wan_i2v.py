@@ -83,9 +83,7 @@ class WanI2VAdapter(WanAdapter):
             raise ValueError("the Wan image-to-video model needs the first frame of every clip (images=)")
         batch = latents.shape[0]
         cfg = guidance_scale > 1.0
-        frames = (latents.shape[2] - 1) * self.vae_scale_factor_temporal + 1
-        cond = self.condition_cache.get([f"frames={frames}"] * batch, images)
-        cond = {k: v.to(self.device, self.dtype) for k, v in cond.items()}
+        cond = {k: v.to(self.device, self.dtype) for k, v in self._conditions(latents, images).items()}
         s = self._sigma(sigma, batch)
         timestep = s * self.num_train_timesteps
         emb = self._embeddings(prompts, batch, cfg)
@@ -111,9 +109,12 @@ class WanI2VAdapter(WanAdapter):
         before decoding, as ``WanImageToVideoPipeline`` does; Wan 2.1 / 2.2 I2V leave the latents as sampled."""
         if not self.expand_timesteps or images is None:
             return latents
+        return with_first_frame(latents, self._conditions(latents, images)["first"].to(latents.device)).float()
+
+    def _conditions(self, latents: Tensor, images: Tensor) -> dict[str, Tensor]:
+        """The cached conditions of ``images`` for clips of ``latents``' frame count (the cache key)."""
         frames = (latents.shape[2] - 1) * self.vae_scale_factor_temporal + 1
-        first = self.condition_cache.get([f"frames={frames}"] * latents.shape[0], images)["first"]
-        return with_first_frame(latents, first.to(latents.device)).float()
+        return self.condition_cache.get([f"frames={frames}"] * latents.shape[0], images)
 
     # -- mmrl plan (mmrl.diffusion.memory_shape) ----------------------------------------------------------
     CLIP_TOKENS = 257  # Wan 2.1 I2V's CLIP ViT-H/14 at 224 px: 16 x 16 patches and the class token
