@@ -56,6 +56,22 @@ def test_null_and_dotted_yaml_keys_and_section_override(tmp_path):
     assert cfg.model.lora.r == 4 and cfg.model.lora.alpha == 8
 
 
+def test_whole_dict_override_replaces_and_dotted_entry_merges(tmp_path):
+    """task.rewards={...} on the command line is exactly those rewards (it was merged into the
+    recipe's, keeping rewards the user meant to drop); a dotted entry changes one; a child recipe's
+    dict merges into its base's."""
+    base = write(tmp_path / "base.yaml", "task:\n  name: vqa\n  rewards: {accuracy: 1, format: 0.5}\n"
+                                         "  options: {a: 1}\n")
+    child = write(tmp_path / "child.yaml", "base: base.yaml\ntask:\n  rewards: {length: 0.1}\n  options: {b: 2}\n")
+    assert load_config(base, ["task.rewards={ttrv_agreement: 1.0}"]).task.rewards == {"ttrv_agreement": 1.0}
+    assert load_config(base, ["task.rewards.format=0.2"]).task.rewards == {"accuracy": 1.0, "format": 0.2}
+    assert load_config(base, ["task.options={}"]).task.options == {}
+    cfg = load_config(child)
+    assert cfg.task.rewards == {"accuracy": 1.0, "format": 0.5, "length": 0.1} and cfg.task.options == {"a": 1, "b": 2}
+    with pytest.raises(ConfigError, match=r"'task\.rewards\.x'.*command line.*expected float"):
+        load_config(base, ["task.rewards={x: abc}"])
+
+
 def test_unknown_key_names_file_line_and_suggestion(tmp_path):
     p = write(tmp_path / "x.yaml", "# header\ntrain:\n  steps: 3\nalgo:\n  epslion: 0.3\n")
     with pytest.raises(ConfigError) as e:

@@ -52,7 +52,7 @@ __all__ = [
 
 def _apply(cfg: Any, item: Item, locations: dict[str, str]) -> None:
     try:
-        OmegaConf.update(cfg, item.key, item.value, merge=True)
+        OmegaConf.update(cfg, item.key, item.value, merge=not item.replace)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or item.key
         if not str(key).startswith(item.key):

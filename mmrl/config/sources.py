@@ -92,6 +92,7 @@ class Item:
     key: str
     value: Any
     where: str  # "configs/x.yaml, line 4" or "on the command line: a.b=c"
+    replace: bool = False  # a whole dict from the command line: it replaces the recipe's, not merged into it
 
 
 def _unknown(key: str, where: str) -> ConfigError:
@@ -238,7 +239,9 @@ def override_items(override: str, items: list[Item], locations: dict[str, str]) 
             _collect(loader, node, key, lambda _n: where_str, items, locations)
         else:
             value = None if node is None else loader.construct_object(node, deep=True)
-            items.append(Item(key, value, where_str))
+            # task.rewards={accuracy: 1.0} means exactly those rewards; task.rewards.format=0.5 changes one
+            whole = field.kind == "dict" and field.key == key and isinstance(value, dict)
+            items.append(Item(key, value, where_str, replace=whole))
     finally:
         loader.dispose()
 
