@@ -170,7 +170,7 @@ def vlm_run(vlm_dir: str, run_dir: str, steps: str, *extra: str) -> None:
     from mmrl.vlm.policy import VLMPolicy
 
     die_at, nan_at = (int(os.environ.get(key, "0")) for key in ("DIE_AT_STEP", "NAN_AT_STEP"))
-    original, terms, poisoned = Trainer.rollout_step, VLMPolicy.loss_terms, [False]
+    original, terms, poisoned = Trainer.train_step, VLMPolicy.loss_terms, [False]
 
     def spy(self, step):
         if step == die_at and dist.rank() == 1:
@@ -182,7 +182,7 @@ def vlm_run(vlm_dir: str, run_dir: str, steps: str, *extra: str) -> None:
         for loss, metrics in terms(self, *args, **kwargs):
             yield (loss * float("nan"), {**metrics, "loss": float("nan")}) if poisoned[0] else (loss, metrics)
 
-    Trainer.rollout_step, VLMPolicy.loss_terms = spy, loss_terms
+    Trainer.train_step, VLMPolicy.loss_terms = spy, loss_terms  # the step's start, on-policy or asynchronous
     path = Path(run_dir)
     mmrl.train("vlm/counting_tiny", [
         f"model.path={vlm_dir}", "train.device=cpu", f"train.steps={steps}", "train.prompts_per_step=4",

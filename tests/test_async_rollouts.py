@@ -121,6 +121,27 @@ def test_the_thread_generates_ahead_and_publishes_after_the_batch_k_steps_on(k):
         assert build_at < publish_at
 
 
+def test_a_pause_waits_until_every_batch_the_published_weights_allow_is_built():
+    """The training thread pauses the generator (to evaluate, to checkpoint) at the same point of
+    the schedule on every rank: k=1, the initial weights allow steps 1 and 2; after the weights of
+    step 1 are published, step 3. (Pausing in the middle of a batch could wait for it while its
+    gathers wait for another rank's thread, itself paused.)"""
+    import time
+
+    def build(step):
+        time.sleep(0.05)
+        return _batch(), {}
+
+    ahead = RolloutsAhead(build, lambda: None, 1, start=0, last=5)
+    with ahead.paused():
+        assert ahead.next == 3
+    ahead.take(1)
+    ahead.publish(1)
+    with ahead.paused():
+        assert ahead.next == 4
+    ahead.close()
+
+
 def test_a_failed_generation_reaches_the_training_thread():
     def build(step):
         raise ConnectionError("server http://127.0.0.1:1 refused")

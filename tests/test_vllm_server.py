@@ -243,19 +243,6 @@ def test_the_engine_needs_server_urls():
         VLMPolicy(make_config(*SERVER, "rollout.engine=vllm_server"))
 
 
-def test_several_training_processes_are_refused(monkeypatch):
-    """Each process would push its weights to every server while the others' requests run."""
-    from types import SimpleNamespace
-
-    from mmrl.config import ConfigError
-    from mmrl.vlm.engines.vllm_server import VLLMServerEngine
-
-    cfg = make_config(*SERVER, "rollout.engine=vllm_server", "rollout.server_urls=[http://127.0.0.1:9]")
-    monkeypatch.setenv("WORLD_SIZE", "2")  # as a launcher sets it
-    with pytest.raises(ConfigError, match=r"rollout.engine=vllm_server trains in one process in this version"):
-        VLLMServerEngine(SimpleNamespace(cfg=cfg))
-
-
 @pytest.mark.parametrize("engine", ["hf", "vllm"])
 def test_other_engines_refuse_the_server_keys(engine):
     """Runs everywhere (checked before vLLM is imported): a server key set for another engine."""
@@ -487,6 +474,30 @@ def test_cli_train_with_the_server_engine(server, tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "server" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "reward" in r and "loss" in r] == [1, 2, 3]
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_two_training_processes_share_one_server(server, tmp_path):
+    """Two DDP training processes (torchrun, gloo) against one real server, asynchronous k=1: each
+    rank sends its own prompts, rank 0 alone pushes (one push a step, counted over both ranks), and
+    the run trains every step (tests/test_distributed_servers.py checks the same against one
+    process with a stand-in server)."""
+    from test_distributed import launch, train_rows
+
+    run = tmp_path / "two"
+    out = launch(2, "vlm_run", "tiny", run, 3, "rollout.engine=vllm_server", f"rollout.server_urls=[{server}]",
+                 "model.dtype=float32", "rollout.max_completion_length=24", "train.async_rollouts=true",
+                 "train.max_staleness=1", env={"OMP_NUM_THREADS": "1"})
+    assert "mmrl: 2 processes, MULTI_CPU" in out.stdout
+    rows = train_rows(run)
+    assert sorted(rows) == [1, 2, 3]
+    assert [rows[s]["async/staleness"] for s in (1, 2, 3)] == [0.0, 1.0, 1.0]
+    assert all(rows[s]["rollout/server_requests"] >= 4.0 and rows[s]["grad_norm"] > 0 for s in rows), rows
+    # rank 0's pushes alone (both ranks pushing: twice as many), each reported by the next batch
+    # built: step 1's the one before the evaluation, step 2's none (built before the first publish)
+    assert [rows[s]["rollout/weight_pushes"] for s in (1, 2, 3)] == [1.0, 0.0, 1.0]
+    assert abs(rows[1]["rollout_is_ratio"] - 1.0) < 1e-3  # step 1: the server held the trainer's weights
 
 
 @pytest.mark.vllm

@@ -9,7 +9,19 @@ batch of step ``t + k`` is generated. So while step t trains, the engine generat
 step t + k from version t - 1: with k = 1 this is verl's one-step-off policy. The generation stage
 holds a lock the training thread takes to publish weights and to evaluate, so an engine never sees
 half the weights and the global RNG is the generator's alone while it builds a batch (it reseeds
-from ``(train.seed, step)`` first, as the on-policy loop does).
+from ``(train.seed, step)`` first, as the on-policy loop does). The training thread takes the lock
+only once the thread has generated every batch the published weights allow (:meth:`RolloutsAhead.paused`),
+so it never waits for a batch in the middle of being built, and every rank pauses at the same
+point of the schedule.
+
+Several training processes: every rank generates its share of each step's prompts, on the same
+schedule, so all ranks publish after the same steps (a publish is collective: the weights are
+pushed by rank 0, the others wait for it, :mod:`mmrl.vlm.engines.vllm_server`). Building a batch
+gathers what the estimators need of the whole batch (:mod:`mmrl.core.batch.whole`): the
+generator thread runs those gathers on a process group of its own
+(:mod:`mmrl.core.thread_groups`), as collectives of two threads on one group would interleave and
+deadlock; the training thread's collectives (gradients, the publish, evaluation, checkpoints)
+stay on the default group.
 
 Each trained sample records the version that made it; samples more than k versions behind the
 weights being trained (a resume with a smaller ``train.max_staleness``) are dropped by group and
@@ -17,8 +29,9 @@ counted. The importance-sampling correction (``algo.vllm_importance_sampling_*``
 log-probs at the step over the engine's) covers the gap, as in "AReaL: A Large-Scale Asynchronous
 Reinforcement Learning System for Language Reasoning" (Fu et al., 2025).
 
-A checkpoint after step t holds the batches of steps t+1..t+k, generated but not trained, so a
-resumed run trains exactly what the uninterrupted run would have. ``max_staleness = 0`` is the
+A checkpoint after step t holds the batches generated but not trained (steps t+1..t+k, and t+k+1
+when the thread had built it), each rank its own, so a resumed run trains exactly what the
+uninterrupted run would have. ``max_staleness = 0`` is the
 on-policy loop itself (no thread).
 """
 
@@ -31,7 +44,10 @@ from typing import Callable
 
 import torch
 
+from . import thread_groups
 from .rollouts import Rollouts
+
+GENERATOR_GROUP = "rollouts-ahead/"  # how a stall of the generator thread's collectives is named
 
 
 def batch_version(step: int, k: int, base: int = 0) -> int:
@@ -61,7 +77,6 @@ def staleness_metrics(versions: torch.Tensor, current: int, dropped: int) -> dic
 def check_async(cfg, policy, tracks_policy_kl: bool) -> None:
     """Stop at setup when ``train.async_rollouts`` cannot run as asked."""
     from ..config import ConfigError
-    from . import distributed as dist
 
     t = cfg.train
     if t.max_staleness < 0:
@@ -73,9 +88,6 @@ def check_async(cfg, policy, tracks_policy_kl: bool) -> None:
                           f"weights (rollout.engine=vllm_server; see `mmrl rollout-server`); a {type(policy).__name__} "
                           f"with rollout.engine={cfg.rollout.engine} generates from the module it trains. Set "
                           "train.async_rollouts=false or rollout.engine=vllm_server")
-    if dist.world_size() > 1:
-        raise ConfigError("train.async_rollouts=true runs in one training process in this version (the generator "
-                          "thread would share the processes' collectives); launch one process, or set it to false")
     if tracks_policy_kl:
         raise ConfigError(f"algo.advantage={cfg.algo.advantage!r} adapts to each update's policy KL, which an "
                           "asynchronous batch is built before; set algo.advantage_kwargs.rho or train.async_rollouts=false")
@@ -101,11 +113,16 @@ class RolloutsAhead:
         self.changed = threading.Condition()
         self.error: BaseException | None = None
         self.stopping = False
+        self.group = thread_groups.new_group()  # the thread's collectives (several processes; None in one)
         self.thread = threading.Thread(target=self._run, name="mmrl-rollouts-ahead", daemon=True)
         self.thread.start()
 
     # -- the generator thread ---------------------------------------------------------------------
     def _run(self) -> None:
+        with thread_groups.own_group(self.group, GENERATOR_GROUP):
+            self._loop()
+
+    def _loop(self) -> None:
         try:
             while True:
                 with self.changed:
@@ -142,12 +159,17 @@ class RolloutsAhead:
             batch, metrics, version = self.ready.pop(step)
         return batch, metrics, torch.full((len(batch),), version, dtype=torch.long), time.perf_counter() - t0
 
+    def _idle(self) -> bool:
+        """Every batch the published weights allow is generated: the thread waits for the next
+        publish (the batch of step s needs version s - 1 - k), or has generated the last step."""
+        return self.next > min(self.version + self.k + 1, self.last)
+
     def publish(self, version: int) -> float:
         """After step ``version`` trained: once the batch of step ``version + k`` is generated
         (from the previous weights), push these weights; the next batches are generated from them.
         Returns the seconds the trainer waited for that batch (idle, like waiting in :meth:`take`)."""
         t0 = time.perf_counter()
-        self._wait(lambda: self.next > min(version + self.k, self.last))
+        self._wait(self._idle)  # the previous version allows steps up to version + k
         waited = time.perf_counter() - t0
         with self.lock:
             self.publish_fn()
@@ -158,7 +180,11 @@ class RolloutsAhead:
 
     @contextlib.contextmanager
     def paused(self):
-        """No generation while the block runs (an evaluation uses the engine and the global RNG)."""
+        """No generation while the block runs (an evaluation uses the engine and the global RNG),
+        entered once the thread has generated what the published weights allow: the same point
+        of the schedule on every rank, and never a wait for a batch half built (whose gathers
+        would wait for the other ranks' threads while they wait here)."""
+        self._wait(self._idle)
         with self.lock:
             yield
 

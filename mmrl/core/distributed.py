@@ -25,14 +25,16 @@ from typing import Any
 
 import torch
 
+from . import thread_groups
+
 # Added to the (seed, step) salt of rank r > 0: far above the loop's own salts (< 2000), so no
 # two ranks and no two purposes share a seed. Rank 0 adds nothing: it draws what one process would.
 RANK_SALT = 1_000_003
-STORE_PREFIX = "mmrl/collective/"  # + rank: the last collective that rank entered, in the c10d store
+STORE_PREFIX = "mmrl/collective/"  # + group tag + rank: the last collective that rank entered there (c10d store)
 
 log = logging.getLogger(__name__)
 _timeout_s = 1800.0  # the process group's collective timeout, as given to init()
-_entered = 0  # collectives this rank has entered: the same count on every rank that keeps up
+_entered: dict[str, int] = {}  # per group tag: collectives this rank entered (the same on every rank that keeps up)
 
 
 class CollectiveTimeoutError(RuntimeError):
@@ -136,17 +138,17 @@ def watched(what: str) -> Iterator[None]:
     if not active():
         yield
         return
-    global _entered
-    _entered += 1
-    entry = [_entered, what, _call_site(), time.time()]
-    _store_call(lambda store: store.set(f"{STORE_PREFIX}{rank()}", json.dumps(entry)))
+    tag = thread_groups.current_tag()
+    _entered[tag] = _entered.get(tag, 0) + 1
+    entry = [_entered[tag], what, _call_site(), time.time(), tag]
+    _store_call(lambda store: store.set(f"{STORE_PREFIX}{tag}{rank()}", json.dumps(entry)))
     timer = threading.Timer(_timeout_s / 2, _warn_if_behind, (entry,))
     timer.daemon = True
     timer.start()
     try:
         yield
     except Exception as exc:
-        behind = _ranks_behind(entry[0])
+        behind = _ranks_behind(entry[0], tag)
         if behind:
             raise CollectiveTimeoutError(
                 f"{_describe(entry)} failed on rank {rank()} after {time.time() - entry[3]:.1f} s "
@@ -160,7 +162,8 @@ def watched(what: str) -> Iterator[None]:
 
 
 def _describe(entry: list) -> str:
-    return f"collective #{entry[0]} ({entry[1]} at {entry[2]})"
+    where = f" of {entry[4].rstrip('/')}" if len(entry) > 4 and entry[4] else ""
+    return f"collective #{entry[0]}{where} ({entry[1]} at {entry[2]})"
 
 
 def _late(behind: dict[int, list | None]) -> str:
@@ -173,18 +176,19 @@ def _late(behind: dict[int, list | None]) -> str:
 
 
 def _warn_if_behind(entry: list) -> None:
-    behind = _ranks_behind(entry[0])
+    behind = _ranks_behind(entry[0], entry[4])
     if behind:
         log.warning("rank %d has waited %.0f s in %s: %s", rank(), time.time() - entry[3], _describe(entry),
                     _late(behind))
 
 
-def _ranks_behind(count: int) -> dict[int, list | None]:
-    """The other ranks whose last entered collective comes before number ``count``, with it."""
+def _ranks_behind(count: int, tag: str = "") -> dict[int, list | None]:
+    """The other ranks whose last entered collective (of the group ``tag``) comes before number
+    ``count``, with it."""
     def read(store) -> dict[int, list | None]:
         behind = {}
         for r in range(world_size()):
-            key = f"{STORE_PREFIX}{r}"
+            key = f"{STORE_PREFIX}{tag}{r}"
             if r == rank():
                 continue
             last = json.loads(store.get(key)) if store.check([key]) else None
@@ -226,7 +230,7 @@ def gather(obj: Any) -> list[Any]:
 
     out: list[Any] = [None] * dist.get_world_size()
     with watched("gather"):
-        dist.all_gather_object(out, obj)
+        dist.all_gather_object(out, obj, group=thread_groups.current())
     return out
 
 
@@ -238,7 +242,7 @@ def broadcast(obj: Any) -> Any:
 
     box = [obj]
     with watched("broadcast"):
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=0, group=thread_groups.current())
     return box[0]
 
 
@@ -255,7 +259,7 @@ def barrier() -> None:
         import torch.distributed as dist
 
         with watched("barrier"):
-            dist.barrier()
+            dist.barrier(group=thread_groups.current())
 
 
 def sum_over_ranks(sums: dict[str, float], count: int) -> tuple[dict[str, float], int]:

@@ -36,7 +36,7 @@ from ..runs.trackers import tracker_names
 from . import distributed as dist
 from .evaluation import Evaluation
 from .interrupt import StopOnInterrupt, TrainingInterrupted
-from .policy_checkpoint import save_run_checkpoint
+from .policy_checkpoint import RANK_FILE, save_run_checkpoint
 from .seeding import seed_everything, stream_seed
 from .skip_record import SkipRecord
 
@@ -72,7 +72,9 @@ class StepSource(Protocol):
         """The held-out evaluation ``"before"`` or ``"after"`` training, or ``"during"`` it (``eval.every``)."""
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps beyond the weights to resume exactly (the data order's state)."""
+        """What a checkpoint keeps beyond the weights to resume exactly (the data order's state);
+        called on every rank: under ``"rank"``, what this rank alone holds (asynchronous training's
+        batches generated ahead), saved per rank and given back to the same rank on resume."""
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
@@ -137,9 +139,12 @@ class RunLifecycle:
     def save(self, step: int, before: Evaluation) -> None:
         """Every rank takes part (a sharding backend gathers the weights; each rank's RNG state
         is gathered); rank 0 writes into the temp directory and publishes it atomically."""
+        own = self.steps.state_dict()  # on every rank: what this rank alone holds is under "rank"
+        mine = own.pop("rank", {})
         save_run_checkpoint(self.ckpt, step, self.policy, lambda rngs: {
             "step": step, "kind": self.steps.kind, "rng": rngs[0], "rank_rngs": rngs, "world_size": dist.world_size(),
-            "before": before.metrics, "before_intervals": before.intervals, **self.steps.state_dict()})
+            "before": before.metrics, "before_intervals": before.intervals, **own,
+            **(mine if dist.world_size() == 1 else {})}, rank_state=mine)
 
     def resume(self) -> tuple[int, Evaluation]:
         """The step of the latest checkpoint and the evaluation before training it recorded. Every
@@ -152,6 +157,9 @@ class RunLifecycle:
         rngs = state.get("rank_rngs") or [state["rng"]]
         if dist.rank() < len(rngs):
             set_rng_state(rngs[dist.rank()])
+        own = latest / RANK_FILE.format(dist.rank())  # this rank's own part (a launch of several processes)
+        if own.exists():  # the steps' state refuses it if the process count changed
+            state = {**state, **torch.load(own, map_location="cpu", weights_only=False)}
         self.steps.load_state_dict(state)
         before = state.get("before") or {}
         if not isinstance(before, dict):  # an earlier mmrl sft checkpoint: its held-out loss alone

@@ -18,6 +18,7 @@ from . import distributed as dist
 
 ADAPTER_FILE = "adapter_model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
+RANK_FILE = "rank{:05d}.pt"  # what rank r alone holds (several processes: a run's own state per rank)
 
 
 def save_policy(policy, path: Path) -> None:
@@ -69,10 +70,11 @@ def trained_names(module: torch.nn.Module) -> list[str]:
     return [n for n, p in module.named_parameters() if p.requires_grad]
 
 
-def save_run_checkpoint(ckpt, step: int, policy, state: Callable[[list], dict]) -> None:
+def save_run_checkpoint(ckpt, step: int, policy, state: Callable[[list], dict], rank_state: dict | None = None) -> None:
     """A run's checkpoint of ``step``, published atomically: every rank takes part (a sharding
     strategy gathers the weights; each rank's RNG state is gathered), rank 0 writes the policy and
-    ``state(rank_rngs)`` (``trainer.pt``) into ``ckpt``'s temp directory and commits it.
+    ``state(rank_rngs)`` (``trainer.pt``) into ``ckpt``'s temp directory and commits it; with
+    several processes each rank writes its own ``rank_state`` there too (:data:`RANK_FILE`).
     ``ckpt``: a :class:`~mmrl.runs.checkpoint.CheckpointManager`."""
     from ..runs.checkpoint import rng_state
     from ..runs.disk import naming_disk_errors
@@ -84,7 +86,9 @@ def save_run_checkpoint(ckpt, step: int, policy, state: Callable[[list], dict]) 
         # is what tells torch's writer error apart
         with naming_disk_errors(ckpt.step_dir(step)):
             policy.save(tmp / "policy")
-            rngs = dist.gather(rng_state())
+            if rank_state and dist.world_size() > 1:
+                torch.save(rank_state, tmp / RANK_FILE.format(dist.rank()))
+            rngs = dist.gather(rng_state())  # also: every rank's own file is written before the commit
             if main:
                 torch.save(state(rngs), tmp / "trainer.pt")
     except BaseException:

@@ -161,20 +161,27 @@ class Trainer:
 
     # -- checkpoints ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The data order's state and, asynchronous, the batches generated for the next steps (read
-        while the generator thread is idle, so both describe the same point of its schedule)."""
+        """The data order's state and, asynchronous, this rank's batches generated for the next
+        steps (each rank holds its own share; read while the generator thread is idle, so both
+        describe the same point of its schedule)."""
         if self.ahead is None:
-            return {**self.batches.state_dict(), "async_pending": dict(self.pending)}
+            return {**self.batches.state_dict(), "rank": {"async_pending": dict(self.pending)}}
         with self.ahead.paused():
-            return {**self.batches.state_dict(), "async_pending": self.ahead.pending()}
+            return {**self.batches.state_dict(), "rank": {"async_pending": self.ahead.pending()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.batches.load_state_dict(state)
         pending = state.get("async_pending") or {}
-        if pending and not self.asynchronous:
+        saved_world = state.get("world_size", 1)
+        why = ""
+        if not self.asynchronous:
+            why = "this run is on-policy"
+        elif saved_world != dist.world_size():  # each rank generated its share of the prompts
+            why = f"they are shares of {saved_world} process(es) and this launch has {dist.world_size()}"
+        if pending and why:
             log.warning("the checkpoint holds %d batch(es) generated ahead for steps %s (asynchronous training); "
-                        "this run is on-policy, so they are dropped and those steps roll out again", len(pending),
-                        ", ".join(map(str, sorted(pending))))
+                        "%s, so they are dropped and those steps roll out again", len(pending),
+                        ", ".join(map(str, sorted(pending))), why)
             pending = {}
         self.pending = dict(pending)
 

@@ -112,6 +112,7 @@ class BatchBuilder:
         share = len(range(*dist.shard_bounds(cfg.train.prompts_per_step)))  # this rank's groups
         batch, _, stats = self.select(generate, share, algo.max_num_gen_batches)                 # 9
         extra.update(stats)
+        extra.update(self.policy.take_rollout_stats())  # each rank's counters, summed over ranks
         whole = gather_whole(batch, rounds, extra, self.score.stats, self.score.calls,
                              self.task.metric_keys if is_episodic(self.task) else ())
         advantages = self._advantages(whole.trained)                                             # 10
@@ -123,7 +124,6 @@ class BatchBuilder:
         metrics = rollout_metrics(whole.rounds[0][0], self.score.mean_stats(), whole.extra)
         if is_episodic(self.task):
             metrics.update(self.task.rollout_metrics(whole.rounds[0][0]))
-        metrics.update(self.policy.take_rollout_stats())
         metrics.update(observe(self.sampler, whole.rounds, whole.trained))                       # 12
         return batch, metrics
 

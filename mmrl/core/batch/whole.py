@@ -22,10 +22,13 @@ from .. import distributed as dist
 from ..example import SHARED_KEYS
 from ..rollouts import Rollouts
 
-# Generation stats that are counts over the whole batch (summed over ranks); the others are
-# averaged, ``selection/gen_batches`` takes the most rounds any rank needed.
-SUMMED = ("selection/dropped_groups", "selection/kept_groups")
-MAXED = ("selection/gen_batches",)
+# Generation stats that are counts over the whole batch (summed over ranks: a rollout server's
+# requests, retries and errors are each rank's own, its weight pushes rank 0's); the others are
+# averaged, ``selection/gen_batches`` takes the most rounds any rank needed and the weight sync time
+# the longest any rank spent in it (rank 0 pushing, the others waiting for it).
+SUMMED = ("selection/dropped_groups", "selection/kept_groups", "rollout_timeouts", "rollout/server_requests",
+          "rollout/server_retries", "rollout/server_errors", "rollout/weight_pushes")
+MAXED = ("selection/gen_batches", "rollout/weight_sync_time")
 
 
 @dataclass

@@ -24,6 +24,11 @@ rollout servers). The trainer's environment needs no vLLM: everything is HTTP (:
   encoder, multimodal and prefix caches reset (else vLLM reuses vision embeddings and KV blocks of
   the old weights), ``/resume``. These are vLLM's development endpoints: the server runs with
   ``VLLM_SERVER_DEV_MODE=1``. A server that misses a push holds old weights and is left out.
+- Several training processes (DDP: each holds the whole weights): each rank sends its own
+  prompts; a push is made by rank 0 while the others wait for it, and its outcome (an error, the
+  servers left out) is broadcast, so every rank raises the same error and no rank's next request
+  reaches a server before it holds the new weights. Counters stay per rank and are summed over
+  ranks with the step's other counters (:mod:`mmrl.core.batch.whole`).
 - LoRA: against servers that load adapters at runtime (``--enable-lora``,
   ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``: what ``mmrl rollout-server`` starts for a LoRA recipe) the
   first push sends the frozen base, every push the adapters alone in peft's format
@@ -155,12 +160,6 @@ class VLLMServerEngine(RolloutEngine):
                               "rollout.server_urls=[http://127.0.0.1:8000]); start one with `mmrl rollout-server "
                               "RECIPE`, which prints its URL")
         refuse_hf_only_keys(r, "vllm_server")
-        from mmrl.core import distributed as dist
-
-        if dist.launched():  # every process would push the weights to every server, racing each other's requests
-            raise ConfigError("rollout.engine=vllm_server trains in one process in this version (with several, each "
-                              "would push its weights to every server while the others' requests run); launch one "
-                              "training process, or use rollout.engine=hf")
         if r.vllm_enable_sleep_mode:
             raise ConfigError("rollout.vllm_enable_sleep_mode: read only by rollout.engine=vllm (a server keeps its "
                               "memory); remove the key")
@@ -215,28 +214,51 @@ class VLLMServerEngine(RolloutEngine):
         self.stale = True
 
     def push_weights(self) -> None:
-        """The policy's current weights onto every server now (see the module docstring)."""
+        """The policy's current weights onto every server now (see the module docstring). Several
+        training processes call it at the same point (each holds the whole weights under DDP):
+        rank 0 pushes while the others wait, then rank 0's outcome reaches every rank (its error,
+        raised everywhere; the servers it left out; the LoRA mode), so no rank sends a request
+        before every server holds the new weights."""
+        from mmrl.core import distributed as dist
+
         with self.lock:
-            self.connect()
             start = time.perf_counter()
-            target = self.sync_root / f"v{self.pushes + 1:06d}"
-            if self.lora_mode == "adapters":
-                if self.pushes == 0:  # the frozen base once (a server may hold another run's weights)
-                    write_buckets(base_weights(self.policy), target / "base")
-                    self._on_every_server(lambda u: self._reload(u, target / "base"))
-                write_adapters(self.policy, target / "adapters")
-                if not self._on_every_server(lambda u: self._load_adapters(u, target / "adapters")):
-                    self.lora_mode = "merged"  # a server without runtime LoRA: merged weights from now on
-            if self.lora_mode != "adapters":
-                # the first push sends every weight: a server may hold what another run pushed
-                write_buckets(engine_weights(self.policy, everything=self.pushes == 0), target)
-                self._on_every_server(lambda u: self._reload(u, target))
-            if self.current is not None:
-                shutil.rmtree(self.current, ignore_errors=True)
-            self.current = target
+            error = None
+            if dist.is_main():
+                try:
+                    self._push()
+                except Exception as exc:  # raised below, after every rank has heard of it
+                    error = exc
+            failed, urls, self.lora_mode = dist.broadcast(
+                (None if error is None else f"{type(error).__name__}: {error}", list(self.pool.urls), self.lora_mode))
+            if error is not None:
+                raise error
+            if failed is not None:
+                raise RuntimeError(f"rank 0's weight push to the rollout servers failed: {failed}")
+            for url in [u for u in self.pool.urls if u not in urls]:  # left out by rank 0: old weights
+                self.pool.drop(url)
             self.stale = False
             self.pushes += 1
             self.sync_seconds += time.perf_counter() - start
+
+    def _push(self) -> None:
+        """Write the weights and reload them on every server (rank 0's part of :meth:`push_weights`)."""
+        self.connect()
+        target = self.sync_root / f"v{self.pushes + 1:06d}"
+        if self.lora_mode == "adapters":
+            if self.pushes == 0:  # the frozen base once (a server may hold another run's weights)
+                write_buckets(base_weights(self.policy), target / "base")
+                self._on_every_server(lambda u: self._reload(u, target / "base"))
+            write_adapters(self.policy, target / "adapters")
+            if not self._on_every_server(lambda u: self._load_adapters(u, target / "adapters")):
+                self.lora_mode = "merged"  # a server without runtime LoRA: merged weights from now on
+        if self.lora_mode != "adapters":
+            # the first push sends every weight: a server may hold what another run pushed
+            write_buckets(engine_weights(self.policy, everything=self.pushes == 0), target)
+            self._on_every_server(lambda u: self._reload(u, target))
+        if self.current is not None:
+            shutil.rmtree(self.current, ignore_errors=True)
+        self.current = target
 
     def _on_every_server(self, update) -> bool:
         """``update(url)`` on every server at once; a server it fails on (a connection error) is
@@ -303,10 +325,14 @@ class VLLMServerEngine(RolloutEngine):
         return None
 
     def take_stats(self) -> dict[str, float]:
+        """This rank's requests, retries and errors since the last call, the pushes it made (rank 0
+        alone pushes: summed over ranks, the run's count) and the seconds they took (waited for)."""
+        from mmrl.core import distributed as dist
+
         stats = self.pool.take_stats()
         with self.lock:
-            stats.update({"rollout/weight_pushes": float(self.pushes - self.pushes_taken),
-                          "rollout/weight_sync_time": self.sync_seconds})
+            pushed = self.pushes - self.pushes_taken if dist.is_main() else 0
+            stats.update({"rollout/weight_pushes": float(pushed), "rollout/weight_sync_time": self.sync_seconds})
             self.sync_seconds, self.pushes_taken = 0.0, self.pushes
         return stats
 
@@ -317,13 +343,13 @@ class VLLMServerEngine(RolloutEngine):
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[list[dict]], sampling: Sampling) -> list[dict]:
-        if not prompts:
-            return []
         with self.lock:
             self.connect()
-            if self.stale:
+            if self.stale:  # before the empty check: every rank takes part in a push
                 self.push_weights()
             model = self.served_model
+        if not prompts:
+            return []
         policy = self.policy
         groups = group_prompts(prompts)
         encoded = self.encode([p for p, _ in groups], sampling.batch_size or len(groups))
