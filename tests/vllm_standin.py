@@ -6,7 +6,8 @@ It is honest where the tests look: it samples and computes the log-probs with it
 weights, which only ``/collective_rpc`` ``reload_weights`` (the trainer's safetensors files)
 changes, so a push that is missed, repeated on a stale directory or made by a rank with other
 weights changes the samples, the log-probs and the trainer's importance weights. What it does
-not imitate: concurrency (one request at a time), and vLLM's seeds. A request's samples are drawn
+not imitate: concurrency (one request at a time, and one sampling at a time across the stand-ins of
+a process: they share torch's global RNG), and vLLM's seeds. A request's samples are drawn
 under a seed taken from its prompt's token ids (not the request's ``seed``, which the trainer draws
 from its rank's stream), so a prompt rolled out by either of two ranks draws what one process
 would: the condition of comparing a 2-process run with a 1-process one, as the generator runs
@@ -30,6 +31,8 @@ from pathlib import Path
 import torch
 
 RESETS = ("/pause", "/resume", "/reset_encoder_cache", "/reset_mm_cache", "/reset_prefix_cache")
+# Sampling seeds torch's global RNG, which every stand-in of this process shares: one at a time
+SAMPLING = threading.Lock()
 
 
 def policy_messages(messages: list[dict]) -> list[dict]:
@@ -143,9 +146,10 @@ class StandIn:
             return 400, {"error": f"the request's sampling matches neither the train nor the eval settings: {body}"}
         prompt = policy_messages(body["messages"])
         ids = policy.encode_prompts([prompt])[0]["input_ids"][0]
-        torch.manual_seed(zlib.crc32(json.dumps(ids.tolist()).encode()))
-        batch = policy.rollout([{}], [prompt], int(body.get("n", 1)), mode, need_old_logps=True, need_ref_logps=False,
-                               stop=stop)
+        with SAMPLING:
+            torch.manual_seed(zlib.crc32(json.dumps(ids.tolist()).encode()))
+            batch = policy.rollout([{}], [prompt], int(body.get("n", 1)), mode, need_old_logps=True,
+                                   need_ref_logps=False, stop=stop)
         choices = []
         for i, (tokens, mask) in enumerate(zip(batch.payload["completion_ids"], batch.action_mask)):
             logps = batch.old_logps[i][:len(tokens)].tolist()
