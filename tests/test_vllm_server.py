@@ -497,7 +497,8 @@ def test_two_training_processes_share_one_server(server, tmp_path):
     # rank 0's pushes alone (both ranks pushing: twice as many), each reported by the next batch
     # built: step 1's the one before the evaluation, step 2's none (built before the first publish)
     assert [rows[s]["rollout/weight_pushes"] for s in (1, 2, 3)] == [1.0, 0.0, 1.0]
-    assert abs(rows[1]["rollout_is_ratio"] - 1.0) < 1e-3  # step 1: the server held the trainer's weights
+    # step 1 (on-policy): the server held the trainer's weights (measured: 3e-8 from 1)
+    assert abs(rows[1]["rollout_is_ratio"] - 1.0) < 1e-4
 
 
 @pytest.mark.vllm
