@@ -149,13 +149,14 @@ def adapter_keys(module: torch.nn.Module) -> dict[str, str]:
     """For a peft model: the keys of its saved adapter file (peft's ``get_peft_model_state_dict``,
     adapter name removed) -> the module's own state-dict keys, so that a sharded module loads
     the adapters through :func:`load_full_model_state` (peft's loader copies into plain tensors).
-    peft returns the module's tensors under its keys: matched by identity, the renaming stays
-    peft's own."""
+    peft is handed one empty tag tensor per key and returns the tags under its keys: matched by
+    identity, the renaming stays peft's own (the module's own sharded tensors would come back
+    gathered into new ones: peft 0.22 gathers DTensors, a collective, for its callers' saves)."""
     from peft import get_peft_model_state_dict
 
-    state = module.state_dict()
-    key_of = {id(v): k for k, v in state.items()}
-    keys = {saved: key_of.get(id(v)) for saved, v in get_peft_model_state_dict(module, state_dict=state).items()}
+    tags = {k: torch.empty(0) for k in module.state_dict()}
+    key_of = {id(v): k for k, v in tags.items()}
+    keys = {saved: key_of.get(id(v)) for saved, v in get_peft_model_state_dict(module, state_dict=tags).items()}
     unmatched = sorted(k for k, v in keys.items() if v is None)
     if unmatched:
         raise RuntimeError(f"cannot place saved adapter weights {unmatched[:3]} in the sharded model")
