@@ -7,12 +7,10 @@ threads, and one thread makes a run's numbers independent of how many cores the 
 tests (``learning_fixtures.py``) and the seed-spread campaign (``tests/campaigns/seed_spread.py``)
 share this runner, so the thresholds are measured on exactly the runs the tests make.
 
-Each of the two runs at a time is forked from a server process (``--serve``, one per place in the
-pool) that has imported torch, transformers and mmrl and run nothing: the child starts from the
-state a new process has after those imports (one thread, every step seeded), so its numbers are a
-new process's (checked: the detection and darkness cases gave the same metrics to the last digit),
-and the ~6 s of processor time a new process spends importing is spent once per server, not once
-per run (13 runs a session).
+Each of the two runs at a time is forked from a server process (``fork_server.ForkServer``, one per
+place in the pool) that has imported torch, transformers and mmrl and run nothing, so the imports
+are paid once per server, not once per run (13 runs a session); a forked run's numbers are a new
+process's (checked: the detection and darkness cases gave the same metrics to the last digit).
 
     python tests/learning_runs.py CASE SEED OUT_DIR [--no-before] [--tag=NAME] [KEY=VALUE ...]   # one run, as a child makes it
 """
@@ -20,17 +18,16 @@ per run (13 runs a session).
 from __future__ import annotations
 
 import json
-import os
 import queue
 import resource
-import signal
-import subprocess
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from fork_server import Child, ForkServer
 
 QUIET = ["log.progress=false", "log.save_every=0", "log.save_rollouts_every=0"]
 
@@ -74,13 +71,7 @@ class LearningRun:
     error: str = ""
 
 
-# What a run imports, imported once by each server before it forks its runs (a module left out
-# costs its import time in every run, nothing else).
-PRELOAD = ("torch", "transformers", "scipy.stats", "peft", "mmrl.api", "mmrl.core.trainer", "mmrl.vlm.policy",
-           "mmrl.measures.math_equivalence", "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl",
-           "torch.utils.tensorboard", "learning_cases")
-
-_SERVERS: set[subprocess.Popen] = set()  # the servers in use, for stop_runs
+_SERVERS: set = set()  # the fork servers in use, for stop_runs
 _STOPPED = threading.Event()
 
 
@@ -88,49 +79,18 @@ def stop_runs() -> None:
     """Kill the servers and the runs in progress and start no more (a pytest session that ends
     before its learning tests read the runs: an interrupt, -x)."""
     _STOPPED.set()
-    for proc in list(_SERVERS):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the server and the run it forked: its own session
-        except ProcessLookupError:
-            pass
+    for server in list(_SERVERS):
+        server.kill()
 
 
-class _Server:
-    """``learning_runs.py --serve`` at one torch thread and CPU priority ``nice`` (19 yields the
-    cores to anything else that runs), in its own session: :meth:`run` has it fork one run."""
-
-    def __init__(self, nice: int = 0):
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve"], text=True,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True,
-                                     preexec_fn=(lambda: os.nice(nice)) if nice else None)
-        _SERVERS.add(self.proc)
-
-    def run(self, argv: list[str], log: Path) -> int:
-        """The exit code of the run of ``argv`` (``_main``'s), its output in ``log``; -9 when the
-        server was killed."""
-        try:
-            self.proc.stdin.write(json.dumps([argv, str(log)]) + "\n")
-            self.proc.stdin.flush()
-        except BrokenPipeError:
-            return -9
-        reply = self.proc.stdout.readline()
-        return int(reply) if reply.strip() else -9
-
-    def close(self) -> None:
-        _SERVERS.discard(self.proc)
-        self.proc.stdin.close()  # the server ends its loop
-        self.proc.wait()
-
-
-def _one_run(job: Job, out: Path, server: _Server) -> LearningRun:
+def _one_run(job: Job, out: Path, server: ForkServer) -> LearningRun:
     """``job`` in a child forked by ``server``; its result read from the JSON it writes."""
     if _STOPPED.is_set():
         return LearningRun(error="not run: the runs were stopped")
     flags = [*([] if job.before else ["--no-before"]), *([f"--tag={job.tag}"] if job.tag else [])]
     log = out / f"{job.run_name}.log"
     t0 = time.time()
-    code = server.run([job.case, str(job.seed), str(out), *flags, *job.extra], log)
+    code = server.run([Child(__file__, [job.case, str(job.seed), str(out), *flags, *job.extra], str(log))])[0]
     wall = round(time.time() - t0, 1)
     result_file = out / f"{job.run_name}.json"
     if code != 0 or not result_file.exists():
@@ -148,9 +108,11 @@ def run_cases(jobs: list[Job], out: Path, workers: int = 2, report=print, on_don
 
     out.mkdir(parents=True, exist_ok=True)
     ordered = sorted(jobs, key=lambda j: -CASES[j.case].seconds)
-    servers: queue.Queue[_Server] = queue.Queue()
+    servers: queue.Queue[ForkServer] = queue.Queue()
     for _ in range(min(workers, len(ordered))):
-        servers.put(_Server(nice))
+        server = ForkServer(nice, preload=("learning_cases",))
+        _SERVERS.add(server)
+        servers.put(server)
 
     def one(job: Job) -> LearningRun:
         server = servers.get()
@@ -171,38 +133,10 @@ def run_cases(jobs: list[Job], out: Path, workers: int = 2, report=print, on_don
                     on_done(job, run)
     finally:
         while not servers.empty():
-            servers.get().close()
+            server = servers.get()
+            _SERVERS.discard(server)
+            server.close()
     return results
-
-
-def _serve() -> None:
-    """The server :class:`_Server` starts: import :data:`PRELOAD`, then for each line ``[argv, log]``
-    on stdin fork a child that runs ``_main(argv)`` with its output in ``log``, wait for it and
-    answer its exit code. One child at a time, forked from a process that has only imported."""
-    import importlib
-    import traceback
-
-    for name in PRELOAD:
-        importlib.import_module(name)
-    for line in sys.stdin:
-        argv, log = json.loads(line)
-        pid = os.fork()
-        if pid == 0:  # the run
-            code = 1
-            try:
-                fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                os.dup2(fd, 1)
-                os.dup2(fd, 2)
-                _main(argv)
-                code = 0
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        print(os.waitstatus_to_exitcode(status), flush=True)
 
 
 def _main(argv: list[str]) -> None:
@@ -229,4 +163,4 @@ def _main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    _serve() if sys.argv[1:] == ["--serve"] else _main(sys.argv[1:])
+    _main(sys.argv[1:])

@@ -20,32 +20,90 @@ against one, through tests/dist_worker.py:
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from fork_server import Child, ForkServer
 from safetensors.torch import load_file
 
 WORKER = Path(__file__).with_name("dist_worker.py")
 pytestmark = pytest.mark.slow
 
 
-def launch(nproc: int, *args, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+def launch(nproc: int, *args, env: dict | None = None, check: bool = True, torchrun: bool = False) -> subprocess.CompletedProcess:
     """``dist_worker.py args`` in ``nproc`` processes (1: a plain process, no launcher)."""
-    return launch_together((nproc, args, env), check=check)[0]
+    return launch_together((nproc, args, env), check=check, torchrun=torchrun)[0]
 
 
-def launch_together(*launches: tuple[int, tuple, dict | None], check: bool = True) -> list[subprocess.CompletedProcess]:
+def launch_together(*launches: tuple[int, tuple, dict | None], check: bool = True,
+                    torchrun: bool = False) -> list[subprocess.CompletedProcess]:
     """Independent :func:`launch` calls ``(nproc, args, env)`` run at the same time: every worker
     takes one thread (dist_worker.py), so a one-process run alone leaves a core idle. Each run's
-    results are its own (no run reads another's files)."""
+    results are its own (no run reads another's files). The ranks are forked from the session's
+    :class:`fork_server.ForkServer` with the environment torchrun gives them (a failed rank ends
+    its peers, as torchrun's agent does); ``torchrun=True`` runs ``torch.distributed.run`` itself,
+    for the tests of what its agent reports."""
+    if torchrun:
+        return _torchrun_together(launches, check)
+    outs, children, groups = [], [], []
+    logs = Path(tempfile.mkdtemp(prefix="mmrl-dist-"))
+    try:
+        for i, (nproc, args, env) in enumerate(launches):
+            port = _free_port()
+            ranks = []
+            for rank in range(nproc):
+                rank_env = {} if nproc == 1 else {
+                    "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+                    "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "ROLE_WORLD_SIZE": str(nproc),
+                    "GROUP_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                    "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0"}
+                ranks.append(len(children))
+                children.append(Child(str(WORKER), list(map(str, args)), str(logs / f"{i}-{rank}.out"),
+                                      str(logs / f"{i}-{rank}.err"), {**os.environ, **(env or {}), **rank_env}, group=i))
+            groups.append(ranks)
+        codes = _server().run(children, timeout=300)
+        for ranks, (nproc, args, _) in zip(groups, launches):
+            code = next((codes[r] for r in ranks if codes[r] != 0), 0)
+            read = lambda path: Path(path).read_text(errors="replace") if Path(path).exists() else ""  # noqa: E731
+            stdout = "".join(read(children[r].log) for r in ranks)
+            stderr = "".join(read(children[r].err) for r in ranks)
+            out = subprocess.CompletedProcess([str(WORKER), *map(str, args)], code, stdout, stderr)
+            if check:
+                assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+            outs.append(out)
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
+    return outs
+
+
+_SERVER: list[ForkServer] = []  # the session's, started at the first launch
+
+
+def _server() -> ForkServer:
+    if not _SERVER or _SERVER[0].proc.poll() is not None:
+        _SERVER[:] = [ForkServer()]
+        atexit.register(_SERVER[0].kill)
+    return _SERVER[0]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _torchrun_together(launches, check: bool) -> list[subprocess.CompletedProcess]:
     procs = []
     for nproc, args, env in launches:
         cmd = [sys.executable, str(WORKER), *map(str, args)]
@@ -425,7 +483,7 @@ def test_episode_advantages_and_metrics_on_two_processes_equal_one(tmp_path):
 
 def test_a_rank_error_ends_every_process_with_its_message():
     t0 = time.monotonic()
-    out = launch(2, "error", check=False)
+    out = launch(2, "error", check=False, torchrun=True)
     assert out.returncode != 0
     # the launcher's report names the failing rank and shows its traceback
     report = (out.stdout + out.stderr).split("Root Cause")[-1]
@@ -436,7 +494,7 @@ def test_a_rank_error_ends_every_process_with_its_message():
 def test_a_hung_collective_times_out_naming_the_rank_that_stalled():
     """After a barrier together, rank 1 never joins rank 0's gather (distributed_timeout 5 s here):
     half-way a warning, then an error on rank 0 naming rank 1 and where each of them is."""
-    out = launch(2, "hang", check=False)
+    out = launch(2, "hang", check=False, torchrun=True)
     assert out.returncode != 0
     text = out.stdout + out.stderr
     assert re.search(r"rank 0 has waited \d s in collective #2 \(gather at tests/dist_worker.py:\d+ \(hang\)\): "
