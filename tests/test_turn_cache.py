@@ -44,12 +44,13 @@ class ZoomEveryTurn(ToolConversation):
         return Reply()
 
 
-def _policy(turn_cache: bool, temperature: float):
+def _policy(turn_cache: bool, temperature: float, *overrides: str):
     from conftest import make_config
     from mmrl.vlm.policy import VLMPolicy
 
     return VLMPolicy(make_config(f"model.path={ZOOM}", "train.device=cpu", "rollout.max_completion_length=16",
-                                 f"rollout.temperature={temperature}", f"rollout.turn_cache={str(turn_cache).lower()}"))
+                                 f"rollout.temperature={temperature}", f"rollout.turn_cache={str(turn_cache).lower()}",
+                                 *overrides))
 
 
 def _trajectories(policy, task, reused: list | None = None):
@@ -66,14 +67,14 @@ def _trajectories(policy, task, reused: list | None = None):
 def _count_reuse(policy, reused: list) -> None:
     """Record, per generate call, the prompt tokens the store held and all prompt tokens."""
     engine = policy.engine
-    real = engine.continue_turns
+    real = engine.prefilled
 
     def counted(turns, inputs, rows, gen_kwargs):
         matches = turns.match(rows, [len(r.ids) - 1 for r in rows])
         reused.append((sum(m for _, m in matches), sum(len(r.ids) for r in rows)))
         return real(turns, inputs, rows, gen_kwargs)
 
-    engine.continue_turns = counted
+    engine.prefilled = counted
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -118,6 +119,34 @@ def test_a_three_turn_trajectory_scores_as_one_pass_of_the_whole_conversation():
             if r != mine[-1]:  # the last message ends the conversation: its tokens are the text's
                 assert torch.equal(ids[:len(p) + n], torch.cat([p, c]))
             assert torch.allclose(rows.old_logps[r, :n], logps[len(p) - 1:len(p) - 1 + n], atol=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_groups_prompt_is_computed_once_and_samples_as_without(temperature):
+    """rollout.group_prefill: 3 prompts x 4 samples give the completions (greedy, and sampled from one
+    seed) and old log-probs of the plain generate, and the language model reads 9 prompts fewer:
+    the plain call feeds 12 rows of W prompt columns, then one token a row per later step; the
+    shared one 3 rows of W - 1 columns, then each row's last prompt column, then the same steps."""
+    task = make_task("zoom_qa", **OPTIONS)
+    batches, fed, width = {}, {}, {}
+    for share in (True, False):
+        policy = _policy(False, temperature, f"rollout.group_prefill={str(share).lower()}")
+        examples = policy.prepare_examples([task.examples("eval")[i] for i in range(3)])
+        prompts = [task.prompt(e) for e in examples]
+        width[share] = policy.encode_prompts([p for p in prompts for _ in range(4)])[0]["input_ids"].shape[1]
+        shapes = []
+        hook = policy.module.model.language_model.register_forward_hook(
+            lambda _m, _args, kwargs, _out: shapes.append(kwargs["inputs_embeds"].shape[:2]), with_kwargs=True)
+        torch.manual_seed(0)
+        batches[share] = policy.rollout(examples, prompts, 4)
+        hook.remove()
+        fed[share] = sum(rows * columns for rows, columns in shapes)
+        batches[share].old_logps = policy.score(batches[share], reference=False)
+    shared, plain = batches[True], batches[False]
+    assert shared.completions == plain.completions and len(set(plain.completions)) > 3 * (temperature > 0)
+    assert torch.allclose(shared.old_logps, plain.old_logps, atol=1e-5)
+    W = width[True]
+    assert fed[False] - fed[True] == 12 * W - (3 * (W - 1) + 12) == 9 * (W - 1)
 
 
 def test_the_cache_is_open_only_inside_the_agent_loop():

@@ -23,6 +23,11 @@ simply stops there.
 The store lives only while the agent loop holds a :meth:`~mmrl.vlm.sampling.VLMSampling.turn_cache`
 session: the weights cannot change inside one, and the memory (one KV cache of the last turn) is
 released when the loop ends.
+
+The same reuse inside one call (:func:`group_prefill`, ``rollout.group_prefill``): a GRPO group is
+G copies of one prompt in the batch, and ``generate`` computes each copy's prompt (its images
+through the vision tower included) again; the distinct prompts are computed once and their
+keys/values copied to the copies, as :mod:`mmrl.vlm.shared_prefix` does for scoring.
 """
 
 from __future__ import annotations
@@ -207,6 +212,50 @@ def generation_positions(backbone, inputs: dict[str, Tensor]) -> tuple[Tensor, T
                                        attention_mask=mask, image_grid_thw=inputs["image_grid_thw"])
     text = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
     return text.unsqueeze(0).expand(3, -1, -1), torch.zeros(mask.shape[0], 1, dtype=torch.long, device=mask.device)
+
+
+def distinct_rows(rows: Sequence[Tokens]) -> tuple[list[int], Tensor]:
+    """``(representatives, index)``: the first row of each distinct prompt (equal token ids and
+    images) and, for each row, the position of its prompt among them."""
+    reps: list[int] = []
+    index: list[int] = []
+    seen: dict[tuple, list[int]] = {}
+    for i, row in enumerate(rows):
+        bucket = seen.setdefault(tuple(row.ids.tolist()), [])
+        match = next((k for k in bucket if len(rows[reps[k]].images) == len(row.images)
+                      and all(a.same(b) for a, b in zip(rows[reps[k]].images, row.images))), None)
+        if match is None:
+            match = len(reps)
+            reps.append(i)
+            bucket.append(match)
+        index.append(match)
+    return reps, torch.tensor(index, dtype=torch.long)
+
+
+def group_prefill(backbone, inputs: dict[str, Tensor], rows: Sequence[Tokens], cache_class, keyword: str):
+    """The key/value cache of every column of the padded prompts ``inputs`` but the last (as
+    :func:`prefill`), each distinct prompt computed once, its images encoded once, and its
+    keys/values copied to the rows that repeat it; None when no two rows are equal."""
+    reps, index = distinct_rows(rows)
+    if len(reps) == len(rows):
+        return None
+    device = inputs["input_ids"].device
+    width = inputs["input_ids"].shape[1]
+    positions, deltas = generation_positions(backbone, inputs)
+    first = torch.tensor(reps, dtype=torch.long, device=device)
+    new = [im for r in reps for im in rows[r].images]
+    images = {"pixel_values": torch.cat([im.pixels for im in new]).to(device),
+              "image_grid_thw": torch.stack([im.grid for im in new]).to(device)} if new else {}
+    once = cache_class()
+    backbone(input_ids=inputs["input_ids"][first, :width - 1], attention_mask=inputs["attention_mask"][first, :width - 1],
+             position_ids=positions[:, first, :width - 1], mm_token_type_ids=inputs["mm_token_type_ids"][first, :width - 1],
+             use_cache=True, **{keyword: once}, **images)
+    index = index.to(device)
+    cache = cache_class()
+    for layer, kv in enumerate(once.layers):
+        cache.update(kv.keys.index_select(0, index), kv.values.index_select(0, index), layer)
+    backbone.rope_deltas = deltas
+    return cache
 
 
 def prefill(backbone, store: TurnStore, inputs: dict[str, Tensor], rows: Sequence[Tokens], cache_class,

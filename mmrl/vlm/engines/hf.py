@@ -21,7 +21,7 @@ from ..family_processing import split_images
 from ..kv_cache import cache_keyword, returned_cache
 from ..logprobs import split_head
 from ..lora_merge import merged_for_generation
-from ..turn_cache import TurnStore, kept, prefill, prompt_tokens, turn_cache_off
+from ..turn_cache import TurnStore, group_prefill, kept, prefill, prompt_tokens, turn_cache_off
 from .base import RolloutEngine, Sampling
 from .vllm_server import refuse_server_keys
 
@@ -135,6 +135,13 @@ class HFGenerate(RolloutEngine):
         # the KV cache's keywords for every generate call (``mmrl bench rollout --caches`` sets each in turn)
         self.cache_options = cache_options(policy.cfg.rollout, policy)
         self.turns: TurnStore | None = None  # while the agent loop holds turn_cache(): the last turn's keys/values
+        # a group's copies of one prompt prefilled once (rollout.group_prefill), where the turn cache's
+        # reuse applies (the dynamic cache, read at each call: `mmrl bench rollout --caches` changes it)
+        self.group_prefill = (policy.cfg.rollout.group_prefill
+                              and turn_cache_off(split_head(self._base_model())[0]) is None)
+
+    def _base_model(self):
+        return self.policy.module.get_base_model() if self.policy.lora else self.policy.module
 
     @contextlib.contextmanager
     def turn_cache(self):
@@ -142,9 +149,8 @@ class HFGenerate(RolloutEngine):
         the same tokens and images (:mod:`mmrl.vlm.turn_cache`); closed, they are freed. With the
         static cache (whose shapes are fixed per call) or a model the module does not serve, and
         with ``rollout.turn_cache=false``, every turn is computed whole."""
-        model = self.policy.module.get_base_model() if self.policy.lora else self.policy.module
         use = (self.policy.cfg.rollout.turn_cache and not self.cache_options
-               and turn_cache_off(split_head(model)[0]) is None)
+               and turn_cache_off(split_head(self._base_model())[0]) is None)
         self.turns = TurnStore() if use else None
         try:
             yield
@@ -203,17 +209,22 @@ class HFGenerate(RolloutEngine):
             gen_kwargs["max_time"] = policy.cfg.rollout.max_time
         return gen_kwargs
 
-    def continue_turns(self, turns: TurnStore, inputs: dict[str, torch.Tensor], rows, gen_kwargs: dict) -> dict:
-        """The inputs ``generate`` takes to go on from what ``turns`` holds of these prompts: a
-        cache of every prompt column but the last (:func:`~mmrl.vlm.turn_cache.prefill`), so the
-        images are no longer needed; unchanged when no prompt reuses anything. Either way the call
-        returns its cache, which the store keeps."""
+    def prefilled(self, turns: TurnStore | None, inputs: dict[str, torch.Tensor], rows, gen_kwargs: dict) -> dict:
+        """The inputs ``generate`` takes to go on from a cache of every prompt column but the last,
+        so the images are no longer needed: what ``turns`` holds of these prompts
+        (:func:`~mmrl.vlm.turn_cache.prefill`), else, with ``rollout.group_prefill``, each distinct
+        prompt computed once (:func:`~mmrl.vlm.turn_cache.group_prefill`); unchanged when neither
+        applies. With ``turns`` the call returns its cache, which the store keeps."""
         from transformers import DynamicCache
 
-        gen_kwargs["return_dict_in_generate"] = True
-        model = self.policy.module.get_base_model() if self.policy.lora else self.policy.module
+        if turns is not None:
+            gen_kwargs["return_dict_in_generate"] = True
+        model = self._base_model()
+        backbone, keyword = split_head(model)[0], cache_keyword(model)
         with self.policy.autocast():
-            cache = prefill(split_head(model)[0], turns, inputs, rows, DynamicCache, cache_keyword(model))
+            cache = prefill(backbone, turns, inputs, rows, DynamicCache, keyword) if turns is not None else None
+            if cache is None and self.group_prefill:
+                cache = group_prefill(backbone, inputs, rows, DynamicCache, keyword)
         if cache is None:
             return inputs
         gen_kwargs[cache_keyword(model)] = cache
@@ -233,10 +244,11 @@ class HFGenerate(RolloutEngine):
             images = split_images(enc, images_per_sample, policy.processor)
             videos = policy.split_videos(enc)
             gen_kwargs = self.generation_kwargs(sampling, inputs["input_ids"].shape[1])
-            turns = self.turns if self.turns is not None and not any(v is not None for v in videos) else None
-            if turns is not None:
+            no_video = not any(v is not None for v in videos)
+            turns = self.turns if self.turns is not None and no_video else None
+            if turns is not None or (self.group_prefill and no_video and not self.cache_options):
                 rows = prompt_tokens(enc, images, policy.processor)
-                inputs = self.continue_turns(turns, inputs, rows, gen_kwargs)
+                inputs = self.prefilled(turns, inputs, rows, gen_kwargs)
             started = time.perf_counter()
             with policy.autocast():
                 out = model.generate(**inputs, **gen_kwargs)

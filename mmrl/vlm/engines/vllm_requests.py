@@ -30,6 +30,10 @@ def refuse_hf_only_keys(r, engine: str) -> None:
         raise ConfigError("rollout.cache_implementation / rollout.compile_decode: read only by rollout.engine=hf "
                           "(vLLM keeps its own paged KV cache and CUDA graphs); remove the keys or set "
                           "rollout.engine=hf")
+    if not r.group_prefill:
+        raise ConfigError(f"rollout.group_prefill=false: read only by rollout.engine=hf (rollout.engine={engine} "
+                          "shares a group's prompt through vLLM's prefix caching, rollout.turn_cache); remove the "
+                          "key or set rollout.engine=hf")
     if r.vllm_limit_images < 0:
         raise ValueError(f"rollout.vllm_limit_images={r.vllm_limit_images} must be >= 0")
 
