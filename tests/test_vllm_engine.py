@@ -192,12 +192,14 @@ def test_the_hf_engine_refuses_vllm_keys(key):
         _policy(key, "rollout.engine=hf")
 
 
-def test_the_vllm_engine_refuses_the_hf_only_merge_key():
-    """Runs everywhere (checked before vLLM is imported): the vllm engine always merges LoRA."""
+@pytest.mark.parametrize("key", ["rollout.merge_lora_for_generation", "rollout.group_prefill"])
+def test_the_vllm_engine_refuses_the_hf_only_keys(key):
+    """Runs everywhere (checked before vLLM is imported): the vllm engine always merges LoRA and
+    shares a group's prompt through its prefix caching."""
     from mmrl.config import ConfigError
 
-    with pytest.raises(ConfigError, match="merge_lora_for_generation=false: read only by rollout.engine=hf"):
-        _policy("rollout.merge_lora_for_generation=false")
+    with pytest.raises(ConfigError, match=f"{key.split('.')[1]}=false: read only by rollout.engine=hf"):
+        _policy(f"{key}=false")
 
 
 def test_without_vllm_the_error_says_how_to_install(monkeypatch, tmp_path):
