@@ -35,7 +35,8 @@ PRELOAD = ("torch", "transformers", "scipy.stats", "peft", "accelerate", "safete
 
 @dataclass
 class Child:
-    """``python SCRIPT ARGV...`` with ``env`` added to the server's environment, its stdout and
+    """``python SCRIPT ARGV...`` (``python -m MODULE ARGV...`` when ``module`` is set) with ``env``
+    added to the server's environment, in directory ``cwd`` (default: the server's), its stdout and
     stderr in ``log`` (both in one file) or ``log`` and ``err``."""
 
     script: str
@@ -44,6 +45,18 @@ class Child:
     err: str = ""
     env: dict[str, str] = field(default_factory=dict)
     group: int = 0  # a failed child ends the others of its group (the ranks of one launch)
+    module: str = ""
+    cwd: str = ""
+
+
+def rank_env(rank: int, nproc: int, port: int) -> dict[str, str]:
+    """The environment torchrun gives rank ``rank`` of ``nproc`` on one node (none for one process)."""
+    if nproc == 1:
+        return {}
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+            "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "ROLE_WORLD_SIZE": str(nproc),
+            "GROUP_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0"}
 
 
 class ForkServer:
@@ -124,10 +137,15 @@ def _child(spec: dict) -> None:
         err = os.open(spec["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if spec["err"] else out
         os.dup2(out, 1)
         os.dup2(err, 2)
+        if spec["cwd"]:
+            os.chdir(spec["cwd"])
         sys.argv = [spec["script"], *spec["argv"]]
-        sys.path.insert(0, str(Path(spec["script"]).resolve().parent))
         try:
-            runpy.run_path(spec["script"], run_name="__main__")
+            if spec["module"]:
+                runpy.run_module(spec["module"], run_name="__main__", alter_sys=True)
+            else:
+                sys.path.insert(0, str(Path(spec["script"]).resolve().parent))
+                runpy.run_path(spec["script"], run_name="__main__")
             code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fork_server import Child, ForkServer
+from fork_server import Child, ForkServer, rank_env
 from safetensors.torch import load_file
 
 WORKER = Path(__file__).with_name("dist_worker.py")
@@ -46,14 +46,15 @@ def launch(nproc: int, *args, env: dict | None = None, check: bool = True, torch
     return launch_together((nproc, args, env), check=check, torchrun=torchrun)[0]
 
 
-def launch_together(*launches: tuple[int, tuple, dict | None], check: bool = True,
-                    torchrun: bool = False) -> list[subprocess.CompletedProcess]:
+def launch_together(*launches: tuple[int, tuple, dict | None], check: bool = True, torchrun: bool = False,
+                    module: str = "", cwd: str = "") -> list[subprocess.CompletedProcess]:
     """Independent :func:`launch` calls ``(nproc, args, env)`` run at the same time: every worker
     takes one thread (dist_worker.py), so a one-process run alone leaves a core idle. Each run's
     results are its own (no run reads another's files). The ranks are forked from the session's
     :class:`fork_server.ForkServer` with the environment torchrun gives them (a failed rank ends
     its peers, as torchrun's agent does); ``torchrun=True`` runs ``torch.distributed.run`` itself,
-    for the tests of what its agent reports."""
+    for the tests of what its agent reports. ``module``: ``python -m module args`` instead of the
+    worker script, in directory ``cwd``."""
     if torchrun:
         return _torchrun_together(launches, check)
     outs, children, groups = [], [], []
@@ -63,14 +64,10 @@ def launch_together(*launches: tuple[int, tuple, dict | None], check: bool = Tru
             port = _free_port()
             ranks = []
             for rank in range(nproc):
-                rank_env = {} if nproc == 1 else {
-                    "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
-                    "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "ROLE_WORLD_SIZE": str(nproc),
-                    "GROUP_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                    "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0"}
                 ranks.append(len(children))
                 children.append(Child(str(WORKER), list(map(str, args)), str(logs / f"{i}-{rank}.out"),
-                                      str(logs / f"{i}-{rank}.err"), {**os.environ, **(env or {}), **rank_env}, group=i))
+                                      str(logs / f"{i}-{rank}.err"), {**os.environ, **(env or {}), **rank_env(rank, nproc, port)},
+                                      group=i, module=module, cwd=str(cwd)))
             groups.append(ranks)
         codes = _server().run(children, timeout=300)
         for ranks, (nproc, args, _) in zip(groups, launches):

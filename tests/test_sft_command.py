@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from conftest import mmrl_here, mmrl_in_process
+from test_distributed import launch_together
 from mmrl.task import Task, image_prompt
 from mmrl.vlm.sft import record_completion, sft_batch, sft_target
 
@@ -267,7 +268,8 @@ def test_sft_lowers_held_out_loss_then_rl_starts_from_its_model(random_tiny_dir,
 
 @pytest.mark.slow
 def test_sft_on_two_processes_ends_with_the_weights_of_one(random_tiny_dir, tmp_path):
-    """`mmrl sft` under torchrun (2 CPU processes, gloo, accelerate's DDP): each rank trains on its
+    """`mmrl sft` on 2 CPU processes (torchrun's environment, forked: test_distributed.launch_together;
+    gloo, accelerate's DDP): each rank trains on its
     half of every batch, the loss normalised by the whole batch's tokens, so the model it writes
     is the one-process model's (to float rounding) and so is the held-out loss it prints."""
     from safetensors.torch import load_file
@@ -276,17 +278,11 @@ def test_sft_on_two_processes_ends_with_the_weights_of_one(random_tiny_dir, tmp_
               "train.prompts_per_step=4", "train.micro_batch_size=1", "train.learning_rate=3e-3",
               "train.warmup_steps=0", "eval.num_examples=4", "log.progress=false", "log.tensorboard=false",
               "log.run_name=r", "train.threads=1"]
-    one = subprocess.Popen([sys.executable, "-m", "mmrl.cli", *common, "log.output_dir=one"], cwd=tmp_path,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    two = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                            "-m", "mmrl.cli", *common, "log.output_dir=two"], cwd=tmp_path,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    outs = [(p.communicate(timeout=600), p.returncode) for p in (one, two)]
-    for (out, err), code in outs:
-        assert code == 0, out[-2000:] + err[-3000:]
+    one, two = launch_together((1, [*common, "log.output_dir=one"], None), (2, [*common, "log.output_dir=two"], None),
+                               module="mmrl.cli", cwd=tmp_path)
     a = load_file(tmp_path / "one" / "r" / "model" / "model.safetensors")
     b = load_file(tmp_path / "two" / "r" / "model" / "model.safetensors")
     assert a.keys() == b.keys() and max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
     losses = [json.loads((tmp_path / d / "r" / "summary.json").read_text())["after"]["loss"] for d in ("one", "two")]
     assert abs(losses[0] - losses[1]) < 1e-5
-    assert outs[1][0][0].count("held-out loss") == 1  # rank 0 alone prints
+    assert two.stdout.count("held-out loss") == 1  # rank 0 alone prints
