@@ -22,6 +22,8 @@ class TinyModel:
     about: str = ""  # for the command's help
     modality: str = "vlm"  # the policy that loads it: "vlm" or "diffusion"
     paths: tuple[str, ...] = ()  # the model.path names that load it
+    # model.path names that load it with a conditioning on (its first frames given: image-to-video)
+    conditioned: tuple[tuple[str, str], ...] = ()
 
     def build(self, out: Path | None, seed: int, steps: int | None = None,
               vision_steps: int | None = None) -> Path:
@@ -41,6 +43,12 @@ def tiny_checkpoints(modality: str) -> dict[str, tuple[str, str]]:
     """``model.path`` name -> (asset directory, the command that rebuilds it), for ``modality``'s policy."""
     return {path: (model.asset, f"mmrl build-tiny {name}") for name, model in TINY_MODELS.items()
             if model.modality == modality for path in model.paths}
+
+
+def tiny_conditioning(path: str) -> str | None:
+    """The conditioning a shipped tiny model's ``model.path`` name turns on (``"tiny-i2v"``: the tiny
+    video generator given first frames, no asset of its own), or None."""
+    return next((c for _, model in TINY_MODELS.items() for name, c in model.conditioned if name == path), None)
 
 
 def _named(ref: str):
@@ -68,7 +76,8 @@ for _name, _model in {
     "video-gen": TinyModel("tiny-wan-motion", "mmrl.diffusion.pretrain:pretrain_tiny_video_generator",
                            "mmrl.diffusion.pretrain:TINY_VIDEO_GENERATOR_RECIPE", "steps", "tiny video generator",
                            "the tiny text-to-video generator (tiny-i2v: given first frames)",
-                           modality="diffusion", paths=("tiny-t2v", "tiny-i2v")),
+                           modality="diffusion", paths=("tiny-t2v", "tiny-i2v"),
+                           conditioned=(("tiny-i2v", "first_frame"),)),
     "edit": TinyModel("tiny-flow-edit", "mmrl.diffusion.pretrain:pretrain_tiny_edit_generator",
                       "mmrl.diffusion.pretrain:TINY_EDIT_GENERATOR_RECIPE", "steps", "tiny editing generator",
                       "the tiny image generator widened to edit shape scenes", modality="diffusion",

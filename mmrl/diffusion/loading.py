@@ -13,11 +13,6 @@ import torch
 
 from .base import FlowPipeline
 
-# model.path names that load a shipped tiny generator's weights with a conditioning on: the tiny
-# video generator given first frames (image-to-video, mmrl/diffusion/tiny_video.py) needs no new asset.
-TINY_CONDITIONED = {"tiny-i2v": "first_frame"}
-
-
 def generator_dir(path: str, revision: str | None = None) -> str:
     """``model.path`` as a directory: the shipped tiny generators' names resolved to their assets, a
     hub id (a diffusers pipeline) at ``revision`` to its snapshot in the Hugging Face cache."""
@@ -44,10 +39,11 @@ def load_generator(path: str, device: torch.device, dtype: torch.dtype,
     ``mmrl build-tiny diffusion | video-gen``, or a local diffusers pipeline directory or hub id at
     ``revision`` (any family of :mod:`mmrl.diffusion.adapters`, given its ``options``:
     ``diffusion.pipeline_options``)."""
+    from mmrl.config.tiny_models import tiny_conditioning
     from .tiny import TinyFlowPipeline, is_tiny_dir, tiny_family
     from .tiny_video import FAMILY as TINY_VIDEO_FAMILY, TinyWanPipeline
 
-    conditioning = None if revision else TINY_CONDITIONED.get(path)
+    conditioning = None if revision else tiny_conditioning(path)
     path = generator_dir(path, revision)
     if is_tiny_dir(path):
         if options:
