@@ -103,8 +103,8 @@ class RolloutConfig:
     # hf engine's turn cache, exact to float rounding; vLLM: its prefix caching); false = every turn
     # reads the whole conversation again.
     turn_cache: bool = True
-    # hf engine: the samples of one prompt (a GRPO group) share its prefill: each distinct prompt, its
-    # images included, runs through the model once a generate call, its keys/values copied to the
+    # hf engine: the samples of one prompt (a GRPO group) share its prefill: each distinct prompt runs
+    # through the language model once a generate call, its keys/values copied to the
     # group (exact to float rounding; Qwen-VL families with the dynamic cache, no video); false =
     # every sample computes its prompt (transformers' own way). vLLM: its prefix caching does this.
     group_prefill: bool = True

@@ -25,9 +25,10 @@ session: the weights cannot change inside one, and the memory (one KV cache of t
 released when the loop ends.
 
 The same reuse inside one call (:func:`group_prefill`, ``rollout.group_prefill``): a GRPO group is
-G copies of one prompt in the batch, and ``generate`` computes each copy's prompt (its images
-through the vision tower included) again; the distinct prompts are computed once and their
-keys/values copied to the copies, as :mod:`mmrl.vlm.shared_prefix` does for scoring.
+G copies of one prompt in the batch, and ``generate`` runs each copy's prompt through the language
+model again (the images are encoded once already, :mod:`mmrl.vlm.vision_once`); the distinct prompts
+are computed once and their keys/values copied to the copies, as :mod:`mmrl.vlm.shared_prefix` does
+for scoring.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from .shared_prefix import full_attention
+from .shared_prefix import full_attention, prompt_groups
 
 # Model types whose positions continue through the backbone's ``rope_deltas`` after a cached prefix
 # (transformers' Qwen-VL classes: mRoPE, the text after the vision blocks offset by the delta).
@@ -214,31 +215,17 @@ def generation_positions(backbone, inputs: dict[str, Tensor]) -> tuple[Tensor, T
     return text.unsqueeze(0).expand(3, -1, -1), torch.zeros(mask.shape[0], 1, dtype=torch.long, device=mask.device)
 
 
-def distinct_rows(rows: Sequence[Tokens]) -> tuple[list[int], Tensor]:
-    """``(representatives, index)``: the first row of each distinct prompt (equal token ids and
-    images) and, for each row, the position of its prompt among them."""
-    reps: list[int] = []
-    index: list[int] = []
-    seen: dict[tuple, list[int]] = {}
-    for i, row in enumerate(rows):
-        bucket = seen.setdefault(tuple(row.ids.tolist()), [])
-        match = next((k for k in bucket if len(rows[reps[k]].images) == len(row.images)
-                      and all(a.same(b) for a, b in zip(rows[reps[k]].images, row.images))), None)
-        if match is None:
-            match = len(reps)
-            reps.append(i)
-            bucket.append(match)
-        index.append(match)
-    return reps, torch.tensor(index, dtype=torch.long)
-
-
 def group_prefill(backbone, inputs: dict[str, Tensor], rows: Sequence[Tokens], cache_class, keyword: str):
     """The key/value cache of every column of the padded prompts ``inputs`` but the last (as
-    :func:`prefill`), each distinct prompt computed once, its images encoded once, and its
-    keys/values copied to the rows that repeat it; None when no two rows are equal."""
-    reps, index = distinct_rows(rows)
-    if len(reps) == len(rows):
+    :func:`prefill`), each distinct prompt computed once and its
+    keys/values copied to the rows that repeat it; None when no two rows are equal (the groups are
+    :func:`~mmrl.vlm.shared_prefix.prompt_groups`', as scoring's)."""
+    groups = prompt_groups([r.ids for r in rows],
+                           [torch.cat([im.pixels for im in r.images]) if r.images else None for r in rows],
+                           [torch.stack([im.grid for im in r.images]) if r.images else None for r in rows])
+    if groups is None:
         return None
+    reps, index = groups
     device = inputs["input_ids"].device
     width = inputs["input_ids"].shape[1]
     positions, deltas = generation_positions(backbone, inputs)
