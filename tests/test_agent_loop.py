@@ -227,6 +227,7 @@ def test_the_calculator_is_a_short_plugin_of_the_public_api_shown_in_the_docs():
     assert f"```python\n{source}```" in (ROOT / "docs" / "plugins.md").read_text()  # shown whole, as it is
 
 
+@pytest.mark.slow
 def test_the_calculator_on_the_tiny_vlm_keeps_the_result_out_of_the_loss(calculator, random_tiny_dir):
     """The real policy (its samples teacher-forced: the random tiny model writes no call): the second
     turn's prompt is the first turn's prompt and message, then the result turn; each row's action

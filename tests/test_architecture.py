@@ -121,6 +121,7 @@ def test_every_module_is_in_a_layer():
     assert [m for m in _modules() if m != "mmrl" and layer_of(m) is None] == []
 
 
+@pytest.mark.slow
 def test_no_import_runs_up_the_layers():
     graph = _import_graph(_modules())
     up = sorted((a, b) for a, targets in graph.items() for b in targets
@@ -135,12 +136,14 @@ def test_the_root_holds_at_most_ten_modules():
     assert len(root) <= MAX_ROOT_MODULES, f"{len(root)} modules at mmrl/'s root (put each in its layer's package): {root}"
 
 
+@pytest.mark.slow
 def test_the_layer_picture_is_drawn_from_the_code():
     from layer_picture import PICTURE, draw
 
     assert PICTURE.read_text() == draw(), "docs/layers.svg is stale: python tests/layer_picture.py"
 
 
+@pytest.mark.slow
 def test_no_import_circles():
     cycles = _cycles(_import_graph(_modules()))
     assert not cycles, "import circles: " + "; ".join(" <-> ".join(c) for c in cycles)
@@ -162,6 +165,7 @@ def test_no_core_module_is_over_the_core_size_limit():
     assert not long, f"core modules over {MAX_CORE_LINES} lines (split them by concern): {long}"
 
 
+@pytest.mark.slow
 def test_the_registry_imports_only_leaves_of_mmrl():
     """Every module registers into the registry, so nothing it imports may import anything of mmrl:
     the one import it has (``mmrl.media.clips``, wrapping image rewards for clips, stdlib only)
@@ -211,6 +215,7 @@ def _getattr_probes(tree: ast.AST) -> list[tuple[str, int]]:
             and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)]
 
 
+@pytest.mark.slow
 def test_the_trainer_knows_no_modality():
     """No module of the core (the loop, the batch pipeline, the rollouts, the rewards, the policy
     base) imports a modality package, media code, the environments or the plugins; none names the
@@ -236,6 +241,7 @@ def test_the_trainer_knows_no_modality():
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.slow
 def test_the_known_probes_are_still_there():
     """An entry of KNOWN_PROBES whose probe is gone is removed, so the list only shrinks."""
     present = {(name, attr) for name, path in _core_modules().items()

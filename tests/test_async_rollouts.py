@@ -182,6 +182,7 @@ def _weights(run, ckpt="step_00000004"):
 ASYNC = ("rollout.engine=test_snapshot", "train.async_rollouts=true", "eval.every=2")  # an eval pauses the thread
 
 
+@pytest.mark.slow
 def test_engines_that_generate_from_the_trained_module_are_refused(tmp_path):
     from mmrl.config import ConfigError
 

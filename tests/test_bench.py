@@ -67,6 +67,7 @@ def test_two_variants_write_table_json_and_plot(random_tiny_dir, tmp_path):
     assert grpo_cfg["train"]["steps"] == 2 and grpo_cfg["train"]["seed"] == 0
 
 
+@pytest.mark.slow
 def test_unknown_variant_is_an_error_listing_the_valid_ones(tmp_path):
     with pytest.raises(UnknownVariantError, match="valid: grpo"):
         run_algo_bench(["grpo", "ppo_typo"], steps=1, seed=0, out_dir=tmp_path)
@@ -79,6 +80,7 @@ def test_unknown_variant_is_an_error_listing_the_valid_ones(tmp_path):
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.slow
 def test_every_variant_resolves_to_a_valid_config():
     from mmrl.config import builtin_config_path, load_config
 

@@ -4,6 +4,7 @@ budget is stopped with its measured rows kept, and the MFU's FLOP count is the h
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -12,7 +13,7 @@ from typer.testing import CliRunner
 from mmrl.bench.gpu import GpuBenchOptions, run_gpu_bench
 from mmrl.bench.gpu_groups import update_flops
 
-trl = pytest.importorskip("trl", reason="TRL is not installed (pip install -e \".[bench]\")")
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="TRL is not installed (pip install -e \".[bench]\")")
 
 
 def test_update_flops_by_hand():
@@ -98,6 +99,7 @@ def test_goals_are_read_from_the_like_for_like_tables():
     assert (mfu["best"], mfu["met"]) == (0.27, False)
 
 
+@pytest.mark.slow
 def test_a_group_past_the_budget_is_stopped_and_reported(tmp_path):
     opts = GpuBenchOptions(tiny=True, groups=("full",), budget_s=0.5)
     report = run_gpu_bench(opts, tmp_path, echo=lambda s: None)
@@ -105,6 +107,7 @@ def test_a_group_past_the_budget_is_stopped_and_reported(tmp_path):
     assert "group full: stopped at the budget" in (tmp_path / "speed.md").read_text()
 
 
+@pytest.mark.slow
 def test_apart_each_group_starts_only_with_its_minimum_left_and_is_stopped_at_the_budget(tmp_path, monkeypatch):
     """The GPU path (a process per group; --tiny runs them in one): a group starts only with its
     minimum time left, and one still running when the budget ends is stopped."""

@@ -149,6 +149,7 @@ def test_the_engine_tower_and_shared_settings_reach_mmrl_config(tmp_path):
     assert frozen.vlm.freeze_vision is True
 
 
+@pytest.mark.slow
 @needs_trl
 def test_trl_rows_get_trl_defaults_and_its_best_settings(tmp_path):
     """TRL defaults: GRPOConfig's own gradient checkpointing (on) and dynamic cache; best: the
@@ -171,6 +172,7 @@ def test_trl_rows_get_trl_defaults_and_its_best_settings(tmp_path):
     assert defaults.model_init_kwargs is None  # the model is loaded by TRL's loader and passed in
 
 
+@pytest.mark.slow
 @needs_trl
 def test_the_trl_internals_the_bench_relies_on_are_still_there():
     """The bench times GRPOTrainer's private methods, loads with TRL's own loader, and the docs say
@@ -223,6 +225,7 @@ def test_a_real_tiny_run_is_like_for_like_and_alternates(tmp_path):
     assert table[0] == HEADER and len(table) == 1 + 4 and "| tower frozen | TRL best |" in md
 
 
+@pytest.mark.slow
 @needs_trl
 def test_cli_reports_a_bad_micro_batch_as_an_error(tmp_path):
     from typer.testing import CliRunner

@@ -35,6 +35,7 @@ def _variant(name: str, scores, rewards=None) -> dict:
     return over_seeds(name, [_run(s, a, r) for s, (a, r) in enumerate(zip(scores, rewards))], [])
 
 
+@pytest.mark.slow
 @needs_rliable
 def test_rliable_loads():
     # rliable 1.2.0 pins arch<8, whose import breaks on pandas 3; the adapter must still load it
@@ -43,6 +44,7 @@ def test_rliable_loads():
     assert callable(rly.plot_utils.plot_performance_profiles)
 
 
+@pytest.mark.slow
 @needs_rliable
 def test_iqm_is_the_mean_of_the_middle_half_with_a_deterministic_interval():
     from scipy.stats import trim_mean
@@ -76,6 +78,7 @@ def test_iqm_is_the_mean_of_the_middle_half_with_a_deterministic_interval():
     assert again["variants"] == stats["variants"]  # the same intervals, call after call
 
 
+@pytest.mark.slow
 @needs_rliable
 def test_one_seed_gives_a_degenerate_interval_not_a_crash():
     stats = algo_stats.aggregate_over_seeds([_variant("grpo", [0.5]), _variant("dapo", [0.6])], reps=200)
@@ -99,6 +102,7 @@ def test_few_seeds_say_the_iqm_is_the_mean_and_a_task_without_a_metric_uses_the_
     assert any("equals the mean" in n for n in algo_stats.stats_notes(stats))
 
 
+@pytest.mark.slow
 @needs_rliable
 def test_performance_profiles_fall_from_one_to_zero_over_the_scores():
     stats = algo_stats.aggregate_over_seeds([_variant("grpo", EIGHT), _variant("dapo", [0.3, 0.4, 0.5, 0.6])], reps=200)
@@ -129,6 +133,7 @@ def few_resamples(monkeypatch):
     monkeypatch.setattr(algo_stats, "PROFILE_REPS", 200)
 
 
+@pytest.mark.slow
 @needs_rliable
 def test_the_report_prints_and_writes_the_iqm_with_intervals(tmp_path, capsys, few_resamples):
     results = [_variant("grpo", [0.5, 0.7]), _variant("dapo", [0.55, 0.6])]
@@ -177,6 +182,7 @@ def _fake_train(accuracy):
     return train
 
 
+@pytest.mark.slow
 @needs_rliable
 def test_bench_algos_over_two_seeds_prints_iqm_and_writes_the_profiles(tmp_path, monkeypatch, few_resamples):
     """The CLI path end to end, with training replaced by a stand-in (the slow test in test_bench.py trains)."""

@@ -214,6 +214,7 @@ TRUTHS = st.one_of(st.text(max_size=10), st.integers(-10**6, 10**6).map(str),
                    st.floats(allow_nan=True, allow_infinity=True).map(repr), FRAGMENTS)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(TEXTS, TRUTHS)
 def test_relaxed_accuracy_is_none_or_in_unit_interval(completion, truth):

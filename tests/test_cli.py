@@ -34,6 +34,7 @@ def quick(tmp_path_factory):
     return done
 
 
+@pytest.mark.slow
 def test_mistyped_override_exits_nonzero_naming_key_and_suggestion(quick):
     r, cwd = quick["mistyped_override"]
     assert r.returncode == 2
@@ -42,6 +43,7 @@ def test_mistyped_override_exits_nonzero_naming_key_and_suggestion(quick):
     assert not (cwd / "runs").exists()  # failed before doing anything
 
 
+@pytest.mark.slow
 def test_mistyped_yaml_key_names_file_and_line(quick):
     r, _ = quick["mistyped_yaml"]
     assert r.returncode == 2
@@ -65,6 +67,7 @@ def test_generator_recipe_with_a_missing_model_dir_is_a_clear_error(quick):
     assert r.returncode == 2 and "/nonexistent/sd3" in err and "downloaded" in err
 
 
+@pytest.mark.slow
 def test_list_shows_builtin_plugins_through_python_m_mmrl_cli(tmp_path):
     """The one command run as a user runs it: ``python -m mmrl.cli`` in a fresh process."""
     r = subprocess.run([sys.executable, "-m", "mmrl.cli", "list"], capture_output=True, text=True, cwd=tmp_path,
@@ -108,6 +111,7 @@ def test_train_resume_and_eval_from_the_command_line(random_tiny_dir, tmp_path):
     assert "right</h3>" in (gallery / "index.html").read_text()
 
 
+@pytest.mark.slow
 def test_eval_with_no_usable_eval_example_is_one_line_before_the_model_loads(tmp_path):
     """`mmrl eval RECIPE` whose eval split has nothing usable (every image path wrong; GQA's
     layout without image_template) stops as `mmrl train` does on the same data: one line naming the
@@ -142,6 +146,7 @@ def test_eval_with_no_usable_eval_example_is_one_line_before_the_model_loads(tmp
         assert not (tmp_path / "eval_gallery").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["train", "sft"])
 def test_an_output_directory_that_cannot_be_written_stops_before_the_model_loads(tmp_path, monkeypatch, command):
     """`log.output_dir` under a file, and one the system refuses to write (the tests run as root,

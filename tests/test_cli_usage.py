@@ -76,6 +76,7 @@ def test_train_without_a_modality_says_what_to_type():
     assert "mmrl train {vlm | video | gui | diffusion}" in r.output and "--resume" in r.output
 
 
+@pytest.mark.slow
 def test_eval_with_a_bad_model_path_is_one_line_like_train(tmp_path):
     for command in (["eval", "vlm/counting_tiny"], ["train", "vlm"]):
         r = _invoke(*command, "model.path=/nonexistent/model", f"log.output_dir={tmp_path}")

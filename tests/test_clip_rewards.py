@@ -101,6 +101,7 @@ def wan_clips(wan_dir, one_thread):
     return batch.completions, batch.examples
 
 
+@pytest.mark.slow
 def test_wan_clip_is_scored_frame_by_frame(wan_clips):
     clips, examples = wan_clips
     assert len(clips) == 2 and all(len(c) == 5 and all(isinstance(f, Image.Image) for f in c) for c in clips)
@@ -116,6 +117,7 @@ def test_wan_clip_is_scored_frame_by_frame(wan_clips):
     assert all(max(b) - min(b) > 1e-3 for b in brightness), brightness
 
 
+@pytest.mark.slow
 def test_reward_computer_scores_clips_with_each_rewards_reduction(wan_clips):
     clips, examples = wan_clips
     computer = RewardComputer({"brightness": 1.0, "jpeg_compressibility": 0.1},

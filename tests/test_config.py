@@ -235,6 +235,7 @@ def _assert_reference_trajectory_scores_the_best(task, rewards, name):
     assert total.item() == pytest.approx(best), name
 
 
+@pytest.mark.slow
 def test_every_builtin_recipe_builds_its_task():
     """Every shipped recipe builds its task and rewards, and they agree: the recipe sits in the folder
     of the policy that trains its task (``mmrl train vlm|diffusion`` refuses the other), and the

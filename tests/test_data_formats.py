@@ -238,6 +238,7 @@ def test_image_template_is_accepted_unquoted_on_the_command_line():
         load_config("vlm/counting_tiny", ["task.options.image_root=[a"])
 
 
+@pytest.mark.slow
 def test_errors_about_huge_files_stay_short(tmp_path):
     """An object of another layout is refused quoting a few of its keys, not all 100,000; a record's
     skip reason quotes at most a few hundred characters of its value."""
@@ -312,6 +313,7 @@ def test_vlm_r1_conversations_read_by_grounding_and_scored_in_each_family_space(
             assert score >= 0.98, (name, example["pred_space"], answer, score)
 
 
+@pytest.mark.slow
 def test_grounding_trains_a_step_on_vlm_r1_conversations(random_tiny_dir, tmp_path, capsys):
     """... and what it skipped is on the record, per split: the train file's unreadable box
     (``skipped_lines``), the eval file's too, and its first record's image that does not open,

@@ -98,6 +98,7 @@ def _refused(server, overrides: str, name: str, *words: str) -> str:
     return status
 
 
+@pytest.mark.slow
 def test_an_uploaded_plugin_is_refused_and_never_runs(server):
     marker = server["root"] / "plugin-ran"
     path = _upload(server["url"], "evil.py", f"open({str(marker)!r}, 'w').write('ran')\n".encode())
@@ -111,6 +112,7 @@ def test_an_uploaded_plugin_is_refused_and_never_runs(server):
     assert not marker.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", ["task.options.eval_path", "task.options.train_path", "task.options.image_root",
                                  "model.path", "log.output_dir"])
 def test_path_overrides_pointing_outside_are_refused(server, key):
@@ -158,6 +160,7 @@ def test_a_path_inside_the_served_directories_is_accepted(server, tmp_path):
     assert log[6:9] == [f"task.options.eval_path='{data}'", "train.steps=1", "algo.advantage='rloo'"]
 
 
+@pytest.mark.slow
 def test_with_a_password_anonymous_requests_are_refused(tmp_path):
     for d in ("runs", "uploads", "models"):
         (tmp_path / d).mkdir()
@@ -179,6 +182,7 @@ def test_with_a_password_anonymous_requests_are_refused(tmp_path):
         app.close()
 
 
+@pytest.mark.slow
 def test_without_a_password_the_launch_tab_has_no_handlers(tmp_path):
     from mmrl.demo.app import build_app
 
@@ -235,6 +239,7 @@ def test_the_before_after_summary_is_rounded(tmp_path):
     assert table.values.tolist() == [["accuracy", 1.11, 0.6667], ["n", 64, 64]]
 
 
+@pytest.mark.slow
 def test_the_banner_points_at_the_command_line_flags(tmp_path, capsys, monkeypatch):
     """Gradio's own banner says "set `share=True` in `launch()`"; `mmrl demo` users have flags."""
     import gradio
@@ -264,6 +269,7 @@ def _stream(url: str, api: str, *data) -> str:
         return r.read().decode()
 
 
+@pytest.mark.slow
 def test_an_interpolation_in_a_request_is_refused_before_anything_resolves_it(server, monkeypatch):
     """`${oc.env:...}` in a path once made the failed run's message (page and launch.log) show the
     variable; every spelling that reaches OmegaConf as `${` is refused, and no run starts."""
@@ -302,6 +308,7 @@ def _sleeper(tmp_path: Path) -> str:
     return str(fake)
 
 
+@pytest.mark.slow
 def test_the_launch_tab_starts_at_most_max_runs_and_says_so(server, tmp_path):
     launcher, url = server["launcher"], server["url"]
     with urllib.request.urlopen(f"{url}/config", timeout=30) as r:
@@ -332,6 +339,7 @@ def _get_status(url: str) -> int:
         return e.code
 
 
+@pytest.mark.slow
 def test_uploads_go_to_a_private_directory_not_a_planted_link(tmp_path, monkeypatch):
     """`$TMPDIR/mmrl-demo-uploads` was a fixed name another user could create as a link to `/`
     before the demo started; the demo then served /etc/passwd. Now each demo makes its own."""
@@ -362,6 +370,7 @@ def test_uploads_go_to_a_private_directory_not_a_planted_link(tmp_path, monkeypa
         app.close()
 
 
+@pytest.mark.slow
 def test_a_served_directory_that_is_a_link_or_another_users_is_refused_at_start(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
@@ -391,6 +400,7 @@ def test_a_served_directory_that_is_a_link_or_another_users_is_refused_at_start(
         build_app(tmp_path / "runs", tmp_path / "uploads", model_roots=[theirs])
 
 
+@pytest.mark.slow
 def test_a_run_or_a_run_file_that_links_outside_the_runs_directory_is_not_read(tmp_path):
     """docs/demo.md: a symlink out of the served directories is refused. A run directory linking
     out is not listed nor shown; a run's file linking out reads as absent; a link to a run inside

@@ -46,6 +46,7 @@ def test_an_uploaded_image_with_the_filled_record_reads_back_as_the_synthetic_ex
     assert got["image"].size == ex["image"].size
 
 
+@pytest.mark.slow
 def test_an_uploaded_clip_is_read_by_the_video_task(play):
     from test_video_reader import write_clip
 
@@ -57,6 +58,7 @@ def test_an_uploaded_clip_is_read_by_the_video_task(play):
     assert got["answer"] == "3" and got["video"].frames.shape[0] >= 2
 
 
+@pytest.mark.slow
 def test_a_sample_on_an_upload_scores_against_the_record(play):
     task = play.task("tiny", "counting")
     ex = play.synthetic_example(task, 2)
@@ -96,6 +98,7 @@ def test_uploads_are_read_only_from_the_upload_directory(play, tmp_path):
     assert not roots.contains(f"{play.upload_dir}/../elsewhere.png") and roots.contains(play.upload_dir / "a.png")
 
 
+@pytest.mark.slow
 def test_an_environment_task_is_stepped_through_episode_by_episode(play):
     out = play.sample("tiny-gui", "gui_env", 3, 2, 1.0)
     labels = [r[0] for r in out.rows]
@@ -121,6 +124,7 @@ def test_a_run_is_tried_with_its_own_task_only(play, finished_cli_run, tmp_path)
         play.sample("run: ../r1", "counting", 0, 1, 1.0)
 
 
+@pytest.mark.slow
 def test_a_models_directory_checkpoint_loads_natively_without_running_its_code(play, random_tiny_dir, tmp_path):
     """A checkpoint that ships its own modelling code (``auto_map``) is loaded with transformers'
     native class: the code, which would leave a marker file, never runs."""
@@ -158,6 +162,7 @@ def test_a_model_or_task_label_with_an_interpolation_is_refused(play):
             play.load(label, task)
 
 
+@pytest.mark.slow
 def test_the_tiny_editing_generator_edits_an_uploaded_image(play):
     """An uploaded image with an instruction in its record: the editing generator is given it (the
     picture shows source | result), the preservation reward scores the result against it; a free-text

@@ -438,6 +438,7 @@ def test_stop_ends_a_running_run(tmp_path):
         os.killpg(pid, 0)  # the whole process group is gone
 
 
+@pytest.mark.slow
 def test_a_start_that_fails_before_training_leaves_its_name_free(tmp_path):
     """A process that ends before training (a config or model error) leaves only its launch.log:
     the name can be used again. It ran in its own run directory."""

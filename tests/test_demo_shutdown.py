@@ -81,6 +81,7 @@ LINUX_PROC = pytest.mark.skipif(not Path("/proc/self/cwd").exists(),
                                 reason="finds a run's processes through /proc (Linux)")
 
 
+@pytest.mark.slow
 @LINUX_PROC
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_serving_ends_on_a_signal_and_stops_the_runs_first(tmp_path, sig):

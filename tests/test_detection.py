@@ -141,6 +141,7 @@ SPACES = st.sampled_from([{}, {"pred_space": "rel1000", "frame": Frame(200.0, 10
                           {"pred_space": "resized", "frame": Frame(200.0, 100.0)}])  # the last cannot convert
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(TEXTS, TRUTHS, SPACES), min_size=1, max_size=4))
 def test_rewards_are_none_or_unit_floats(cases):

@@ -45,6 +45,7 @@ def _step(path, loss_type, *extra):
     return spy.calls, metrics
 
 
+@pytest.mark.slow
 def test_a_plugin_on_flow_matching_logps_gets_what_awm_gets(generator_dir):
     awm, awm_metrics = _step(generator_dir, "awm")
     plugin, plugin_metrics = _step(generator_dir, "test_plugin_fm")
@@ -54,12 +55,14 @@ def test_a_plugin_on_flow_matching_logps_gets_what_awm_gets(generator_dir):
     assert plugin_metrics == pytest.approx(awm_metrics)
 
 
+@pytest.mark.slow
 def test_a_plugin_on_nft_errors_gets_the_velocity_errors(generator_dir):
     calls, _ = _step(generator_dir, "test_plugin_nft")
     assert calls and all(logps is None and set(inputs) == {"positive", "negative", "adv_max"}
                          for logps, _, inputs in calls)
 
 
+@pytest.mark.slow
 def test_a_plugin_on_step_log_probs_gets_the_closed_form_kl(generator_dir):
     extra = ("model.lora.enabled=true", "model.lora.r=4", "algo.beta=0.1")
     _, clip_metrics = _step(generator_dir, "clip", *extra)

@@ -77,6 +77,7 @@ def test_adapters_registry_is_the_hook(tmp_path, monkeypatch):
 # -- structure -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_adapter_attributes(sd3, flux, schnell, wan):
     assert isinstance(sd3, SD3Adapter) and sd3.family == "sd3" and not sd3.is_video
     assert sd3.latent_shape(16, 24) == (4, 8, 12)  # VAE scale factor 2, 4 latent channels
@@ -97,6 +98,7 @@ def test_adapter_attributes(sd3, flux, schnell, wan):
         assert adapter.trainable_parameters() == list(adapter.transformer.parameters())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["sd3", "flux", "schnell", "wan"])
 def test_sigmas(name, request):
     adapter = request.getfixturevalue(name)
@@ -163,6 +165,7 @@ def test_flux_dev_matches_pipeline(flux):
     assert (other - ref).abs().max() > 1e-5  # the guidance scale reached the guidance embedding
 
 
+@pytest.mark.slow
 def test_flux_schnell_true_cfg_matches_pipeline(schnell):
     noise = latent_noise(schnell.latent_shape(16, 16))
     ref = schnell.pipe(prompt=PROMPTS, negative_prompt=["", ""], true_cfg_scale=2.0, height=16, width=16,
@@ -173,6 +176,7 @@ def test_flux_schnell_true_cfg_matches_pipeline(schnell):
     assert (unguided - ref).abs().max() > 1e-5
 
 
+@pytest.mark.slow
 def test_wan_matches_pipeline(wan):
     noise = latent_noise(wan.latent_shape(16, 16, num_frames=9))
     assert noise.shape == (2, 16, 3, 2, 2)
@@ -258,6 +262,7 @@ def test_velocity_gives_transformer_gradients(sd3):
     sd3.transformer.zero_grad(set_to_none=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("builder", ["sd3_dir", "flux_dir", "wan_dir"])
 def test_lora_only_trains_adapters_and_can_be_disabled(builder, request):
     from peft import LoraConfig, get_peft_model

@@ -57,6 +57,7 @@ def test_shared_noise_groups_differ_only_through_sde_noise(generator_dir):
     assert not torch.equal(independent.payload["latents"][0, 0], independent.payload["latents"][1, 0])
 
 
+@pytest.mark.slow
 def test_noise_is_seeded_by_sample_identity_not_batch_position(generator_dir):
     a = rollout(policy_for(generator_dir, "rollout.batch_size=64"))
     b = rollout(policy_for(generator_dir, "rollout.batch_size=2"))

@@ -61,6 +61,7 @@ def rows(run_dir) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["sd3", "flux", "wan"])
 def test_lora_step_through_the_cli(family, request, prompt_file, tmp_path):
     model_dir = request.getfixturevalue(f"{family}_dir")
@@ -110,6 +111,7 @@ def _weights(run_dir, step: str, lora: bool) -> dict[str, torch.Tensor]:
     return load_file(str(policy / "transformer" / "diffusion_pytorch_model.safetensors"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["full-awm", "lora-clip"])
 def test_generator_run_resumes_exactly(mode, tiny_flow_dir, tmp_path):
     """4 steps straight == 2 steps, stop, resume to 4: the same weights bit for bit, the same
@@ -146,6 +148,7 @@ def test_generator_run_resumes_exactly(mode, tiny_flow_dir, tmp_path):
             assert ra[key] == rb[key], (ra["step"], key, ra[key], rb[key])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["tiny_flow", "wan"])
 def test_eval_of_a_generator_run_writes_its_gallery(family, request, prompt_file, tmp_path):
     model_dir = request.getfixturevalue(f"{family}_dir")

@@ -53,6 +53,7 @@ def _mkdocs(config_dir: Path, site: Path) -> subprocess.CompletedProcess:
 # --------------------------------------------------------------------------- the strict build
 
 
+@pytest.mark.slow
 def test_the_site_builds_in_strict_mode(tmp_path):
     r = _mkdocs(REPO, tmp_path / "site")
     problems = [line for line in r.stderr.splitlines() if not line.startswith("INFO")]
@@ -62,6 +63,7 @@ def test_the_site_builds_in_strict_mode(tmp_path):
     assert "mmrl.task.Task" in api  # the API reference was generated from the docstrings
 
 
+@pytest.mark.slow
 def test_strict_mode_fails_on_a_broken_link_and_on_a_page_missing_from_the_nav(tmp_path):
     """The same build on a copy of the docs with a link to no page, a link to no section and a page
     outside the nav: each is a warning, so the strict build fails."""

@@ -625,6 +625,7 @@ def test_commands_that_cannot_run_here(command):
     pytest.skip(CANNOT_RUN[command])
 
 
+@pytest.mark.slow
 def test_mmrl_finds_its_shipped_files_as_mmrl_assets():
     """``mmrl build-tiny NAME`` run outside a source checkout failed with "No module named 'assets'":
     the top-level ``assets`` package exists only in the repository (installed, it is ``mmrl.assets``)."""

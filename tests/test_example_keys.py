@@ -14,6 +14,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from mmrl.core.example import SHARED_KEYS, Example
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,6 +70,7 @@ def test_the_rule_covers_the_agent_loop_and_its_interactions():
     assert {"_index", "source", "episode_id", "step_index", "anchor_key", "episode_success", "task", "image"} <= read
 
 
+@pytest.mark.slow
 def test_every_declared_key_has_a_docstring_and_a_user():
     """Each key of the record is followed by its docstring, and some module of mmrl other than the
     record names it (a declared key nobody writes or reads is a dead contract)."""

@@ -58,6 +58,7 @@ def _pipeline(adapter, noise, prompts, guidance, steps=3, size=16):
 # -- structure -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_registered_and_shaped(flux2, klein):
     assert GENERATOR_FAMILIES.get("Flux2Pipeline") == Flux2Adapter.from_pretrained
     assert GENERATOR_FAMILIES.get("Flux2KleinPipeline") == Flux2KleinAdapter.from_pretrained
@@ -79,6 +80,7 @@ def test_registered_and_shaped(flux2, klein):
         assert emb.shape == (2, 512, 48) and (emb[0] - emb[1]).abs().max() > 1e-4
 
 
+@pytest.mark.slow
 def test_too_shallow_text_encoder_is_refused(flux2):
     with pytest.raises(ValueError, match=r"hidden states \(10, 20, 31\).*30 layers.*text_encoder"):
         Flux2Adapter(flux2.pipe, text_encoder_out_layers=(10, 20, 31))
@@ -98,6 +100,7 @@ def test_sigmas_are_the_pipelines(flux2, steps, size):
 # -- (a) parity with the diffusers pipelines -----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_flux2_matches_pipeline(flux2):
     noise = latent_noise(flux2.latent_shape(16, 16))
     ref = _pipeline(flux2, noise, PROMPTS, 3.0)
@@ -121,6 +124,7 @@ def test_flux2_guidance_is_embedded_not_batched(flux2):
     assert batches == [2]
 
 
+@pytest.mark.slow
 def test_klein_true_cfg_matches_pipeline(klein):
     noise = latent_noise(klein.latent_shape(16, 16))
     ref = _pipeline(klein, noise, PROMPTS, 3.0)
@@ -131,6 +135,7 @@ def test_klein_true_cfg_matches_pipeline(klein):
     assert torch.allclose(unguided, _pipeline(klein, noise, PROMPTS, 1.0), atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_distilled_klein_ignores_guidance(klein):
     """A step-distilled klein (``is_distilled``) takes no CFG: the pipeline ignores the scale, so does mmrl."""
     from diffusers import Flux2KleinPipeline
@@ -148,6 +153,7 @@ def test_distilled_klein_ignores_guidance(klein):
 # -- (b), (d): the policy over the adapter --------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_rescored_log_probs_equal_the_sampling_ones(flux2_dir):
     policy = policy_for(flux2_dir)
     batch = train_rollout(policy, PROMPTS)
@@ -156,6 +162,7 @@ def test_rescored_log_probs_equal_the_sampling_ones(flux2_dir):
     assert_rescored(policy, batch, steps=3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lora", [False, True])
 def test_checkpoint_round_trip(flux2_dir, tmp_path, lora):
     extra = ["model.lora.enabled=true", "model.lora.r=4"] if lora else []
@@ -174,6 +181,7 @@ def test_checkpoint_round_trip(flux2_dir, tmp_path, lora):
         assert torch.equal(restored.velocity(x, sigma, PROMPTS, 4.0), policy.velocity(x, sigma, PROMPTS, 4.0))
 
 
+@pytest.mark.slow
 def test_lora_export_loads_as_a_flux2_pipeline(flux2_dir, tmp_path):
     """``mmrl export`` of a LoRA policy: the pipeline directory with the adapters merged loads back as
     FLUX.2 and gives the trained velocity."""
@@ -189,6 +197,7 @@ def test_lora_export_loads_as_a_flux2_pipeline(flux2_dir, tmp_path):
         assert torch.allclose(exported.velocity(x, sigma, PROMPTS, 4.0), trained, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_gradient_checkpointing_gives_the_same_gradients(flux2_dir):
     """The recipes' train.gradient_checkpointing=true on FLUX.2's blocks: the same LoRA gradients."""
     grads = []
@@ -214,6 +223,7 @@ def prompt_file(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["flux2", "klein"])
 def test_lora_step_through_the_cli(family, request, prompt_file, tmp_path):
     from mmrl.runs.checkpoint import CheckpointManager

@@ -64,6 +64,7 @@ def _pipeline(adapter, noise, images, height=16, width=16, **kwargs):
                         generator=torch.Generator().manual_seed(0), output_type="pt", **kwargs).images
 
 
+@pytest.mark.slow
 def test_registered_as_an_editing_model(kontext):
     assert GENERATOR_FAMILIES.get("FluxKontextPipeline") == FluxKontextAdapter.from_pretrained
     assert type(kontext) is FluxKontextAdapter and kontext.conditioning == "image" and kontext.family == "flux_kontext"
@@ -82,6 +83,7 @@ def test_matches_pipeline_with_the_source_image(kontext, height, width):
     assert (other - ref).abs().max() > 1e-4  # the source image reached the transformer
 
 
+@pytest.mark.slow
 def test_true_cfg_keeps_the_image(tmp_path):
     adapter = load_pipeline(str(build_tiny_flux_kontext(tmp_path, schnell=True)), "cpu", torch.float32)
     assert not adapter.guidance_embeds and adapter.default_guidance_scale == 1.0
@@ -116,6 +118,7 @@ def test_errors_say_what_to_give(kontext):
 # -- the policy over the adapter --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_rescored_log_probs_equal_the_sampling_ones(kontext_dir):
     policy = policy_for(kontext_dir)
     batch = train_rollout(policy, _edits(sources()))
@@ -127,6 +130,7 @@ def test_rescored_log_probs_equal_the_sampling_ones(kontext_dir):
     assert not torch.allclose(other.payload["latents"][:, -1], batch.payload["latents"][:, -1], atol=1e-4)
 
 
+@pytest.mark.slow
 def test_lora_policy_step_trains_round_trips_and_exports(kontext_dir, tmp_path):
     lora = ["model.lora.enabled=true", "model.lora.r=4"]
     policy = policy_for(kontext_dir, *lora)
@@ -150,6 +154,7 @@ def test_lora_policy_step_trains_round_trips_and_exports(kontext_dir, tmp_path):
         assert torch.allclose(exported.velocity(x, sigma, PROMPTS, 3.5, images), trained, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_lora_step_through_the_cli(kontext_dir, tmp_path):
     """``mmrl train diffusion`` with the image_edit task (its synthetic 16 px edits): every sample scored."""
     from safetensors.torch import load_file

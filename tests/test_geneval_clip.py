@@ -136,6 +136,7 @@ def test_clip_setting_parses_arch_equals_checkpoint(tmp_path):
 
 # -- end to end on a tiny random CLIP ----------------------------------------------------------------
 
+@pytest.mark.slow
 @needs_open_clip
 def test_the_geneval_clip_variant_scores_with_the_loaded_clip(tiny_clip):
     from mmrl.rewards import model_scorers
@@ -164,6 +165,7 @@ def test_the_geneval_clip_variant_scores_with_the_loaded_clip(tiny_clip):
     assert table() == rows
 
 
+@pytest.mark.slow
 @needs_open_clip
 def test_mmrl_eval_benchmark_geneval_with_clip(tiny_clip, tmp_path):
     from typer.testing import CliRunner
@@ -181,6 +183,7 @@ def test_mmrl_eval_benchmark_geneval_with_clip(tiny_clip, tmp_path):
     assert overall["n"] == 2 and 0.0 <= overall["accuracy"] <= 1.0
 
 
+@pytest.mark.slow
 def test_the_command_line_rejects_a_bad_clip(tmp_path):
     from typer.testing import CliRunner
 

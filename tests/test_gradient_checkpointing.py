@@ -132,6 +132,7 @@ def _pair(path, *overrides, batch_of=_groups):
     return plain_calls, gc_calls
 
 
+@pytest.mark.slow
 def test_tiny_vlm_language_model_and_vision_tower(random_tiny_dir):
     """The tower trained, padded micro-batches of 3 (two forwards), no shared prefix: equal
     gradients, every parameter's; the checkpointed update ran each attention (the tower's blocks and
@@ -141,6 +142,7 @@ def test_tiny_vlm_language_model_and_vision_tower(random_tiny_dir):
     assert plain > 0 and gc == 2 * plain
 
 
+@pytest.mark.slow
 def test_reentrant_checkpointing(random_tiny_dir):
     """train.gradient_checkpointing_kwargs.use_reentrant=true (transformers makes the embeddings'
     output require grad for it): the same gradients on the padded forward; with the shared prefix
@@ -154,12 +156,14 @@ def test_reentrant_checkpointing(random_tiny_dir):
         _vlm(random_tiny_dir, *GC_ON, reentrant)
 
 
+@pytest.mark.slow
 def test_lora(random_tiny_dir):
     """LoRA on a frozen base: the adapters' gradients equal, the layers recomputed."""
     plain, gc = _pair(random_tiny_dir, "model.lora.enabled=true", "model.lora.r=4", "train.shared_prefix=false")
     assert gc == 2 * plain
 
 
+@pytest.mark.slow
 def test_shared_prefix_keeps_its_cache(random_tiny_dir):
     """The prompt pass writes the cache, the completion pass reads it; both recomputed in the
     backward pass with the cache kept (transformers would drop it): the gradients of the plain
@@ -172,11 +176,13 @@ def test_shared_prefix_keeps_its_cache(random_tiny_dir):
     _assert_same_update(_update_grads(shared, batch), _update_grads(per_sample, batch))
 
 
+@pytest.mark.slow
 def test_padding_free(random_tiny_dir):
     plain, gc = _pair(random_tiny_dir, "vlm.freeze_vision=false", "train.padding_free=true")
     assert gc == 2 * plain
 
 
+@pytest.mark.slow
 def test_a_tiny_family_model(tmp_path):
     """Gemma 3 (SigLIP tower, sliding-window layers), built from its config."""
     from mmrl.registry import load_plugins
@@ -197,6 +203,7 @@ def test_a_tiny_family_model(tmp_path):
     assert plain > 0 and gc == 2 * plain
 
 
+@pytest.mark.slow
 def test_checkpointing_keeps_fewer_bytes_for_the_backward_pass(random_tiny_dir, monkeypatch):
     """Measured on the tiny model's update (tower trained, one forward of 6 samples): what the
     graph keeps with checkpointing is a fraction of what it keeps without."""
@@ -217,6 +224,7 @@ def test_checkpointing_keeps_fewer_bytes_for_the_backward_pass(random_tiny_dir, 
     assert kept[True] < 0.5 * kept[False], kept
 
 
+@pytest.mark.slow
 def test_rollouts_do_not_change(random_tiny_dir):
     """Generation runs in eval mode without gradients: the same completions (sampled from one
     seed) and log-probs, the key/value cache used as without checkpointing."""
@@ -289,6 +297,7 @@ def test_fsdp2_generator_run_equals_one_process_without_it(tiny_flow_dir, tmp_pa
 
 
 # -- the generator --------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_tiny_generator(tmp_path, monkeypatch):
     """The tiny flow generator (diffusers' SD3 transformer): one update's gradients equal, and the
     checkpointed blocks keep fewer bytes for the backward pass."""

@@ -327,6 +327,7 @@ ARG_KEYS = {"click": {"point"}, "long_press": {"point"}, "type": {"text"}, "open
             "scroll": {"direction"}, "terminate": {"status"}}
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(TEXTS, st.booleans())
 def test_parse_action_never_raises(text, wrap):
@@ -339,6 +340,7 @@ def test_parse_action_never_raises(text, wrap):
     assert read_action(text) is None or read_action(text)["action"] in ACTION_TYPES
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(TEXTS, st.integers(0, 2), EXAMPLES), min_size=1, max_size=4))
 def test_gui_rewards_never_raise(cases):

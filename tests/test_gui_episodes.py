@@ -468,6 +468,7 @@ def test_synthetic_fallback(tmp_path):
         mmrl.make_task("gui_actions", history_length=-2)
 
 
+@pytest.mark.slow
 def test_android_control_episode_file_trains_a_step(tmp_path):
     """The must-show: an AndroidControl-style episode file trains a step of the tiny default
     model, and the run writes the UI-R1 reward components."""

@@ -197,6 +197,7 @@ EXAMPLES = st.sampled_from([BOX, POINT, TYPED, SCROLL, {}, {"action": None}, {"a
                             {"action": {"action": "terminate", "status": "failure"}}])
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.one_of(TEXTS, st.none(), st.integers()), EXAMPLES), min_size=1, max_size=4))
 def test_paper_rewards_never_raise(cases):

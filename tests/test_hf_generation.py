@@ -3,6 +3,7 @@ bit for bit) and rollout.batch_size=0 (as many as fit, halved on out-of-memory, 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from conftest import make_config
@@ -32,6 +33,7 @@ def _logits(policy, enc):
         return policy.module(**enc).logits.float()
 
 
+@pytest.mark.slow
 def test_merged_generation_weights_compute_the_adapted_model_and_are_restored_exactly():
     policy = _lora_policy()
     _, prompts = _prompts()
@@ -93,6 +95,7 @@ def _policy_on_a_device_that_holds(sequences: int, batch_size: int, *extra: str)
     return policy, calls
 
 
+@pytest.mark.slow
 def test_batch_size_zero_shrinks_on_out_of_memory_and_remembers_the_size():
     policy, calls = _policy_on_a_device_that_holds(3, batch_size=0)
     exs, prompts = _prompts(2)
@@ -105,6 +108,7 @@ def test_batch_size_zero_shrinks_on_out_of_memory_and_remembers_the_size():
     assert calls == [2, 2, 2, 2]  # the next step starts at the size that fit
 
 
+@pytest.mark.slow
 def test_a_fixed_batch_size_also_halves_on_out_of_memory():
     policy, calls = _policy_on_a_device_that_holds(3, batch_size=6)
     exs, prompts = _prompts(2)
@@ -112,6 +116,7 @@ def test_a_fixed_batch_size_also_halves_on_out_of_memory():
     assert calls == [6, 3, 3, 2] and policy.engine.batch_backoff.limit == 3
 
 
+@pytest.mark.slow
 def test_the_generation_batch_grows_back_after_oom_grow_back_steps_calls_that_fit():
     """Out of memory above 3 sequences: 8 -> 4 -> 2 (fits); with train.oom_grow_back_steps=2,
     after two rollouts at 2 the next tries 4 (out of memory again: back to 2, the count restarts)."""
@@ -123,6 +128,7 @@ def test_the_generation_batch_grows_back_after_oom_grow_back_steps_calls_that_fi
     assert policy.engine.batch_backoff.limit == 2
 
 
+@pytest.mark.slow
 def test_a_generate_call_past_max_time_stops_and_is_counted():
     """transformers' max_time ends the call: every completion is cut (truncated) and counted."""
     policy = VLMPolicy(make_config("train.device=cpu", "rollout.max_completion_length=30", "rollout.max_time=1e-9",

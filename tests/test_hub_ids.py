@@ -125,6 +125,7 @@ def test_online_the_revision_and_cache_go_to_snapshot_download(cache, monkeypatc
         resolve_checkpoint("org/name")
 
 
+@pytest.mark.slow
 def test_a_run_records_the_commit_and_a_resume_refuses_a_moved_ref(cache, tmp_path):
     from mmrl.runs.config_history import ConfigChangeError, check_resume_config, record_start
 

@@ -201,6 +201,7 @@ def test_pixel_rewards():
         REWARDS.get("edit_score")(results[:2], examples[:1])
 
 
+@pytest.mark.slow
 def test_edit_instruction_asks_a_served_judge_with_source_and_result(judge):
     from mmrl.core.reward_computer import RewardComputer
 

@@ -93,6 +93,7 @@ def test_clip_score_errors(tmp_path, monkeypatch):
         clip_score(ims, exs, pretrained=str(ckpt), device="cpu")
 
 
+@pytest.mark.slow
 @needs_open_clip
 def test_clip_score_tiny_model(tiny_clip):
     name, ckpt = tiny_clip
@@ -156,6 +157,7 @@ def test_mlp_from_state_dict():
         mlp_from_state_dict({"encoder.weight": torch.zeros(2, 2), "head.0.weight": torch.zeros(1, 2)})
 
 
+@pytest.mark.slow
 @needs_open_clip
 def test_aesthetic_mlp_scorer(tiny_clip, tmp_path):
     name, ckpt = tiny_clip

@@ -100,6 +100,7 @@ def _png(url: str) -> Image.Image:
 
 # -- vlm_judge ---------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_vlm_judge_asks_with_the_image_and_reads_p_yes_from_the_top_logprobs(judge, monkeypatch):
     monkeypatch.setenv("JUDGE_TOKEN", "s3cret")
     # P(yes) = 0.7 ("yes") + 0.1 ("Yes"); P(no) = 0.15 (" no") + 0.05 ("No"); "maybe" is neither:
@@ -122,6 +123,7 @@ def test_vlm_judge_asks_with_the_image_and_reads_p_yes_from_the_top_logprobs(jud
     assert list(_png(image["image_url"]["url"]).getdata()) == list(images[0].getdata())  # lossless
 
 
+@pytest.mark.slow
 def test_vlm_judge_without_either_answer_in_the_top_is_unparsable(judge):
     Judge.answer = staticmethod(lambda body: _top(maybe=0.6, sure=0.3))
     _, parts, stats = RewardComputer({"vlm_judge": 1.0}, {"vlm_judge": {"judge_url": judge}})(
@@ -130,6 +132,7 @@ def test_vlm_judge_without_either_answer_in_the_top_is_unparsable(judge):
     assert stats["reward/vlm_judge/failed_frac"] == 0.0
 
 
+@pytest.mark.slow
 def test_vlm_judge_scores_a_clip_frame_by_frame(judge):
     # frame 1 is asked about "red" and gets P(yes) 0.9 / (0.9 + 0.1); frame 2 0.3 / (0.3 + 0.6)
     Judge.answer = staticmethod(lambda body: _top(yes=0.9, no=0.1) if (
@@ -143,6 +146,7 @@ def test_vlm_judge_scores_a_clip_frame_by_frame(judge):
 
 # -- deepeyes -----------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_deepeyes_sends_its_judge_prompt_and_reads_the_verdict(judge):
     Judge.answer = staticmethod(lambda body: _reply(
         "Judgement: 1" if "[Model_answer] : it is red" in body["messages"][1]["content"] else "Judgement: 0"))
@@ -167,6 +171,7 @@ def test_deepeyes_sends_its_judge_prompt_and_reads_the_verdict(judge):
 TEMPLATE = "Q: {question}\nRef: {reference}\nA: {answer}\nUnit: {unit}"
 
 
+@pytest.mark.slow
 def test_rubric_judge_fills_the_template_and_maps_the_score(judge):
     replies = {"7": "Good. Score: 7", "12": "Score: 3, no wait, Score: 12", "?": "I cannot grade this."}
     Judge.answer = staticmethod(lambda body: _reply(replies[body["messages"][1]["content"].split("A: ")[1][:2].strip()]))
@@ -184,6 +189,7 @@ def test_rubric_judge_fills_the_template_and_maps_the_score(judge):
     assert (first["temperature"], first["max_tokens"]) == (0.0, 16)
 
 
+@pytest.mark.slow
 def test_rubric_judge_sends_the_examples_image_with_the_prompt(judge):
     """``image_field``: the example's image goes before the prompt's text as a lossless PNG data URL (a
     vision-language judge grades an answer about it); an example without one is not sent (unparsable)."""
@@ -228,6 +234,7 @@ def test_a_local_checkpoint_and_a_server_together_are_refused(tmp_path):
 
 # -- failures ----------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_5xx_is_retried_and_a_4xx_is_not(judge):
     Judge.answer = staticmethod(lambda body: _reply("Score: 10"))
     Judge.plan = [503, 500]
@@ -240,6 +247,7 @@ def test_a_5xx_is_retried_and_a_4xx_is_not(judge):
     assert stats["reward/rubric_judge/failed_frac"] == 1.0 and stats["reward/rubric_judge/late_frac"] == 0.0
 
 
+@pytest.mark.slow
 def test_a_judge_too_slow_is_late_and_bounded_by_its_timeout(judge):
     Judge.answer = staticmethod(lambda body: _top(yes=0.5, no=0.5))
     Judge.plan = ["sleep", "sleep"]  # the first try and its one retry
@@ -251,6 +259,7 @@ def test_a_judge_too_slow_is_late_and_bounded_by_its_timeout(judge):
     assert stats["reward/vlm_judge/late_frac"] == 1.0 and stats["reward/vlm_judge/failed_frac"] == 0.0
 
 
+@pytest.mark.slow
 def test_setup_warns_of_a_model_the_server_does_not_list(judge, caplog):
     RewardComputer({"rubric_judge": 1.0}, {"rubric_judge": {"judge_url": judge, "judge_model": "judge-7b"}})
     assert "does not list" not in caplog.text
@@ -258,6 +267,7 @@ def test_setup_warns_of_a_model_the_server_does_not_list(judge, caplog):
     assert "does not list task.reward_kwargs.rubric_judge.judge_model=judge-70b (it serves judge-7b)" in caplog.text
 
 
+@pytest.mark.slow
 def test_a_dead_judge_scores_the_minimum_and_is_counted(caplog):
     import socket
 

@@ -80,6 +80,7 @@ def test_task_raises_its_heldout_metric(task, learning_results):
 SMOKE_TASKS = ("grounding", "classification", "ocr", "chart_qa", "visual_math", "rotation")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", SMOKE_TASKS)
 def test_task_recipe_smoke(task, tmp_path):
     result = train_quietly(f"vlm/{task}_tiny", tmp_path, task, "train.steps=1", "train.prompts_per_step=2",

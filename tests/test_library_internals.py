@@ -213,6 +213,7 @@ def test_diffusers_says_which_modules_it_loads_in_float32(tmp_path):
                                                       pooled_projection_dim=8, sample_size=8)) == set()
 
 
+@pytest.mark.slow
 def test_no_module_outside_the_adapters_uses_a_private_name_of_another_package():
     """What the module docstring promises: a new ``model.config._something`` elsewhere fails here,
     naming the file and line; move it into :mod:`mmrl.core.library_internals` with a test."""

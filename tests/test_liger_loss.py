@@ -120,6 +120,7 @@ def test_a_cpu_run_and_a_generator_are_refused(random_tiny_dir):
                         pipeline=object())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["train.shared_prefix=true", "train.padding_free=true"])
 def test_the_policys_update_through_liger_on_the_cpu(layout, random_tiny_dir, monkeypatch):
     """The policy's wiring (hidden states, targets, mask, suppressed vision tokens, temperature,

@@ -215,6 +215,7 @@ OPTIONS = st.one_of(st.none(), st.lists(TEXTS, max_size=4), st.dictionaries(st.t
                     st.integers())
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(TEXTS, TRUTHS, OPTIONS), min_size=1, max_size=4))
 def test_never_raises(rows):
@@ -226,6 +227,7 @@ def test_never_raises(rows):
         assert v is None or (isinstance(v, float) and v in (0.0, 1.0) and not math.isnan(v))
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(st.fractions(min_value=-1000, max_value=1000, max_denominator=50))
 def test_fraction_forms_agree(q):

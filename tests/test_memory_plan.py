@@ -100,6 +100,7 @@ H200 = {"adamw_torch": ([], False, 82.6), "adamw_kahan": (["train.optim=adamw_ka
            for o, m in (("adamw_torch", 58.8), ("adamw_kahan", 30.9), ("adamw_bf16", 30.3), ("adamw_bf16_sr", 25.1))}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("row", H200)
 def test_the_plan_meets_the_h200_peaks(tmp_path, row):
     from mmrl.bench.speed_model import write_shaped_config
@@ -209,6 +210,7 @@ def test_the_plan_meets_the_measured_cpu_peak_of_the_tiny_generator(tmp_path, mo
     assert row.ratio == pytest.approx(1.0, abs=0.15), (row.predicted, row.measured)
 
 
+@pytest.mark.slow
 def test_mmrl_plan_plans_a_generator():
     r = CliRunner().invoke(app, ["plan", "diffusion/composition_tiny", "--gpu", "24GB"], prog_name="mmrl")
     assert r.exit_code == 0, r.output
@@ -216,6 +218,7 @@ def test_mmrl_plan_plans_a_generator():
     assert "+ gradient checkpointing" in r.output and "QLoRA" not in r.output  # a generator's base is never 4-bit
 
 
+@pytest.mark.slow
 def test_the_generator_reader_counts_the_tiny_generator_as_it_loads():
     """Parity: the meta-device counts are the loaded pipeline's; the latents its own (3 x 16 x 16 pixels; 16
     prompt tokens)."""

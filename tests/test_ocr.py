@@ -190,6 +190,7 @@ FRAGMENTS = st.sampled_from(["<answer>", "</answer>", "<think>", "</think>", " "
 TEXTS = st.one_of(st.text(max_size=40), st.lists(st.one_of(FRAGMENTS, st.text(max_size=4)), max_size=12).map("".join))
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(TEXTS, st.text(max_size=20), st.booleans())
 def test_edit_similarity_is_none_or_in_unit_interval(completion, truth, case_sensitive):

@@ -208,6 +208,7 @@ def test_rollout_given_truncates_at_the_length_limit(random_tiny_dir):
     assert batch.old_logps is None and batch.ref_logps is None
 
 
+@pytest.mark.slow
 def test_mixed_batch_trains(random_tiny_dir):
     """A generated group per prompt plus one reference completion per prompt, concatenated, goes
     through train_step: the objective sees off_policy (off_policy_frac > 0) and the loss is finite."""

@@ -101,6 +101,7 @@ def rows():
         return {row["optim"]: row for row in measure(OPTIMS, width=64, layers=1, steps=20, seed=0)}
 
 
+@pytest.mark.slow
 def test_bytes_per_trained_parameter(rows):
     """Weight + gradient + moments (+ compensation): float32 4 + 4 + 4 + 4 = 16; bf16 2 + 2 + 2 + 2 = 8
     (torch AdamW and torchao keep bf16 moments for bf16 weights); Kahan adds a bf16 buffer: 10. The
@@ -113,6 +114,7 @@ def test_bytes_per_trained_parameter(rows):
     assert {k: round(rows[k]["bytes_per_param"], 2) for k in expected} == expected
 
 
+@pytest.mark.slow
 def test_one_small_step_changes_about_two_percent_of_bf16_weights(rows):
     """Adam's first step moves every weight by lr * m / sqrt(v) = lr: float32 masters keep it for
     every weight; a bf16 weight in [2^e, 2^(e+1)) is spaced 2^(e-7) and keeps 1e-6 by rounding to
@@ -183,6 +185,7 @@ def bf16_trainer(path, out, optim):
     return tiny_trainer(tiny_run_config(path, out, 1, "model.dtype=bfloat16", f"train.optim={optim}"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optim, dtype, library", [("adamw_torch", torch.float32, "torch"),
                                                    ("adamw_bf16", torch.bfloat16, "torch"),
                                                    ("adamw_kahan", torch.bfloat16, "optimi"),
@@ -209,6 +212,7 @@ def test_each_optimizer_trains_the_tiny_vlm(optim, dtype, library, random_tiny_d
     assert {p.dtype for p in policy.trainable_parameters()} == {dtype}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optim, state_keys", [("adamw_kahan", {"exp_avg", "exp_avg_sq", "kahan_comp"}),
                                                ("adamw_bf16_sr", {"step", "exp_avg", "exp_avg_sq"})],
                          ids=["adamw_kahan", "adamw_bf16_sr"])

@@ -24,6 +24,7 @@ def _forward(policy, batch, packed: bool):
     return shared_prefix_forward(policy, batch, padding_free=packed)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen2_vl", "qwen3_vl"])
 def test_equal_to_the_padded_forward(family, family_dirs):  # noqa: F811
     """Vision tower trained, temperature 0.7, prompts of two lengths and completions of three."""
@@ -56,6 +57,7 @@ def test_the_packed_row_has_no_padding_and_restarts_positions(random_tiny_dir):
     assert index.tolist() == [[ends[0], ends[0] + 1, ends[0] + 2, ends[0] + 2], [ends[1]] * 4]
 
 
+@pytest.mark.slow
 def test_videos_and_text_only_prompts(random_tiny_dir):
     policy = VLMPolicy(make_config(f"model.path={random_tiny_dir}", "train.device=cpu", *VIDEO_BUDGET))
     examples, prompts = _prompts("video")
@@ -77,6 +79,7 @@ def test_token_balanced_micro_batches_by_hand():
     assert token_balanced_micro_batches([9, 1], max_tokens=4, max_samples=8) == [[0], [1]]  # too long: alone
 
 
+@pytest.mark.slow
 def test_lora_scores_in_batch_order_with_token_micro_batches(random_tiny_dir):
     """LoRA, micro-batches of at most 200 tokens (the 6 samples have 92, 88, 107, 104, 100 and 119:
     groups [0, 2], [1, 3], [4], [5]): the policy's and the reference's scores equal the padded
@@ -96,6 +99,7 @@ def test_lora_scores_in_batch_order_with_token_micro_batches(random_tiny_dir):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tokens", [0, 200])
 def test_train_step_equal(random_tiny_dir, tokens):
     """A whole train_step (clipped loss, KL to the reference, entropy bonus, a top-entropy token

@@ -19,6 +19,7 @@ def _one_thread(one_thread):
     """The tiny pipelines run on one thread (see ``diffusion_fixtures.one_thread``)."""
 
 
+@pytest.mark.slow
 def test_options_reach_the_adapter_and_unknown_ones_name_the_valid(sd3_dir, tmp_path):
     assert load_pipeline(str(sd3_dir), options={"max_sequence_length": 32}).max_sequence_length == 32
     with pytest.raises(ValueError, match=r"StableDiffusion3Pipeline \(SD3Adapter\) takes no \['guidance_scale_2'\]; "

@@ -60,6 +60,7 @@ def _trained_one_step(run_dir: Path, reward: str) -> None:
     assert 0.0 <= steps[0][f"reward/{reward}"] <= 1.0
 
 
+@pytest.mark.slow
 def test_plugin_file_loads_and_trains(random_tiny_dir, tmp_path):
     path = tmp_path / "my_task.py"
     path.write_text(PLUGIN.replace("PREFIX", "file"))

@@ -96,6 +96,7 @@ def test_make_policy_picks_by_the_task_modality_through_the_registry(monkeypatch
         POLICIES._items.pop("test_modality")
 
 
+@pytest.mark.slow
 def test_no_code_outside_the_strategies_branches_on_sharding():
     offenders = []
     for path in sorted(ROOT.rglob("*.py")):
@@ -115,6 +116,7 @@ def test_the_policy_base_reads_no_launch_specific_state():
     assert "sharding." not in source and "accelerator" not in source
 
 
+@pytest.mark.slow
 def test_the_policies_are_imported_only_when_their_registry_is_consulted():
     """Other lookups (a task, a reward: what a CLI error or `mmrl list --help` needs) stay cheap: the
     policy modules import transformers' and diffusers' models only when a policy is looked up."""

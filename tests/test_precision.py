@@ -19,6 +19,7 @@ def test_vlm_bf16_step_keeps_float32_master_weights(random_tiny_dir):
     check_vlm_bf16_step(random_tiny_dir, "cpu")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("generator", ["tiny_flow_dir", "sd3_dir"])
 def test_generator_bf16_step_keeps_float32_master_weights(generator, request):
     check_generator_bf16_step(request.getfixturevalue(generator), "cpu")

@@ -161,6 +161,7 @@ def tiny_hps(tiny_clip, tmp_path):
     return name, tmp_path
 
 
+@pytest.mark.slow
 def test_hpsv2_is_the_cosine_of_the_reference_embeddings(tiny_hps):
     """The reference (img_score.py): ``model(image, text)`` with output_dict gives unit-norm
     features; the score is ``diag(image_features @ text_features.T)``."""
@@ -181,6 +182,7 @@ def test_hpsv2_is_the_cosine_of_the_reference_embeddings(tiny_hps):
     assert len(set(np.round(expected, 6))) == 3
 
 
+@pytest.mark.slow
 def test_hpsv2_layout_errors(tiny_hps):
     _, folder = tiny_hps
     (folder / "HPS_v2_compressed.pt").write_bytes((folder / "HPS_v2.1_compressed.pt").read_bytes())

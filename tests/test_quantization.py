@@ -5,6 +5,7 @@ training computes, the export, and the one-line refusals."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 
@@ -14,7 +15,7 @@ import torch
 from conftest import make_config, tiny_run_config, tiny_trainer
 from mmrl.config import ConfigError
 
-pytest.importorskip("bitsandbytes")
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None, reason="needs bitsandbytes (the fit extra)")
 
 QLORA = ("model.lora.enabled=true", "model.load_in_4bit=true", "model.use_bnb_nested_quant=true")
 
@@ -40,6 +41,7 @@ def token_batch(policy, seed=0):
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
+@pytest.mark.slow
 def test_the_language_model_is_4bit_and_the_vision_tower_and_head_are_not(random_tiny_dir, tmp_path):
     from mmrl.vlm.loading import vision_tower
 
@@ -60,6 +62,7 @@ def test_the_language_model_is_4bit_and_the_vision_tower_and_head_are_not(random
             policy.check_shardable(backend)
 
 
+@pytest.mark.slow
 def test_a_qlora_step_trains_the_adapters_and_leaves_the_4bit_base(random_tiny_dir, tmp_path):
     """One RL step (every advantage 1, so every sample has a gradient): every lora_B moves; every lora_A
     stays (peft starts B at 0, so A's gradient B^T dL/dy is 0 at the first step, and Adam moves a weight
@@ -80,6 +83,7 @@ def test_a_qlora_step_trains_the_adapters_and_leaves_the_4bit_base(random_tiny_d
         assert torch.equal(value, base[key]), key
 
 
+@pytest.mark.slow
 def test_rollouts_compute_what_training_computes(random_tiny_dir, tmp_path):
     """bitsandbytes repacks a 4-bit weight for a bf16 CPU kernel at its first eval forward without
     gradients (mmrl.core.library_internals.keep_4bit_weights_unpacked keeps it from doing so): the
@@ -104,6 +108,7 @@ def test_rollouts_compute_what_training_computes(random_tiny_dir, tmp_path):
     assert all(p.grad is not None for p in policy.trainable_parameters())
 
 
+@pytest.mark.slow
 def test_the_reference_is_the_4bit_base(random_tiny_dir, tmp_path):
     """algo.beta > 0: no copy is made; after a step the reference (adapters off) computes exactly
     what a freshly loaded 4-bit base does, and the policy itself no longer does."""
@@ -161,6 +166,7 @@ def test_a_qlora_run_resumes_exactly(random_tiny_dir, tmp_path):
         assert torch.equal(p, q), name
 
 
+@pytest.mark.slow
 def test_export_merges_the_adapters_into_the_dequantized_base(random_tiny_dir, tmp_path):
     """``mmrl export`` of a QLoRA run: an unquantized checkpoint transformers loads, whose logits are
     the trained policy's (adapters on) to float32 rounding: each 4-bit weight dequantized plus B A s."""

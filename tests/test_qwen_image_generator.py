@@ -135,6 +135,7 @@ def test_guidance_embedding_is_refused():
 # -- (a) parity with the diffusers pipelines -----------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("height,width", [(32, 32), (32, 48)])
 def test_matches_pipeline(qwen, height, width):
     lengths = {qwen.prompt_cache.get([p])["prompt_embeds"].shape[1] for p in PROMPTS + [""]}
@@ -177,6 +178,7 @@ def edit_at(edit_dir, monkeypatch):
     return make
 
 
+@pytest.mark.slow
 def test_edit_matches_pipeline(edit_at):
     """Two edits at once, the source images already at the condition size (the pipeline's resize is the identity)."""
     edit = edit_at(32 * 32)
@@ -190,6 +192,7 @@ def test_edit_matches_pipeline(edit_at):
     assert (other - image).abs().max() > 1e-3  # the source image conditions the edit
 
 
+@pytest.mark.slow
 def test_edit_resizes_the_source_as_the_pipeline(edit_at):
     """A 32 x 48 image at a target area of 48 x 48 px conditions at 32 x 64 (calculate_dimensions' multiples of
     32): the pipeline resizes it (Lanczos) for the text encoder and the VAE, and the condition's 4 x 8 patch grid
@@ -218,6 +221,7 @@ def test_condition_area_too_small_is_refused(edit_at):
     assert edit.condition_size(16, 20) == (16, 16)
 
 
+@pytest.mark.slow
 def test_bfloat16_velocity_and_decode_are_float32(qwen_dir, edit_dir):
     qwen = load_pipeline(str(qwen_dir), "cpu", torch.bfloat16)
     edit = QwenImageEditAdapter.from_pretrained(str(edit_dir), "cpu", "bfloat16", condition_area=None)
@@ -257,6 +261,7 @@ def test_rescored_log_probs_equal_the_sampling_ones(qwen_dir):
     assert_rescored(policy, batch, steps=3)
 
 
+@pytest.mark.slow
 def test_edit_rescored_log_probs_equal_the_sampling_ones(edit_dir, small_conditions):
     policy = policy_for(edit_dir, task="image_edit")
     batch = train_rollout(policy, _edits())
@@ -268,6 +273,7 @@ def test_edit_rescored_log_probs_equal_the_sampling_ones(edit_dir, small_conditi
     assert not torch.allclose(other.payload["latents"][:, -1], batch.payload["latents"][:, -1], atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lora", [False, True])
 def test_checkpoint_round_trip(qwen_dir, tmp_path, lora):
     extra = ["model.lora.enabled=true", "model.lora.r=4"] if lora else []
@@ -286,6 +292,7 @@ def test_checkpoint_round_trip(qwen_dir, tmp_path, lora):
         assert torch.equal(restored.velocity(x, sigma, PROMPTS, 4.0), policy.velocity(x, sigma, PROMPTS, 4.0))
 
 
+@pytest.mark.slow
 def test_gradient_checkpointing_gives_the_same_lora_step(qwen_dir, monkeypatch):
     """The recipe's ``train.gradient_checkpointing``: the dual-stream blocks are recomputed in the backward pass
     (diffusers' checkpointing, through mmrl's checkpoint function) and the LoRA step is the same."""
@@ -320,6 +327,7 @@ def _trained_lora_layers(run_dir) -> set[str]:
     return {k.split(".attn.")[1].split(".lora_B")[0] for k, v in adapters.items() if "lora_B" in k and v.any()}
 
 
+@pytest.mark.slow
 def test_lora_step_through_the_cli(qwen_dir, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red cat\ntwo dogs on grass\nblue sky at night\n")
@@ -331,6 +339,7 @@ def test_lora_step_through_the_cli(qwen_dir, tmp_path):
     assert _trained_lora_layers(tmp_path / "qwen") == set(QwenImageAdapter.lora_targets)  # both streams' attention
 
 
+@pytest.mark.slow
 def test_edit_lora_step_through_the_cli(edit_dir, tmp_path, small_conditions):
     """``mmrl train diffusion`` with the image_edit task (its synthetic 16 px edits): every sample scored."""
     cli("train", "diffusion", f"model.path={edit_dir}", "task.name=image_edit", "task.options.train_size=8",

@@ -37,6 +37,7 @@ def _weighted_total(components, weights):
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False, width=32)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(values=st.lists(st.lists(finite, min_size=1, max_size=3), min_size=1, max_size=6),
        weights=st.lists(st.floats(min_value=-3, max_value=3, allow_nan=False, width=32), min_size=3, max_size=3),

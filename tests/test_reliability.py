@@ -60,6 +60,7 @@ def test_a_non_finite_gradient_is_not_applied_and_names_its_layer(random_tiny_di
     assert any(not torch.equal(a, b) for a, b in zip(before, policy.trainable_parameters()))
 
 
+@pytest.mark.slow
 def test_a_non_finite_loss_is_named_as_such(random_tiny_dir, monkeypatch):
     policy = _policy(random_tiny_dir)
     terms = policy.loss_terms
@@ -73,6 +74,7 @@ def test_a_non_finite_loss_is_named_as_such(random_tiny_dir, monkeypatch):
     assert policy.last_skip_cause == "the loss is inf"
 
 
+@pytest.mark.slow
 def test_out_of_memory_halves_the_micro_batch_and_gives_the_same_step(random_tiny_dir, monkeypatch):
     """A forward of more than 2 samples "runs out of memory": the step completes at micro-batch 1
     (6 -> 3 -> 1), keeps that size, and updates the weights exactly as a run at micro-batch 1 does."""
@@ -96,6 +98,7 @@ def test_out_of_memory_halves_the_micro_batch_and_gives_the_same_step(random_tin
         assert torch.allclose(a, b, atol=1e-6), "the backed-off step differs from the micro-batch-1 step"
 
 
+@pytest.mark.slow
 def test_the_micro_batch_grows_back_after_oom_grow_back_steps_steps_that_fit(random_tiny_dir, monkeypatch):
     """One odd step runs out of memory above 2 samples per forward (6 -> 3 -> 1); with
     train.oom_grow_back_steps=2 the size doubles after every two steps that fit, back to 6."""
@@ -256,6 +259,7 @@ def test_a_click_off_its_screenshot_is_skipped():
         assert list(examples.bad_targets) == ["e step 1"] and examples.stats()["bad_targets"] == 1
 
 
+@pytest.mark.slow
 def test_evaluation_scores_each_usable_clip_once_and_counts_the_skipped(tmp_path):
     """The issue's case: 8 Charades-STA lines, 2 of whose clips are corrupt. Training's indexing
     still moves on to the next clip; evaluation scores the 6 usable clips once each (before, one

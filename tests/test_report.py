@@ -111,6 +111,7 @@ def _page(run: Path, **kw) -> _Page:
     return _Page(path.read_text())
 
 
+@pytest.mark.slow
 def test_the_table_holds_the_summary_numbers_and_intervals(run_dir):
     page = _page(run_dir)
     assert page.rows["before-after"][0] == ["metric", "before", "95% interval", "after", "95% interval", "change"]
@@ -121,6 +122,7 @@ def test_the_table_holds_the_summary_numbers_and_intervals(run_dir):
     assert page.row("before-after", "mae") == ["mae", DASH, DASH, DASH, DASH, DASH]
 
 
+@pytest.mark.slow
 def test_without_intervals_the_interval_columns_are_dashes(run_dir):
     (run_dir / "summary.json").write_text(json.dumps({k: v for k, v in SUMMARY.items() if k != "intervals"}))
     page = _page(run_dir)
@@ -153,6 +155,7 @@ def test_a_recipe_given_is_the_one_compared_with(run_dir):
     assert page.row("config-diff", "task.name")[1:] == ["grounding", "counting"]
 
 
+@pytest.mark.slow
 def test_the_recipe_the_run_started_from_is_the_one_compared_with(run_dir, tmp_path):
     """A run records its recipe (the first line of config_history/000-start.yaml): the page compares
     with it, not with the closest shipped one; a recorded recipe that no longer loads falls back."""
@@ -209,6 +212,7 @@ def test_a_torn_metrics_line_and_no_summary_still_give_a_page(run_dir):
     assert "reward" in page.plots and "eval/accuracy" in page.plots
 
 
+@pytest.mark.slow
 def test_a_part_that_cannot_be_drawn_is_a_note_and_the_rest_is_drawn(run_dir):
     (run_dir / "config.yaml").write_text("model: [unclosed\n")
     with pytest.warns(UserWarning, match="Config"):

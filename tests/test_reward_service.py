@@ -115,6 +115,7 @@ def test_images_and_examples_cross_as_json_unchanged():
     assert encode_example({"spec": SPEC, "prompt": "a"}, fields=["prompt"]) == {"prompt": "a"}
 
 
+@pytest.mark.slow
 def test_a_served_reward_scores_as_in_process(served):
     server = served("composition")
     images = [_image((255, 0, 0)), _image((0, 0, 255)), "not an image"]
@@ -128,6 +129,7 @@ def test_a_served_reward_scores_as_in_process(served):
     assert remote[2]["reward/http/failed_frac"] == 0.0 and remote[2]["reward/http/late_frac"] == 0.0
 
 
+@pytest.mark.slow
 def test_two_services_at_once_each_under_its_label(served):
     """``http@<label>``: one reward used twice with other options (two services at once, as PickScore beside
     an OCR service): each label has its own options, scores, counters and weight in the total."""
@@ -152,6 +154,7 @@ def test_two_services_at_once_each_under_its_label(served):
         RewardComputer({"htp@layout": 1.0})
 
 
+@pytest.mark.slow
 def test_the_schema_is_checked(served):
     import urllib.error
     import urllib.request
@@ -191,6 +194,7 @@ def test_a_dead_service_scores_the_minimum_and_is_counted():
     assert stats["reward/http/failed_frac"] == 1.0 and stats["reward/http/unparsable_frac"] == 0.0
 
 
+@pytest.mark.slow
 def test_retries_back_off_then_succeed(script):
     Script.plan = [503, 503]
     total, comps, stats = _computer(script, retries=2, backoff=0.2)(["ab", "abc"], [{}, {}])
@@ -200,6 +204,7 @@ def test_retries_back_off_then_succeed(script):
     assert times[1] - times[0] >= 0.2 and times[2] - times[1] >= 0.4  # backoff * 2**i
 
 
+@pytest.mark.slow
 def test_a_late_score_is_counted_as_late(script):
     Script.plan = ["sleep"]
     total, comps, stats = _computer(script, retries=0, timeout=0.3, batch_size=1)(["ab", "abc"], [{}, {}])
@@ -208,6 +213,7 @@ def test_a_late_score_is_counted_as_late(script):
     assert stats["reward/http/late_frac"] == 0.5 and stats["reward/http/failed_frac"] == 0.0
 
 
+@pytest.mark.slow
 def test_the_token_is_required_beyond_loopback_and_checked(served, monkeypatch):
     with pytest.raises(ValueError, match="--token"):
         make_server("composition", {}, host="0.0.0.0", port=0)
@@ -220,6 +226,7 @@ def test_the_token_is_required_beyond_loopback_and_checked(served, monkeypatch):
     assert comps["http"].tolist() == [1.0] and stats["reward/http/failed_frac"] == 0.0
 
 
+@pytest.mark.slow
 def test_a_body_over_the_cap_is_refused(served):
     server = served("composition", max_body_mb=0.001)  # 1048 bytes
     examples = [{"spec": SPEC}] * 2
@@ -229,6 +236,7 @@ def test_a_body_over_the_cap_is_refused(served):
     assert stats["reward/http/failed_frac"] == 0.5 and stats["reward/http/unparsable_frac"] == 0.0
 
 
+@pytest.mark.slow
 def test_a_plugin_reward_is_served(served, tmp_path, monkeypatch):
     import mmrl.registry
     from mmrl.registry import REWARDS, Registry
@@ -249,6 +257,7 @@ def test_a_plugin_reward_is_served(served, tmp_path, monkeypatch):
         make_server("served_length_test", {"sclae": 2.0}, port=0)
 
 
+@pytest.mark.slow
 def test_a_reward_that_answers_with_futures_is_served(served, tmp_path, monkeypatch):
     """A judge on a server returns futures; the service settles them (a failed one: no score)."""
     import mmrl.registry
@@ -280,6 +289,7 @@ def test_misconfiguration_stops_the_run_at_setup():
 
 # -- rewards computed while the policy works -------------------------------------------------------
 
+@pytest.mark.slow
 def test_served_rewards_are_awaited_after_the_log_prob_passes(script):
     from mmrl.core.batch.scoring import StepScorer
     from mmrl.core.rollouts import Rollouts
@@ -344,6 +354,7 @@ def _stop(proc) -> None:
     proc.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_a_served_reward_trains_as_in_process(tmp_path):
     # docs/plugins.md's commands, on a free port: mmrl serve-reward composition --port 8100, then
     # mmrl train diffusion task.rewards.http=1.0 task.reward_kwargs.http.url=http://127.0.0.1:8100
@@ -365,6 +376,7 @@ def test_a_served_reward_trains_as_in_process(tmp_path):
     assert evals(served) == evals(local)
 
 
+@pytest.mark.slow
 def test_a_run_outlives_its_killed_reward_service(tmp_path):
     proc, url = _serve_reward("serve-reward", "composition", "--port", str(_free_port()))
     run = tmp_path / "killed"
@@ -397,6 +409,7 @@ def test_a_run_outlives_its_killed_reward_service(tmp_path):
     assert (run / "summary.json").exists() and time.monotonic() - began < 240
 
 
+@pytest.mark.slow
 def test_a_served_vlm_reward_overlaps_the_reference_pass_and_trains_as_in_process(tmp_path):
     """The tiny VLM recipe has a KL term: its reference log-prob pass runs while the served
     ``accuracy`` is computed, and the run matches the in-process one (rewards, loss, KL)."""
@@ -424,6 +437,7 @@ def test_a_served_vlm_reward_overlaps_the_reference_pass_and_trains_as_in_proces
         assert b["loss"] == a["loss"] and b["kl"] == a["kl"] and b["reward/http/failed_frac"] == 0.0
 
 
+@pytest.mark.slow
 def test_a_service_that_does_not_answer_at_setup_is_warned_about(served, caplog):
     import logging
 

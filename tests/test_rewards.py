@@ -238,6 +238,7 @@ FUZZ_EXAMPLES = int(os.environ.get("MMRL_FUZZ_EXAMPLES", "150"))
 _fuzzed = [0]
 
 
+@pytest.mark.slow
 @settings(max_examples=FUZZ_EXAMPLES, deadline=None)
 @given(st.lists(TEXTS, min_size=1, max_size=4))
 def test_every_reward_never_raises(texts):
@@ -260,6 +261,7 @@ def test_every_reward_never_raises(texts):
     _check(REWARDS.get("format")(texts, [EXAMPLE] * len(texts), mode="lenient"), len(texts))
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(TEXTS, TEXTS)
 def test_parsers_never_raise(text, truth):

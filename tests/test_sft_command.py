@@ -147,6 +147,7 @@ WEIGHTED_MIXTURE = ("task.name=mixture",
                     'train.lr_scheduler_kwargs={"decay_steps": 8, "min_lr_rate": 0.05}', "train.warmup_steps=2")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampling", [(), WEIGHTED_MIXTURE], ids=["uniform", "weighted-mixture"])
 def test_a_resumed_sft_run_ends_with_the_weights_of_an_uninterrupted_one(random_tiny_dir, tmp_path, sampling):
     """4 steps in one go, and 4 steps whose last 2 are run again from the step-2 checkpoint (the
@@ -173,6 +174,7 @@ def test_a_resumed_sft_run_ends_with_the_weights_of_an_uninterrupted_one(random_
     assert steps == [1, 2, 3, 4, 4]  # steps 3-4 logged once: the killed attempt's lines were dropped
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_mmrl_sft_is_not_resumed_by_mmrl_train(random_tiny_dir, tmp_path):
     """Both commands run the one lifecycle and each checkpoint says which wrote it: an SFT run
     resumed as RL stops at setup, naming the checkpoint and the command that continues it."""
@@ -188,6 +190,7 @@ def test_a_checkpoint_of_mmrl_sft_is_not_resumed_by_mmrl_train(random_tiny_dir, 
         Trainer(cfg, VLMPolicy(cfg))
 
 
+@pytest.mark.slow
 def test_a_checkpoint_written_before_the_shared_lifecycle_still_resumes(random_tiny_dir, tmp_path):
     """mmrl sft checkpoints written before RL and SFT shared one lifecycle store the held-out loss
     before training as a number and mark themselves "sft": True (no "kind"). Such a checkpoint
@@ -214,6 +217,7 @@ def test_a_checkpoint_written_before_the_shared_lifecycle_still_resumes(random_t
                       weights_only=False)["kind"] == "sft"
 
 
+@pytest.mark.slow
 def test_an_sft_resume_says_where_cleans_a_killed_save_and_refuses_fewer_steps(random_tiny_dir, tmp_path):
     """As RL's: killed after logging its final evaluation (no summary.json) and with a killed save's
     .tmp directory (its writer's process gone), `mmrl sft ... resume=true` says where it continues,

@@ -132,6 +132,7 @@ def test_thought_dropout_removes_only_the_reasoning_block():
     assert drop_thought("<answer>2</answer>") == "<answer>2</answer>"
 
 
+@pytest.mark.slow
 def test_thought_dropout_is_read_by_sft_and_refused_by_rl(random_tiny_dir, tmp_path):
     from mmrl.vlm.sft_run import SFTRun, sft_config
 

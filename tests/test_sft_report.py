@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from conftest import mmrl_here
 from mmrl.runs.report import write_report
 
 
+@pytest.mark.slow
 def test_an_sft_run_writes_its_report_with_the_loss_curves(random_tiny_dir, tmp_path):
     r = mmrl_here("sft", "vlm/counting_tiny", f"model.path={random_tiny_dir}", "train.device=cpu", "train.steps=2",
                   "train.prompts_per_step=2", "eval.num_examples=2", "log.output_dir=runs", "log.run_name=warm",

@@ -57,6 +57,7 @@ def _apart(a, b):
     return a[2] + 1 <= b[0] or b[2] + 1 <= a[0] or a[3] + 1 <= b[1] or b[3] + 1 <= a[1]
 
 
+@pytest.mark.slow
 def test_placement_always_fits_three_per_half():
     """The crowded cases (3 per half, 3 + 3 anywhere) over 500 seeds: inside, in their half, apart."""
     crowded = [
@@ -79,6 +80,7 @@ def test_placement_always_fits_three_per_half():
             assert all(_apart(box, other) for other in boxes[i + 1:])
 
 
+@pytest.mark.slow
 def test_renderings_score_one():
     """Every rendered spec (1 and 2 groups) passes all checks: the checker and renderer agree."""
     composition, strict = REWARDS.get("composition"), REWARDS.get("composition_strict")

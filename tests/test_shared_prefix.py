@@ -68,6 +68,7 @@ def test_equal_to_the_per_sample_forward(family, family_dirs):  # noqa: F811
     _assert_equal(shared, plain)
 
 
+@pytest.mark.slow
 def test_lora_reference_and_split_groups(random_tiny_dir):
     """LoRA (frozen base) with micro-batches of 4 that cut a group in two (a prompt of one sample
     next to a shared one): training gradients and the reference model's scores as plain."""
@@ -84,6 +85,7 @@ def test_lora_reference_and_split_groups(random_tiny_dir):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_train_step_metrics_equal(random_tiny_dir):
     """A whole train_step (clipped loss, KL to the reference, entropy bonus) with and without
     train.shared_prefix, from the same weights: the same loss, KL, entropy and gradient norm."""

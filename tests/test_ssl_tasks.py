@@ -294,6 +294,7 @@ TRUTHS = st.one_of(st.just(EX), st.fixed_dictionaries({"answer": TEXTS}), st.jus
                    st.fixed_dictionaries({"permutation": st.lists(st.integers(0, 8), min_size=1, max_size=9)}))
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.one_of(TEXTS, st.none(), st.integers()), TRUTHS), min_size=1, max_size=5))
 def test_jigsaw_position_is_none_or_unit_float(pairs):

@@ -78,6 +78,7 @@ def _greedy(policy, examples, prompts):
     return policy.rollout(examples, prompts, 1, "eval")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,extra", [("image", ()), ("video", VIDEO_BUDGET), ("image", LORA)],
                          ids=["image", "video", "image-lora-merged"])
 def test_static_cache_greedy_completions_are_the_dynamic_caches(random_tiny_dir, kind, extra):
@@ -120,6 +121,7 @@ def test_static_cache_samples_log_probs_equal_the_rescored_old_log_probs(random_
     assert ((sampled - batch.old_logps) * mask).abs().max() < 1e-5
 
 
+@pytest.mark.slow
 def test_a_seeded_training_rollout_is_the_same_with_either_cache(random_tiny_dir, tmp_path):
     """The trainer's rollout step (LoRA merged for generation, temperature 1, the step's seed):
     the static cache samples the same completions and the same old log-probs as the dynamic."""
@@ -158,6 +160,7 @@ def test_a_model_without_static_cache_support_falls_back_with_one_warning(random
     assert [c["cache_implementation"] for c in calls] == [None, None]
 
 
+@pytest.mark.slow
 def test_out_of_memory_back_off_keeps_the_static_cache(random_tiny_dir):
     """rollout.batch_size=0, a device that holds 3 sequences: 8 -> 4 -> 2 as with the dynamic
     cache (tests/test_hf_generation.py), every call asking for the static cache."""
@@ -251,6 +254,7 @@ def test_the_generator_policy_refuses_the_cache_keys():
         check_unused_keys(make_config(STATIC), DiffusionPolicy.unused_config, "a DiffusionPolicy")
 
 
+@pytest.mark.slow
 def test_cache_bench_tiny_prints_a_row_per_cache():
     """`mmrl bench rollout --caches --tiny` on the built-in tiny model: the dynamic and static rows
     with positive tokens/s; on a CPU the compiled row is left out, saying why (not timings)."""

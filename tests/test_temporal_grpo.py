@@ -148,6 +148,7 @@ def test_shuffle_lists_and_short_clips():
     assert non_identity_permutation(0, rng).tolist() == [] and non_identity_permutation(1, rng).tolist() == [0]
 
 
+@pytest.mark.slow
 def test_temporal_grpo_in_the_batch_pipeline(random_tiny_dir, tmp_path, monkeypatch):
     """algo.temporal_grpo=true on video_qa: each group's clip is rolled out again with its frames
     shuffled (a permutation of the same frames), and the bonus lands on the correct ordered answers

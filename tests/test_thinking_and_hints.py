@@ -107,6 +107,7 @@ COMPLETIONS = st.one_of(TEXTS, st.none(), st.integers(), st.binary(max_size=4))
 EXAMPLES = st.one_of(st.fixed_dictionaries({"answer": TEXTS}), st.just({}), st.just({"answer": None}), st.none())
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(COMPLETIONS, EXAMPLES), min_size=1, max_size=4))
 def test_equality_and_format_are_binary_and_never_raise(pairs):

@@ -91,6 +91,7 @@ def test_sde_log_probs_re_scored_equal(edit_dir):
     assert_rescored(policy, batch, steps=4)
 
 
+@pytest.mark.slow
 def test_checkpoint_round_trip_with_lora(edit_dir, tmp_path):
     extra = ["model.lora.enabled=true", "model.lora.r=4"]
     policy = _policy(edit_dir, *extra)
@@ -107,6 +108,7 @@ def test_checkpoint_round_trip_with_lora(edit_dir, tmp_path):
     assert torch.equal(want, got)
 
 
+@pytest.mark.slow
 def test_lora_step_through_the_cli(edit_dir, tmp_path):
     args = [f"model.path={edit_dir}", "task.name=image_edit", "task.options.eval_size=4", "train.steps=1",
             "train.prompts_per_step=2", "rollout.num_generations=2", "diffusion.num_steps=2", "diffusion.eval_num_steps=2",

@@ -66,6 +66,7 @@ def test_mislabel_changes_exactly_the_claims_it_draws():
             assert said[0]["position"] != spec[0]["position"]
 
 
+@pytest.mark.slow
 def test_caption_noise_rate_and_image_truth():
     noisy = [example(np.random.default_rng([7, i]), size=16, caption_noise=0.5) for i in range(400)]
     clean = [example(np.random.default_rng([7, i]), size=16) for i in range(400)]

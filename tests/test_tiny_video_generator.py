@@ -72,6 +72,7 @@ def test_x_prediction_velocity_on_clips(pipe):
     torch.testing.assert_close(pipe.velocity(x[:2], s, prompts, guidance_scale=3.0), uncond + 3.0 * (cond - uncond))
 
 
+@pytest.mark.slow
 def test_motion_dataset_is_deterministic_and_its_captions_lie_at_the_stated_rate():
     a, pa = motion_dataset(400, seed=3, direction_noise=0.5)
     b, pb = motion_dataset(400, seed=3, direction_noise=0.5)

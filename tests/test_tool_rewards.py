@@ -109,6 +109,7 @@ TEXTS = st.lists(st.sampled_from(["<think>", "</think>", "<answer>", "</answer>"
                                   "{", "}", "red", "A", " ", "1e999", "<image>"]), max_size=12).map("".join)
 
 
+@pytest.mark.slow
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.tuples(TEXTS, RECORDS, st.booleans()), min_size=1, max_size=4))
 def test_tool_rewards_never_raise_and_stay_in_range(items):

@@ -162,6 +162,7 @@ class Sleep(Tool):
 register_tool("test_sleep")(Sleep)
 
 
+@pytest.mark.slow
 def test_a_tool_turn_past_the_step_timeout_ends_only_its_trajectory():
     """Two trajectories of one example with step_timeout 0.2 s: trajectory 0 calls the tool for
     1 s, trajectory 1 for 0.01 s and then answers. The slow call is not waited for: trajectory 0
@@ -322,6 +323,7 @@ def test_turn_rows_are_the_model_tokens_of_the_interleaved_sequence(random_tiny_
     assert (between == pad).sum() > 0 and mask.sum() == rows.action_mask.sum()
 
 
+@pytest.mark.slow
 def test_a_training_step_on_tool_rows_moves_the_weights(random_tiny_dir, tmp_path):
     """The trainer on zoom_qa with trajectory-level GRPO: each prompt's two trajectories differ
     (one answers right after zooming, one wrong without), so the rows get non-zero advantages and

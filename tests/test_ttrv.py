@@ -133,6 +133,7 @@ def batches(draw):
     return texts, torch.tensor(ids, dtype=torch.long)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(batches(), st.booleans())
 def test_ttrv_rewards_are_none_or_unit_floats(batch, pass_groups):
@@ -156,6 +157,7 @@ def test_ttrv_rewards_are_none_or_unit_floats(batch, pass_groups):
         assert (x == 1.0) == unanimous
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(st.lists(TEXTS, min_size=1, max_size=6))
 def test_ttrv_without_group_ids_never_raise(texts):

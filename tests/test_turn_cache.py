@@ -77,6 +77,7 @@ def _count_reuse(policy, reused: list) -> None:
     engine.prefilled = counted
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_turns_with_the_cache_sample_and_score_as_without(temperature):
     task = make_task("zoom_qa", **OPTIONS)
@@ -95,6 +96,7 @@ def test_turns_with_the_cache_sample_and_score_as_without(temperature):
         assert hit > 0.6 * total, reused
 
 
+@pytest.mark.slow
 def test_a_three_turn_trajectory_scores_as_one_pass_of_the_whole_conversation():
     """Each turn's rows (log-probs under the cache-generated completions) equal a one-pass
     forward of the trajectory's whole conversation at the model's tokens, float32, 1e-5 (greedy:
@@ -121,6 +123,7 @@ def test_a_three_turn_trajectory_scores_as_one_pass_of_the_whole_conversation():
             assert torch.allclose(rows.old_logps[r, :n], logps[len(p) - 1:len(p) - 1 + n], atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_groups_prompt_is_computed_once_and_samples_as_without(temperature):
     """rollout.group_prefill: 3 prompts x 4 samples give the completions (greedy, and sampled from one
@@ -149,6 +152,7 @@ def test_a_groups_prompt_is_computed_once_and_samples_as_without(temperature):
     assert fed[False] - fed[True] == 12 * W - (3 * (W - 1) + 12) == 9 * (W - 1)
 
 
+@pytest.mark.slow
 def test_the_cache_is_open_only_inside_the_agent_loop():
     policy = _policy(True, 0.0)
     assert "turn_cache" in policy.capabilities and policy.engine.turns is None

@@ -72,6 +72,7 @@ def test_split_videos_follows_each_rows_video_tokens():
     assert rows[2]["second_per_grid_ts"].tolist() == [0.5, 2.0]
 
 
+@pytest.mark.slow
 def test_video_rollout_scores_match_generation_and_training(random_tiny_dir):
     """Sampled clip completions re-score to the same log-probs in eval and in train mode, and a
     loss backpropagates: the payload carries each sample's video through the whole step."""
@@ -103,6 +104,7 @@ def test_video_features_are_encoded_once_per_group(random_tiny_dir):
     assert encoder.images_seen - seen == 8 and encoder.images_encoded - encoded == 2
 
 
+@pytest.mark.slow
 def test_reg_grpo_with_tempsamp_guidance_trains_on_clips(random_tiny_dir, tmp_path):
     """DeepVideo-R1's Reg-GRPO loss with TempSamp-R1's reference completions on a clip task: the
     teacher-forced references carry their clips, and a step trains on the mixed batch."""

@@ -341,6 +341,7 @@ def _check(values, n):
 VIDEO_REWARDS = ("tiou", "video_r1_accuracy", "video_answer_accuracy")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", VIDEO_REWARDS)
 def test_nasty_text_never_raises(name):
     fn = REWARDS.get(name)
@@ -349,6 +350,7 @@ def test_nasty_text_never_raises(name):
         _check(fn(texts, [ex] * len(texts)), len(texts))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["video_r1_accuracy", "video_answer_accuracy"])
 def test_nasty_truths_never_raise(name):
     fn = REWARDS.get(name)
@@ -363,6 +365,7 @@ def test_nasty_truths_never_raise(name):
         assert segment is None or all(math.isfinite(v) for v in segment)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.text(), st.text(), st.sampled_from(["multiple choice", "numerical", "regression", "free-form", "OCR", "x"]))
 def test_video_rewards_never_raise(text, truth, problem_type):

@@ -154,6 +154,7 @@ def test_harder_variant_of_a_clip_adds_noise_to_every_frame():
     assert (per_frame > 5).all() and (per_frame < 40).all()  # ~0.8 * 25.5 on unclipped pixels
 
 
+@pytest.mark.slow
 def test_build_tiny_video_warm_starts_a_checkpoint_that_loads(random_tiny_dir, tmp_path):
     """`mmrl build-tiny video` in miniature: a few SFT steps on clips from a base checkpoint, saved
     atomically (no staging directory left), loadable as model.path, vision tower unchanged."""

@@ -47,6 +47,7 @@ def tiny_parts():
     return tiny.build_model(tokenizer, seed=0), tiny.build_processor(tokenizer).image_processor
 
 
+@pytest.mark.slow
 def test_pretraining_separates_the_colours_the_random_tower_mixes(tiny_parts):
     model, processor = tiny_parts
     rng = random.Random(123)  # held-out scenes, not the training stream (seed 0)
@@ -67,6 +68,7 @@ def test_pretraining_refuses_an_image_budget_without_one_token_per_cell(tiny_par
         pretrain_vision(model, big, steps=1, batch_size=2)
 
 
+@pytest.mark.slow
 def test_screen_pretraining_teaches_the_tower_where_each_token_is(tiny_parts):
     """On the phone's screens each token learns its element, row and column: a linear probe on the
     frozen tokens after pre-training reads the row far above chance (1/8); the random tower's
@@ -103,6 +105,7 @@ def test_screen_pretraining_teaches_the_tower_where_each_token_is(tiny_parts):
     assert after > before + 0.2 and after > 0.5, (before, after)
 
 
+@pytest.mark.slow
 def test_build_tiny_gui_pretrains_the_tower_then_warm_starts(random_tiny_dir, tmp_path):
     """`mmrl build-tiny gui` in miniature: the tower re-trained on the phone's screens, then SFT on
     the GUI tasks with it frozen; saved atomically and loadable as model.path."""
@@ -124,6 +127,7 @@ def test_build_tiny_gui_pretrains_the_tower_then_warm_starts(random_tiny_dir, tm
     assert "point_accuracy" in result.after
 
 
+@pytest.mark.slow
 def test_build_tiny_gui_grounding_teaches_clicks_with_the_tower_frozen(random_tiny_dir, tmp_path):
     """`mmrl build-tiny gui-grounding` in miniature: SFT of a GUI model on screen grounding alone;
     the tower stays as it was, the language model moves, and the result loads as model.path."""

@@ -202,6 +202,7 @@ def test_the_vllm_engine_refuses_the_hf_only_keys(key):
         _policy(f"{key}=false")
 
 
+@pytest.mark.slow
 def test_without_vllm_the_error_says_how_to_install(monkeypatch, tmp_path):
     """Runs everywhere: with vLLM hidden, `rollout.engine=vllm` stops at setup with the install hint."""
     from typer.testing import CliRunner

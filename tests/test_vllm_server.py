@@ -145,6 +145,7 @@ def _closed_port() -> str:
     return f"http://127.0.0.1:{free_port()}"  # nothing listens there: connection refused at once
 
 
+@pytest.mark.slow
 def test_a_dead_server_fails_over_to_a_live_one_and_is_counted(stub, caplog):
     dead = _closed_port()
     live, srv = stub((200, {"answer": 1}))
@@ -159,6 +160,7 @@ def test_a_dead_server_fails_over_to_a_live_one_and_is_counted(stub, caplog):
     assert pool.take_stats()["rollout/server_retries"] == 0.0
 
 
+@pytest.mark.slow
 def test_all_servers_dead_is_an_error_naming_every_url_not_a_hang(stub):
     dead = [_closed_port(), _closed_port()]
     slow, _ = stub(3.0)  # answers after 3 s: past the 0.5 s time-out
@@ -174,6 +176,7 @@ def test_all_servers_dead_is_an_error_naming_every_url_not_a_hang(stub):
     assert stats["rollout/server_errors"] == 4.0 and stats["rollout/server_retries"] == 3.0
 
 
+@pytest.mark.slow
 def test_http_5xx_is_retried_and_4xx_raised_at_once(stub):
     broken, b = stub((500, {"error": "engine died"}))
     good, g = stub((200, {"fine": True}))

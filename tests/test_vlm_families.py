@@ -57,6 +57,7 @@ def _qwen3_vl(tok):
     return Qwen3VLForConditionalGeneration(cfg), 16
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("build", [_qwen2_vl, _qwen3_vl], ids=["qwen2_vl", "qwen3_vl"])
 def test_family_rollout_score_and_update(build, random_tiny_dir, tmp_path):
     from transformers import AutoTokenizer
@@ -180,6 +181,7 @@ def _generation_logps(policy, monkeypatch):
     return captured
 
 
+@pytest.mark.slow
 def test_family_rollout_rescores_to_the_sampled_logprobs(family_dir, monkeypatch):
     """A rollout with image prompts; re-scoring its completions (the padded training forward,
     image tensors from the payload) gives the log-probs of the distribution generate() sampled
@@ -225,6 +227,7 @@ def _step_moves_the_lm_and_the_tower(policy, exs, prompts):
     return batch
 
 
+@pytest.mark.slow
 def test_family_training_step_and_checkpoint_round_trip(family_dir, tmp_path):
     """One training step changes the language model and the vision tower; the checkpoint the
     policy saves loads into a fresh policy with identical log-probs."""
@@ -238,6 +241,7 @@ def test_family_training_step_and_checkpoint_round_trip(family_dir, tmp_path):
     assert torch.equal(fresh.score(batch, reference=False), after)
 
 
+@pytest.mark.slow
 def test_family_lora_in_bfloat16_adapts_the_language_model_only(family_dir):
     """LoRA on the family's declared targets (the language model's projections, never the vision
     tower's), base weights in bfloat16: a rollout and a training step run and move only adapters."""
@@ -258,6 +262,7 @@ def test_family_lora_in_bfloat16_adapts_the_language_model_only(family_dir):
     assert m["grad_norm"] > 0
 
 
+@pytest.mark.slow
 def test_family_declares_what_it_does_not_do(family_dir):
     """Where the architecture rules out a speed-up it is off, and asking for it is refused with the
     family's reason; a video prompt to a family without video is a stated error, not wrong inputs."""
@@ -285,6 +290,7 @@ def test_family_declares_what_it_does_not_do(family_dir):
             policy.rollout(exs, prompts, 1, "train")
 
 
+@pytest.mark.slow
 def test_family_speedups_are_exact(family_dir):
     """Where a family allows the vision tower once per distinct image (Gemma 3: a pixel row per
     image; GLM-4.1V: Qwen-style grids) and one prompt pass per group (GLM-4.1V: M-RoPE like
@@ -371,6 +377,7 @@ def test_family_coordinate_frame(family_dir):
     assert ex["pred_space"] == "rel1000" and iou([in_rel1000], [ex])[0] == pytest.approx(1.0, abs=1e-3)
 
 
+@pytest.mark.slow
 def test_family_two_step_cli_run(family_dir, tmp_path, monkeypatch):
     """`mmrl train vlm model.path=<tiny family dir>` trains 2 steps and writes its summary (the
     command line's own code, in this process: a subprocess would spend most of its time importing)."""
@@ -406,6 +413,7 @@ CLIP_TEXT = {"smolvlm": ["Frame from 00:00:<fake_token_around_image><global-img>
              "llava_onevision": ["<|im_start|>user " + "<video>" * 17 + "\n"]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family_dir", VIDEO_FAMILIES, indirect=True)
 def test_family_video_rollout_rescores_to_the_sampled_logprobs(family_dir, monkeypatch):
     """A rollout on clip prompts through the family's own processor: its prompt carries the frames
@@ -431,6 +439,7 @@ def test_family_video_rollout_rescores_to_the_sampled_logprobs(family_dir, monke
     _assert_rescored_as_sampled(policy, batch, captured[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family_dir", VIDEO_FAMILIES, indirect=True)
 def test_family_video_training_step(family_dir):
     """One training step on clip samples changes the language model and the vision tower (the
@@ -456,6 +465,7 @@ def test_family_batch_of_clip_image_and_text_prompts(family_dir):
         assert torch.allclose(alone, batch.old_logps[i, :len(alone)], atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family_dir", ["glm4v", "llava_onevision", "internvl", "smolvlm"], indirect=True)
 def test_family_refuses_clip_batches_it_cannot_take(family_dir):
     """GLM-4.1V cannot hold images and clips in one forward, LLaVA-OneVision's model and InternVL's
@@ -492,6 +502,7 @@ def test_family_refuses_clip_batches_it_cannot_take(family_dir):
             policy.score(Rollouts.concat(parts), reference=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family_dir", ["glm4v"], indirect=True)
 def test_family_video_speedups_are_exact(family_dir):
     """GLM-4.1V's clips through vision-once (its get_video_features, split by video_grid_thw) and

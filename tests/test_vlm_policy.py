@@ -124,6 +124,7 @@ def _one_update(path, micro):
     return grads, m, policy
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_equals_one_big_batch(random_tiny_dir):
     """Micro-batches of 2 accumulate to the same gradient (and update) as one micro-batch of 8."""
     a, ma, policy = _one_update(random_tiny_dir, 8)
@@ -138,6 +139,7 @@ def test_gradient_accumulation_equals_one_big_batch(random_tiny_dir):
         assert torch.allclose(a[n], b[n], atol=1e-6, rtol=1e-4), n
 
 
+@pytest.mark.slow
 def test_freeze_vision_keeps_the_vision_tower_fixed(random_tiny_dir):
     policy = _policy(random_tiny_dir, "vlm.freeze_vision=true", "train.learning_rate=1e-2")
     from mmrl.vlm.policy import vision_tower
@@ -154,6 +156,7 @@ def test_freeze_vision_keeps_the_vision_tower_fixed(random_tiny_dir):
     assert not torch.equal(before_lm, policy.model.lm_head.weight)
 
 
+@pytest.mark.slow
 def test_lora_adapters_start_from_the_run_seed(random_tiny_dir):
     """The adapters' initial weights are drawn from train.seed (the same in every run and on every
     rank, which a sharded run needs), without touching the run's own random stream."""
@@ -177,6 +180,7 @@ def test_lora_adapters_start_from_the_run_seed(random_tiny_dir):
     assert torch.equal(resumed, torch.rand(1))  # the block's draws left the global stream alone
 
 
+@pytest.mark.slow
 def test_lora_reference_is_the_base_model(random_tiny_dir):
     """With LoRA, disabling the adapters gives the reference policy: equal to the base before
     training, unchanged by training, while the adapted policy moves away from it."""

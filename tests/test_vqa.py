@@ -46,6 +46,7 @@ def test_label_free_rewards_score_agreement_within_groups():
         sum(a == int(ex["hidden_answer"]) for a in (3, 3, 4)) / 3)
 
 
+@pytest.mark.slow
 def test_label_free_training_step_runs(random_tiny_dir, tmp_path):
     t = tiny_trainer(tiny_run_config(random_tiny_dir, tmp_path, 1, "task.name=vqa", "task.options.labels=false",
                                      "rollout.num_generations=3"))

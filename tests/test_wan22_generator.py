@@ -52,6 +52,7 @@ def test_loaded_with_both_experts(wan22):
     assert names == {"transformer", "transformer_2"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("steps,guidance,guidance_2", [(3, 4.0, None), (4, 4.0, 3.0), (4, 1.0, None)])
 def test_euler_loop_equals_the_pipeline(wan22, steps, guidance, guidance_2):
     """Step 0 (t = 1000) is the high-noise expert's, the rest (t < 875) the low-noise one's."""
@@ -117,6 +118,7 @@ def _policy(path, *overrides, steps=4):
                       f"diffusion.num_frames={FRAMES}", "diffusion.guidance_scale=4.0", *overrides)
 
 
+@pytest.mark.slow
 def test_rescored_log_probs_equal_the_sampling_ones(wan22_dir):
     policy = _policy(wan22_dir)
     policy.pipe.guidance_scale_2 = 3.0
@@ -125,6 +127,7 @@ def test_rescored_log_probs_equal_the_sampling_ones(wan22_dir):
     assert_rescored(policy, batch, steps=4)  # steps 0 (high-noise expert) and 1-3 (low-noise expert)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("window,trained", [(2, {"transformer", "transformer_2"}), (1, {"transformer"})])
 def test_sde_window_trains_the_experts_it_covers(wan22_dir, window, trained):
     """A window at steps 0-1 straddles the switch (t = 1000 high, 857 low): LoRA gradients reach both
@@ -142,6 +145,7 @@ def test_sde_window_trains_the_experts_it_covers(wan22_dir, window, trained):
     assert moved == trained
 
 
+@pytest.mark.slow
 def test_disabled_adapters_are_both_base_experts(wan22_dir):
     """The KL's reference under LoRA (``algo.beta``): the trained module with its adapters disabled is the
     base pipeline on both sides of the switch."""
@@ -158,6 +162,7 @@ def test_disabled_adapters_are_both_base_experts(wan22_dir):
     assert ((trained - expected).flatten(1).abs().amax(dim=1) > 1e-6).all()  # each expert's LoRA moved
 
 
+@pytest.mark.slow
 def test_lora_step_through_the_cli(wan22_dir, prompt_file, tmp_path):  # noqa: F811
     """2 steps: t = 1000 (high-noise expert) and t = 3 (low-noise): both experts' adapters are trained and saved
     (with gradient checkpointing, which WanExperts switches on in both)."""
@@ -172,6 +177,7 @@ def test_lora_step_through_the_cli(wan22_dir, prompt_file, tmp_path):  # noqa: F
         assert lora_b and sum(int((v != 0).sum()) for v in lora_b) > 0.5 * sum(v.numel() for v in lora_b), expert
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lora", [False, True])
 def test_checkpoint_round_trip(wan22_dir, tmp_path, lora):
     extra = ["model.lora.enabled=true", "model.lora.r=4"] if lora else []
@@ -194,6 +200,7 @@ def test_checkpoint_round_trip(wan22_dir, tmp_path, lora):
                            restored.pipe.velocity(noise, sigma, PROMPTS, 4.0))
 
 
+@pytest.mark.slow
 def test_export_is_a_two_expert_pipeline(wan22_dir, tmp_path):
     """``mmrl export``'s writer: LoRA fused into both experts, which land in transformer/ and transformer_2/
     of a directory diffusers' WanPipeline loads."""

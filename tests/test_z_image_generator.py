@@ -49,6 +49,7 @@ def test_loaded_as_z_image(z_image):
         z_image.latent_shape(30, SIZE)  # the pipeline's own multiple-of-(VAE x patch) rule
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("guidance,options", [
     (1.0, {}),  # mmrl's 1 = the pipeline's 0: no CFG (Z-Image-Turbo)
     (3.0, {}),  # CFG: the pipeline's cond + 2 (cond - uncond)
@@ -121,6 +122,7 @@ def _policy(path, *overrides):
                       "diffusion.guidance_scale=3.0", *overrides)
 
 
+@pytest.mark.slow
 def test_rescored_log_probs_equal_the_sampling_ones(z_image_dir):
     policy = _policy(z_image_dir)
     batch = train_rollout(policy, PROMPTS)
@@ -128,6 +130,7 @@ def test_rescored_log_probs_equal_the_sampling_ones(z_image_dir):
     assert_rescored(policy, batch, steps=3)  # each step re-scored from the stored latents
 
 
+@pytest.mark.slow
 def test_lora_step_through_the_cli(z_image_dir, prompt_file, tmp_path):  # noqa: F811
     cli("train", "diffusion", *t2i_overrides(z_image_dir, prompt_file, tmp_path, "z_image", 1,
                                              "model.lora.enabled=true", "model.lora.r=4",
@@ -141,6 +144,7 @@ def test_lora_step_through_the_cli(z_image_dir, prompt_file, tmp_path):  # noqa:
     assert lora_b and sum(int((v != 0).sum()) for v in lora_b) > 0.5 * sum(v.numel() for v in lora_b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lora", [False, True])
 def test_checkpoint_round_trip(z_image_dir, tmp_path, lora):
     extra = ["model.lora.enabled=true", "model.lora.r=4"] if lora else []
