@@ -23,6 +23,8 @@ import mmrl
 from mmrl.cli import app
 from mmrl.runs.checkpoint import CheckpointManager
 
+pytestmark = pytest.mark.slow  # every test here takes over half a second on the 2-core CPU
+
 FRAMES = 5  # Wan clips: 5 frames -> 2 latent frames
 
 
@@ -61,7 +63,6 @@ def rows(run_dir) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("family", ["sd3", "flux", "wan"])
 def test_lora_step_through_the_cli(family, request, prompt_file, tmp_path):
     model_dir = request.getfixturevalue(f"{family}_dir")
@@ -111,7 +112,6 @@ def _weights(run_dir, step: str, lora: bool) -> dict[str, torch.Tensor]:
     return load_file(str(policy / "transformer" / "diffusion_pytorch_model.safetensors"))
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["full-awm", "lora-clip"])
 def test_generator_run_resumes_exactly(mode, tiny_flow_dir, tmp_path):
     """4 steps straight == 2 steps, stop, resume to 4: the same weights bit for bit, the same
@@ -148,7 +148,6 @@ def test_generator_run_resumes_exactly(mode, tiny_flow_dir, tmp_path):
             assert ra[key] == rb[key], (ra["step"], key, ra[key], rb[key])
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("family", ["tiny_flow", "wan"])
 def test_eval_of_a_generator_run_writes_its_gallery(family, request, prompt_file, tmp_path):
     model_dir = request.getfixturevalue(f"{family}_dir")

@@ -21,6 +21,8 @@ from wan22_builders import build_tiny_wan22
 from wan_i2v_builders import build_tiny_wan21_i2v
 from z_image_builders import build_tiny_z_image
 
+pytestmark = pytest.mark.slow  # every test here takes over half a second on the 2-core CPU
+
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = ROOT / "tests" / "published_shapes"
 
@@ -116,7 +118,6 @@ def _text_tokens(pipe, family, call) -> int:
     return call["encoder_hidden_states"].shape[1]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_plan_inputs_are_the_call_velocity_makes(pipelines, family):
     """At the tiny pipeline's size: the adapter's ``plan_latent_shape`` (from configs) is its ``latent_shape``,
@@ -143,7 +144,6 @@ def test_plan_inputs_are_the_call_velocity_makes(pipelines, family):
         assert set(planned) <= set(call)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("lora", [False, True])
 def test_the_meta_measurement_is_the_count_on_real_tensors(pipelines, family, lora):
@@ -230,7 +230,6 @@ SIZES = {"qwen_image": "20.43", "qwen_image_edit": "20.43", "flux2_dev": "32.22"
          "flux1_kontext_dev": "11.90", "wan2_2_t2v_a14b": "28.58", "sd3_5_medium": "2.24"}  # billions, published
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_the_family_table_is_the_plan(recipe):
     """The recipe's plan on its checkpoint's published shape is the row the docs print (regenerate with

@@ -14,6 +14,8 @@ from pathlib import Path
 import mmrl
 from conftest import tiny_run_config, tiny_run_overrides
 
+pytestmark = pytest.mark.slow  # every test here takes over half a second on the 2-core CPU
+
 # A task and its reward, as a user writes them (README, "Writing a task or a reward"); PREFIX
 # keeps the registry names of the two tests apart.
 PLUGIN = '''
@@ -60,7 +62,6 @@ def _trained_one_step(run_dir: Path, reward: str) -> None:
     assert 0.0 <= steps[0][f"reward/{reward}"] <= 1.0
 
 
-@pytest.mark.slow
 def test_plugin_file_loads_and_trains(random_tiny_dir, tmp_path):
     path = tmp_path / "my_task.py"
     path.write_text(PLUGIN.replace("PREFIX", "file"))
@@ -96,7 +97,6 @@ print("RESULT " + json.dumps({"steps": result.steps, "run_dir": str(result.run_d
 """
 
 
-@pytest.mark.slow
 def test_entry_point_plugin_loads_and_trains(random_tiny_dir, tmp_path):
     site = tmp_path / "site"
     write_installed_package(site)

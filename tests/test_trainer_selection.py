@@ -10,6 +10,8 @@ from mmrl import register_reward
 from mmrl.core.trainer import Trainer
 from mmrl.vlm.policy import VLMPolicy
 
+pytestmark = pytest.mark.slow  # every test here takes over half a second on the 2-core CPU
+
 
 def _cfg(path, out, steps, *extra):
     return tiny_run_config(path, out, steps, *extra, micro_batch_size=6)
@@ -38,7 +40,6 @@ def even_spread(completions, examples, group_ids=None, **ctx):
     return out
 
 
-@pytest.mark.slow
 def test_dynamic_sampling_drops_flat_groups_and_falls_back(random_tiny_dir, tmp_path):
     """Every group flat: both rounds are spent, all 2 x 3 groups dropped and counted, and the step
     falls back to round 0's batch (its prompts, in order) with zero advantages."""
@@ -52,7 +53,6 @@ def test_dynamic_sampling_drops_flat_groups_and_falls_back(random_tiny_dir, tmp_
     t.update(batch, 1)  # trains on the fallback batch
 
 
-@pytest.mark.slow
 def test_dynamic_sampling_keeps_the_groups_that_vary(random_tiny_dir, tmp_path):
     """Groups of even examples score [0, 1], of odd ones [0, 0]: the kept batch is the first 3 even
     examples of the rounds, in the order drawn, every odd group before them dropped, and the
@@ -74,7 +74,6 @@ def test_dynamic_sampling_keeps_the_groups_that_vary(random_tiny_dir, tmp_path):
     assert batch.advantages.tolist() == pytest.approx([-0.70710, 0.70710] * 3, abs=1e-4)
 
 
-@pytest.mark.slow
 def test_scaffold_and_augmentation_keep_the_batch_shape(random_tiny_dir, tmp_path):
     """All random-model groups fail: Scaf-GRPO re-rolls them with the counting task's hints (3
     tiers) and difficulty augmentation makes them easier (hint); sizes are unchanged."""
@@ -93,7 +92,6 @@ def test_scaffold_and_augmentation_keep_the_batch_shape(random_tiny_dir, tmp_pat
     assert len(batch) == 6
 
 
-@pytest.mark.slow
 def test_scaffold_exemption_period(random_tiny_dir, tmp_path):
     t = _trainer(_cfg(random_tiny_dir, tmp_path, 4, "algo.scaffold=true", "algo.scaffold_kwargs.exempt_frac=0.5"))
     _, m1 = t.rollout_step(1)
@@ -101,7 +99,6 @@ def test_scaffold_exemption_period(random_tiny_dir, tmp_path):
     assert "scaffold/failing_groups" not in m1 and "scaffold/failing_groups" in m3
 
 
-@pytest.mark.slow
 def test_off_policy_guidance_injects_reference_completions(random_tiny_dir, tmp_path):
     """One reference completion (the task's target) per group of 3: it scores the maximum
     (format 0.5 + accuracy 1.0), is flagged off-policy, and trains through the shaped loss."""
@@ -123,7 +120,6 @@ def test_off_policy_guidance_injects_reference_completions(random_tiny_dir, tmp_
     assert out["off_policy_frac"] > 0
 
 
-@pytest.mark.slow
 def test_variance_sampler_and_spo_kl_survive_resume(random_tiny_dir, tmp_path):
     """Sampler scores and SPO's last policy KL go into checkpoints: 4 steps == 2 + resume 2."""
     extra = ("data.sampler=variance", "algo.advantage=spo", "rollout.max_completion_length=4",
@@ -140,7 +136,6 @@ def test_variance_sampler_and_spo_kl_survive_resume(random_tiny_dir, tmp_path):
         assert torch.allclose(p, q, atol=1e-6, rtol=0), n
 
 
-@pytest.mark.slow
 def test_dump_and_stratified_on_a_task_mixture(random_tiny_dir, tmp_path):
     """A counting + grounding mixture: DUMP logs a source distribution, and stratified_grpo
     normalises within each task (real task ids from the examples' ``source``)."""
@@ -161,7 +156,6 @@ def test_dump_and_stratified_on_a_task_mixture(random_tiny_dir, tmp_path):
         assert abs(float(a[rows].mean())) < 1e-6 and abs(float(a[rows].std()) - 1) < 1e-4, (source, a[rows])
 
 
-@pytest.mark.slow
 def test_perturbations_reach_the_rollouts(random_tiny_dir, tmp_path):
     """data.perturbation=distractor with probability 1 on grounding: every training image is
     twice as wide, its box shifted or not, and the policy's frame follows the new size."""

@@ -14,6 +14,8 @@ from mmrl.core.trainer import Trainer
 from mmrl.registry import TASKS
 from mmrl.vlm.policy import VLMPolicy
 
+pytestmark = pytest.mark.slow  # every test here takes over half a second on the 2-core CPU
+
 
 def _cfg(path, out, steps, *extra):
     return tiny_run_config(path, out, steps, *extra, micro_batch_size=3)
@@ -22,7 +24,6 @@ def _cfg(path, out, steps, *extra):
 _trainer = tiny_trainer
 
 
-@pytest.mark.slow
 def test_spo_state_survives_resume_exactly(random_tiny_dir, tmp_path):
     """SPO's per-prompt value tracker is saved in checkpoints: 4 steps straight == 2 + resume 2."""
     spo = ("algo.advantage=spo", "rollout.num_generations=1", "train.prompts_per_step=4")
@@ -37,7 +38,6 @@ def test_spo_state_survives_resume_exactly(random_tiny_dir, tmp_path):
         assert torch.allclose(p, q, atol=1e-6, rtol=0), n
 
 
-@pytest.mark.slow
 def test_single_sample_groups_get_signal_with_spo_not_grpo(random_tiny_dir, tmp_path):
     """One sample per prompt, rewards [1, 0, 1, 0, 1, 0] (set by hand: the random model scores all
     zeros). GRPO: every group of one carries nothing. SPO: a = r - v(x) with a fresh tracker's
@@ -57,7 +57,6 @@ def test_single_sample_groups_get_signal_with_spo_not_grpo(random_tiny_dir, tmp_
     assert torch.equal(g.batches._advantages(batch), torch.zeros(6))  # GRPO: a group of one carries nothing
 
 
-@pytest.mark.slow
 def test_overlong_filter_and_soft_penalty(random_tiny_dir, tmp_path):
     """With a 2-token budget every completion is truncated: filtered out of the loss, and the soft
     penalty (buffer 2, penalty 0.5) at length 2 = max is -(2 - 0)/2 * 0.5 = -0.5."""
@@ -70,7 +69,6 @@ def test_overlong_filter_and_soft_penalty(random_tiny_dir, tmp_path):
     assert metrics["reward/overlong_penalty"] == -0.5
 
 
-@pytest.mark.slow
 def test_kl_schedule_changes_the_weight_per_step(random_tiny_dir, tmp_path):
     cfg = _cfg(random_tiny_dir, tmp_path, 3, "algo.beta=0.1", "algo.kl_schedule=linear_decay",
                "algo.kl_schedule_kwargs={beta_end: 0.0}", "log.save_every=0")
@@ -81,7 +79,6 @@ def test_kl_schedule_changes_the_weight_per_step(random_tiny_dir, tmp_path):
     assert all("kl" in r for r in rows if "kl_coef" in r and r["kl_coef"] > 0)
 
 
-@pytest.mark.slow
 def test_reference_reset_copies_the_policy(random_tiny_dir, tmp_path):
     t = _trainer(_cfg(random_tiny_dir, tmp_path, 2, "algo.beta=0.05", "algo.ref_reset_every=1"))
     batch, _ = t.rollout_step(1)
@@ -93,7 +90,6 @@ def test_reference_reset_copies_the_policy(random_tiny_dir, tmp_path):
     assert not t.policy.optimizer.state
 
 
-@pytest.mark.slow
 def test_zscore_aggregation_changes_the_learning_signal_not_the_logged_reward(random_tiny_dir, tmp_path):
     """The same rollouts under weighted_sum and zscore: the logged reward is the same, the advantages
     are not. Components set by hand (the random model scores zeros): format [1, 1, 1, 0, 1, 1] and
@@ -138,7 +134,6 @@ def _update_with(path, micro, obj_cfg):
     return grads, m
 
 
-@pytest.mark.slow
 def test_entropy_selection_is_exact_under_gradient_accumulation(random_tiny_dir):
     """Top-entropy token selection is computed on the whole mini-batch, so micro-batches of 2
     give the same gradient as one micro-batch of 8."""
@@ -152,7 +147,6 @@ def test_entropy_selection_is_exact_under_gradient_accumulation(random_tiny_dir)
         assert torch.allclose(a[n], b[n], atol=1e-6, rtol=1e-4), n
 
 
-@pytest.mark.slow
 def test_the_lr_schedule_counts_rl_steps_not_optimizer_steps(random_tiny_dir, tmp_path):
     """Linear decay over 3 RL steps of 4 optimizer steps each (2 mini-batches x 2 iterations): the
     logged lr is 1e-3 * (3 - (step - 1)) / 3 at RL step 1, 2, 3, not 0 from the second step on."""

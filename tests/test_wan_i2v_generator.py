@@ -22,6 +22,8 @@ from mmrl.diffusion.conditions import condition_tensor
 from generator_checks import euler, policy_for, train_rollout
 from wan_i2v_builders import build_tiny_wan21_i2v, build_tiny_wan22_i2v_a14b, build_tiny_wan22_ti2v
 
+pytestmark = pytest.mark.slow  # every test here takes over half a second on the 2-core CPU
+
 PROMPTS = ["a red cat", "two dogs on grass"]
 
 
@@ -50,7 +52,6 @@ def _frame(size: int, seed: int = 0) -> Image.Image:
     return Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8), "RGB")
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("which, size, guidance", [("wan21", 16, 2.0), ("wan21", 16, 1.0), ("ti2v", 32, 2.0),
                                                    ("a14b", 16, 2.0)])
 def test_euler_loop_equals_the_pipeline_given_the_first_frame(which, size, guidance, request):
@@ -76,7 +77,6 @@ def test_euler_loop_equals_the_pipeline_given_the_first_frame(which, size, guida
     assert (other - ref).abs().max() > 1e-5  # the frame conditions the clip (little, at random tiny weights)
 
 
-@pytest.mark.slow
 def test_conditions_are_encoded_once_per_frame(wan21_dir, monkeypatch):
     adapter = load_pipeline(str(wan21_dir), "cpu", torch.float32)
     calls = []
@@ -93,7 +93,6 @@ def test_conditions_are_encoded_once_per_frame(wan21_dir, monkeypatch):
         adapter.velocity(x, torch.tensor([0.5] * 3), PROMPTS + PROMPTS[:1], 2.0)
 
 
-@pytest.mark.slow
 def test_ti2v_puts_the_given_frame_back_before_decoding(ti2v_dir, wan21_dir):
     """``WanImageToVideoPipeline`` with ``expand_timesteps`` writes the frame's latent over the first latent
     frame after the loop; ``final_latents`` does the same (an SDE last step leaves noise there), and Wan 2.1
@@ -127,7 +126,6 @@ def _rollout(policy):
     return train_rollout(policy, prompts, examples=examples)
 
 
-@pytest.mark.slow
 def test_sampled_log_probs_re_score_equal(wan21_dir):
     policy = _policy(wan21_dir, "model.lora.enabled=true", "model.lora.r=4")
     batch = _rollout(policy)
@@ -142,7 +140,6 @@ def test_sampled_log_probs_re_score_equal(wan21_dir):
             assert torch.allclose(logp, batch.old_logps[:, t], atol=1e-5), (logp - batch.old_logps[:, t])
 
 
-@pytest.mark.slow
 def test_checkpoint_round_trip(wan21_dir, tmp_path):
     lora = ("model.lora.enabled=true", "model.lora.r=4")
     policy = _policy(wan21_dir, *lora)
@@ -159,7 +156,6 @@ def test_checkpoint_round_trip(wan21_dir, tmp_path):
                            restored.velocity(x, torch.tensor([0.7, 0.3]), PROMPTS, 2.0, images))
 
 
-@pytest.mark.slow
 def test_lora_step_through_the_cli_on_motion_i2v(wan21_dir, tmp_path):
     from typer.testing import CliRunner
 
